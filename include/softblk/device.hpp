@@ -1,0 +1,162 @@
+// Consumer API: what front ends (ublk, FUSE, NBD, vhost-user-blk) and
+// programs (tests, benchmarks, the FAT library) call. They never see which
+// target serves the device.
+//
+// Model: a device has N queues (submit_queues, then poll_queues). Each
+// queue has hw_queue_depth tags; a tag is a preallocated io_request. A
+// queue is driven by one thread at a time: that thread takes requests
+// (get_request), submits them and runs the queue (process / wait), which is
+// where completions are delivered according to the completion mode:
+//   irqmode=0 inline    the callback runs inside submit() when the target
+//                       completes at once;
+//   irqmode=1 deferred  the callback runs at the queue's next process/wait
+//                       (null_blk's softirq mode);
+//   irqmode=2 timer     the callback runs completion_nsec after the target
+//                       completed (null_blk's hrtimer mode);
+//   poll queues         completions wait for an explicit process/wait call,
+//                       never inline.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include <softblk/options.hpp>
+#include <softblk/types.hpp>
+
+namespace softblk {
+
+class target;
+
+enum class completion_mode : uint8_t {
+    inline_completion = 0,  // irqmode=0
+    deferred = 1,           // irqmode=1 (null_blk: softirq)
+    timer = 2,              // irqmode=2 (null_blk: timer, completion_nsec)
+};
+
+// The queue settings the core applies to every target type. The option
+// names, units and defaults are null_blk's (see core_options()).
+struct queue_config {
+    unsigned submit_queues = 1;
+    unsigned poll_queues = 1;
+    unsigned queue_depth = 64;  // hw_queue_depth
+    completion_mode mode = completion_mode::deferred;
+    uint64_t completion_nsec = 10'000;
+    bool shared_tags = false;        // one tag set for all devices with shared_tags=1
+    bool shared_tag_bitmap = false;  // one tag bitmap for all queues of this device
+    bool blocking = false;           // the target may sleep in submit (BLK_MQ_F_BLOCKING)
+    uint64_t io_timeout_ms = 30'000; // the block layer's request timeout
+};
+
+struct device_info {
+    std::string name;
+    std::string target_type;
+    block_limits limits;
+    queue_config queues;
+};
+
+// Per-queue counters, read by any thread (relaxed).
+struct queue_stats {
+    uint64_t submitted = 0;
+    uint64_t completed = 0;
+    uint64_t errors = 0;
+    uint64_t bytes_read = 0;
+    uint64_t bytes_written = 0;
+    uint64_t timeouts = 0;
+};
+
+class io_queue {
+public:
+    virtual ~io_queue() = default;
+
+    virtual unsigned index() const = 0;
+    virtual bool is_poll_queue() const = 0;
+    virtual unsigned depth() const = 0;
+
+    // Takes a free tag. Returns nullptr when every tag is in flight (the
+    // caller runs the queue and retries). The request's public fields are
+    // reset to their defaults.
+    virtual io_request* get_request() = 0;
+
+    // Returns a request taken with get_request that was not submitted.
+    virtual void put_request(io_request& request) = 0;
+
+    // Submits a request taken from this queue. Requests the core rejects
+    // (misaligned, beyond the capacity, unsupported op, device powered off)
+    // complete with a negative errno through the normal completion path.
+    virtual void submit(io_request& request) = 0;
+
+    // Delivers every completion that is due, without sleeping. Returns the
+    // number of callbacks run.
+    virtual unsigned process() = 0;
+
+    // Runs the queue until at least `min_completions` callbacks ran or
+    // `timeout_ns` passed (negative: no limit), sleeping when nothing is
+    // due. Returns the number of callbacks run.
+    virtual unsigned wait(unsigned min_completions, int64_t timeout_ns = -1) = 0;
+
+    // Requests submitted and not yet completed.
+    virtual unsigned in_flight() const = 0;
+
+    virtual queue_stats stats() const = 0;
+};
+
+class device {
+public:
+    virtual ~device() = default;
+
+    // Creates a device of target type `type` (e.g. "null") from null_blk
+    // style key=value options ("memory_backed=1", "size=4096", "bs=4096").
+    // Errors name the offending attribute and its valid range.
+    // Control thread; the caller owns the device.
+    static result<std::unique_ptr<device>> create(std::string name, std::string_view type,
+                                                  std::span<const std::string> options);
+
+    virtual const device_info& info() const = 0;
+    const block_limits& limits() const { return info().limits; }
+    const std::string& name() const { return info().name; }
+
+    // Queues 0 .. submit_queues-1 are submit queues, then the poll queues.
+    virtual unsigned queue_count() const = 0;
+    virtual io_queue& queue(unsigned index) = 0;
+
+    // Thread-safe synchronous I/O for callers that own no queue (FUSE
+    // workers, tools, the FAT library): picks a queue for the calling
+    // thread, locks it, submits and waits. Returns bytes done or -errno.
+    // Do not mix with asynchronous use of the same queues.
+    virtual int execute(io_op op, uint64_t offset, uint32_t length, void* buffer,
+                        uint32_t flags = 0) = 0;
+
+    // Allocation map (SEEK_DATA/SEEK_HOLE, NBD base:allocation). Any thread.
+    virtual result<std::vector<extent>> map(uint64_t offset, uint64_t length) = 0;
+
+    // null_blk's `power`: off drops the volatile cache's unflushed data and
+    // fails I/O with -ENODEV until powered on. No I/O may be in flight.
+    virtual result<void> set_power(bool on) = 0;
+    virtual bool powered() const = 0;
+
+    // Every option with its effective value (what re-creates the device).
+    virtual const option_set& options() const = 0;
+
+    // Counters and target state for `softblk list --json`. Any thread.
+    virtual void describe(nlohmann::json& out) const = 0;
+
+    // Bytes of RAM held for data.
+    virtual uint64_t memory_bytes() const = 0;
+};
+
+// The option table of the core (queue settings and the decorators:
+// throttle, bad blocks, fault injection, cache), merged with each target's.
+std::span<const option_def> core_options();
+
+// Every option a target type accepts (core + target), for `softblk
+// features` and documentation.
+std::vector<option_def> options_for(std::string_view type);
+
+}  // namespace softblk

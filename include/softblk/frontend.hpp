@@ -1,0 +1,66 @@
+// How front ends (FUSE single-file export, NBD, ublk ...) plug into the
+// daemon: each registers an export type; `softblk add ... --export NAME`
+// starts one on a device. The daemon knows no front end by name.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include <softblk/device.hpp>
+#include <softblk/types.hpp>
+
+namespace softblk {
+
+// Where the daemon keeps its state and what it may do.
+struct export_context {
+    // Per-daemon state directory (/run/softblk or $XDG_RUNTIME_DIR/softblk);
+    // a front end puts its mount points and sockets below it.
+    std::string run_dir;
+    // Running as root: may attach loop devices, use /dev/ublk-control ...
+    bool privileged = false;
+};
+
+// One running export of one device.
+class device_export {
+public:
+    virtual ~device_export() = default;
+
+    // What a user needs to reach the device, for `add`'s output and `list`:
+    // e.g. {"file": "/run/softblk/fuse/d0/d0", "loop": "/dev/loop3"} or
+    // {"uri": "nbd+unix:///d0?socket=/run/softblk/nbd.sock"}. Any thread.
+    virtual nlohmann::json describe() const = 0;
+
+    // Stops serving: detaches, unmounts, closes connections, joins its
+    // threads. After it returns the device has no I/O from this export in
+    // flight. Control thread; idempotent.
+    virtual result<void> stop() = 0;
+};
+
+struct export_type {
+    std::string_view name;  // "fuse", "nbd", "ublk"
+    std::string_view description;
+    // Starts exporting `dev` (which outlives the export) with front-end
+    // options ("key=value", e.g. "loop=0", "port=10809"). Control thread.
+    std::function<result<std::unique_ptr<device_export>>(device& dev, const export_context& ctx,
+                                                         std::span<const std::string> options)>
+        start;
+    // Removes what a crashed daemon left behind under ctx.run_dir (stale
+    // FUSE mounts, loop devices, sockets). May be empty. Control thread.
+    std::function<void(const export_context& ctx)> cleanup_stale;
+    // True when this front end works on this machine now (e.g. /dev/fuse
+    // or /dev/ublk-control exists). May be empty (always available).
+    std::function<bool()> available;
+};
+
+// Registers an export type (static initialiser in the front end's folder).
+bool register_export_type(const export_type& type);
+const export_type* find_export_type(std::string_view name);
+std::vector<const export_type*> export_types();
+
+}  // namespace softblk

@@ -1,0 +1,158 @@
+// Provider API: what a target (null, file, zoned ...) implements, and what
+// a decorator (throttle, bad blocks, fault injection, write-back cache)
+// wraps. Front ends never include this header; they use device.hpp.
+//
+// Threading: a target is created once per device. For each device queue the
+// core opens one target_queue; all calls on a target_queue come from that
+// queue's thread, so per-queue state needs no lock. Data shared by queues
+// (the memory store, a cache, a bandwidth bucket) is the target's to protect.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include <softblk/options.hpp>
+#include <softblk/types.hpp>
+
+namespace softblk {
+
+// Where a target_queue reports finished requests. Implemented by the core's
+// queue (which applies the completion mode: inline, deferred, timer) and by
+// decorators that need to see their inner target's completions.
+class completion_sink {
+public:
+    // Called on the queue's thread, inline from submit() or later from
+    // poll(). `result`: bytes done or a negative errno.
+    virtual void complete(io_request& request, int result) = 0;
+
+protected:
+    ~completion_sink() = default;
+};
+
+// Per-queue half of a target.
+class target_queue {
+public:
+    virtual ~target_queue() = default;
+
+    // Starts `request`, which the core has validated (op supported,
+    // offset/length aligned and inside the capacity, length within the
+    // limits). The target completes it exactly once through the sink given
+    // to open_queue, before returning or later from poll().
+    virtual void submit(io_request& request) = 0;
+
+    // Completes work that finished since the last call (io_uring CQEs,
+    // throttled requests whose budget arrived, requeued requests). Returns
+    // how many requests it completed.
+    virtual unsigned poll() { return 0; }
+
+    // True while the target holds requests it has not completed yet and
+    // that poll() will complete later (so the queue must keep polling).
+    virtual bool busy() const { return false; }
+
+    // A file descriptor that becomes readable when poll() has work (e.g. an
+    // io_uring's eventfd), or -1 when the target only needs a timer.
+    virtual int wait_fd() const { return -1; }
+
+    // Monotonic time (ns, CLOCK_MONOTONIC) at which poll() should run next
+    // even without an event, or UINT64_MAX.
+    virtual uint64_t next_wakeup_ns() const { return UINT64_MAX; }
+
+    // The core gave up on `request` after the device's I/O timeout (the
+    // block layer's timeout handler). Return true if the target released it;
+    // the core then completes it with -ETIMEDOUT. Return false if it is
+    // still in flight and will be completed normally.
+    virtual bool timed_out(io_request& request) { return true; }
+};
+
+// The target as a whole.
+class target {
+public:
+    virtual ~target() = default;
+
+    // Geometry and feature flags. Must not change after creation.
+    virtual const block_limits& limits() const = 0;
+
+    // Opens queue `index` (0 .. queue_count-1) whose completions go to
+    // `sink`. Called on the control thread before any I/O on that queue.
+    virtual result<std::unique_ptr<target_queue>> open_queue(unsigned index,
+                                                             completion_sink& sink) = 0;
+
+    // Allocation map of [offset, offset+length), clipped to the capacity,
+    // appended to `out` in order with no gaps. Any thread; must be safe
+    // against concurrent I/O. The default says everything is data.
+    virtual int map_extents(uint64_t offset, uint64_t length, std::vector<extent>& out);
+
+    // power=0 / power=1 (null_blk's `power` attribute). Powering off drops
+    // what a volatile cache held and was not flushed. Control thread, with
+    // no I/O in flight.
+    virtual void set_power(bool on) {}
+
+    // Bytes of memory the target holds for data (the memory store, the
+    // cache); for benchmarks and `softblk list`.
+    virtual uint64_t memory_bytes() const { return 0; }
+
+    // State for `softblk list --json`: counters, cache fill, bad blocks...
+    virtual void describe(nlohmann::json& out) const {}
+};
+
+// Wraps a target to add one concern (throttle, bad blocks, fault injection,
+// write-back cache) without the wrapped target knowing. Forwards everything
+// it does not change.
+class target_decorator : public target {
+public:
+    explicit target_decorator(std::unique_ptr<target> inner) : _inner(std::move(inner)) {}
+
+    const block_limits& limits() const override { return _inner->limits(); }
+    result<std::unique_ptr<target_queue>> open_queue(unsigned index, completion_sink& sink) override
+    {
+        return _inner->open_queue(index, sink);
+    }
+    int map_extents(uint64_t offset, uint64_t length, std::vector<extent>& out) override
+    {
+        return _inner->map_extents(offset, length, out);
+    }
+    void set_power(bool on) override { _inner->set_power(on); }
+    uint64_t memory_bytes() const override { return _inner->memory_bytes(); }
+    void describe(nlohmann::json& out) const override { _inner->describe(out); }
+
+    target& inner() { return *_inner; }
+    const target& inner() const { return *_inner; }
+
+protected:
+    std::unique_ptr<target> _inner;
+};
+
+// ---------------------------------------------------------------- registry
+
+// How a target type is made from options. The queue options of the core
+// (submit_queues, hw_queue_depth, irqmode ...) and the decorators' options
+// (mbps, badblocks, cache_size ...) are parsed by the core; `options` holds
+// everything, so a target reads only its own keys.
+struct target_type {
+    std::string_view name;  // "null", "file", "zoned", "zloop"
+    std::string_view description;
+    // The target's own option table (merged with the core's tables by
+    // device creation; a key must be unique across tables).
+    std::span<const option_def> options;
+    std::function<result<std::unique_ptr<target>>(const option_set& options)> create;
+};
+
+// Registers a target type; called from a static initialiser in the target's
+// folder (see src/targets/null). Any thread; returns false if the name is
+// taken.
+bool register_target_type(const target_type& type);
+
+// Looks a target type up by name; nullptr if unknown.
+const target_type* find_target_type(std::string_view name);
+
+// Every registered type, sorted by name.
+std::vector<const target_type*> target_types();
+
+}  // namespace softblk

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Installs every Debian package that softblk's build, tests and benchmarks
+# need. Idempotent: packages already present are left as they are, and
+# apt-get update runs only when something is missing.
+set -euo pipefail
+
+packages=(
+  # build
+  build-essential cmake ninja-build pkg-config git
+  liburing-dev libfuse3-dev libcli11-dev nlohmann-json3-dev libfmt-dev
+  libspdlog-dev libgtest-dev libgmock-dev libbenchmark-dev libgnutls28-dev
+  libnbd-dev
+  # host tests and benchmarks
+  fuse3 util-linux e2fsprogs xfsprogs dosfstools mtools fio procps kmod
+  nbdkit libnbd-bin qemu-utils qemu-system-common gnutls-bin
+  # VM lab
+  qemu-system-x86 busybox-static cpio zstd xz-utils
+  # fuzzing
+  clang libclang-rt-14-dev
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
+    missing+=("$p")
+  fi
+done
+
+if ((${#missing[@]})); then
+  echo "install-deps: installing ${missing[*]}"
+  if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; else SUDO=; fi
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+else
+  echo "install-deps: all ${#packages[@]} packages present"
+fi

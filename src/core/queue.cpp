@@ -1,0 +1,468 @@
+#include "queue.hpp"
+
+#include "device_impl.hpp"
+
+#include <cassert>
+#include <cerrno>
+#include <ctime>
+#include <poll.h>
+#include <sys/prctl.h>
+
+namespace softblk::core {
+
+namespace {
+
+enum request_state : uint8_t {
+    k_free = 0,
+    k_owned = 1,        // taken by the consumer, not submitted
+    k_in_target = 2,    // submitted, the target holds it
+    k_pending = 3,      // completed by the target, waiting for delivery
+    k_in_callback = 4,  // its completion callback is running
+};
+
+inline void bump(std::atomic<uint64_t>& counter, uint64_t by = 1)
+{
+    // Single writer (the queue thread): no locked instruction needed.
+    counter.store(counter.load(std::memory_order_relaxed) + by, std::memory_order_relaxed);
+}
+
+inline void cpu_relax() { __builtin_ia32_pause(); }
+
+// Short sleeps are the point of the timer completion mode: ask the kernel
+// for no timer slack on threads that run queues (default slack is 50 us).
+void lower_timer_slack()
+{
+    thread_local bool done = false;
+    if (!done) {
+        prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);
+        done = true;
+    }
+}
+
+}  // namespace
+
+uint64_t monotonic_ns()
+{
+    timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return static_cast<uint64_t>(ts.tv_sec) * uint64_t{1'000'000'000} + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+uint64_t coarse_monotonic_ns()
+{
+    timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    return static_cast<uint64_t>(ts.tv_sec) * uint64_t{1'000'000'000} + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+// ---------------------------------------------------------------- shared tags
+
+shared_tag_pool::shared_tag_pool(unsigned depth)
+    : _depth(depth), _words(new std::atomic<uint64_t>[(depth + 63) / 64]), _word_count((depth + 63) / 64)
+{
+    for (unsigned i = 0; i < _word_count; ++i) {
+        _words[i].store(0, std::memory_order_relaxed);
+    }
+}
+
+int shared_tag_pool::get()
+{
+    const unsigned start = _hint.load(std::memory_order_relaxed) % _word_count;
+    for (unsigned n = 0; n < _word_count; ++n) {
+        const unsigned w = (start + n) % _word_count;
+        uint64_t bits = _words[w].load(std::memory_order_relaxed);
+        for (;;) {
+            const unsigned valid = std::min(64u, _depth - w * 64);
+            const uint64_t mask = valid == 64 ? ~0ull : ((1ull << valid) - 1);
+            const uint64_t free_bits = ~bits & mask;
+            if (free_bits == 0) {
+                break;
+            }
+            const unsigned bit = static_cast<unsigned>(__builtin_ctzll(free_bits));
+            if (_words[w].compare_exchange_weak(bits, bits | (1ull << bit), std::memory_order_acquire,
+                                                std::memory_order_relaxed)) {
+                _hint.store(w, std::memory_order_relaxed);
+                return static_cast<int>(w * 64 + bit);
+            }
+        }
+    }
+    return -1;
+}
+
+void shared_tag_pool::put(unsigned tag)
+{
+    _words[tag / 64].fetch_and(~(1ull << (tag % 64)), std::memory_order_release);
+}
+
+// ---------------------------------------------------------------- queue
+
+queue_impl::queue_impl(device_impl& dev, unsigned index, bool poll_queue, unsigned depth,
+                       std::shared_ptr<shared_tag_pool> shared_tags)
+    : _dev(dev),
+      _mode(dev.info().queues.mode),
+      _completion_nsec(dev.info().queues.completion_nsec),
+      _timeout_ns(dev.info().queues.io_timeout_ms * uint64_t{1'000'000}),
+      _index(index),
+      _poll_queue(poll_queue),
+      _depth(shared_tags ? shared_tags->depth() : depth),
+      _requests(new io_request[_depth]),
+      _shared_tags(std::move(shared_tags))
+{
+    for (unsigned t = 0; t < _depth; ++t) {
+        _requests[t].tag = t;
+        _requests[t].queue_index = static_cast<uint16_t>(index);
+    }
+    if (!_shared_tags) {
+        _free_tags.reserve(_depth);
+        for (unsigned t = _depth; t > 0; --t) {
+            _free_tags.push_back(t - 1);
+        }
+    }
+}
+
+queue_impl::~queue_impl() = default;
+
+result<void> queue_impl::open(target& t)
+{
+    auto tq = t.open_queue(_index, *this);
+    if (!tq) {
+        return std::unexpected(tq.error());
+    }
+    _tq = std::move(*tq);
+    return {};
+}
+
+io_request* queue_impl::get_request()
+{
+    int tag;
+    if (_shared_tags) {
+        tag = _shared_tags->get();
+        if (tag < 0) {
+            return nullptr;
+        }
+    } else {
+        if (_free_tags.empty()) {
+            return nullptr;
+        }
+        tag = static_cast<int>(_free_tags.back());
+        _free_tags.pop_back();
+    }
+    io_request& r = _requests[tag];
+    assert(r.state == k_free);
+    r.op = io_op::read;
+    r.flags = 0;
+    r.offset = 0;
+    r.length = 0;
+    r.buffer = nullptr;
+    r.on_complete = nullptr;
+    r.user_data = nullptr;
+    r.transferred = 0;
+    r.result_offset = 0;
+    r.state = k_owned;
+    return &r;
+}
+
+void queue_impl::release_tag(io_request& r)
+{
+    r.state = k_free;
+    if (_shared_tags) {
+        _shared_tags->put(r.tag);
+    } else {
+        _free_tags.push_back(r.tag);
+    }
+}
+
+void queue_impl::put_request(io_request& r)
+{
+    assert(r.state == k_owned);
+    release_tag(r);
+}
+
+int queue_impl::validate(const io_request& r) const
+{
+    if (!_dev.powered()) {
+        return -ENODEV;
+    }
+    const block_limits& lim = _dev.info().limits;
+    const uint64_t mask = lim.logical_block_size - 1;
+    auto check_range = [&]() -> int {
+        if ((r.offset & mask) != 0 || (r.length & mask) != 0) {
+            return -EINVAL;
+        }
+        if (r.offset > lim.capacity_bytes || r.length > lim.capacity_bytes - r.offset) {
+            return -EIO;  // beyond the end of the device, as the block layer says
+        }
+        return 0;
+    };
+    switch (r.op) {
+    case io_op::read:
+    case io_op::write:
+        if (r.length == 0 || r.buffer == nullptr) {
+            return -EINVAL;
+        }
+        if (r.op == io_op::write && lim.read_only) {
+            return -EPERM;
+        }
+        if (lim.max_transfer_bytes != 0 && r.length > lim.max_transfer_bytes) {
+            return -EINVAL;
+        }
+        return check_range();
+    case io_op::flush:
+        return 0;
+    case io_op::discard:
+        if (lim.max_discard_bytes == 0) {
+            return -EOPNOTSUPP;
+        }
+        if (lim.read_only) {
+            return -EPERM;
+        }
+        if (r.length == 0 || r.length > lim.max_discard_bytes) {
+            return -EINVAL;
+        }
+        return check_range();
+    case io_op::write_zeroes:
+        if (lim.max_write_zeroes_bytes == 0) {
+            return -EOPNOTSUPP;
+        }
+        if (lim.read_only) {
+            return -EPERM;
+        }
+        if (r.length == 0 || r.length > lim.max_write_zeroes_bytes) {
+            return -EINVAL;
+        }
+        return check_range();
+    case io_op::zone_open:
+    case io_op::zone_close:
+    case io_op::zone_finish:
+    case io_op::zone_reset:
+    case io_op::zone_reset_all:
+    case io_op::zone_append:
+    case io_op::report_zones:
+        if (!lim.zoned) {
+            return -EOPNOTSUPP;
+        }
+        if (r.op == io_op::zone_append || r.op == io_op::report_zones) {
+            if (r.buffer == nullptr || r.length == 0) {
+                return -EINVAL;
+            }
+        }
+        if (r.op == io_op::report_zones || r.op == io_op::zone_reset_all) {
+            return r.offset < lim.capacity_bytes ? 0 : -EIO;
+        }
+        return check_range();
+    }
+    return -EOPNOTSUPP;
+}
+
+void queue_impl::submit(io_request& r)
+{
+    assert(r.state == k_owned || r.state == k_in_callback);
+    r.state = k_in_target;
+    r.status = 0;
+    r.transferred = 0;
+    r.attempts = 0;
+    r.submit_ns = _timeout_ns != 0 ? coarse_monotonic_ns() : 0;
+    ++_in_flight;
+    ++_in_target;
+    bump(_submitted);
+    const int err = validate(r);
+    if (err != 0) {
+        complete(r, err);
+        return;
+    }
+    _tq->submit(r);
+}
+
+void queue_impl::complete(io_request& r, int result)
+{
+    if (r.state != k_in_target) {
+        // Completed after the core timed it out (and the target claimed to
+        // have let go): the block layer ignores such late completions too.
+        return;
+    }
+    --_in_target;
+    r.state = k_pending;
+    r.status = result;
+    if (result >= 0) {
+        r.transferred = static_cast<uint32_t>(result);
+    }
+    if (_poll_queue || _mode == completion_mode::deferred) {
+        _deferred.push(r);
+        return;
+    }
+    if (_mode == completion_mode::timer) {
+        r.deadline_ns = monotonic_ns() + _completion_nsec;
+        _timer.push(r);
+        return;
+    }
+    deliver(r, result);
+}
+
+void queue_impl::deliver(io_request& r, int result)
+{
+    if (_delivering) {
+        // A callback resubmitted and the target completed inline: run it
+        // after the current callback returns instead of recursing.
+        _inline_backlog.push(r);
+        return;
+    }
+    _delivering = true;
+    deliver_now(r, result);
+    while (io_request* next = _inline_backlog.pop()) {
+        deliver_now(*next, next->status);
+    }
+    _delivering = false;
+}
+
+void queue_impl::deliver_now(io_request& r, int result)
+{
+    --_in_flight;
+    ++_delivered;
+    bump(_completed);
+    if (result < 0) {
+        bump(_errors);
+    } else if (r.op == io_op::read) {
+        bump(_bytes_read, static_cast<uint64_t>(result));
+    } else if (r.op == io_op::write || r.op == io_op::zone_append) {
+        bump(_bytes_written, static_cast<uint64_t>(result));
+    }
+    r.state = k_in_callback;
+    if (r.on_complete != nullptr) {
+        r.on_complete(r, result);
+    }
+    if (r.state == k_in_callback) {
+        release_tag(r);
+    }
+}
+
+unsigned queue_impl::check_timeouts(uint64_t now)
+{
+    unsigned n = 0;
+    for (unsigned t = 0; t < _depth && _in_target > 0; ++t) {
+        io_request& r = _requests[t];
+        if (r.state == k_in_target && now - r.submit_ns >= _timeout_ns) {
+            if (_tq->timed_out(r)) {
+                bump(_timeouts);
+                complete(r, -ETIMEDOUT);
+                ++n;
+            }
+        }
+    }
+    return n;
+}
+
+unsigned queue_impl::process()
+{
+    const unsigned before = _delivered;
+    if (_tq->busy()) {
+        _tq->poll();
+    }
+    if (!_deferred.empty()) {
+        // Only what is due now: callbacks that resubmit land on the next pass.
+        io_request* list = _deferred.take_all();
+        _delivering = true;
+        while (list != nullptr) {
+            io_request* next = list->next;
+            deliver_now(*list, list->status);
+            list = next;
+        }
+        while (io_request* r = _inline_backlog.pop()) {
+            deliver_now(*r, r->status);
+        }
+        _delivering = false;
+    }
+    if (!_timer.empty()) {
+        const uint64_t now = monotonic_ns();
+        fifo due;
+        while (!_timer.empty() && _timer.head->deadline_ns <= now) {
+            due.push(*_timer.pop());
+        }
+        _delivering = true;
+        while (io_request* r = due.pop()) {
+            deliver_now(*r, r->status);
+        }
+        while (io_request* r = _inline_backlog.pop()) {
+            deliver_now(*r, r->status);
+        }
+        _delivering = false;
+    }
+    if (_in_target > 0 && _timeout_ns != 0) {
+        const uint64_t now = coarse_monotonic_ns();
+        if (now >= _next_timeout_scan) {
+            check_timeouts(now);
+            _next_timeout_scan = now + std::min<uint64_t>(_timeout_ns / 4 + 1, uint64_t{100'000'000});
+        }
+    }
+    return _delivered - before;
+}
+
+unsigned queue_impl::wait(unsigned min_completions, int64_t timeout_ns)
+{
+    lower_timer_slack();
+    const uint64_t start = monotonic_ns();
+    const uint64_t give_up = timeout_ns < 0 ? UINT64_MAX : start + static_cast<uint64_t>(timeout_ns);
+    unsigned done = 0;
+    for (;;) {
+        done += process();
+        if (done >= min_completions || _in_flight == 0) {
+            return done;
+        }
+        if (!_deferred.empty()) {
+            continue;
+        }
+        const uint64_t now = monotonic_ns();
+        if (now >= give_up) {
+            return done;
+        }
+        uint64_t wake = give_up;
+        if (!_timer.empty()) {
+            wake = std::min(wake, _timer.head->deadline_ns);
+        }
+        wake = std::min(wake, _tq->next_wakeup_ns());
+        if (_tq->busy() && _tq->wait_fd() < 0) {
+            // The target holds requests and named no time: look again soon.
+            wake = std::min(wake, now + uint64_t{1'000'000});
+        }
+        if (_in_target > 0 && _timeout_ns != 0) {
+            // Timed-out requests must be noticed even when nothing else
+            // happens; coarse clock granularity is a few ms.
+            wake = std::min(wake, now + std::min<uint64_t>(_timeout_ns / 4 + 1, uint64_t{100'000'000}));
+        }
+        if (wake <= now) {
+            continue;
+        }
+        const uint64_t delta = wake - now;
+        const int fd = _tq->wait_fd();
+        if (fd >= 0 && _tq->busy()) {
+            pollfd p{fd, POLLIN, 0};
+            timespec ts{static_cast<time_t>(delta / uint64_t{1'000'000'000}),
+                        static_cast<long>(delta % uint64_t{1'000'000'000})};
+            ppoll(&p, 1, &ts, nullptr);
+            continue;
+        }
+        if (delta < 20'000) {
+            // Shorter than a sleep's wake-up latency: spin.
+            while (monotonic_ns() < wake) {
+                cpu_relax();
+            }
+            continue;
+        }
+        timespec ts{static_cast<time_t>(wake / uint64_t{1'000'000'000}),
+                    static_cast<long>(wake % uint64_t{1'000'000'000})};
+        clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, nullptr);
+    }
+}
+
+queue_stats queue_impl::stats() const
+{
+    queue_stats s;
+    s.submitted = _submitted.load(std::memory_order_relaxed);
+    s.completed = _completed.load(std::memory_order_relaxed);
+    s.errors = _errors.load(std::memory_order_relaxed);
+    s.bytes_read = _bytes_read.load(std::memory_order_relaxed);
+    s.bytes_written = _bytes_written.load(std::memory_order_relaxed);
+    s.timeouts = _timeouts.load(std::memory_order_relaxed);
+    return s;
+}
+
+}  // namespace softblk::core

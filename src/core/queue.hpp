@@ -1,0 +1,131 @@
+// The core's io_queue: tags, validation, completion modes and timeouts.
+// Internal to src/core; front ends see io_queue from device.hpp.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include <softblk/device.hpp>
+#include <softblk/target.hpp>
+
+namespace softblk::core {
+
+// A tag bitmap that several queues (shared_tag_bitmap) or several devices
+// (shared_tags) draw from. Lock-free; any thread.
+class shared_tag_pool {
+public:
+    explicit shared_tag_pool(unsigned depth);
+    // A free tag, or -1 when all are taken.
+    int get();
+    void put(unsigned tag);
+    unsigned depth() const { return _depth; }
+
+private:
+    unsigned _depth;
+    std::unique_ptr<std::atomic<uint64_t>[]> _words;
+    unsigned _word_count;
+    std::atomic<unsigned> _hint{0};
+};
+
+class device_impl;
+
+class queue_impl final : public io_queue, public completion_sink {
+public:
+    queue_impl(device_impl& dev, unsigned index, bool poll_queue, unsigned depth,
+               std::shared_ptr<shared_tag_pool> shared_tags);
+    ~queue_impl() override;
+
+    // Opens the target's half of the queue. Control thread.
+    result<void> open(target& t);
+
+    unsigned index() const override { return _index; }
+    bool is_poll_queue() const override { return _poll_queue; }
+    unsigned depth() const override { return _depth; }
+    io_request* get_request() override;
+    void put_request(io_request& request) override;
+    void submit(io_request& request) override;
+    unsigned process() override;
+    unsigned wait(unsigned min_completions, int64_t timeout_ns) override;
+    unsigned in_flight() const override { return _in_flight; }
+    queue_stats stats() const override;
+
+    // completion_sink: called by the target on this queue's thread.
+    void complete(io_request& request, int result) override;
+
+    // Serialises device::execute callers that share this queue.
+    std::mutex& sync_lock() { return _sync_lock; }
+
+private:
+    struct fifo {
+        io_request* head = nullptr;
+        io_request* tail = nullptr;
+        bool empty() const { return head == nullptr; }
+        void push(io_request& r)
+        {
+            r.next = nullptr;
+            if (tail != nullptr) {
+                tail->next = &r;
+            } else {
+                head = &r;
+            }
+            tail = &r;
+        }
+        io_request* take_all()
+        {
+            io_request* h = head;
+            head = tail = nullptr;
+            return h;
+        }
+        io_request* pop()
+        {
+            io_request* h = head;
+            if (h != nullptr) {
+                head = h->next;
+                if (head == nullptr) {
+                    tail = nullptr;
+                }
+            }
+            return h;
+        }
+    };
+
+    int validate(const io_request& r) const;
+    void deliver(io_request& r, int result);
+    void deliver_now(io_request& r, int result);
+    void release_tag(io_request& r);
+    unsigned check_timeouts(uint64_t coarse_now);
+
+    device_impl& _dev;
+    completion_mode _mode;
+    uint64_t _completion_nsec;
+    uint64_t _timeout_ns;
+    unsigned _index;
+    bool _poll_queue;
+    unsigned _depth;
+    std::unique_ptr<target_queue> _tq;
+    std::unique_ptr<io_request[]> _requests;
+    std::vector<uint32_t> _free_tags;  // local tag stack (no shared pool)
+    std::shared_ptr<shared_tag_pool> _shared_tags;
+
+    fifo _deferred;         // irqmode=1 and poll queues
+    fifo _timer;            // irqmode=2, ordered by deadline (constant delay)
+    fifo _inline_backlog;   // inline completions raised while a callback runs
+    bool _delivering = false;
+    unsigned _delivered = 0;  // callbacks run, for process/wait accounting
+    unsigned _in_flight = 0;
+    unsigned _in_target = 0;
+    uint64_t _next_timeout_scan = 0;
+
+    std::mutex _sync_lock;
+
+    // Counters: written by the queue thread, read by others.
+    std::atomic<uint64_t> _submitted{0}, _completed{0}, _errors{0}, _bytes_read{0},
+        _bytes_written{0}, _timeouts{0};
+};
+
+uint64_t monotonic_ns();
+uint64_t coarse_monotonic_ns();
+
+}  // namespace softblk::core

@@ -1,0 +1,121 @@
+#include <gtest/gtest.h>
+
+#include <softblk/device.hpp>
+#include <softblk/options.hpp>
+
+using namespace softblk;
+
+namespace {
+
+constexpr option_def k_defs[] = {
+    {.name = "size", .kind = option_kind::integer, .default_value = "250", .unit = "MiB",
+     .help = "capacity", .min = 1, .max = 1000},
+    {.name = "blocksize", .kind = option_kind::integer, .default_value = "512", .unit = "bytes",
+     .help = "block size", .min = 512, .max = 4096, .range = option_range::clamp, .alias = "bs"},
+    {.name = "memory_backed", .kind = option_kind::boolean, .default_value = "0", .help = "store"},
+    {.name = "home_node", .kind = option_kind::signed_integer, .default_value = "-1", .help = "node",
+     .smin = -1, .smax = 1023},
+    {.name = "badblocks", .kind = option_kind::text, .default_value = "", .help = "ranges",
+     .repeatable = true},
+};
+
+std::vector<std::string> args(std::initializer_list<const char*> list)
+{
+    return {list.begin(), list.end()};
+}
+
+}  // namespace
+
+TEST(options, defaults_apply_when_not_given)
+{
+    auto set = option_set::parse(k_defs, {});
+    ASSERT_TRUE(set) << set.error().message;
+    EXPECT_EQ(set->u64("size"), 250u);
+    EXPECT_FALSE(set->given("size"));
+    EXPECT_EQ(set->i64("home_node"), -1);
+    EXPECT_FALSE(set->flag("memory_backed"));
+}
+
+TEST(options, values_aliases_and_hex)
+{
+    auto a = args({"size=0x10", "bs=4096", "memory_backed=y", "home_node=3"});
+    auto set = option_set::parse(k_defs, a);
+    ASSERT_TRUE(set) << set.error().message;
+    EXPECT_EQ(set->u64("size"), 16u);
+    EXPECT_TRUE(set->given("size"));
+    EXPECT_EQ(set->u64("blocksize"), 4096u);
+    EXPECT_TRUE(set->flag("memory_backed"));
+    EXPECT_EQ(set->i64("home_node"), 3);
+}
+
+TEST(options, out_of_range_names_attribute_and_range)
+{
+    auto a = args({"size=0"});
+    auto set = option_set::parse(k_defs, a);
+    ASSERT_FALSE(set);
+    EXPECT_EQ(set.error().code, std::errc::invalid_argument);
+    EXPECT_NE(set.error().message.find("size"), std::string::npos);
+    EXPECT_NE(set.error().message.find("1 to 1000"), std::string::npos);
+    EXPECT_NE(set.error().message.find("MiB"), std::string::npos);
+}
+
+TEST(options, clamp_only_where_declared)
+{
+    auto a = args({"blocksize=65536"});
+    auto set = option_set::parse(k_defs, a);
+    ASSERT_TRUE(set);
+    EXPECT_EQ(set->u64("blocksize"), 4096u);
+}
+
+TEST(options, errors_for_unknown_malformed_and_bad_bool)
+{
+    for (const char* bad : {"nosuch=1", "size", "=3", "size=12x", "size=", "memory_backed=2",
+                            "home_node=-2", "size=99999999999999999999999"}) {
+        auto a = args({bad});
+        auto set = option_set::parse(k_defs, a);
+        EXPECT_FALSE(set) << bad;
+        if (!set) {
+            EXPECT_FALSE(set.error().message.empty());
+        }
+    }
+}
+
+TEST(options, repeatable_text_keeps_order_and_round_trips)
+{
+    auto a = args({"badblocks=+0-7", "badblocks=-3-3", "size=8"});
+    auto set = option_set::parse(k_defs, a);
+    ASSERT_TRUE(set);
+    ASSERT_EQ(set->texts("badblocks").size(), 2u);
+    EXPECT_EQ(set->texts("badblocks")[1], "-3-3");
+    auto again = option_set::parse(k_defs, set->to_args());
+    ASSERT_TRUE(again) << again.error().message;
+    EXPECT_EQ(again->u64("size"), 8u);
+    EXPECT_EQ(again->texts("badblocks"), set->texts("badblocks"));
+}
+
+TEST(options, parse_size_suffixes)
+{
+    EXPECT_EQ(parse_size("4G").value(), 4ull << 30);
+    EXPECT_EQ(parse_size("512MiB").value(), 512ull << 20);
+    EXPECT_EQ(parse_size("100").value(), 100u);
+    EXPECT_EQ(parse_size("1T").value(), 1ull << 40);
+    EXPECT_FALSE(parse_size("4Q"));
+    EXPECT_FALSE(parse_size("G"));
+    EXPECT_FALSE(parse_size("99999999999T"));
+}
+
+TEST(options, core_table_has_null_blk_names_and_defaults)
+{
+    auto set = option_set::parse(core_options(), {});
+    ASSERT_TRUE(set);
+    EXPECT_EQ(set->u64("submit_queues"), 1u);
+    EXPECT_EQ(set->u64("poll_queues"), 1u);
+    EXPECT_EQ(set->u64("hw_queue_depth"), 64u);
+    EXPECT_EQ(set->u64("irqmode"), 1u);
+    EXPECT_EQ(set->u64("completion_nsec"), 10000u);
+    auto bad = args({"irqmode=3"});
+    auto err = option_set::parse(core_options(), bad);
+    ASSERT_FALSE(err);
+    EXPECT_NE(err.error().message.find("irqmode"), std::string::npos);
+    EXPECT_NE(err.error().message.find("0 to 2"), std::string::npos);
+}
