@@ -1,0 +1,162 @@
+#include "loop_device.hpp"
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <dirent.h>
+#include <fcntl.h>
+#include <fstream>
+#include <linux/loop.h>
+#include <sys/ioctl.h>
+#include <thread>
+#include <unistd.h>
+
+#include <fmt/core.h>
+
+namespace softblk::fuse {
+
+namespace {
+
+// Closes a file descriptor when it goes out of scope.
+struct fd_guard {
+    int fd = -1;
+    ~fd_guard()
+    {
+        if (fd >= 0) {
+            ::close(fd);
+        }
+    }
+};
+
+std::string read_sysfs_line(const std::string& path)
+{
+    std::ifstream in(path);
+    std::string line;
+    if (!in || !std::getline(in, line)) {
+        return {};
+    }
+    return line;
+}
+
+std::string sysfs_dir(unsigned number) { return fmt::format("/sys/block/loop{}/loop", number); }
+
+}  // namespace
+
+std::string loop_backing_file(unsigned number)
+{
+    return read_sysfs_line(sysfs_dir(number) + "/backing_file");
+}
+
+result<loop_attachment> attach_loop(const std::string& file, uint32_t block_size, bool read_only)
+{
+    fd_guard backing{::open(file.c_str(), (read_only ? O_RDONLY : O_RDWR) | O_CLOEXEC)};
+    if (backing.fd < 0) {
+        const int e = errno;
+        return make_error(e, fmt::format("{}: cannot open for the loop device: {}", file, std::strerror(e)));
+    }
+    fd_guard control{::open("/dev/loop-control", O_RDWR | O_CLOEXEC)};
+    if (control.fd < 0) {
+        const int e = errno;
+        return make_error(e, fmt::format("/dev/loop-control: {} (loop=1 needs root and the loop driver; "
+                                         "use loop=0 to export the file only)",
+                                         std::strerror(e)));
+    }
+    // Another process may take the free device between GET_FREE and
+    // CONFIGURE (EBUSY): ask again.
+    for (int attempt = 0; attempt < 16; ++attempt) {
+        const int number = ::ioctl(control.fd, LOOP_CTL_GET_FREE);
+        if (number < 0) {
+            const int e = errno;
+            return make_error(e, fmt::format("/dev/loop-control: no free loop device: {}", std::strerror(e)));
+        }
+        const std::string path = fmt::format("/dev/loop{}", number);
+        fd_guard loop{::open(path.c_str(), O_RDWR | O_CLOEXEC)};
+        if (loop.fd < 0) {
+            const int e = errno;
+            return make_error(e, fmt::format("{}: {}", path, std::strerror(e)));
+        }
+        loop_config config{};
+        config.fd = static_cast<uint32_t>(backing.fd);
+        config.block_size = block_size;
+        config.info.lo_flags = LO_FLAGS_DIRECT_IO | (read_only ? LO_FLAGS_READ_ONLY : 0);
+        std::strncpy(reinterpret_cast<char*>(config.info.lo_file_name), file.c_str(), LO_NAME_SIZE - 1);
+        if (::ioctl(loop.fd, LOOP_CONFIGURE, &config) < 0) {
+            const int e = errno;
+            if (e == EBUSY) {
+                continue;
+            }
+            return make_error(e, fmt::format("{}: LOOP_CONFIGURE with {} (block size {}): {}", path, file,
+                                             block_size, std::strerror(e)));
+        }
+        loop_attachment out;
+        out.path = path;
+        out.number = static_cast<unsigned>(number);
+        out.direct_io = read_sysfs_line(sysfs_dir(out.number) + "/dio") == "1";
+        return out;
+    }
+    return make_error(EBUSY, "/dev/loop-control: every free loop device was taken by another process "
+                             "before it could be configured (16 attempts)");
+}
+
+result<void> detach_loop(unsigned number, unsigned timeout_ms)
+{
+    const std::string path = fmt::format("/dev/loop{}", number);
+    if (loop_backing_file(number).empty()) {
+        return {};
+    }
+    {
+        // A mounted file system holds the device exclusively: refuse rather
+        // than leave a detach pending behind the user's back.
+        fd_guard probe{::open(path.c_str(), O_RDONLY | O_EXCL | O_CLOEXEC)};
+        if (probe.fd < 0 && errno == EBUSY) {
+            return make_error(EBUSY, fmt::format("{} is in use (mounted or held exclusively); unmount it first",
+                                                 path));
+        }
+    }
+    {
+        fd_guard loop{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
+        if (loop.fd < 0) {
+            const int e = errno;
+            return make_error(e, fmt::format("{}: {}", path, std::strerror(e)));
+        }
+        if (::ioctl(loop.fd, LOOP_CLR_FD, 0) < 0 && errno != ENXIO) {
+            const int e = errno;
+            return make_error(e, fmt::format("{}: LOOP_CLR_FD: {}", path, std::strerror(e)));
+        }
+    }
+    // The kernel releases the backing file on the last close of the device.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    while (!loop_backing_file(number).empty()) {
+        if (std::chrono::steady_clock::now() >= deadline) {
+            return make_error(EBUSY, fmt::format("{} is still open after {} ms; it detaches itself when the "
+                                                 "last user closes it",
+                                                 path, timeout_ms));
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    return {};
+}
+
+std::vector<unsigned> loops_backed_under(const std::string& prefix)
+{
+    std::vector<unsigned> out;
+    DIR* dir = ::opendir("/sys/block");
+    if (dir == nullptr) {
+        return out;
+    }
+    while (const dirent* entry = ::readdir(dir)) {
+        unsigned number = 0;
+        char tail = 0;
+        if (std::sscanf(entry->d_name, "loop%u%c", &number, &tail) != 1) {
+            continue;
+        }
+        const std::string backing = loop_backing_file(number);
+        if (!backing.empty() && backing.compare(0, prefix.size(), prefix) == 0) {
+            out.push_back(number);
+        }
+    }
+    ::closedir(dir);
+    return out;
+}
+
+}  // namespace softblk::fuse

@@ -1,0 +1,193 @@
+#include "mounts.hpp"
+
+#include "loop_device.hpp"
+
+#include <cerrno>
+#include <csignal>
+#include <dirent.h>
+#include <fstream>
+#include <mutex>
+#include <set>
+#include <sstream>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <unistd.h>
+
+namespace softblk::fuse {
+
+namespace {
+
+std::mutex g_live_lock;
+std::multiset<std::string, std::less<>>& live_mounts()
+{
+    static std::multiset<std::string, std::less<>> mounts;
+    return mounts;
+}
+
+// mountinfo escapes space, tab, newline and backslash as \ooo.
+std::string unescape(const std::string& text)
+{
+    std::string out;
+    out.reserve(text.size());
+    for (size_t i = 0; i < text.size(); ++i) {
+        if (text[i] == '\\' && i + 3 < text.size()) {
+            const std::string octal = text.substr(i + 1, 3);
+            if (octal.size() == 3 && octal.find_first_not_of("01234567") == std::string::npos) {
+                out.push_back(static_cast<char>(std::stoi(octal, nullptr, 8)));
+                i += 3;
+                continue;
+            }
+        }
+        out.push_back(text[i]);
+    }
+    return out;
+}
+
+bool starts_with_dir(const std::string& path, const std::string& dir)
+{
+    return path.size() > dir.size() && path.compare(0, dir.size(), dir) == 0 && path[dir.size()] == '/';
+}
+
+}  // namespace
+
+std::vector<mount_entry> read_mounts()
+{
+    std::vector<mount_entry> out;
+    std::ifstream in("/proc/self/mountinfo");
+    std::string line;
+    while (std::getline(in, line)) {
+        // id parent major:minor root mount_point options [optional...] - fstype source super_options
+        std::istringstream fields(line);
+        std::string id, parent, dev, root, mount_point, options, word;
+        if (!(fields >> id >> parent >> dev >> root >> mount_point >> options)) {
+            continue;
+        }
+        while (fields >> word && word != "-") {
+        }
+        mount_entry entry;
+        if (!(fields >> entry.fstype >> entry.source)) {
+            continue;
+        }
+        entry.mount_point = unescape(mount_point);
+        entry.source = unescape(entry.source);
+        out.push_back(std::move(entry));
+    }
+    return out;
+}
+
+pid_t source_pid(const std::string& source)
+{
+    const std::string prefix = std::string(k_subtype) + ":";
+    if (source.compare(0, prefix.size(), prefix) != 0) {
+        return -1;
+    }
+    const size_t end = source.find(':', prefix.size());
+    if (end == std::string::npos || end == prefix.size()) {
+        return -1;
+    }
+    const std::string digits = source.substr(prefix.size(), end - prefix.size());
+    if (digits.find_first_not_of("0123456789") != std::string::npos || digits.size() > 9) {
+        return -1;
+    }
+    return static_cast<pid_t>(std::stol(digits));
+}
+
+void register_live_mount(const std::string& mount_point)
+{
+    std::lock_guard guard(g_live_lock);
+    live_mounts().insert(mount_point);
+}
+
+void unregister_live_mount(const std::string& mount_point)
+{
+    std::lock_guard guard(g_live_lock);
+    auto& mounts = live_mounts();
+    if (auto it = mounts.find(mount_point); it != mounts.end()) {
+        mounts.erase(it);
+    }
+}
+
+bool is_live_mount(const std::string& mount_point)
+{
+    std::lock_guard guard(g_live_lock);
+    return live_mounts().contains(mount_point);
+}
+
+bool is_stale(const mount_entry& entry)
+{
+    if (is_live_mount(entry.mount_point)) {
+        return false;
+    }
+    const pid_t pid = source_pid(entry.source);
+    if (pid <= 0 || (::kill(pid, 0) < 0 && errno == ESRCH)) {
+        return true;
+    }
+    // The pid exists: it is another daemon serving this run directory, or
+    // a new process that reused the number. A dead connection tells.
+    struct statfs st {};
+    return ::statfs(entry.mount_point.c_str(), &st) < 0 && errno == ENOTCONN;
+}
+
+bool remove_stale_mount(const std::string& mount_point)
+{
+    bool clean = true;
+    for (unsigned number : loops_backed_under(mount_point + "/")) {
+        if (!detach_loop(number, 2000)) {
+            clean = false;
+        }
+    }
+    if (::umount2(mount_point.c_str(), MNT_DETACH) < 0 && errno != EINVAL && errno != ENOENT) {
+        clean = false;
+    }
+    if (::rmdir(mount_point.c_str()) < 0 && errno != ENOENT) {
+        clean = false;
+    }
+    return clean;
+}
+
+void cleanup_stale_under(const std::string& fuse_dir)
+{
+    std::set<std::string> mounted;
+    for (const mount_entry& entry : read_mounts()) {
+        if (!starts_with_dir(entry.mount_point, fuse_dir)) {
+            continue;
+        }
+        mounted.insert(entry.mount_point);
+        if (entry.fstype == k_fstype && is_stale(entry)) {
+            remove_stale_mount(entry.mount_point);
+        }
+    }
+    // Loop devices whose backing file is below fuse_dir but whose mount is
+    // gone (lazily unmounted while the loop device still held the file).
+    for (unsigned number : loops_backed_under(fuse_dir + "/")) {
+        const std::string backing = loop_backing_file(number);
+        const size_t slash = backing.find('/', fuse_dir.size() + 1);
+        const std::string mount_point = slash == std::string::npos ? backing : backing.substr(0, slash);
+        if (!mounted.contains(mount_point) && !is_live_mount(mount_point)) {
+            (void)detach_loop(number, 2000);
+        }
+    }
+    // Directories left without a mount.
+    DIR* dir = ::opendir(fuse_dir.c_str());
+    if (dir == nullptr) {
+        return;
+    }
+    std::vector<std::string> empty;
+    while (const dirent* entry = ::readdir(dir)) {
+        const std::string name = entry->d_name;
+        if (name == "." || name == "..") {
+            continue;
+        }
+        const std::string path = fuse_dir + "/" + name;
+        if (!mounted.contains(path) && !is_live_mount(path)) {
+            empty.push_back(path);
+        }
+    }
+    ::closedir(dir);
+    for (const std::string& path : empty) {
+        ::rmdir(path.c_str());  // only succeeds when empty: never removes user data
+    }
+}
+
+}  // namespace softblk::fuse
