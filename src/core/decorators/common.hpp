@@ -1,0 +1,206 @@
+// Pieces shared by the decorators (internal to src/core/decorators).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <softblk/device.hpp>
+#include <softblk/target.hpp>
+
+namespace softblk::core {
+
+uint64_t monotonic_ns();
+
+// An intrusive FIFO of requests through io_request::next (which is free for
+// whoever holds the request).
+struct request_fifo {
+    io_request* head = nullptr;
+    io_request* tail = nullptr;
+    unsigned size = 0;
+
+    bool empty() const { return head == nullptr; }
+    void push(io_request& r)
+    {
+        r.next = nullptr;
+        if (tail != nullptr) {
+            tail->next = &r;
+        } else {
+            head = &r;
+        }
+        tail = &r;
+        ++size;
+    }
+    io_request* pop()
+    {
+        io_request* h = head;
+        if (h != nullptr) {
+            head = h->next;
+            if (head == nullptr) {
+                tail = nullptr;
+            }
+            --size;
+        }
+        return h;
+    }
+    // Unlinks `r` if present; true if it was.
+    bool remove(io_request& r)
+    {
+        io_request* prev = nullptr;
+        for (io_request* p = head; p != nullptr; prev = p, p = p->next) {
+            if (p == &r) {
+                if (prev != nullptr) {
+                    prev->next = p->next;
+                } else {
+                    head = p->next;
+                }
+                if (tail == p) {
+                    tail = prev;
+                }
+                --size;
+                return true;
+            }
+        }
+        return false;
+    }
+};
+
+// Requests a decorator sends to its inner target on its own behalf (cache
+// write-back, partial I/O, read proxies). Preallocated per queue; the
+// decorator's queue is the inner queue's completion_sink and tells its own
+// requests from the consumer's with owns(). Internal requests carry tags
+// from k_internal_tag_base up, so they never equal a consumer tag. One
+// queue's thread only.
+template <class Extra>
+class request_pool {
+public:
+    static constexpr uint32_t k_internal_tag_base = 1u << 24;
+
+    struct entry {
+        io_request request;
+        Extra extra;
+    };
+
+    request_pool(unsigned count, uint16_t queue_index) : _entries(new entry[count]), _count(count)
+    {
+        _free.reserve(count);
+        for (unsigned i = count; i > 0; --i) {
+            _entries[i - 1].request.tag = k_internal_tag_base + (i - 1);
+            _entries[i - 1].request.queue_index = queue_index;
+            _free.push_back(i - 1);
+        }
+    }
+
+    bool owns(const io_request& r) const
+    {
+        auto* p = reinterpret_cast<const char*>(&r);
+        auto* base = reinterpret_cast<const char*>(_entries.get());
+        return p >= base && p < base + sizeof(entry) * _count;
+    }
+    entry& of(io_request& r) { return *reinterpret_cast<entry*>(&r); }
+
+    entry* take()
+    {
+        if (_free.empty()) {
+            return nullptr;
+        }
+        entry* e = &_entries[_free.back()];
+        _free.pop_back();
+        return e;
+    }
+    void give_back(entry& e) { _free.push_back(static_cast<unsigned>(&e - _entries.get())); }
+    unsigned available() const { return static_cast<unsigned>(_free.size()); }
+    unsigned in_use() const { return _count - available(); }
+    unsigned count() const { return _count; }
+    entry& at(unsigned i) { return _entries[i]; }
+
+private:
+    std::unique_ptr<entry[]> _entries;
+    unsigned _count;
+    std::vector<unsigned> _free;
+};
+
+// ---------------------------------------------------------------- faults
+
+// The kernel's fault_attr (lib/fault-inject.c), as null_blk's timeout=,
+// requeue= and init_hctx= take it: "interval,probability,space,times".
+struct fault_spec {
+    uint64_t interval = 1;     // fail at most every interval-th eligible call
+    uint64_t probability = 0;  // percent, 0..100
+    uint64_t space = 0;        // calls (of size 1) that pass before any fails
+    int64_t times = -1;        // failures left; -1: no limit
+};
+
+// Parses "interval,probability,space,times". Errors name `attribute`.
+result<fault_spec> parse_fault_spec(std::string_view attribute, std::string_view text);
+
+// Shared by the queues of a device: atomics only.
+class fault_attr {
+public:
+    explicit fault_attr(const fault_spec& spec);
+    // should_fail(attr, 1): true when this call is to fail.
+    bool should_fail();
+    const fault_spec& spec() const { return _spec; }
+    uint64_t failures() const { return _failures.load(std::memory_order_relaxed); }
+
+private:
+    fault_spec _spec;
+    std::atomic<int64_t> _times;
+    std::atomic<int64_t> _space;
+    std::atomic<uint64_t> _count{0};
+    std::atomic<uint64_t> _random;
+    std::atomic<uint64_t> _failures{0};
+};
+
+// ---------------------------------------------------------------- bad blocks
+
+// The kernel's badblocks list, in 512-byte sectors. Any thread.
+class bad_block_table {
+public:
+    // Records of at most this many sectors, as the kernel keeps them
+    // (BB_MAX_LEN); badblocks_once clears one record at a time.
+    static constexpr uint64_t k_max_record = 512;
+
+    // Applies "+start-end" (mark bad) or "-start-end" (clear), inclusive
+    // sector numbers. Errors name the attribute.
+    result<void> apply(std::string_view spec);
+    void set(uint64_t start, uint64_t count);
+    void clear(uint64_t start, uint64_t count);
+
+    // badblocks_check(): true if [sector, sector+count) holds a bad sector;
+    // then `first_bad`/`bad_count` describe the first bad record met (its
+    // start may lie before `sector`).
+    bool check(uint64_t sector, uint64_t count, uint64_t& first_bad, uint64_t& bad_count) const;
+    bool empty() const { return _ranges_count.load(std::memory_order_acquire) == 0; }
+    // "start-end" lines, as null_blk's badblocks attribute shows them.
+    std::vector<std::string> list() const;
+
+private:
+    mutable std::mutex _lock;
+    std::map<uint64_t, uint64_t> _ranges;  // start -> end (exclusive), disjoint, merged
+    std::atomic<size_t> _ranges_count{0};
+};
+
+// ---------------------------------------------------------------- factories
+
+std::unique_ptr<target> make_write_cache(std::unique_ptr<target> inner, uint64_t cache_bytes, bool fua,
+                                         const queue_config& queues);
+std::unique_ptr<target> make_bad_blocks(std::unique_ptr<target> inner,
+                                        std::shared_ptr<bad_block_table> table, bool once,
+                                        bool partial_io, const queue_config& queues);
+std::unique_ptr<target> make_throttle(std::unique_ptr<target> inner, uint64_t mbps);
+std::unique_ptr<target> make_fault_injection(std::unique_ptr<target> inner,
+                                             std::unique_ptr<fault_attr> timeout,
+                                             std::unique_ptr<fault_attr> requeue,
+                                             std::unique_ptr<fault_attr> init_hctx);
+
+// Merges `ranges` (sorted, disjoint [start, end) byte ranges that hold data)
+// into `extents` (sorted, gap-free), marking them allocated.
+void overlay_allocated(std::vector<extent>& extents, const std::vector<std::pair<uint64_t, uint64_t>>& ranges);
+
+}  // namespace softblk::core

@@ -1,0 +1,338 @@
+// The null target: null_blk in userspace. Without memory it completes every
+// request at once and moves no data (the benchmark baseline); with
+// memory_backed=1 it keeps the data in a sparse memory_store.
+//
+// This file is the template for a new target (docs/null.md): an option
+// table, a target (geometry + queues), a target_queue (the hot path) and a
+// static registration object. The folder builds an OBJECT library so the
+// registration object is always linked in.
+//
+// The queue options (submit_queues, irqmode ...) belong to the core and the
+// cross-cutting ones (mbps, cache_size, badblocks, timeout ...) to the
+// decorators (src/core/decorators); this table holds what only null has.
+#include <softblk/target.hpp>
+
+#include "core/memory_store.hpp"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <dirent.h>
+#include <fmt/core.h>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <set>
+
+namespace softblk::targets {
+
+namespace {
+
+constexpr uint64_t k_mib = uint64_t{1} << 20;
+// size is in MiB and the capacity in bytes must fit 64 bits.
+constexpr uint64_t k_max_size_mib = (uint64_t{1} << 44) - 1;
+// max_transfer_bytes is 32 bits.
+constexpr uint64_t k_max_sectors_limit = (uint64_t{1} << 23) - 1;
+// The block layer's default when a driver gives none (BLK_SAFE_MAX_SECTORS).
+constexpr uint32_t k_safe_max_sectors = 255;
+
+// Names, units and defaults are null_blk's configfs attributes (Linux 6.12,
+// drivers/block/null_blk/main.c). docs/null.md has the full table.
+constexpr option_def k_null_options[] = {
+    {.name = "size", .kind = option_kind::integer, .default_value = "256000", .unit = "MiB",
+     .help = "device size (null_blk's default: gb=250, i.e. 256000 MiB)", .min = 1,
+     .max = k_max_size_mib},
+    {.name = "gb", .kind = option_kind::integer, .default_value = "250", .unit = "GiB",
+     .help = "device size, null_blk's module parameter: size = gb * 1024 MiB (give size or gb)",
+     .min = 1, .max = k_max_size_mib / 1024},
+    {.name = "blocksize", .kind = option_kind::integer, .default_value = "512", .unit = "bytes",
+     .help = "logical and physical block size: 512, 1024, 2048 or 4096", .min = 512, .max = 4096,
+     .alias = "bs"},
+    {.name = "max_sectors", .kind = option_kind::integer, .default_value = "0", .unit = "512-byte sectors",
+     .help = "largest request; 0: the block layer's default of 255 sectors; else at least 8; rounded "
+             "down to whole blocks",
+     .min = 0, .max = k_max_sectors_limit},
+    {.name = "memory_backed", .kind = option_kind::boolean, .default_value = "0", .unit = "",
+     .help = "keep written data in RAM (sparse: RAM grows with the data written)"},
+    {.name = "discard", .kind = option_kind::boolean, .default_value = "0", .unit = "",
+     .help = "support discard, which frees the blocks' memory (needs memory_backed=1)"},
+    {.name = "rotational", .kind = option_kind::boolean, .default_value = "0", .unit = "",
+     .help = "report the device as rotational (block_limits::rotational)"},
+    {.name = "virt_boundary", .kind = option_kind::boolean, .default_value = "0", .unit = "",
+     .help = "require request buffers not to cross 4 KiB boundaries inside (virt_boundary_mask)"},
+    {.name = "home_node", .kind = option_kind::signed_integer, .default_value = "-1", .unit = "NUMA node",
+     .help = "NUMA node of the data pages (mbind MPOL_PREFERRED); -1: no preference", .smin = -1,
+     .smax = 1023},
+    {.name = "use_per_node_hctx", .kind = option_kind::boolean, .default_value = "0", .unit = "",
+     .help = "one submission queue per NUMA node: requires submit_queues = online nodes"},
+    {.name = "no_sched", .kind = option_kind::boolean, .default_value = "0", .unit = "",
+     .help = "ask kernel front ends for no I/O scheduler; softblk itself never reorders requests"},
+    {.name = "power", .kind = option_kind::boolean, .default_value = "1", .unit = "",
+     .help = "a device is created powered on (power=1); power it off with device::set_power"},
+    {.name = "index", .kind = option_kind::signed_integer, .default_value = "-1", .unit = "",
+     .help = "device index: -1 takes the lowest free one (null_blk's ida); N asks for N", .smin = -1,
+     .smax = 1'048'575},
+};
+
+// Process-wide index allocator (null_blk's nullb_indexes ida).
+class index_allocator {
+public:
+    // The lowest free index if `wanted` < 0, else `wanted`; -1 if taken.
+    int take(int64_t wanted)
+    {
+        std::lock_guard guard(_lock);
+        if (wanted >= 0) {
+            return _used.insert(static_cast<int>(wanted)).second ? static_cast<int>(wanted) : -1;
+        }
+        int i = 0;
+        while (_used.contains(i)) {
+            ++i;
+        }
+        _used.insert(i);
+        return i;
+    }
+    void give_back(int index)
+    {
+        std::lock_guard guard(_lock);
+        _used.erase(index);
+    }
+
+private:
+    std::mutex _lock;
+    std::set<int> _used;
+};
+
+index_allocator& indexes()
+{
+    static index_allocator a;
+    return a;
+}
+
+unsigned online_numa_nodes()
+{
+    unsigned count = 0;
+    if (DIR* d = opendir("/sys/devices/system/node")) {
+        while (dirent* e = readdir(d)) {
+            if (std::strncmp(e->d_name, "node", 4) == 0 && e->d_name[4] >= '0' && e->d_name[4] <= '9') {
+                ++count;
+            }
+        }
+        closedir(d);
+    }
+    return count == 0 ? 1 : count;
+}
+
+class null_target;
+
+// Per-queue half: everything completes inside submit().
+class null_queue final : public target_queue {
+public:
+    null_queue(null_target& t, completion_sink& sink) : _target(t), _sink(sink) {}
+    void submit(io_request& r) override;
+
+private:
+    null_target& _target;
+    completion_sink& _sink;
+};
+
+class null_target final : public target {
+public:
+    null_target(const block_limits& limits, bool memory_backed, bool discard, int home_node, int index,
+                bool no_sched, bool use_per_node_hctx)
+        : _limits(limits),
+          _discard(discard),
+          _home_node(home_node),
+          _index(index),
+          _no_sched(no_sched),
+          _use_per_node_hctx(use_per_node_hctx)
+    {
+        if (memory_backed) {
+            _store = std::make_unique<core::memory_store>(limits.capacity_bytes, limits.logical_block_size,
+                                                          home_node);
+        }
+    }
+    ~null_target() override { indexes().give_back(_index); }
+
+    const block_limits& limits() const override { return _limits; }
+
+    result<std::unique_ptr<target_queue>> open_queue(unsigned, completion_sink& sink) override
+    {
+        return std::make_unique<null_queue>(*this, sink);
+    }
+
+    int map_extents(uint64_t offset, uint64_t length, std::vector<extent>& out) override
+    {
+        if (!_store) {
+            // Without memory nothing is stored and reads return no defined
+            // data: report everything as data, as a disk would.
+            return target::map_extents(offset, length, out);
+        }
+        _store->map_extents(offset, length, out);
+        return 0;
+    }
+
+    uint64_t memory_bytes() const override { return _store ? _store->memory_bytes() : 0; }
+
+    void describe(nlohmann::json& out) const override
+    {
+        out["index"] = _index;
+        out["memory_backed"] = _store != nullptr;
+        out["discard"] = _discard;
+        out["home_node"] = _home_node;
+        out["no_sched"] = _no_sched;
+        out["use_per_node_hctx"] = _use_per_node_hctx;
+        if (_store) {
+            out["data_page_bytes"] = _store->data_page_bytes();
+            out["store_memory_bytes"] = _store->memory_bytes();
+            out["store_lock_contended"] = _store->contended();
+        }
+    }
+
+    // The hot path: bytes done or -errno.
+    int execute(io_request& r)
+    {
+        switch (r.op) {
+        case io_op::read:
+            if (_store) {
+                _store->read(r.offset, r.buffer, r.length);
+            }
+            // memory_backed=0: null_blk leaves the buffer as it is.
+            return static_cast<int>(r.length);
+        case io_op::write:
+            if (_store) {
+                // null_blk fails a write whose page cannot be allocated with
+                // BLK_STS_NOSPC.
+                if (_store->write(r.offset, r.buffer, r.length) < 0) {
+                    return -ENOSPC;
+                }
+            }
+            return static_cast<int>(r.length);
+        case io_op::flush:
+            return 0;  // nothing volatile below (the cache is a decorator)
+        case io_op::discard:
+            if (!_store || !_discard) {
+                return -EOPNOTSUPP;
+            }
+            _store->discard(r.offset, r.length);
+            return 0;
+        case io_op::write_zeroes:
+            // Not offered (null_blk has no WRITE_ZEROES); here for a caller
+            // that skips the core's validation.
+            if (!_store) {
+                return -EOPNOTSUPP;
+            }
+            return _store->write_zeroes(r.offset, r.length, (r.flags & k_io_no_unmap) != 0) < 0 ? -ENOSPC : 0;
+        default:
+            return -EOPNOTSUPP;  // zone operations: the zoned target's
+        }
+    }
+
+private:
+    block_limits _limits;
+    std::unique_ptr<core::memory_store> _store;
+    bool _discard;
+    int _home_node;
+    int _index;
+    bool _no_sched;
+    bool _use_per_node_hctx;
+};
+
+void null_queue::submit(io_request& r) { _sink.complete(r, _target.execute(r)); }
+
+result<std::unique_ptr<target>> create_null(const option_set& o)
+{
+    uint64_t size_mib = o.u64("size");
+    if (o.given("gb")) {
+        if (o.given("size")) {
+            return make_error(EINVAL, fmt::format("gb={} and size={}: give the size once (size in MiB, or "
+                                                  "gb in GiB as null_blk's module parameter)",
+                                                  o.u64("gb"), o.u64("size")));
+        }
+        size_mib = o.u64("gb") * 1024;
+    }
+
+    const uint64_t bs = o.u64("blocksize");
+    if ((bs & (bs - 1)) != 0) {
+        return make_error(EINVAL, fmt::format("blocksize={}: blocksize must be a power of two from 512 to "
+                                              "4096 bytes (512, 1024, 2048 or 4096)",
+                                              bs));
+    }
+
+    uint64_t max_sectors = o.u64("max_sectors");
+    if (max_sectors == 0) {
+        max_sectors = k_safe_max_sectors;
+    } else if (max_sectors < 8) {
+        return make_error(EINVAL, fmt::format("max_sectors={}: max_sectors must be 0 (the default, 255) or "
+                                              "8 to {} sectors (at least one 4 KiB page)",
+                                              max_sectors, k_max_sectors_limit));
+    }
+    // The block layer rounds max_hw_sectors down to whole logical blocks.
+    max_sectors -= max_sectors % (bs / 512);
+
+    const bool memory_backed = o.flag("memory_backed");
+    const bool discard = o.flag("discard");
+    if (discard && !memory_backed) {
+        return make_error(EINVAL, "discard=1: discard needs memory_backed=1 (null_blk ignores it with a "
+                                  "log line; softblk refuses rather than ignore it)");
+    }
+    const auto defs = o.defs();
+    const bool has_cache = std::any_of(defs.begin(), defs.end(),
+                                       [](const option_def& d) { return d.name == "cache_size"; });
+    if (!memory_backed && has_cache && o.u64("cache_size") != 0) {
+        return make_error(EINVAL, fmt::format("cache_size={}: the null target's cache needs memory_backed=1 "
+                                              "(null_blk sets cache_size to 0 without it)",
+                                              o.u64("cache_size")));
+    }
+
+    const unsigned nodes = online_numa_nodes();
+    const int64_t home_node = o.i64("home_node");
+    if (home_node >= static_cast<int64_t>(nodes)) {
+        return make_error(EINVAL, fmt::format("home_node={}: home_node must be -1 (none) or 0 to {} (this "
+                                              "machine has {} NUMA node{})",
+                                              home_node, nodes - 1, nodes, nodes == 1 ? "" : "s"));
+    }
+    if (o.flag("use_per_node_hctx") && o.u64("submit_queues") != nodes) {
+        return make_error(EINVAL, fmt::format("use_per_node_hctx=1: one submission queue per NUMA node "
+                                              "needs submit_queues={} (null_blk sets it so); got "
+                                              "submit_queues={}",
+                                              nodes, o.u64("submit_queues")));
+    }
+    if (!o.flag("power")) {
+        return make_error(EINVAL, "power=0: a device is created powered on (configfs' `echo 1 > power`); "
+                                  "power it off afterwards with device::set_power(false)");
+    }
+
+    const int index = indexes().take(o.i64("index"));
+    if (index < 0) {
+        return make_error(EEXIST, fmt::format("index={}: index in use by another null device; give "
+                                              "index=-1 for the lowest free one",
+                                              o.i64("index")));
+    }
+
+    block_limits lim;
+    lim.capacity_bytes = size_mib * k_mib;
+    lim.logical_block_size = static_cast<uint32_t>(bs);
+    lim.physical_block_size = static_cast<uint32_t>(bs);
+    lim.max_transfer_bytes = static_cast<uint32_t>(max_sectors * 512);
+    // null_blk: max_hw_discard_sectors = UINT_MAX >> 9.
+    lim.max_discard_bytes = discard ? (UINT32_MAX >> 9) << 9 : 0;
+    lim.max_discard_bytes -= lim.max_discard_bytes % static_cast<uint32_t>(bs);
+    lim.max_write_zeroes_bytes = 0;
+    lim.virt_boundary_bytes = o.flag("virt_boundary") ? 4096 : 0;
+    lim.rotational = o.flag("rotational");
+    // volatile_write_cache and fua are the cache decorator's (cache_size).
+    lim.volatile_write_cache = false;
+    lim.fua = false;
+    return std::make_unique<null_target>(lim, memory_backed, discard, static_cast<int>(home_node), index,
+                                         o.flag("no_sched"), o.flag("use_per_node_hctx"));
+}
+
+[[maybe_unused]] const bool k_registered = register_target_type(target_type{
+    .name = "null",
+    .description = "null_blk in userspace: completes at once, or keeps data in RAM (memory_backed=1)",
+    .options = k_null_options,
+    .create = create_null,
+});
+
+}  // namespace
+
+}  // namespace softblk::targets

@@ -1,0 +1,439 @@
+// The null target's attributes through the in-process API: geometry,
+// memory backing, discard, power, index, NUMA options, completion modes and
+// option errors. (The decorators' attributes: decorators_test.cpp.)
+#include "test_util.hpp"
+
+#include <algorithm>
+#include <cerrno>
+#include <set>
+#include <thread>
+
+using namespace softblk;
+using namespace softblk::test;
+
+namespace {
+
+TEST(null_target, defaults_are_null_blks)
+{
+    auto d = make_null({});
+    ASSERT_TRUE(d);
+    const block_limits& l = d->limits();
+    EXPECT_EQ(l.capacity_bytes, 256000ull << 20);  // gb=250
+    EXPECT_EQ(l.logical_block_size, 512u);
+    EXPECT_EQ(l.physical_block_size, 512u);
+    EXPECT_EQ(l.max_transfer_bytes, 255u * 512);   // BLK_SAFE_MAX_SECTORS
+    EXPECT_EQ(l.max_discard_bytes, 0u);
+    EXPECT_EQ(l.max_write_zeroes_bytes, 0u);
+    EXPECT_FALSE(l.rotational);
+    EXPECT_FALSE(l.volatile_write_cache);
+    EXPECT_FALSE(l.fua);
+    EXPECT_EQ(l.virt_boundary_bytes, 0u);
+    EXPECT_EQ(d->info().queues.queue_depth, 64u);
+    EXPECT_EQ(d->info().queues.submit_queues, 1u);
+    EXPECT_EQ(d->info().queues.poll_queues, 1u);
+    EXPECT_EQ(d->info().queues.completion_nsec, 10'000u);
+    EXPECT_EQ(d->info().queues.mode, completion_mode::deferred);
+    EXPECT_EQ(d->memory_bytes(), 0u);
+}
+
+TEST(null_target, size_is_in_mib)
+{
+    auto d = make_null({"size=3"});
+    ASSERT_TRUE(d);
+    EXPECT_EQ(d->limits().capacity_bytes, 3ull << 20);
+    char buf[512];
+    EXPECT_EQ(d->execute(io_op::read, (3ull << 20) - 512, 512, buf), 512);
+    EXPECT_EQ(d->execute(io_op::read, 3ull << 20, 512, buf), -EIO);  // beyond the end
+}
+
+TEST(null_target, gb_is_the_module_parameter_in_gib)
+{
+    auto d = make_null({"gb=2"});
+    ASSERT_TRUE(d);
+    EXPECT_EQ(d->limits().capacity_bytes, 2ull << 30);
+    const std::string e = create_error({"gb=2", "size=100"});
+    EXPECT_NE(e.find("gb=2"), std::string::npos) << e;
+    EXPECT_NE(e.find("size=100"), std::string::npos) << e;
+}
+
+TEST(null_target, size_zero_is_refused_with_the_range)
+{
+    const std::string e = create_error({"size=0"});
+    EXPECT_NE(e.find("size=0"), std::string::npos) << e;
+    EXPECT_NE(e.find("MiB"), std::string::npos) << e;
+}
+
+TEST(null_target, blocksize_and_its_alias_bs)
+{
+    for (const char* opt : {"blocksize=4096", "bs=4096"}) {
+        auto d = make_null({opt, "size=1"});
+        ASSERT_TRUE(d);
+        EXPECT_EQ(d->limits().logical_block_size, 4096u);
+        EXPECT_EQ(d->limits().physical_block_size, 4096u);
+        char buf[4096];
+        EXPECT_EQ(d->execute(io_op::read, 512, 512, buf), -EINVAL);  // not block aligned
+        EXPECT_EQ(d->execute(io_op::read, 4096, 4096, buf), 4096);
+    }
+    for (const char* opt : {"blocksize=1024", "bs=2048"}) {
+        auto d = make_null({opt});
+        ASSERT_TRUE(d);
+    }
+}
+
+TEST(null_target, blocksize_errors_name_the_attribute_and_range)
+{
+    std::string e = create_error({"bs=1000"});
+    EXPECT_NE(e.find("blocksize=1000"), std::string::npos) << e;
+    EXPECT_NE(e.find("power of two"), std::string::npos) << e;
+    e = create_error({"blocksize=8192"});
+    EXPECT_NE(e.find("blocksize"), std::string::npos) << e;
+    EXPECT_NE(e.find("512 to 4096"), std::string::npos) << e;
+    e = create_error({"blocksize=256"});
+    EXPECT_NE(e.find("512 to 4096"), std::string::npos) << e;
+}
+
+TEST(null_target, max_sectors_limits_requests)
+{
+    auto d = make_null({"max_sectors=16", "size=1"});
+    ASSERT_TRUE(d);
+    EXPECT_EQ(d->limits().max_transfer_bytes, 8192u);
+    std::vector<char> buf(16384);
+    // The queue refuses what is larger; execute() splits it.
+    completion c = run_one(d->queue(0), io_op::read, 0, 16384, buf.data());
+    EXPECT_EQ(c.result, -EINVAL);
+    EXPECT_EQ(d->execute(io_op::read, 0, 16384, buf.data()), 16384);
+}
+
+TEST(null_target, max_sectors_default_and_rounding_to_blocks)
+{
+    auto d = make_null({"bs=4096"});
+    ASSERT_TRUE(d);
+    EXPECT_EQ(d->limits().max_transfer_bytes, 248u * 512);  // 255 rounded down to 8-sector blocks
+    auto e = make_null({"bs=4096", "max_sectors=20"});
+    ASSERT_TRUE(e);
+    EXPECT_EQ(e->limits().max_transfer_bytes, 16u * 512);
+}
+
+TEST(null_target, max_sectors_below_a_page_is_refused)
+{
+    const std::string e = create_error({"max_sectors=4"});
+    EXPECT_NE(e.find("max_sectors=4"), std::string::npos) << e;
+    EXPECT_NE(e.find("8 to 8388607"), std::string::npos) << e;
+    EXPECT_NE(create_error({"max_sectors=99999999"}).find("max_sectors"), std::string::npos);
+}
+
+TEST(null_target, without_memory_data_is_not_kept_and_buffers_untouched)
+{
+    auto d = make_null({"size=1"});
+    ASSERT_TRUE(d);
+    std::vector<char> w(4096, 'w');
+    EXPECT_EQ(d->execute(io_op::write, 0, 4096, w.data()), 4096);
+    std::vector<char> r(4096, 'r');
+    EXPECT_EQ(d->execute(io_op::read, 0, 4096, r.data()), 4096);
+    EXPECT_TRUE(std::all_of(r.begin(), r.end(), [](char c) { return c == 'r'; }));
+    EXPECT_EQ(d->memory_bytes(), 0u);
+    EXPECT_EQ(d->execute(io_op::flush, 0, 0, nullptr), 0);
+}
+
+TEST(null_target, memory_backed_keeps_data_and_unwritten_blocks_read_zero)
+{
+    auto d = make_null({"size=4", "memory_backed=1"});
+    ASSERT_TRUE(d);
+    auto data = pattern(3 * 4096 + 1024, 1);
+    EXPECT_EQ(d->execute(io_op::write, 512, static_cast<uint32_t>(data.size()), data.data()),
+              static_cast<int>(data.size()));
+    std::vector<char> back(data.size());
+    EXPECT_EQ(d->execute(io_op::read, 512, static_cast<uint32_t>(back.size()), back.data()),
+              static_cast<int>(back.size()));
+    EXPECT_EQ(back, data);
+    // Sector 0 of the same page was never written: zeros.
+    std::vector<char> z(512, 'x');
+    EXPECT_EQ(d->execute(io_op::read, 0, 512, z.data()), 512);
+    EXPECT_TRUE(std::all_of(z.begin(), z.end(), [](char c) { return c == 0; }));
+    // Far away: zeros too.
+    std::vector<char> far(8192, 'x');
+    EXPECT_EQ(d->execute(io_op::read, 2 << 20, 8192, far.data()), 8192);
+    EXPECT_TRUE(std::all_of(far.begin(), far.end(), [](char c) { return c == 0; }));
+}
+
+TEST(null_target, memory_backed_allocation_map)
+{
+    auto d = make_null({"size=1", "memory_backed=1"});
+    ASSERT_TRUE(d);
+    std::vector<char> data(1024, 'a');
+    ASSERT_EQ(d->execute(io_op::write, 8192, 1024, data.data()), 1024);
+    auto m = d->map(0, 1 << 20);
+    ASSERT_TRUE(m);
+    ASSERT_EQ(m->size(), 3u);
+    EXPECT_EQ((*m)[0].offset, 0u);
+    EXPECT_EQ((*m)[0].length, 8192u);
+    EXPECT_FALSE((*m)[0].allocated);
+    EXPECT_TRUE((*m)[0].zero);
+    EXPECT_EQ((*m)[1].offset, 8192u);
+    EXPECT_EQ((*m)[1].length, 1024u);
+    EXPECT_TRUE((*m)[1].allocated);
+    EXPECT_EQ((*m)[2].offset, 9216u);
+    EXPECT_EQ((*m)[2].offset + (*m)[2].length, 1u << 20);
+    EXPECT_FALSE((*m)[2].allocated);
+}
+
+TEST(null_target, discard_frees_memory_at_block_granularity)
+{
+    auto d = make_null({"size=16", "memory_backed=1", "discard=1"});
+    ASSERT_TRUE(d);
+    EXPECT_GT(d->limits().max_discard_bytes, 1u << 30);
+    auto data = pattern(8 << 20, 2);
+    ASSERT_EQ(d->execute(io_op::write, 0, static_cast<uint32_t>(data.size()), data.data()),
+              static_cast<int>(data.size()));
+    const uint64_t full = d->memory_bytes();
+    EXPECT_GE(full, 8u << 20);
+    // Two sectors of the first page: the page stays, those sectors read zero.
+    ASSERT_EQ(d->execute(io_op::discard, 1024, 1024, nullptr), 0);
+    std::vector<char> b(4096);
+    ASSERT_EQ(d->execute(io_op::read, 0, 4096, b.data()), 4096);
+    EXPECT_TRUE(std::equal(b.begin(), b.begin() + 1024, data.begin()));
+    EXPECT_TRUE(std::all_of(b.begin() + 1024, b.begin() + 2048, [](char c) { return c == 0; }));
+    EXPECT_TRUE(std::equal(b.begin() + 2048, b.end(), data.begin() + 2048));
+    // Most of it: memory goes back.
+    ASSERT_EQ(d->execute(io_op::discard, 4096, (8 << 20) - 4096, nullptr), 0);
+    EXPECT_LT(d->memory_bytes(), full / 4);
+    ASSERT_EQ(d->execute(io_op::read, 1 << 20, 4096, b.data()), 4096);
+    EXPECT_TRUE(std::all_of(b.begin(), b.end(), [](char c) { return c == 0; }));
+    auto j = describe(*d);
+    EXPECT_EQ(j["target"]["data_page_bytes"], 4096);
+}
+
+TEST(null_target, discard_off_means_unsupported)
+{
+    auto d = make_null({"size=1", "memory_backed=1"});
+    ASSERT_TRUE(d);
+    EXPECT_EQ(d->execute(io_op::discard, 0, 4096, nullptr), -EOPNOTSUPP);
+}
+
+TEST(null_target, discard_without_memory_is_refused)
+{
+    const std::string e = create_error({"discard=1"});
+    EXPECT_NE(e.find("discard=1"), std::string::npos) << e;
+    EXPECT_NE(e.find("memory_backed=1"), std::string::npos) << e;
+}
+
+TEST(null_target, rotational_and_virt_boundary_reach_the_limits)
+{
+    auto d = make_null({"rotational=1", "virt_boundary=1"});
+    ASSERT_TRUE(d);
+    EXPECT_TRUE(d->limits().rotational);
+    EXPECT_EQ(d->limits().virt_boundary_bytes, 4096u);
+}
+
+TEST(null_target, home_node_is_checked_against_this_machine)
+{
+    EXPECT_TRUE(make_null({"home_node=-1"}));
+    auto d = make_null({"home_node=0", "memory_backed=1", "size=4"});
+    ASSERT_TRUE(d);
+    std::vector<char> data(4096, 'n');
+    EXPECT_EQ(d->execute(io_op::write, 0, 4096, data.data()), 4096);
+    const std::string e = create_error({"home_node=1000"});
+    EXPECT_NE(e.find("home_node=1000"), std::string::npos) << e;
+    EXPECT_NE(e.find("NUMA node"), std::string::npos) << e;
+    EXPECT_NE(create_error({"home_node=-2"}).find("home_node"), std::string::npos);
+}
+
+TEST(null_target, use_per_node_hctx_needs_one_queue_per_node)
+{
+    // This machine's node count, the way null_blk counts online nodes.
+    auto d = make_null({"use_per_node_hctx=1", "submit_queues=1"});
+    if (!d) {
+        GTEST_SKIP() << "more than one NUMA node here";
+    }
+    const std::string e = create_error({"use_per_node_hctx=1", "submit_queues=7"});
+    EXPECT_NE(e.find("use_per_node_hctx=1"), std::string::npos) << e;
+    EXPECT_NE(e.find("submit_queues="), std::string::npos) << e;
+}
+
+TEST(null_target, no_sched_is_reported)
+{
+    auto d = make_null({"no_sched=1"});
+    ASSERT_TRUE(d);
+    EXPECT_EQ(describe(*d)["target"]["no_sched"], true);
+    auto args = d->options().to_args();
+    EXPECT_NE(std::find(args.begin(), args.end(), "no_sched=1"), args.end());
+}
+
+TEST(null_target, power_off_fails_io_and_power_on_keeps_the_data)
+{
+    auto d = make_null({"size=1", "memory_backed=1"});
+    ASSERT_TRUE(d);
+    auto data = pattern(4096, 3);
+    ASSERT_EQ(d->execute(io_op::write, 0, 4096, data.data()), 4096);
+    ASSERT_TRUE(d->set_power(false));
+    EXPECT_FALSE(d->powered());
+    std::vector<char> b(4096);
+    EXPECT_EQ(d->execute(io_op::read, 0, 4096, b.data()), -ENODEV);
+    ASSERT_TRUE(d->set_power(true));
+    EXPECT_EQ(d->execute(io_op::read, 0, 4096, b.data()), 4096);
+    EXPECT_EQ(b, data);  // null_blk keeps the data store across power cycles
+}
+
+TEST(null_target, power_zero_at_creation_is_refused)
+{
+    const std::string e = create_error({"power=0"});
+    EXPECT_NE(e.find("power=0"), std::string::npos) << e;
+    EXPECT_TRUE(make_null({"power=1"}));
+}
+
+TEST(null_target, index_is_the_lowest_free_one_or_the_one_asked_for)
+{
+    auto a = make_null({});
+    auto b = make_null({});
+    ASSERT_TRUE(a && b);
+    const int ia = describe(*a)["target"]["index"];
+    const int ib = describe(*b)["target"]["index"];
+    EXPECT_NE(ia, ib);
+    auto c = make_null({"index=777"});
+    ASSERT_TRUE(c);
+    EXPECT_EQ(describe(*c)["target"]["index"], 777);
+    int code = 0;
+    const std::string e = create_error({"index=777"}, &code);
+    EXPECT_EQ(code, EEXIST);
+    EXPECT_NE(e.find("index=777"), std::string::npos) << e;
+    // Freed indexes are reused, lowest first (no other device exists here).
+    EXPECT_EQ(std::min(ia, ib), 0);
+    a.reset();
+    auto again = make_null({});
+    ASSERT_TRUE(again);
+    EXPECT_EQ(describe(*again)["target"]["index"], ia);
+}
+
+TEST(null_target, features_name_every_null_blk_attribute)
+{
+    // null_blk's configfs attributes (Linux 6.12) that are not zoned, plus
+    // the module parameters gb and bs and the fault injection groups.
+    const std::set<std::string> expected = {
+        "badblocks", "badblocks_once", "badblocks_partial_io", "blocking", "blocksize", "cache_size",
+        "completion_nsec", "discard", "fua", "home_node", "hw_queue_depth", "index", "irqmode",
+        "max_sectors", "mbps", "memory_backed", "no_sched", "poll_queues", "power", "rotational",
+        "shared_tag_bitmap", "shared_tags", "size", "submit_queues", "use_per_node_hctx",
+        "virt_boundary", "gb", "timeout", "requeue", "init_hctx"};
+    std::set<std::string> names;
+    std::set<std::string> aliases;
+    for (const option_def& o : options_for("null")) {
+        names.emplace(o.name);
+        EXPECT_FALSE(o.help.empty()) << o.name;
+        if (!o.alias.empty()) {
+            aliases.emplace(o.alias);
+        }
+    }
+    for (const std::string& n : expected) {
+        EXPECT_TRUE(names.contains(n)) << n;
+    }
+    for (const char* a : {"bs", "timeout_inject", "requeue_inject", "init_hctx_fault_inject"}) {
+        EXPECT_TRUE(aliases.contains(a)) << a;
+    }
+}
+
+TEST(null_target, unknown_and_malformed_options_are_errors)
+{
+    EXPECT_NE(create_error({"sise=4"}).find("sise"), std::string::npos);
+    EXPECT_NE(create_error({"memory_backed=maybe"}).find("memory_backed"), std::string::npos);
+    EXPECT_NE(create_error({"size=-1"}).find("size"), std::string::npos);
+}
+
+// ---------------------------------------------------------------- queues
+
+TEST(null_target, irqmode_0_completes_inside_submit)
+{
+    auto d = make_null({"irqmode=0", "size=1"});
+    ASSERT_TRUE(d);
+    char buf[512];
+    bool inside = false;
+    completion c = run_one(d->queue(0), io_op::read, 0, 512, buf, 0, 1'000'000'000, &inside);
+    EXPECT_TRUE(inside);
+    EXPECT_EQ(c.result, 512);
+}
+
+TEST(null_target, irqmode_1_completes_on_the_queues_next_run)
+{
+    auto d = make_null({"irqmode=1", "size=1"});
+    ASSERT_TRUE(d);
+    char buf[512];
+    bool inside = true;
+    completion c = run_one(d->queue(0), io_op::read, 0, 512, buf, 0, 1'000'000'000, &inside);
+    EXPECT_FALSE(inside);
+    EXPECT_EQ(c.result, 512);
+}
+
+TEST(null_target, irqmode_2_waits_completion_nsec)
+{
+    auto d = make_null({"irqmode=2", "completion_nsec=2000000", "size=1"});
+    ASSERT_TRUE(d);
+    char buf[512];
+    for (int i = 0; i < 3; ++i) {
+        uint64_t start = 0;
+        bool inside = true;
+        completion c = run_one(d->queue(0), io_op::read, 0, 512, buf, 0, 1'000'000'000, &inside, &start);
+        EXPECT_FALSE(inside);
+        EXPECT_EQ(c.result, 512);
+        EXPECT_GE(c.at_ns - start, 2'000'000u);
+        EXPECT_LT(c.at_ns - start, 50'000'000u);
+    }
+}
+
+TEST(null_target, poll_queues_complete_only_when_polled)
+{
+    auto d = make_null({"irqmode=0", "submit_queues=2", "poll_queues=2", "size=1"});
+    ASSERT_TRUE(d);
+    ASSERT_EQ(d->queue_count(), 4u);
+    io_queue& pq = d->queue(3);
+    EXPECT_TRUE(pq.is_poll_queue());
+    EXPECT_FALSE(d->queue(1).is_poll_queue());
+    char buf[512];
+    bool inside = true;
+    completion c = run_one(pq, io_op::read, 0, 512, buf, 0, 1'000'000'000, &inside);
+    EXPECT_FALSE(inside);
+    EXPECT_EQ(c.result, 512);
+}
+
+TEST(null_target, hw_queue_depth_is_the_number_of_tags)
+{
+    auto d = make_null({"hw_queue_depth=4", "size=1"});
+    ASSERT_TRUE(d);
+    io_queue& q = d->queue(0);
+    std::vector<io_request*> taken;
+    while (io_request* r = q.get_request()) {
+        taken.push_back(r);
+        ASSERT_LE(taken.size(), 4u);
+    }
+    EXPECT_EQ(taken.size(), 4u);
+    for (io_request* r : taken) {
+        q.put_request(*r);
+    }
+}
+
+TEST(null_target, queues_run_concurrently_on_the_memory_store)
+{
+    auto d = make_null({"submit_queues=2", "memory_backed=1", "size=8", "bs=4096", "irqmode=0"});
+    ASSERT_TRUE(d);
+    ASSERT_GE(d->queue_count(), 2u);
+    // Each thread owns one queue and writes then verifies its own pages,
+    // interleaved with the other thread's pages (shared leaf nodes).
+    auto worker = [&](unsigned qi) {
+        io_queue& q = d->queue(qi);
+        for (unsigned round = 0; round < 20; ++round) {
+            for (unsigned p = qi; p < 512; p += 2) {
+                auto data = pattern(4096, p * 31 + round);
+                completion c = run_one(q, io_op::write, uint64_t{p} * 4096, 4096, data.data());
+                ASSERT_EQ(c.result, 4096);
+                std::vector<char> b(4096);
+                c = run_one(q, io_op::read, uint64_t{p} * 4096, 4096, b.data());
+                ASSERT_EQ(c.result, 4096);
+                ASSERT_EQ(b, data);
+            }
+        }
+    };
+    std::thread t0(worker, 0);
+    std::thread t1(worker, 1);
+    t0.join();
+    t1.join();
+}
+
+}  // namespace

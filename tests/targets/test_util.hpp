@@ -1,0 +1,115 @@
+// Helpers for the target tests: create a null device, run one request on a
+// queue and see when and how it completed.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <climits>
+#include <cstring>
+#include <ctime>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <softblk/device.hpp>
+
+#include <nlohmann/json.hpp>
+
+namespace softblk::test {
+
+inline uint64_t now_ns()
+{
+    timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+// A device that must be created; fails the test otherwise.
+inline std::unique_ptr<device> make_null(std::vector<std::string> options, std::string name = "nulltest")
+{
+    auto d = device::create(std::move(name), "null", options);
+    EXPECT_TRUE(d.has_value()) << (d ? "" : d.error().message);
+    return d ? std::move(*d) : nullptr;
+}
+
+// The error message of a creation that must fail.
+inline std::string create_error(std::vector<std::string> options, int* code = nullptr)
+{
+    auto d = device::create("nulltest", "null", options);
+    EXPECT_FALSE(d.has_value()) << "created with options that should be refused";
+    if (d) {
+        return {};
+    }
+    if (code != nullptr) {
+        *code = d.error().code.value();
+    }
+    return d.error().message;
+}
+
+struct completion {
+    int result = INT_MIN;
+    uint32_t transferred = 0;
+    uint64_t at_ns = 0;
+    bool done = false;
+};
+
+inline void record_completion(io_request& r, int result)
+{
+    auto* c = static_cast<completion*>(r.user_data);
+    c->result = result;
+    c->transferred = r.transferred;
+    c->at_ns = now_ns();
+    c->done = true;
+}
+
+// Submits one request on `q` and waits for it (at most `timeout_ns`).
+// Returns the completion; `submit_returned_done` says whether the callback
+// ran inside submit().
+inline completion run_one(io_queue& q, io_op op, uint64_t offset, uint32_t length, void* buffer,
+                          uint32_t flags = 0, int64_t timeout_ns = 5'000'000'000,
+                          bool* submit_returned_done = nullptr, uint64_t* submitted_at = nullptr)
+{
+    completion c;
+    io_request* r = q.get_request();
+    EXPECT_NE(r, nullptr);
+    if (r == nullptr) {
+        return c;
+    }
+    r->op = op;
+    r->offset = offset;
+    r->length = length;
+    r->buffer = buffer;
+    r->flags = flags;
+    r->on_complete = record_completion;
+    r->user_data = &c;
+    if (submitted_at != nullptr) {
+        *submitted_at = now_ns();
+    }
+    q.submit(*r);
+    if (submit_returned_done != nullptr) {
+        *submit_returned_done = c.done;
+    }
+    const uint64_t give_up = now_ns() + static_cast<uint64_t>(timeout_ns);
+    while (!c.done && now_ns() < give_up) {
+        q.wait(1, static_cast<int64_t>(give_up - now_ns()));
+    }
+    return c;
+}
+
+inline std::vector<char> pattern(size_t n, unsigned seed)
+{
+    std::vector<char> v(n);
+    for (size_t i = 0; i < n; ++i) {
+        v[i] = static_cast<char>((i * 131 + seed * 7 + (i >> 9)) & 0xff);
+    }
+    return v;
+}
+
+inline nlohmann::json describe(const device& d)
+{
+    nlohmann::json j;
+    d.describe(j);
+    return j;
+}
+
+}  // namespace softblk::test
