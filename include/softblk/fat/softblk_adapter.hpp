@@ -1,0 +1,42 @@
+// fat::block_device over a softblk device, through the in-process consumer
+// API (device::execute). Requests larger than the device's
+// max_transfer_bytes are split. FLUSH goes to the device only when it has
+// a volatile write cache; -EOPNOTSUPP from a flush counts as success.
+#pragma once
+
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include <softblk/device.hpp>
+#include <softblk/fat/block_device.hpp>
+
+namespace softblk::fat {
+
+class softblk_block_device final : public block_device {
+public:
+    // Borrows `device`, which must outlive this adapter.
+    explicit softblk_block_device(softblk::device& device);
+    // Creates a device of `type` from null_blk-style options
+    // ("memory_backed=1", "size=1024") and owns it.
+    static result<std::unique_ptr<softblk_block_device>> create(std::string name, std::string_view type,
+                                                                std::span<const std::string> options);
+
+    uint32_t sector_size() const override;
+    uint64_t sector_count() const override;
+    bool read_only() const override;
+    softblk::device& device() { return *_device; }
+
+protected:
+    int do_read(uint64_t lba, uint32_t count, void* buffer) override;
+    int do_write(uint64_t lba, uint32_t count, const void* buffer) override;
+    int do_flush() override;
+
+private:
+    int transfer(io_op op, uint64_t lba, uint32_t count, void* buffer);
+    std::unique_ptr<softblk::device> _owned;
+    softblk::device* _device;
+};
+
+}  // namespace softblk::fat

@@ -1,0 +1,303 @@
+#define FUSE_USE_VERSION 31
+#include "fuse_mount.hpp"
+
+#include <cerrno>
+#include <cstring>
+#include <fuse.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+
+namespace softblk::fat::detail {
+
+namespace {
+
+volume& vol() { return *static_cast<volume*>(fuse_get_context()->private_data); }
+
+template <class T>
+int err(const result<T>& r)
+{
+    return -r.error().code.value();
+}
+
+file* handle(fuse_file_info* fi) { return reinterpret_cast<file*>(fi->fh); }
+
+bool g_read_only = false;
+
+void fill(const file_stat& st, struct stat* out)
+{
+    std::memset(out, 0, sizeof *out);
+    if (st.is_directory) {
+        out->st_mode = S_IFDIR | 0755;
+        out->st_nlink = 2;
+    } else {
+        out->st_mode = S_IFREG | ((st.attributes & k_attr_read_only) ? 0444 : 0644);
+        out->st_nlink = 1;
+    }
+    out->st_size = static_cast<off_t>(st.size);
+    out->st_blocks = static_cast<blkcnt_t>(st.allocated / 512);
+    out->st_blksize = 65536;
+    out->st_uid = getuid();
+    out->st_gid = getgid();
+    out->st_mtime = st.modified;
+    out->st_ctime = st.modified;
+    out->st_atime = st.accessed;
+    out->st_ino = st.first_cluster;
+}
+
+int op_getattr(const char* path, struct stat* st, fuse_file_info* fi)
+{
+    if (fi != nullptr && fi->fh != 0) {
+        auto r = handle(fi)->stat();
+        if (r) {
+            fill(*r, st);
+            return 0;
+        }
+    }
+    auto r = vol().stat(path);
+    if (!r) {
+        return err(r);
+    }
+    fill(*r, st);
+    return 0;
+}
+
+int op_readdir(const char* path, void* buf, fuse_fill_dir_t filler, off_t, fuse_file_info*, fuse_readdir_flags)
+{
+    auto r = vol().readdir(path);
+    if (!r) {
+        return err(r);
+    }
+    filler(buf, ".", nullptr, 0, static_cast<fuse_fill_dir_flags>(0));
+    filler(buf, "..", nullptr, 0, static_cast<fuse_fill_dir_flags>(0));
+    for (auto& e : *r) {
+        struct stat st;
+        fill(e.stat, &st);
+        filler(buf, e.name.c_str(), &st, 0, static_cast<fuse_fill_dir_flags>(0));
+    }
+    return 0;
+}
+
+unsigned flags_of(int f)
+{
+    unsigned flags = 0;
+    switch (f & O_ACCMODE) {
+    case O_RDONLY:
+        flags = k_open_read;
+        break;
+    case O_WRONLY:
+        flags = k_open_write;
+        break;
+    default:
+        flags = k_open_read | k_open_write;
+    }
+    if (f & O_TRUNC) {
+        flags |= k_open_truncate;
+    }
+    if (f & O_APPEND) {
+        flags |= k_open_append;
+    }
+    if (f & O_CREAT) {
+        flags |= k_open_create;
+    }
+    if (f & O_EXCL) {
+        flags |= k_open_exclusive;
+    }
+    return flags;
+}
+
+int op_open(const char* path, fuse_file_info* fi)
+{
+    auto r = vol().open(path, flags_of(fi->flags));
+    if (!r) {
+        return err(r);
+    }
+    fi->fh = reinterpret_cast<uint64_t>(new file(std::move(*r)));
+    return 0;
+}
+
+int op_create(const char* path, mode_t, fuse_file_info* fi)
+{
+    auto r = vol().open(path, flags_of(fi->flags) | k_open_create);
+    if (!r) {
+        return err(r);
+    }
+    fi->fh = reinterpret_cast<uint64_t>(new file(std::move(*r)));
+    return 0;
+}
+
+int op_read(const char*, char* buf, size_t size, off_t off, fuse_file_info* fi)
+{
+    return static_cast<int>(handle(fi)->pread(buf, size, static_cast<uint64_t>(off)));
+}
+
+int op_write(const char*, const char* buf, size_t size, off_t off, fuse_file_info* fi)
+{
+    return static_cast<int>(handle(fi)->pwrite(buf, size, static_cast<uint64_t>(off)));
+}
+
+int op_release(const char*, fuse_file_info* fi)
+{
+    delete handle(fi);
+    fi->fh = 0;
+    return 0;
+}
+
+int op_fsync(const char*, int, fuse_file_info* fi) { return handle(fi)->fsync(); }
+
+int op_truncate(const char* path, off_t size, fuse_file_info* fi)
+{
+    if (fi != nullptr && fi->fh != 0) {
+        return handle(fi)->truncate(static_cast<uint64_t>(size));
+    }
+    auto r = vol().truncate(path, static_cast<uint64_t>(size));
+    return r ? 0 : err(r);
+}
+
+int op_unlink(const char* path)
+{
+    auto r = vol().unlink(path);
+    return r ? 0 : err(r);
+}
+
+int op_mkdir(const char* path, mode_t)
+{
+    auto r = vol().mkdir(path);
+    return r ? 0 : err(r);
+}
+
+int op_rmdir(const char* path)
+{
+    auto r = vol().rmdir(path);
+    return r ? 0 : err(r);
+}
+
+int op_rename(const char* from, const char* to, unsigned int flags)
+{
+    if (flags & RENAME_EXCHANGE) {
+        return -EINVAL;
+    }
+    if ((flags & RENAME_NOREPLACE) && vol().stat(to)) {
+        return -EEXIST;
+    }
+    auto r = vol().rename(from, to);
+    return r ? 0 : err(r);
+}
+
+int op_statfs(const char*, struct statvfs* st)
+{
+    auto r = vol().statfs();
+    if (!r) {
+        return err(r);
+    }
+    std::memset(st, 0, sizeof *st);
+    st->f_bsize = r->cluster_size;
+    st->f_frsize = r->cluster_size;
+    st->f_blocks = r->total_clusters;
+    st->f_bfree = r->free_clusters;
+    st->f_bavail = r->free_clusters;
+    st->f_namemax = 255;
+    return 0;
+}
+
+int op_utimens(const char* path, const timespec tv[2], fuse_file_info*)
+{
+    std::time_t now = std::time(nullptr);
+    std::time_t a = tv[0].tv_nsec == UTIME_NOW ? now : tv[0].tv_sec;
+    std::time_t m = tv[1].tv_nsec == UTIME_NOW ? now : tv[1].tv_sec;
+    if (tv[1].tv_nsec == UTIME_OMIT || tv[0].tv_nsec == UTIME_OMIT) {
+        auto st = vol().stat(path);
+        if (!st) {
+            return err(st);
+        }
+        if (tv[0].tv_nsec == UTIME_OMIT) {
+            a = st->accessed;
+        }
+        if (tv[1].tv_nsec == UTIME_OMIT) {
+            m = st->modified;
+        }
+    }
+    auto r = vol().set_times(path, m, a);
+    return r ? 0 : err(r);
+}
+
+int op_chmod(const char* path, mode_t mode, fuse_file_info*)
+{
+    auto st = vol().stat(path);
+    if (!st) {
+        return err(st);
+    }
+    if (st->is_directory) {
+        return 0;
+    }
+    uint8_t attr = st->attributes;
+    attr = static_cast<uint8_t>((mode & 0222) ? (attr & ~k_attr_read_only) : (attr | k_attr_read_only));
+    auto r = vol().set_attributes(path, attr);
+    return r ? 0 : err(r);
+}
+
+int op_chown(const char*, uid_t, gid_t, fuse_file_info*) { return 0; }
+
+void* op_init(fuse_conn_info*, fuse_config* cfg)
+{
+    cfg->use_ino = 0;
+    cfg->nullpath_ok = 0;
+    return fuse_get_context()->private_data;
+}
+
+void op_destroy(void* data)
+{
+    auto* v = static_cast<volume*>(data);
+    (void)v->sync();
+}
+
+}  // namespace
+
+int serve_fuse(volume& v, const std::string& mountpoint, bool foreground, bool read_only,
+               const std::vector<std::string>& fuse_options)
+{
+    g_read_only = read_only;
+    fuse_operations ops{};
+    ops.getattr = op_getattr;
+    ops.readdir = op_readdir;
+    ops.open = op_open;
+    ops.create = op_create;
+    ops.read = op_read;
+    ops.write = op_write;
+    ops.release = op_release;
+    ops.fsync = op_fsync;
+    ops.truncate = op_truncate;
+    ops.unlink = op_unlink;
+    ops.mkdir = op_mkdir;
+    ops.rmdir = op_rmdir;
+    ops.rename = op_rename;
+    ops.statfs = op_statfs;
+    ops.utimens = op_utimens;
+    ops.chmod = op_chmod;
+    ops.chown = op_chown;
+    ops.init = op_init;
+    ops.destroy = op_destroy;
+
+    std::vector<std::string> args = {"softblk-fat", mountpoint};
+    if (foreground) {
+        args.emplace_back("-f");
+    }
+    std::string opts = "fsname=softblk-fat,subtype=vfat,max_read=1048576";
+    if (read_only) {
+        opts += ",ro";
+    }
+    for (auto& o : fuse_options) {
+        opts += "," + o;
+    }
+    args.emplace_back("-o");
+    args.push_back(opts);
+    std::vector<char*> argv;
+    for (auto& a : args) {
+        argv.push_back(a.data());
+    }
+    argv.push_back(nullptr);
+    return fuse_main(static_cast<int>(argv.size() - 1), argv.data(), &ops, &v);
+}
+
+}  // namespace softblk::fat::detail

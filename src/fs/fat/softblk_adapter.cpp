@@ -1,0 +1,69 @@
+#include <softblk/fat/softblk_adapter.hpp>
+
+#include <algorithm>
+#include <cerrno>
+
+namespace softblk::fat {
+
+softblk_block_device::softblk_block_device(softblk::device& device) : _device(&device) {}
+
+result<std::unique_ptr<softblk_block_device>> softblk_block_device::create(std::string name, std::string_view type,
+                                                                           std::span<const std::string> options)
+{
+    auto dev = softblk::device::create(std::move(name), type, options);
+    if (!dev) {
+        return std::unexpected(dev.error());
+    }
+    auto adapter = std::make_unique<softblk_block_device>(**dev);
+    adapter->_owned = std::move(*dev);
+    return adapter;
+}
+
+uint32_t softblk_block_device::sector_size() const { return _device->limits().logical_block_size; }
+
+uint64_t softblk_block_device::sector_count() const
+{
+    return _device->limits().capacity_bytes / _device->limits().logical_block_size;
+}
+
+bool softblk_block_device::read_only() const { return _device->limits().read_only; }
+
+int softblk_block_device::transfer(io_op op, uint64_t lba, uint32_t count, void* buffer)
+{
+    uint64_t ss = sector_size();
+    uint64_t max = _device->limits().max_transfer_bytes;
+    uint64_t per = max >= ss ? max / ss : count;
+    auto* p = static_cast<uint8_t*>(buffer);
+    while (count > 0) {
+        uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(count, per));
+        int rc = _device->execute(op, lba * ss, static_cast<uint32_t>(n * ss), p);
+        if (rc < 0) {
+            return rc;
+        }
+        lba += n;
+        count -= n;
+        p += n * ss;
+    }
+    return 0;
+}
+
+int softblk_block_device::do_read(uint64_t lba, uint32_t count, void* buffer)
+{
+    return transfer(io_op::read, lba, count, buffer);
+}
+
+int softblk_block_device::do_write(uint64_t lba, uint32_t count, const void* buffer)
+{
+    return transfer(io_op::write, lba, count, const_cast<void*>(buffer));
+}
+
+int softblk_block_device::do_flush()
+{
+    if (!_device->limits().volatile_write_cache) {
+        return 0;  // nothing volatile: a flush is a no-op, and success
+    }
+    int rc = _device->execute(io_op::flush, 0, 0, nullptr);
+    return rc == -EOPNOTSUPP ? 0 : std::min(rc, 0);
+}
+
+}  // namespace softblk::fat
