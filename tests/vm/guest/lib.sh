@@ -1,0 +1,62 @@
+# Helpers for VM tests; a test sources it with
+#   . /softblk-vm/lib.sh
+# It works in busybox sh and in bash. Exit statuses follow liburing and
+# automake: 0 pass, 77 skip, anything else fail.
+
+vm_step() { echo "== [$(cut -d" " -f1 /proc/uptime) s] $*"; }
+vm_skip() { echo "SKIP: $*"; exit 77; }
+vm_fail() { echo "FAIL: $*"; exit 1; }
+
+# vm_require_tool NAME...: skips unless every program is in the image.
+vm_require_tool() {
+  for _t in "$@"; do
+    command -v "$_t" >/dev/null 2>&1 || vm_skip "$_t is not in the VM image"
+  done
+}
+
+# vm_require_module NAME [PARAM=VALUE...]: loads a module or skips.
+vm_require_module() {
+  _out=$(modprobe "$@" 2>&1) || vm_skip "cannot load module $1: $_out"
+}
+
+# vm_expect_eq WHAT ACTUAL EXPECTED: fails with a message when they differ.
+vm_expect_eq() {
+  if [ "$2" != "$3" ]; then vm_fail "$1: got '$2', expected '$3'"; fi
+  echo "ok: $1 = $2"
+}
+
+# vm_wait_for PATH [SECONDS]: waits until PATH exists (device nodes appear
+# through devtmpfs; there is no udev). Fails after SECONDS (default 10).
+vm_wait_for() {
+  _n=$(( ${2:-10} * 10 ))
+  while [ ! -e "$1" ]; do
+    _n=$((_n - 1))
+    [ "$_n" -gt 0 ] || vm_fail "$1 did not appear"
+    sleep 0.1
+  done
+}
+
+# vm_null_blk_create NAME ATTR=VALUE...: makes a null_blk device through
+# configfs (null_blk's own attribute names and units: size in MiB,
+# blocksize, memory_backed, irqmode, hw_queue_depth, zoned, zone_size ...),
+# powers it on and waits for /dev/NAME. Loads null_blk with nr_devices=0
+# first so that no default device appears.
+vm_null_blk_create() {
+  _name=$1; shift
+  if [ ! -d /sys/kernel/config/nullb ]; then
+    vm_require_module null_blk nr_devices=0
+  fi
+  _dir=/sys/kernel/config/nullb/$_name
+  mkdir "$_dir" || vm_fail "cannot create $_dir"
+  for _kv in "$@"; do
+    echo "${_kv#*=}" >"$_dir/${_kv%%=*}" || vm_fail "null_blk $_name: cannot set ${_kv}"
+  done
+  echo 1 >"$_dir/power" || vm_fail "null_blk $_name: cannot power on"
+  vm_wait_for "/dev/$_name"
+}
+
+# vm_null_blk_remove NAME: powers off and removes a configfs null_blk.
+vm_null_blk_remove() {
+  echo 0 >"/sys/kernel/config/nullb/$1/power" 2>/dev/null
+  rmdir "/sys/kernel/config/nullb/$1"
+}
