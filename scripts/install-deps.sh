@@ -14,7 +14,7 @@ packages=(
   fuse3 util-linux e2fsprogs xfsprogs dosfstools mtools fio procps kmod
   nbdkit libnbd-bin python3-libnbd qemu-utils qemu-system-common gnutls-bin
   # VM lab
-  qemu-system-x86 busybox-static cpio zstd xz-utils
+  qemu-system-x86 busybox-static cpio zstd xz-utils squashfs-tools nbd-client btrfs-progs f2fs-tools
   # fuzzing
   clang libclang-rt-14-dev
 )
