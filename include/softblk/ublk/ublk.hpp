@@ -1,0 +1,55 @@
+// The ublk front end (export type "ublk"): what the CLI and tools may ask
+// of it beyond the export_type interface. See docs/ublk.md.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <softblk/frontend.hpp>
+#include <softblk/options.hpp>
+#include <softblk/types.hpp>
+
+namespace softblk::ublk {
+
+// The export's own options (id=, recovery=, user_copy=, unprivileged=,
+// add_timeout=), for `softblk features` and documentation.
+std::span<const option_def> export_options();
+
+// What the running kernel's ublk driver offers.
+struct kernel_features {
+    // GET_FEATURES' answer; nullopt on kernels before 6.5, which lack it.
+    std::optional<uint64_t> bits;
+    // Every set bit by its kernel name (USER_RECOVERY, USER_COPY ...);
+    // bits this build does not know appear as "bit N".
+    std::vector<std::string> names;
+    // Commands go ioctl-encoded (UBLK_F_CMD_IOCTL_ENCODE).
+    bool ioctl_encode = false;
+};
+
+// Opens /dev/ublk-control (loading ublk_drv if needed) and asks. Control
+// thread; errors say why ublk is unavailable.
+result<kernel_features> query_kernel_features();
+
+// A device whose ublk state file survives under RUN_DIR/ublk: what
+// `softblk recover` re-creates (the device from target_type and
+// device_options, then the export from export_options, which re-attaches
+// to dev_id with START/END_USER_RECOVERY instead of adding a new device).
+struct recoverable_device {
+    std::string device;
+    std::string target_type;
+    std::vector<std::string> device_options;
+    std::vector<std::string> export_options;
+    uint32_t dev_id = 0;
+    std::string state;       // LIVE, QUIESCED, FAIL_IO, DEAD (the kernel's view)
+    int32_t daemon_pid = 0;  // the pid the kernel has (dead if recoverable)
+    bool recoverable = false;  // USER_RECOVERY device whose daemon is gone
+};
+
+// Every state file under ctx.run_dir/ublk with the kernel's view of its
+// device. Control thread.
+result<std::vector<recoverable_device>> list_state(const export_context& ctx);
+
+}  // namespace softblk::ublk

@@ -1,0 +1,461 @@
+#include "queue_runner.hpp"
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <fmt/core.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+namespace softblk::ublk {
+
+namespace {
+
+constexpr uint64_t k_wake_data = uint64_t{1} << 32;
+// While device requests are in flight the thread cannot sleep in the ring
+// alone (their completions are due on the device queue, which has no file
+// descriptor to wait on): it alternates between the two, at most this long
+// in the device queue.
+constexpr int64_t k_device_wait_ns = 200'000;
+
+unsigned ring_entries(unsigned depth)
+{
+    unsigned n = 8;
+    while (n < depth + 2) {
+        n <<= 1;
+    }
+    return n;
+}
+
+}  // namespace
+
+queue_runner::queue_runner(io_queue& dq, const queue_config& cfg) : _dq(dq), _cfg(cfg) {}
+
+queue_runner::~queue_runner()
+{
+    if (_thread.joinable()) {
+        request_exit();
+        _thread.join();
+    }
+}
+
+result<void> queue_runner::start()
+{
+    std::promise<result<void>> ready;
+    auto ready_future = ready.get_future();
+    _thread = std::thread([this, &ready] { run(ready); });
+    auto r = ready_future.get();
+    if (!r) {
+        _thread.join();
+    }
+    return r;
+}
+
+void queue_runner::request_exit()
+{
+    _exit_requested.store(true, std::memory_order_release);
+    if (_wake_fd >= 0) {
+        const uint64_t one = 1;
+        [[maybe_unused]] ssize_t n = ::write(_wake_fd, &one, sizeof(one));
+    }
+}
+
+bool queue_runner::wait_exit(int timeout_ms)
+{
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    while (!_exited.load(std::memory_order_acquire)) {
+        if (timeout_ms >= 0 && std::chrono::steady_clock::now() >= until) {
+            return false;
+        }
+        ::usleep(2000);
+    }
+    return true;
+}
+
+void queue_runner::join()
+{
+    if (_thread.joinable()) {
+        _thread.join();
+    }
+}
+
+queue_counters queue_runner::counters() const
+{
+    return queue_counters{.requests = _requests.load(std::memory_order_relaxed),
+                          .errors = _errors.load(std::memory_order_relaxed),
+                          .aborted_tags = _aborted_count.load(std::memory_order_relaxed)};
+}
+
+result<void> queue_runner::setup()
+{
+    const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+    const unsigned depth = _cfg.depth;
+
+    _descs_len = cmd_buf_length(depth, page);
+    void* descs = ::mmap(nullptr, _descs_len, PROT_READ, MAP_SHARED | MAP_POPULATE, _cfg.char_fd,
+                         static_cast<off_t>(cmd_buf_offset(_cfg.q_id, page)));
+    if (descs == MAP_FAILED) {
+        const int e = errno;
+        return make_error(e, fmt::format("ublk queue {}: mmap of the request descriptors: {}", _cfg.q_id,
+                                         std::strerror(e)));
+    }
+    _descs = static_cast<const io_desc*>(descs);
+
+    // Per-tag buffers; pages are committed only as requests touch them.
+    _buffers_len = size_t{depth} * _cfg.buf_bytes;
+    void* bufs = ::mmap(nullptr, _buffers_len, PROT_READ | PROT_WRITE,
+                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (bufs == MAP_FAILED) {
+        const int e = errno;
+        return make_error(e, fmt::format("ublk queue {}: {} bytes of I/O buffers: {}", _cfg.q_id,
+                                         _buffers_len, std::strerror(e)));
+    }
+    _buffers = static_cast<char*>(bufs);
+    _slots = std::make_unique<tag_slot[]>(depth);
+    _backlog = std::make_unique<uint16_t[]>(depth);
+    for (unsigned t = 0; t < depth; ++t) {
+        _slots[t].runner = this;
+        _slots[t].tag = static_cast<uint16_t>(t);
+        _slots[t].buffer = _buffers + size_t{t} * _cfg.buf_bytes;
+    }
+
+    _wake_fd = ::eventfd(0, EFD_CLOEXEC);
+    if (_wake_fd < 0) {
+        const int e = errno;
+        return make_error(e, fmt::format("ublk queue {}: eventfd: {}", _cfg.q_id, std::strerror(e)));
+    }
+
+    // The ring belongs to this thread: SINGLE_ISSUER + DEFER_TASKRUN run the
+    // kernel's task work (request dispatch) only when we ask for events.
+    // Older kernels refuse those flags: fall back step by step.
+    const unsigned attempts[] = {
+        IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN,
+        IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_COOP_TASKRUN,
+        IORING_SETUP_COOP_TASKRUN,
+        0,
+    };
+    int r = -EINVAL;
+    for (unsigned flags : attempts) {
+        io_uring_params p{};
+        p.flags = flags;
+        r = io_uring_queue_init_params(ring_entries(depth), &_ring, &p);
+        if (r != -EINVAL) {
+            break;
+        }
+    }
+    if (r < 0) {
+        return make_error(-r, fmt::format("ublk queue {}: io_uring setup: {}", _cfg.q_id, std::strerror(-r)));
+    }
+    _ring_ok = true;
+    // Best effort: a registered file saves a lookup per command.
+    _fixed_file = io_uring_register_files(&_ring, &_cfg.char_fd, 1) == 0;
+
+    for (unsigned t = 0; t < depth; ++t) {
+        prep_fetch(_slots[t]);
+    }
+    prep_wake_poll();
+    r = io_uring_submit(&_ring);
+    if (r < 0) {
+        return make_error(-r, fmt::format("ublk queue {}: submitting FETCH_REQ: {}", _cfg.q_id,
+                                          std::strerror(-r)));
+    }
+    // A FETCH_REQ the kernel refuses completes at once; START_DEV would wait
+    // forever for a queue that is not ready, so look before saying ready.
+    io_uring_get_events(&_ring);
+    io_uring_cqe* cqe = nullptr;
+    while (io_uring_peek_cqe(&_ring, &cqe) == 0) {
+        const int res = cqe->res;
+        const uint64_t data = cqe->user_data;
+        if (data != k_wake_data && res < 0) {
+            io_uring_cqe_seen(&_ring, cqe);
+            return make_error(-res, fmt::format("ublk queue {}: FETCH_REQ for tag {}: {}", _cfg.q_id, data,
+                                                std::strerror(-res)));
+        }
+        // A request already (the device is being recovered and I/O was
+        // queued): handle it in the loop.
+        io_uring_cqe cqe_copy = *cqe;
+        io_uring_cqe_seen(&_ring, cqe);
+        handle_cqe(cqe_copy);
+    }
+    return {};
+}
+
+void queue_runner::teardown()
+{
+    if (_ring_ok) {
+        io_uring_queue_exit(&_ring);
+        _ring_ok = false;
+    }
+    if (_descs != nullptr) {
+        ::munmap(const_cast<io_desc*>(_descs), _descs_len);
+        _descs = nullptr;
+    }
+    if (_buffers != nullptr) {
+        ::munmap(_buffers, _buffers_len);
+        _buffers = nullptr;
+    }
+    if (_wake_fd >= 0) {
+        ::close(_wake_fd);
+        _wake_fd = -1;
+    }
+}
+
+io_uring_sqe* queue_runner::next_sqe()
+{
+    io_uring_sqe* sqe = io_uring_get_sqe(&_ring);
+    if (sqe == nullptr) {
+        // Cannot happen with depth + 2 entries and one command per tag, but
+        // never drop a command.
+        io_uring_submit(&_ring);
+        sqe = io_uring_get_sqe(&_ring);
+    }
+    return sqe;
+}
+
+void queue_runner::set_target(io_uring_sqe* sqe) const
+{
+    if (_fixed_file) {
+        sqe->fd = 0;
+        sqe->flags = IOSQE_FIXED_FILE;
+    } else {
+        sqe->fd = _cfg.char_fd;
+    }
+}
+
+void queue_runner::prep_fetch(tag_slot& slot)
+{
+    io_uring_sqe* sqe = next_sqe();
+    std::memset(sqe, 0, sizeof(*sqe));
+    sqe->opcode = IORING_OP_URING_CMD;
+    set_target(sqe);
+    sqe->cmd_op = io_op_code(k_io_fetch_req, _cfg.ioctl_encode);
+    io_cmd cmd{.q_id = static_cast<uint16_t>(_cfg.q_id), .tag = slot.tag, .result = -1,
+               .addr = _cfg.user_copy ? 0 : reinterpret_cast<uint64_t>(slot.buffer)};
+    std::memcpy(sqe->cmd, &cmd, sizeof(cmd));
+    io_uring_sqe_set_data64(sqe, slot.tag);
+}
+
+void queue_runner::prep_commit(tag_slot& slot, int result, uint64_t addr)
+{
+    io_uring_sqe* sqe = next_sqe();
+    std::memset(sqe, 0, sizeof(*sqe));
+    sqe->opcode = IORING_OP_URING_CMD;
+    set_target(sqe);
+    sqe->cmd_op = io_op_code(k_io_commit_and_fetch_req, _cfg.ioctl_encode);
+    io_cmd cmd{.q_id = static_cast<uint16_t>(_cfg.q_id), .tag = slot.tag, .result = result, .addr = addr};
+    std::memcpy(sqe->cmd, &cmd, sizeof(cmd));
+    io_uring_sqe_set_data64(sqe, slot.tag);
+}
+
+void queue_runner::prep_wake_poll()
+{
+    io_uring_sqe* sqe = next_sqe();
+    io_uring_prep_read(sqe, _wake_fd, &_wake_buf, sizeof(_wake_buf), 0);
+    io_uring_sqe_set_data64(sqe, k_wake_data);
+}
+
+void queue_runner::on_complete(io_request& request, int result)
+{
+    tag_slot& slot = *static_cast<tag_slot*>(request.user_data);
+    queue_runner& self = *slot.runner;
+    int res = result;
+    if (res >= 0) {
+        switch (slot.kernel_op) {
+        case k_op_read:
+            if (self._cfg.user_copy) {
+                const ssize_t n = ::pwrite(self._cfg.char_fd, slot.buffer, static_cast<size_t>(res),
+                                           static_cast<off_t>(user_copy_offset(self._cfg.q_id, slot.tag)));
+                if (n != res) {
+                    res = n < 0 ? -errno : -EIO;
+                }
+            }
+            break;
+        case k_op_write:
+            break;
+        default:
+            res = 0;  // flush, discard, write zeroes move no data
+            break;
+        }
+    }
+    if (res < 0) {
+        self._errors.fetch_add(1, std::memory_order_relaxed);
+    }
+    self.prep_commit(slot, res, self._cfg.user_copy ? 0 : reinterpret_cast<uint64_t>(slot.buffer));
+}
+
+bool queue_runner::dispatch(tag_slot& slot)
+{
+    const io_desc& d = _descs[slot.tag];
+    const uint32_t op_flags = __atomic_load_n(&d.op_flags, __ATOMIC_ACQUIRE);
+    const uint8_t op = static_cast<uint8_t>(op_flags & 0xff);
+    const uint64_t offset = d.start_sector << 9;
+    const uint32_t length = d.nr_sectors << 9;
+
+    io_op dop;
+    switch (op) {
+    case k_op_read:
+        dop = io_op::read;
+        break;
+    case k_op_write:
+        dop = io_op::write;
+        break;
+    case k_op_flush:
+        dop = io_op::flush;
+        break;
+    case k_op_discard:
+        dop = io_op::discard;
+        break;
+    case k_op_write_zeroes:
+        dop = io_op::write_zeroes;
+        break;
+    default:
+        // WRITE_SAME (never sent by 6.x kernels) and zone operations (this
+        // export does not set up zoned devices).
+        _errors.fetch_add(1, std::memory_order_relaxed);
+        prep_commit(slot, -EOPNOTSUPP, _cfg.user_copy ? 0 : reinterpret_cast<uint64_t>(slot.buffer));
+        return true;
+    }
+    const bool moves_data = dop == io_op::read || dop == io_op::write;
+    if (moves_data && length > _cfg.buf_bytes) {
+        _errors.fetch_add(1, std::memory_order_relaxed);
+        prep_commit(slot, -EIO, _cfg.user_copy ? 0 : reinterpret_cast<uint64_t>(slot.buffer));
+        return true;
+    }
+
+    io_request* r = _dq.get_request();
+    if (r == nullptr) {
+        return false;
+    }
+    if (dop == io_op::write && _cfg.user_copy) {
+        const ssize_t n = ::pread(_cfg.char_fd, slot.buffer, length,
+                                  static_cast<off_t>(user_copy_offset(_cfg.q_id, slot.tag)));
+        if (n != static_cast<ssize_t>(length)) {
+            _dq.put_request(*r);
+            _errors.fetch_add(1, std::memory_order_relaxed);
+            prep_commit(slot, n < 0 ? -errno : -EIO, 0);
+            return true;
+        }
+    }
+    r->op = dop;
+    r->flags = 0;
+    if ((op_flags & k_io_f_fua) != 0) {
+        r->flags |= k_io_fua;
+    }
+    if ((op_flags & k_io_f_nounmap) != 0) {
+        r->flags |= k_io_no_unmap;
+    }
+    r->offset = dop == io_op::flush ? 0 : offset;
+    r->length = dop == io_op::flush ? 0 : length;
+    r->buffer = moves_data ? slot.buffer : nullptr;
+    r->on_complete = &queue_runner::on_complete;
+    r->user_data = &slot;
+    slot.kernel_op = op;
+    slot.length = length;
+    _requests.fetch_add(1, std::memory_order_relaxed);
+    _dq.submit(*r);
+    return true;
+}
+
+void queue_runner::start_request(tag_slot& slot)
+{
+    if (_backlog_count != 0 || !dispatch(slot)) {
+        // Keep arrival order: behind whatever already waits for a request.
+        _backlog[(_backlog_head + _backlog_count) % _cfg.depth] = slot.tag;
+        ++_backlog_count;
+    }
+}
+
+void queue_runner::retry_backlog()
+{
+    while (_backlog_count != 0) {
+        tag_slot& slot = _slots[_backlog[_backlog_head]];
+        if (!dispatch(slot)) {
+            return;
+        }
+        _backlog_head = (_backlog_head + 1) % _cfg.depth;
+        --_backlog_count;
+    }
+}
+
+void queue_runner::handle_cqe(const io_uring_cqe& cqe)
+{
+    if (cqe.user_data == k_wake_data) {
+        if (!_exit_requested.load(std::memory_order_acquire)) {
+            prep_wake_poll();
+        }
+        return;
+    }
+    tag_slot& slot = _slots[cqe.user_data];
+    if (cqe.res == k_io_res_ok) {
+        start_request(slot);
+        return;
+    }
+    // -ENODEV (UBLK_IO_RES_ABORT): the device is stopping; any other error
+    // means the kernel refused our command and will not hand this tag out
+    // again either.
+    if (cqe.res != -ENODEV) {
+        _errors.fetch_add(1, std::memory_order_relaxed);
+    }
+    if (!slot.aborted) {
+        slot.aborted = true;
+        ++_aborted;
+        _aborted_count.fetch_add(1, std::memory_order_relaxed);
+    }
+}
+
+void queue_runner::run(std::promise<result<void>>& ready)
+{
+    if (auto r = setup(); !r) {
+        teardown();
+        _exited.store(true, std::memory_order_release);
+        ready.set_value(std::unexpected(r.error()));
+        return;
+    }
+    ready.set_value({});
+
+    for (;;) {
+        if (_dq.in_flight() > 0) {
+            _dq.process();
+        }
+        if (_backlog_count != 0) {
+            retry_backlog();
+        }
+        if (_dq.in_flight() == 0 && _backlog_count == 0 &&
+            (_aborted == _cfg.depth || _exit_requested.load(std::memory_order_acquire))) {
+            break;
+        }
+        int r;
+        if (_dq.in_flight() == 0) {
+            r = io_uring_submit_and_wait(&_ring, 1);
+        } else {
+            r = io_uring_submit(&_ring);
+            if (io_uring_cq_ready(&_ring) == 0) {
+                io_uring_get_events(&_ring);
+            }
+            if (io_uring_cq_ready(&_ring) == 0) {
+                _dq.wait(1, k_device_wait_ns);
+            }
+        }
+        if (r < 0 && r != -EINTR && r != -EAGAIN && r != -EBUSY && r != -ETIME) {
+            // The ring itself failed: nothing more can be fetched.
+            _errors.fetch_add(1, std::memory_order_relaxed);
+            _exit_requested.store(true, std::memory_order_release);
+        }
+        io_uring_cqe* cqe = nullptr;
+        unsigned seen = 0;
+        unsigned head;
+        io_uring_for_each_cqe(&_ring, head, cqe)
+        {
+            handle_cqe(*cqe);
+            ++seen;
+        }
+        io_uring_cq_advance(&_ring, seen);
+    }
+    // Commits prepared by the last callbacks go out before the ring closes.
+    io_uring_submit(&_ring);
+    teardown();
+    _exited.store(true, std::memory_order_release);
+}
+
+}  // namespace softblk::ublk

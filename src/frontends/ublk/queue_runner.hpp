@@ -1,0 +1,113 @@
+// One ublk queue: one thread with its own io_uring (SINGLE_ISSUER and
+// DEFER_TASKRUN where the kernel has them) that fetches requests from
+// /dev/ublkcN (FETCH_REQ), runs them on one device queue (io_queue:
+// get_request / submit / process) and commits the result with
+// COMMIT_AND_FETCH_REQ from the request's completion callback, which runs
+// on the same thread.
+//
+// Data moves through per-tag buffers: in copy mode the kernel copies into
+// and out of them; with USER_COPY the thread pread()s/pwrite()s them from
+// /dev/ublkcN itself. Nothing is allocated, logged or thrown per I/O.
+#pragma once
+
+#include "abi.hpp"
+
+#include <atomic>
+#include <cstdint>
+#include <future>
+#include <liburing.h>
+#include <memory>
+#include <thread>
+
+#include <softblk/device.hpp>
+
+namespace softblk::ublk {
+
+struct queue_config {
+    unsigned q_id = 0;
+    unsigned depth = 0;
+    uint32_t buf_bytes = 0;  // per tag
+    bool user_copy = false;
+    bool ioctl_encode = true;
+    int char_fd = -1;        // /dev/ublkcN, owned by the export
+};
+
+struct queue_counters {
+    uint64_t requests = 0;
+    uint64_t errors = 0;  // requests committed with a negative result
+    uint64_t aborted_tags = 0;
+};
+
+class queue_runner {
+public:
+    queue_runner(io_queue& dq, const queue_config& cfg);
+    ~queue_runner();
+    queue_runner(const queue_runner&) = delete;
+    queue_runner& operator=(const queue_runner&) = delete;
+
+    // Starts the thread and returns once it has mapped the descriptor
+    // array, set up its ring and submitted FETCH_REQ for every tag (or
+    // failed doing so). Control thread.
+    result<void> start();
+
+    // The thread ends by itself once the kernel aborted every tag (after
+    // STOP_DEV) and the device queue is idle. This asks it to end as soon as
+    // the device queue is idle, without waiting for the kernel (its ring is
+    // closed, which cancels what the kernel still holds). Any thread.
+    void request_exit();
+    // Waits up to `timeout_ms` (< 0: forever) for the thread to end by
+    // itself; true if it did.
+    bool wait_exit(int timeout_ms);
+    void join();
+
+    queue_counters counters() const;
+    unsigned q_id() const { return _cfg.q_id; }
+
+private:
+    struct tag_slot {
+        queue_runner* runner = nullptr;
+        char* buffer = nullptr;
+        uint16_t tag = 0;
+        uint8_t kernel_op = 0;
+        bool aborted = false;
+        uint32_t length = 0;
+    };
+
+    void run(std::promise<result<void>>& ready);
+    result<void> setup();
+    void teardown();
+    void prep_fetch(tag_slot& slot);
+    void prep_commit(tag_slot& slot, int result, uint64_t addr);
+    void prep_wake_poll();
+    void handle_cqe(const io_uring_cqe& cqe);
+    void start_request(tag_slot& slot);
+    bool dispatch(tag_slot& slot);
+    void retry_backlog();
+    static void on_complete(io_request& request, int result);
+    io_uring_sqe* next_sqe();
+    void set_target(io_uring_sqe* sqe) const;
+
+    io_queue& _dq;
+    queue_config _cfg;
+    std::thread _thread;
+    io_uring _ring{};
+    bool _ring_ok = false;
+    bool _fixed_file = false;
+    const io_desc* _descs = nullptr;
+    size_t _descs_len = 0;
+    char* _buffers = nullptr;
+    size_t _buffers_len = 0;
+    std::unique_ptr<tag_slot[]> _slots;
+    // Tags the kernel handed us while every device request was taken.
+    std::unique_ptr<uint16_t[]> _backlog;
+    unsigned _backlog_head = 0;
+    unsigned _backlog_count = 0;
+    unsigned _aborted = 0;
+    int _wake_fd = -1;
+    uint64_t _wake_buf = 0;
+    std::atomic<bool> _exit_requested{false};
+    std::atomic<bool> _exited{false};
+    std::atomic<uint64_t> _requests{0}, _errors{0}, _aborted_count{0};
+};
+
+}  // namespace softblk::ublk

@@ -1,0 +1,113 @@
+#include "state.hpp"
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fmt/core.h>
+#include <fstream>
+#include <sys/stat.h>
+#include <unistd.h>
+
+namespace softblk::ublk {
+
+nlohmann::json to_json(const export_state& s)
+{
+    return nlohmann::json{
+        {"version", k_state_version},
+        {"device", s.device},
+        {"target_type", s.target_type},
+        {"device_options", s.device_options},
+        {"export_options", s.export_options},
+        {"dev_id", s.dev_id},
+        {"flags", s.flags},
+        {"nr_queues", s.nr_queues},
+        {"depth", s.depth},
+        {"max_io_buf_bytes", s.max_io_buf_bytes},
+        {"daemon_pid", s.daemon_pid},
+    };
+}
+
+result<export_state> state_from_json(const nlohmann::json& j)
+{
+    if (!j.is_object()) {
+        return make_error(EINVAL, "ublk state: not a JSON object");
+    }
+    export_state s;
+    try {
+        const int version = j.at("version").get<int>();
+        if (version != k_state_version) {
+            return make_error(EINVAL, fmt::format("ublk state: version {} (this build reads {})", version,
+                                                  k_state_version));
+        }
+        s.device = j.at("device").get<std::string>();
+        s.target_type = j.at("target_type").get<std::string>();
+        s.device_options = j.at("device_options").get<std::vector<std::string>>();
+        s.export_options = j.at("export_options").get<std::vector<std::string>>();
+        s.dev_id = j.at("dev_id").get<uint32_t>();
+        s.flags = j.at("flags").get<uint64_t>();
+        s.nr_queues = j.at("nr_queues").get<unsigned>();
+        s.depth = j.at("depth").get<unsigned>();
+        s.max_io_buf_bytes = j.at("max_io_buf_bytes").get<uint32_t>();
+        s.daemon_pid = j.at("daemon_pid").get<int32_t>();
+    } catch (const nlohmann::json::exception& e) {
+        return make_error(EINVAL, fmt::format("ublk state: {}", e.what()));
+    }
+    if (s.device.empty() || s.nr_queues == 0 || s.depth == 0 || s.max_io_buf_bytes == 0) {
+        return make_error(EINVAL, "ublk state: device, nr_queues, depth and max_io_buf_bytes must be set");
+    }
+    return s;
+}
+
+std::string state_path(const std::string& run_dir, const std::string& device)
+{
+    return fmt::format("{}/ublk/{}.json", run_dir, device);
+}
+
+result<void> write_state(const std::string& path, const export_state& state)
+{
+    const auto slash = path.rfind('/');
+    if (slash != std::string::npos) {
+        const std::string dir = path.substr(0, slash);
+        if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+            const int e = errno;
+            return make_error(e, fmt::format("{}: cannot create the state directory: {}", dir,
+                                             std::strerror(e)));
+        }
+    }
+    const std::string tmp = path + ".tmp";
+    {
+        std::ofstream out(tmp, std::ios::trunc);
+        out << to_json(state).dump(2) << '\n';
+        out.flush();
+        if (!out) {
+            return make_error(EIO, fmt::format("{}: cannot write the ublk state file", tmp));
+        }
+    }
+    if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+        const int e = errno;
+        ::unlink(tmp.c_str());
+        return make_error(e, fmt::format("{}: cannot rename into place: {}", path, std::strerror(e)));
+    }
+    return {};
+}
+
+result<export_state> read_state(const std::string& path)
+{
+    std::ifstream in(path);
+    if (!in) {
+        return make_error(ENOENT, fmt::format("{}: no ublk state file", path));
+    }
+    nlohmann::json j;
+    try {
+        in >> j;
+    } catch (const nlohmann::json::exception& e) {
+        return make_error(EINVAL, fmt::format("{}: not valid JSON: {}", path, e.what()));
+    }
+    auto s = state_from_json(j);
+    if (!s) {
+        return make_error(EINVAL, fmt::format("{}: {}", path, s.error().message));
+    }
+    return s;
+}
+
+}  // namespace softblk::ublk

@@ -1,0 +1,49 @@
+// The ublk export's persisted per-device state: what `softblk recover` (or
+// a restarted daemon) needs to re-attach a device that outlived its daemon
+// (UBLK_F_USER_RECOVERY) without the original command line and without
+// SET_PARAMS: the kernel's device id and negotiated flags, the queue
+// geometry, and the device's target type and options.
+//
+// One JSON file per device: RUN_DIR/ublk/NAME.json, written atomically
+// (temporary file + rename) when the device starts and removed when it is
+// deleted.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include <softblk/types.hpp>
+
+namespace softblk::ublk {
+
+struct export_state {
+    std::string device;                       // softblk device name
+    std::string target_type;                  // "null", "file" ...
+    std::vector<std::string> device_options;  // key=value, effective values
+    std::vector<std::string> export_options;  // as given to the export
+    uint32_t dev_id = 0;                      // /dev/ublkbN, /dev/ublkcN
+    uint64_t flags = 0;                       // UBLK_F_* the kernel granted
+    unsigned nr_queues = 0;
+    unsigned depth = 0;
+    uint32_t max_io_buf_bytes = 0;
+    int32_t daemon_pid = 0;                   // the daemon that serves it
+};
+
+constexpr int k_state_version = 1;
+
+nlohmann::json to_json(const export_state& state);
+// Errors name the missing or malformed field.
+result<export_state> state_from_json(const nlohmann::json& j);
+
+// RUN_DIR/ublk/NAME.json
+std::string state_path(const std::string& run_dir, const std::string& device);
+
+// Writes atomically, creating RUN_DIR/ublk. Control thread.
+result<void> write_state(const std::string& path, const export_state& state);
+// ENOENT when there is no state file.
+result<export_state> read_state(const std::string& path);
+
+}  // namespace softblk::ublk

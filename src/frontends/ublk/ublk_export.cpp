@@ -1,0 +1,595 @@
+#include "ublk_export.hpp"
+
+#include "control.hpp"
+#include "params.hpp"
+#include "queue_runner.hpp"
+#include "state.hpp"
+
+#include <softblk/ublk/ublk.hpp>
+
+#include <algorithm>
+#include <cerrno>
+#include <optional>
+#include <chrono>
+#include <csignal>
+#include <cstring>
+#include <dirent.h>
+#include <fcntl.h>
+#include <fmt/core.h>
+#include <fmt/ranges.h>
+#include <sys/stat.h>
+#include <thread>
+#include <unistd.h>
+
+namespace softblk::ublk {
+
+namespace {
+
+constexpr option_def k_export_options[] = {
+    {.name = "id", .kind = option_kind::signed_integer, .default_value = "-1", .unit = "",
+     .help = "ublk device id N (/dev/ublkbN); -1 takes the lowest free one", .smin = -1, .smax = 1'048'575},
+    {.name = "recovery", .kind = option_kind::text, .default_value = "none", .unit = "",
+     .help = "what a killed daemon leaves: none (the device goes away), recover (UBLK_F_USER_RECOVERY: "
+             "in-flight I/O fails, new I/O waits for `softblk recover`), reissue (USER_RECOVERY_REISSUE: "
+             "in-flight I/O is reissued), fail_io (USER_RECOVERY_FAIL_IO, Linux 6.13+: I/O fails until "
+             "recovered)"},
+    {.name = "user_copy", .kind = option_kind::boolean, .default_value = "0", .unit = "",
+     .help = "UBLK_F_USER_COPY: the queue threads copy data with pread/pwrite on /dev/ublkcN instead of "
+             "the kernel copying into per-tag buffers (Linux 6.5+; not for unprivileged devices)"},
+    {.name = "unprivileged", .kind = option_kind::boolean, .default_value = "0", .unit = "",
+     .help = "UBLK_F_UNPRIVILEGED_DEV (Linux 6.5+); default: 1 when the daemon is not root"},
+    {.name = "add_timeout", .kind = option_kind::integer, .default_value = "10000", .unit = "ms",
+     .help = "give up on ADD_DEV and START_DEV after this long (some kernels hang there)", .min = 100,
+     .max = 600'000},
+};
+
+struct export_config {
+    int64_t id = -1;
+    std::string recovery = "none";
+    uint64_t recovery_flags = 0;
+    bool user_copy = false;
+    bool unprivileged = false;
+    int add_timeout_ms = 10'000;
+    std::vector<std::string> args;  // as given, persisted for recovery
+};
+
+result<export_config> parse_config(const export_context& ctx, std::span<const std::string> args)
+{
+    auto o = option_set::parse(k_export_options, args);
+    if (!o) {
+        return std::unexpected(o.error());
+    }
+    export_config c;
+    c.id = o->i64("id");
+    c.recovery = o->text("recovery");
+    if (c.recovery == "none") {
+        c.recovery_flags = 0;
+    } else if (c.recovery == "recover") {
+        c.recovery_flags = k_f_user_recovery;
+    } else if (c.recovery == "reissue") {
+        c.recovery_flags = k_f_user_recovery | k_f_user_recovery_reissue;
+    } else if (c.recovery == "fail_io") {
+        c.recovery_flags = k_f_user_recovery | k_f_user_recovery_fail_io;
+    } else {
+        return make_error(EINVAL, fmt::format("recovery={}: one of none, recover, reissue, fail_io", c.recovery));
+    }
+    c.user_copy = o->flag("user_copy");
+    c.unprivileged = o->given("unprivileged") ? o->flag("unprivileged") : !ctx.privileged;
+    c.add_timeout_ms = static_cast<int>(o->u64("add_timeout"));
+    c.args.assign(args.begin(), args.end());
+    if (c.unprivileged && c.recovery_flags != 0) {
+        return make_error(EINVAL, fmt::format("recovery={}: the kernel allows recovery only for devices "
+                                              "of a privileged daemon (unprivileged=1)",
+                                              c.recovery));
+    }
+    if (c.unprivileged && c.user_copy) {
+        return make_error(EINVAL, "user_copy=1: the kernel refuses USER_COPY for unprivileged devices");
+    }
+    return c;
+}
+
+bool pid_alive(int32_t pid) { return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM); }
+
+// Opens /dev/ublkcN, waiting for devtmpfs/udev to create it (and, for an
+// unprivileged device, to give it to us) and for a previous owner to close it.
+result<int> open_char_device(uint32_t dev_id, int timeout_ms)
+{
+    const std::string path = char_path(dev_id);
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    for (;;) {
+        const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+        if (fd >= 0) {
+            return fd;
+        }
+        const int e = errno;
+        if ((e != ENOENT && e != EACCES && e != EBUSY) || std::chrono::steady_clock::now() >= until) {
+            return make_error(e, fmt::format("{}: {}{}", path, std::strerror(e),
+                                             e == EACCES ? " (an unprivileged device needs a udev rule "
+                                                           "that gives /dev/ublkcN to its owner)"
+                                                         : ""));
+        }
+        ::usleep(10'000);
+    }
+}
+
+std::string kernel_requirement(uint64_t flag)
+{
+    switch (flag) {
+    case k_f_user_recovery_fail_io:
+        return " (Linux 6.13+)";
+    case k_f_user_copy:
+    case k_f_unprivileged_dev:
+        return " (Linux 6.5+)";
+    case k_f_user_recovery:
+    case k_f_user_recovery_reissue:
+        return " (Linux 6.0+)";
+    default:
+        return "";
+    }
+}
+
+class ublk_export final : public device_export {
+public:
+    ublk_export(device& dev, const export_context& ctx, export_config cfg, std::unique_ptr<control> ctl)
+        : _dev(dev), _ctx(ctx), _cfg(std::move(cfg)), _ctl(std::move(ctl)),
+          _state_path(state_path(ctx.run_dir, dev.name()))
+    {
+    }
+
+    ~ublk_export() override { (void)stop(); }
+
+    result<void> start_new();
+    result<void> start_recovery(const export_state& st, const dev_info& info);
+
+    nlohmann::json describe() const override;
+    result<void> stop() override;
+
+private:
+    result<void> start_queues(unsigned nr_queues, unsigned depth, uint32_t buf_bytes, uint64_t flags);
+    void stop_queues(int timeout_ms);
+    // Undoes a start that failed after ADD_DEV.
+    void abandon();
+    result<void> persist();
+
+    device& _dev;
+    export_context _ctx;
+    export_config _cfg;
+    std::unique_ptr<control> _ctl;
+    std::string _state_path;
+    dev_info _info{};
+    bool _added = false;
+    bool _stopped = false;
+    bool _recovered = false;
+    int _char_fd = -1;
+    std::vector<std::unique_ptr<queue_runner>> _queues;
+};
+
+result<void> ublk_export::start_queues(unsigned nr_queues, unsigned depth, uint32_t buf_bytes, uint64_t flags)
+{
+    if (nr_queues > _dev.info().queues.submit_queues) {
+        return make_error(EINVAL, fmt::format("ublk device {} has {} queues, the softblk device {} only {} "
+                                              "submit queues",
+                                              _info.dev_id, nr_queues, _dev.name(),
+                                              _dev.info().queues.submit_queues));
+    }
+    auto fd = open_char_device(_info.dev_id, 5000);
+    if (!fd) {
+        return std::unexpected(fd.error());
+    }
+    _char_fd = *fd;
+    for (unsigned q = 0; q < nr_queues; ++q) {
+        io_queue& dq = _dev.queue(q);
+        if (dq.depth() < depth) {
+            return make_error(EINVAL, fmt::format("device queue {} has {} tags, ublk needs {}", q, dq.depth(),
+                                                  depth));
+        }
+        queue_config qc{.q_id = q,
+                        .depth = depth,
+                        .buf_bytes = buf_bytes,
+                        .user_copy = (flags & k_f_user_copy) != 0,
+                        .ioctl_encode = (flags & k_f_cmd_ioctl_encode) != 0 || _ctl->ioctl_encode(),
+                        .char_fd = _char_fd};
+        auto runner = std::make_unique<queue_runner>(dq, qc);
+        if (auto r = runner->start(); !r) {
+            return std::unexpected(r.error());
+        }
+        _queues.push_back(std::move(runner));
+    }
+    return {};
+}
+
+void ublk_export::stop_queues(int timeout_ms)
+{
+    for (auto& q : _queues) {
+        if (!q->wait_exit(timeout_ms)) {
+            q->request_exit();
+        }
+    }
+    for (auto& q : _queues) {
+        q->join();
+    }
+    _queues.clear();
+    if (_char_fd >= 0) {
+        ::close(_char_fd);
+        _char_fd = -1;
+    }
+}
+
+void ublk_export::abandon()
+{
+    std::lock_guard guard(_ctl->lock());
+    if (_added) {
+        // STOP_DEV aborts the fetch commands, so the queue threads end.
+        (void)_ctl->stop_dev(_info.dev_id);
+    }
+    stop_queues(2000);
+    if (_added) {
+        (void)_ctl->del_dev(_info.dev_id);
+        _added = false;
+    }
+    ::unlink(_state_path.c_str());
+    _stopped = true;
+}
+
+result<void> ublk_export::persist()
+{
+    export_state st;
+    st.device = _dev.name();
+    st.target_type = _dev.info().target_type;
+    st.device_options = _dev.options().to_args();
+    st.export_options = _cfg.args;
+    st.dev_id = _info.dev_id;
+    st.flags = _info.flags;
+    st.nr_queues = _info.nr_hw_queues;
+    st.depth = _info.queue_depth;
+    st.max_io_buf_bytes = _info.max_io_buf_bytes;
+    st.daemon_pid = ::getpid();
+    return write_state(_state_path, st);
+}
+
+result<void> ublk_export::start_new()
+{
+    const auto& q = _dev.info().queues;
+    const block_limits& lim = _dev.limits();
+    const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+
+    uint64_t want = _cfg.recovery_flags;
+    if (_cfg.user_copy) {
+        want |= k_f_user_copy;
+    }
+    if (_cfg.unprivileged) {
+        want |= k_f_unprivileged_dev;
+    }
+    if (auto features = _ctl->features()) {
+        for (unsigned bit = 0; bit < 64; ++bit) {
+            const uint64_t f = uint64_t{1} << bit;
+            if ((want & f) != 0 && (*features & f) == 0) {
+                return make_error(EOPNOTSUPP, fmt::format("this kernel's ublk driver lacks UBLK_F_{}{} "
+                                                          "(it offers: {})",
+                                                          feature_name(bit), kernel_requirement(f),
+                                                          fmt::join(feature_names(*features), ", ")));
+            }
+        }
+        want |= *features & k_f_cmd_ioctl_encode;
+    }
+    if (q.queue_depth > k_max_queue_depth) {
+        return make_error(EINVAL, fmt::format("hw_queue_depth={}: ublk allows at most {}", q.queue_depth,
+                                              k_max_queue_depth));
+    }
+    // Check what SET_PARAMS would refuse before creating anything.
+    const uint32_t buf_bytes = io_buf_bytes_for(lim, page);
+    if (auto p = make_params(lim, buf_bytes, page); !p) {
+        return std::unexpected(p.error());
+    }
+
+    dev_info in{};
+    in.nr_hw_queues = static_cast<uint16_t>(q.submit_queues);
+    in.queue_depth = static_cast<uint16_t>(q.queue_depth);
+    in.max_io_buf_bytes = buf_bytes;
+    in.dev_id = _cfg.id < 0 ? UINT32_MAX : static_cast<uint32_t>(_cfg.id);
+    in.ublksrv_pid = ::getpid();
+    in.flags = want;
+    {
+        std::lock_guard guard(_ctl->lock());
+        auto out = _ctl->add_dev(in, _cfg.add_timeout_ms);
+        if (!out) {
+            return std::unexpected(out.error());
+        }
+        _info = *out;
+        _added = true;
+        _ctl->set_unprivileged((_info.flags & k_f_unprivileged_dev) != 0);
+    }
+    const uint64_t missing = want & ~_info.flags & ~k_f_cmd_ioctl_encode;
+    if (missing != 0) {
+        abandon();
+        return make_error(EOPNOTSUPP, fmt::format("ublk ADD_DEV dropped {} (kernel too old?)",
+                                                  fmt::join(feature_names(missing), ", ")));
+    }
+    auto p = make_params(lim, _info.max_io_buf_bytes, page);
+    if (!p) {
+        abandon();
+        return std::unexpected(p.error());
+    }
+    {
+        std::lock_guard guard(_ctl->lock());
+        if (auto r = _ctl->set_params(_info.dev_id, *p); !r) {
+            abandon();
+            return r;
+        }
+    }
+    if (auto r = start_queues(_info.nr_hw_queues, _info.queue_depth, _info.max_io_buf_bytes, _info.flags); !r) {
+        abandon();
+        return r;
+    }
+    result<void> started;
+    {
+        std::lock_guard guard(_ctl->lock());
+        started = _ctl->start_dev(_info.dev_id, ::getpid());
+    }
+    if (!started) {
+        abandon();
+        return started;
+    }
+    if (auto r = persist(); !r) {
+        abandon();
+        return r;
+    }
+    return {};
+}
+
+result<void> ublk_export::start_recovery(const export_state& st, const dev_info& found)
+{
+    _info = found;
+    _added = true;
+    _ctl->set_unprivileged((_info.flags & k_f_unprivileged_dev) != 0);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(15);
+    // The dead daemon's queues are torn down by the kernel (quiesce work)
+    // after its io_uring is released; START_USER_RECOVERY says EBUSY until then.
+    for (;;) {
+        std::lock_guard guard(_ctl->lock());
+        auto info = _ctl->get_dev_info(_info.dev_id);
+        if (!info) {
+            _added = false;
+            return std::unexpected(info.error());
+        }
+        _info = *info;
+        auto r = _ctl->start_user_recovery(_info.dev_id);
+        if (r) {
+            break;
+        }
+        if (r.error().code.value() != EBUSY || std::chrono::steady_clock::now() >= deadline) {
+            _added = false;  // not ours to delete: leave it for another try
+            return make_error(r.error().code.value(),
+                              fmt::format("{} (device {} is {}, daemon pid {})", r.error().message, _info.dev_id,
+                                          state_name(_info.state), _info.ublksrv_pid));
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    if (auto r = start_queues(_info.nr_hw_queues, _info.queue_depth, _info.max_io_buf_bytes, _info.flags); !r) {
+        // The device stays quiesced for a later attempt.
+        stop_queues(0);
+        _added = false;
+        return r;
+    }
+    result<void> ended;
+    {
+        std::lock_guard guard(_ctl->lock());
+        ended = _ctl->end_user_recovery(_info.dev_id, ::getpid());
+    }
+    if (!ended) {
+        stop_queues(0);
+        _added = false;
+        return ended;
+    }
+    _recovered = true;
+    (void)st;
+    return persist();
+}
+
+nlohmann::json ublk_export::describe() const
+{
+    nlohmann::json out;
+    out["dev_id"] = _info.dev_id;
+    out["block"] = block_path(_info.dev_id);
+    out["char"] = char_path(_info.dev_id);
+    out["queues"] = _info.nr_hw_queues;
+    out["depth"] = _info.queue_depth;
+    out["max_io_buf_bytes"] = _info.max_io_buf_bytes;
+    out["flags"] = feature_names(_info.flags);
+    out["recovery"] = _cfg.recovery;
+    out["user_copy"] = (_info.flags & k_f_user_copy) != 0;
+    out["unprivileged"] = (_info.flags & k_f_unprivileged_dev) != 0;
+    out["recovered"] = _recovered;
+    out["state_file"] = _state_path;
+    uint64_t requests = 0;
+    uint64_t errors = 0;
+    for (const auto& q : _queues) {
+        const auto c = q->counters();
+        requests += c.requests;
+        errors += c.errors;
+    }
+    out["requests"] = requests;
+    out["errors"] = errors;
+    if (!_stopped) {
+        std::lock_guard guard(_ctl->lock());
+        if (auto info = _ctl->get_dev_info(_info.dev_id)) {
+            out["state"] = state_name(info->state);
+            out["daemon_pid"] = info->ublksrv_pid;
+        } else {
+            out["state"] = "GONE";
+        }
+    } else {
+        out["state"] = "DELETED";
+    }
+    return out;
+}
+
+result<void> ublk_export::stop()
+{
+    if (_stopped) {
+        return {};
+    }
+    _stopped = true;
+    result<void> first_error;
+    std::lock_guard guard(_ctl->lock());
+    if (_added) {
+        // STOP_DEV deletes the disk (the queues serve what is in flight
+        // meanwhile) and then aborts every fetch, which ends the threads.
+        if (auto r = _ctl->stop_dev(_info.dev_id); !r && first_error) {
+            first_error = std::unexpected(r.error());
+        }
+    }
+    stop_queues(10'000);
+    if (_added) {
+        if (auto r = _ctl->del_dev(_info.dev_id); !r && first_error) {
+            first_error = std::unexpected(r.error());
+        }
+        _added = false;
+    }
+    ::unlink(_state_path.c_str());
+    return first_error;
+}
+
+}  // namespace
+
+std::span<const option_def> export_options() { return k_export_options; }
+
+bool available() { return control_available(); }
+
+result<std::unique_ptr<device_export>> start_export(device& dev, const export_context& ctx,
+                                                    std::span<const std::string> options)
+{
+    auto cfg = parse_config(ctx, options);
+    if (!cfg) {
+        return std::unexpected(cfg.error());
+    }
+    auto ctl = control::open();
+    if (!ctl) {
+        return std::unexpected(ctl.error());
+    }
+    const std::string path = state_path(ctx.run_dir, dev.name());
+    auto st = read_state(path);
+    std::optional<dev_info> recover_from;
+    if (st) {
+        // A device of this name was exported before: re-attach if the kernel
+        // kept it for recovery, clear it away if it is a leftover.
+        auto info = (*ctl)->get_dev_info(st->dev_id);
+        if (info) {
+            const bool recoverable_flags = (info->flags & k_f_user_recovery) != 0;
+            const bool owner_alive = pid_alive(info->ublksrv_pid) && info->ublksrv_pid != ::getpid();
+            if (info->state == k_state_live && owner_alive) {
+                return make_error(EBUSY, fmt::format("{}: ublk device {} is live, served by pid {}", dev.name(),
+                                                     st->dev_id, info->ublksrv_pid));
+            }
+            if (recoverable_flags && info->state != k_state_dead) {
+                recover_from = *info;
+            } else {
+                // A leftover the kernel did not keep for recovery: remove it.
+                (void)(*ctl)->stop_dev(st->dev_id);
+                (void)(*ctl)->del_dev(st->dev_id);
+            }
+        }
+        if (!recover_from) {
+            ::unlink(path.c_str());
+        }
+    }
+    auto exp = std::make_unique<ublk_export>(dev, ctx, std::move(*cfg), std::move(*ctl));
+    if (recover_from) {
+        if (auto r = exp->start_recovery(*st, *recover_from); !r) {
+            return std::unexpected(r.error());
+        }
+        return exp;
+    }
+    if (auto r = exp->start_new(); !r) {
+        return std::unexpected(r.error());
+    }
+    return exp;
+}
+
+void cleanup_stale(const export_context& ctx)
+{
+    auto list = list_state(ctx);
+    if (!list) {
+        return;
+    }
+    auto ctl = control::open();
+    for (const auto& d : *list) {
+        const std::string path = state_path(ctx.run_dir, d.device);
+        if (d.state == "GONE") {
+            ::unlink(path.c_str());
+            continue;
+        }
+        if (d.recoverable || pid_alive(d.daemon_pid)) {
+            continue;
+        }
+        if (ctl) {
+            (void)(*ctl)->stop_dev(d.dev_id);
+            (void)(*ctl)->del_dev(d.dev_id);
+        }
+        ::unlink(path.c_str());
+    }
+}
+
+result<kernel_features> query_kernel_features()
+{
+    auto ctl = control::open();
+    if (!ctl) {
+        return std::unexpected(ctl.error());
+    }
+    kernel_features f;
+    f.bits = (*ctl)->features();
+    if (f.bits) {
+        f.names = feature_names(*f.bits);
+    }
+    f.ioctl_encode = (*ctl)->ioctl_encode();
+    return f;
+}
+
+result<std::vector<recoverable_device>> list_state(const export_context& ctx)
+{
+    std::vector<recoverable_device> out;
+    const std::string dir = ctx.run_dir + "/ublk";
+    DIR* d = ::opendir(dir.c_str());
+    if (d == nullptr) {
+        if (errno == ENOENT) {
+            return out;
+        }
+        const int e = errno;
+        return make_error(e, fmt::format("{}: {}", dir, std::strerror(e)));
+    }
+    std::vector<std::string> files;
+    while (dirent* e = ::readdir(d)) {
+        const std::string name = e->d_name;
+        if (name.size() > 5 && name.ends_with(".json")) {
+            files.push_back(dir + "/" + name);
+        }
+    }
+    ::closedir(d);
+    std::sort(files.begin(), files.end());
+    auto ctl = control::open();
+    for (const auto& file : files) {
+        auto st = read_state(file);
+        if (!st) {
+            continue;
+        }
+        recoverable_device r;
+        r.device = st->device;
+        r.target_type = st->target_type;
+        r.device_options = st->device_options;
+        r.export_options = st->export_options;
+        r.dev_id = st->dev_id;
+        r.state = "GONE";
+        if (ctl) {
+            if (auto info = (*ctl)->get_dev_info(st->dev_id)) {
+                r.state = state_name(info->state);
+                r.daemon_pid = info->ublksrv_pid;
+                r.recoverable = (info->flags & k_f_user_recovery) != 0 && info->state != k_state_dead &&
+                                !pid_alive(info->ublksrv_pid);
+            }
+        }
+        out.push_back(std::move(r));
+    }
+    return out;
+}
+
+}  // namespace softblk::ublk

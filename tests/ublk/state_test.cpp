@@ -1,0 +1,103 @@
+// The per-device state file that `softblk recover` reads.
+#include "state.hpp"
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+namespace softblk::ublk {
+namespace {
+
+export_state sample()
+{
+    export_state s;
+    s.device = "d0";
+    s.target_type = "null";
+    s.device_options = {"memory_backed=1", "size=512", "blocksize=4096"};
+    s.export_options = {"recovery=reissue"};
+    s.dev_id = 3;
+    s.flags = 0x1d8;
+    s.nr_queues = 4;
+    s.depth = 128;
+    s.max_io_buf_bytes = 126976;
+    s.daemon_pid = 4242;
+    return s;
+}
+
+class temp_dir {
+public:
+    temp_dir()
+    {
+        char tmpl[] = "/tmp/softblk-ublk-state-XXXXXX";
+        _path = ::mkdtemp(tmpl);
+    }
+    ~temp_dir() { std::filesystem::remove_all(_path); }
+    const std::string& path() const { return _path; }
+
+private:
+    std::string _path;
+};
+
+TEST(ublk_state, json_round_trip)
+{
+    const export_state s = sample();
+    auto back = state_from_json(to_json(s));
+    ASSERT_TRUE(back) << back.error().message;
+    EXPECT_EQ(back->device, s.device);
+    EXPECT_EQ(back->target_type, s.target_type);
+    EXPECT_EQ(back->device_options, s.device_options);
+    EXPECT_EQ(back->export_options, s.export_options);
+    EXPECT_EQ(back->dev_id, s.dev_id);
+    EXPECT_EQ(back->flags, s.flags);
+    EXPECT_EQ(back->nr_queues, s.nr_queues);
+    EXPECT_EQ(back->depth, s.depth);
+    EXPECT_EQ(back->max_io_buf_bytes, s.max_io_buf_bytes);
+    EXPECT_EQ(back->daemon_pid, s.daemon_pid);
+}
+
+TEST(ublk_state, missing_or_wrong_fields_are_named)
+{
+    auto j = to_json(sample());
+    j.erase("dev_id");
+    auto r = state_from_json(j);
+    ASSERT_FALSE(r);
+    EXPECT_NE(r.error().message.find("dev_id"), std::string::npos);
+
+    j = to_json(sample());
+    j["version"] = 99;
+    r = state_from_json(j);
+    ASSERT_FALSE(r);
+    EXPECT_NE(r.error().message.find("version 99"), std::string::npos);
+
+    j = to_json(sample());
+    j["depth"] = 0;
+    EXPECT_FALSE(state_from_json(j));
+
+    EXPECT_FALSE(state_from_json(nlohmann::json::array()));
+}
+
+TEST(ublk_state, file_round_trip)
+{
+    temp_dir dir;
+    const std::string path = state_path(dir.path(), "d0");
+    EXPECT_EQ(path, dir.path() + "/ublk/d0.json");
+    auto missing = read_state(path);
+    ASSERT_FALSE(missing);
+    EXPECT_EQ(missing.error().code.value(), ENOENT);
+
+    ASSERT_TRUE(write_state(path, sample()));
+    auto back = read_state(path);
+    ASSERT_TRUE(back) << back.error().message;
+    EXPECT_EQ(back->dev_id, 3u);
+    EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
+
+    std::ofstream(path) << "{not json";
+    auto bad = read_state(path);
+    ASSERT_FALSE(bad);
+    EXPECT_EQ(bad.error().code.value(), EINVAL);
+}
+
+}  // namespace
+}  // namespace softblk::ublk
