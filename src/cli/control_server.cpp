@@ -1,0 +1,370 @@
+#include "control_server.hpp"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+namespace softblk::cli {
+
+using clock = std::chrono::steady_clock;
+
+struct control_server::client {
+    int fd = -1;
+    uint64_t number = 0;
+    uid_t uid = 0;
+    pid_t pid = 0;
+    std::string in;
+    std::string out;
+    size_t out_pos = 0;
+    clock::time_point last_progress;    // last byte read or written
+    clock::time_point request_started;  // first byte of the pending request
+    bool close_after_write = false;
+    bool closed = false;
+
+    ~client()
+    {
+        if (fd >= 0) {
+            ::close(fd);
+        }
+    }
+    bool has_output() const { return out_pos < out.size(); }
+};
+
+namespace {
+
+bool stop_fd_ready(int fd)
+{
+    pollfd p{fd, POLLIN, 0};
+    return fd >= 0 && ::poll(&p, 1, 0) > 0;
+}
+
+}  // namespace
+
+control_server::control_server(std::string socket_path, int fd, server_limits limits)
+    : _socket_path(std::move(socket_path)), _listen_fd(fd), _limits(limits)
+{
+}
+
+control_server::~control_server() { close(); }
+
+result<std::unique_ptr<control_server>> control_server::listen(std::string socket_path, server_limits limits)
+{
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    if (socket_path.size() >= sizeof addr.sun_path) {
+        return make_error(ENAMETOOLONG, fmt::format("socket path {} is longer than {} bytes", socket_path,
+                                                    sizeof addr.sun_path - 1));
+    }
+    std::memcpy(addr.sun_path, socket_path.c_str(), socket_path.size() + 1);
+    const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        return make_error(errno, fmt::format("socket: {}", std::strerror(errno)));
+    }
+    // A socket file left by a daemon that died; the caller holds the lock,
+    // so no live daemon owns it.
+    struct stat st {};
+    if (::lstat(socket_path.c_str(), &st) == 0) {
+        if (!S_ISSOCK(st.st_mode)) {
+            ::close(fd);
+            return make_error(EEXIST, fmt::format("{} exists and is not a socket; remove it", socket_path));
+        }
+        ::unlink(socket_path.c_str());
+    }
+    // Created with mode 0600 from the start: no window in which others
+    // could connect.
+    const mode_t old_mask = ::umask(0177);
+    const int bound = ::bind(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr);
+    const int bind_errno = errno;
+    ::umask(old_mask);
+    if (bound != 0) {
+        ::close(fd);
+        return make_error(bind_errno, fmt::format("cannot bind {}: {}", socket_path, std::strerror(bind_errno)));
+    }
+    if (::chmod(socket_path.c_str(), 0600) != 0 || ::listen(fd, 64) != 0) {
+        const int e = errno;
+        ::close(fd);
+        ::unlink(socket_path.c_str());
+        return make_error(e, fmt::format("cannot listen on {}: {}", socket_path, std::strerror(e)));
+    }
+    return std::unique_ptr<control_server>(new control_server(std::move(socket_path), fd, limits));
+}
+
+void control_server::close()
+{
+    if (_listen_fd >= 0) {
+        ::close(_listen_fd);
+        _listen_fd = -1;
+        ::unlink(_socket_path.c_str());
+    }
+    _clients.clear();
+}
+
+void control_server::accept_clients()
+{
+    for (;;) {
+        const int fd = ::accept4(_listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED) {
+                spdlog::warn("accept: {}", std::strerror(errno));
+            }
+            return;
+        }
+        auto c = std::make_unique<client>();
+        c->fd = fd;
+        c->number = _next_client++;
+        c->last_progress = clock::now();
+        ucred cred{};
+        socklen_t len = sizeof cred;
+        if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+            spdlog::warn("client {}: SO_PEERCRED: {}", c->number, std::strerror(errno));
+            continue;
+        }
+        c->uid = cred.uid;
+        c->pid = cred.pid;
+        std::string refusal;
+        int code = 0;
+        if (cred.uid != 0 && cred.uid != ::geteuid()) {
+            refusal = fmt::format("permission denied: uid {} may not control this daemon (only root and uid {})",
+                                  cred.uid, ::geteuid());
+            code = EACCES;
+        } else if (_clients.size() >= _limits.max_clients) {
+            refusal = fmt::format("too many clients ({}); try again later", _limits.max_clients);
+            code = EBUSY;
+        }
+        if (!refusal.empty()) {
+            spdlog::warn("client {} (pid {}, uid {}) refused: {}", c->number, cred.pid, cred.uid, refusal);
+            const std::string reply = format_error(nullptr, error{std::error_code(code, std::generic_category()),
+                                                                  refusal});
+            // Best effort: a fresh socket buffer holds a short reply.
+            (void)::send(fd, reply.data(), reply.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+            continue;
+        }
+        _clients.push_back(std::move(c));
+    }
+}
+
+void control_server::process_lines(client& c, const request_handler& handler)
+{
+    size_t start = 0;
+    for (;;) {
+        const size_t newline = c.in.find('\n', start);
+        if (newline == std::string::npos) {
+            break;
+        }
+        std::string_view line(c.in.data() + start, newline - start);
+        start = newline + 1;
+        if (!line.empty() && line.back() == '\r') {
+            line.remove_suffix(1);
+        }
+        if (line.find_first_not_of(" \t") == std::string_view::npos) {
+            continue;
+        }
+        nlohmann::json id;
+        auto req = parse_request(line, id);
+        std::string reply;
+        if (!req) {
+            spdlog::warn("client {} (pid {}): bad request: {}", c.number, c.pid, req.error().message);
+            reply = format_error(id, req.error());
+        } else {
+            result<nlohmann::json> res = make_error(EIO, "internal error");
+            try {
+                res = handler(*req);
+            } catch (const std::exception& e) {
+                // The handlers return errors; this is the last line of
+                // defence that keeps a bug from taking the daemon down.
+                spdlog::error("client {}: {} threw: {}", c.number, req->method, e.what());
+                res = make_error(EIO, fmt::format("internal error in {}: {}", req->method, e.what()));
+            }
+            reply = res ? format_result(id, *res) : format_error(id, res.error());
+        }
+        c.out += reply;
+        if (!_stop_reason.empty()) {
+            break;
+        }
+    }
+    if (start > 0) {
+        c.in.erase(0, start);
+        // The rest is the start of the next request.
+        c.request_started = clock::now();
+    }
+}
+
+void control_server::read_client(client& c, const request_handler& handler)
+{
+    char buf[65536];
+    const ssize_t n = ::recv(c.fd, buf, sizeof buf, MSG_DONTWAIT);
+    if (n < 0) {
+        if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+            c.closed = true;
+        }
+        return;
+    }
+    if (n == 0) {
+        // End of the client's requests (it may still read): a last request
+        // without its newline is handled as if it had one.
+        if (!c.in.empty()) {
+            c.in.push_back('\n');
+            process_lines(c, handler);
+        }
+        c.close_after_write = true;
+        if (!c.has_output()) {
+            c.closed = true;
+        }
+        return;
+    }
+    const auto now = clock::now();
+    if (c.in.empty()) {
+        c.request_started = now;
+    }
+    c.last_progress = now;
+    c.in.append(buf, static_cast<size_t>(n));
+    process_lines(c, handler);
+    if (c.in.size() > _limits.max_request_bytes) {
+        spdlog::warn("client {} (pid {}): request longer than {} bytes, closing", c.number, c.pid,
+                     _limits.max_request_bytes);
+        c.out += format_error(nullptr, error{std::error_code(E2BIG, std::generic_category()),
+                                             fmt::format("request longer than the limit of {} bytes",
+                                                         _limits.max_request_bytes)});
+        c.in.clear();
+        c.in.shrink_to_fit();
+        c.close_after_write = true;
+    }
+    if (c.out.size() - c.out_pos > _limits.max_reply_backlog) {
+        spdlog::warn("client {} (pid {}) does not read its replies, closing", c.number, c.pid);
+        c.closed = true;
+    }
+}
+
+void control_server::write_client(client& c)
+{
+    while (c.has_output()) {
+        const ssize_t n = ::send(c.fd, c.out.data() + c.out_pos, c.out.size() - c.out_pos,
+                                 MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n < 0) {
+            if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
+                return;
+            }
+            c.closed = true;
+            return;
+        }
+        c.out_pos += static_cast<size_t>(n);
+        c.last_progress = clock::now();
+    }
+    c.out.clear();
+    c.out_pos = 0;
+    if (c.close_after_write) {
+        c.closed = true;
+    }
+}
+
+void control_server::check_timeouts(client& c, clock::time_point now)
+{
+    if (c.has_output()) {
+        if (now - c.last_progress > _limits.request_timeout) {
+            spdlog::warn("client {} (pid {}) did not read its reply within {} ms, closing", c.number, c.pid,
+                         _limits.request_timeout.count());
+            c.closed = true;
+        }
+        return;
+    }
+    if (!c.in.empty()) {
+        if (now - c.request_started > _limits.request_timeout) {
+            spdlog::warn("client {} (pid {}): request incomplete after {} ms, closing", c.number, c.pid,
+                         _limits.request_timeout.count());
+            c.out += format_error(nullptr, error{std::error_code(ETIMEDOUT, std::generic_category()),
+                                                 fmt::format("request not completed (no newline) within {} ms",
+                                                             _limits.request_timeout.count())});
+            c.in.clear();
+            c.close_after_write = true;
+        }
+        return;
+    }
+    if (now - c.last_progress > _limits.idle_timeout) {
+        c.closed = true;
+    }
+}
+
+std::string control_server::run(const request_handler& handler, int stop_fd)
+{
+    std::vector<pollfd> fds;
+    clock::time_point stop_deadline{};
+    for (;;) {
+        if (!_stop_reason.empty()) {
+            const auto now = clock::now();
+            if (stop_deadline == clock::time_point{}) {
+                stop_deadline = now + std::chrono::seconds(1);
+            }
+            const bool pending = std::any_of(_clients.begin(), _clients.end(),
+                                             [](const auto& c) { return c->has_output() && !c->closed; });
+            if (!pending || now >= stop_deadline) {
+                return _stop_reason;
+            }
+        }
+        fds.clear();
+        fds.push_back({stop_fd, static_cast<short>(stop_fd >= 0 ? POLLIN : 0), 0});
+        fds.push_back({_listen_fd, static_cast<short>(_stop_reason.empty() ? POLLIN : 0), 0});
+        for (const auto& c : _clients) {
+            short events = 0;
+            if (c->has_output()) {
+                events |= POLLOUT;
+            } else if (!c->close_after_write && _stop_reason.empty()) {
+                // Backpressure: a client's next request is read once its
+                // previous replies are written.
+                events |= POLLIN;
+            }
+            fds.push_back({c->fd, events, 0});
+        }
+        const int ready = ::poll(fds.data(), fds.size(), 200);
+        if (ready < 0 && errno != EINTR) {
+            spdlog::error("poll: {}", std::strerror(errno));
+            return fmt::format("poll failed: {}", std::strerror(errno));
+        }
+        if (ready > 0) {
+            if ((fds[0].revents & POLLIN) != 0) {
+                return "signal";
+            }
+            // Clients first (fds indexes match _clients before accepting).
+            for (size_t i = 0; i < _clients.size(); ++i) {
+                client& c = *_clients[i];
+                const short rev = fds[i + 2].revents;
+                if ((rev & POLLOUT) != 0) {
+                    write_client(c);
+                }
+                if (!c.closed && (rev & POLLIN) != 0) {
+                    read_client(c, handler);
+                    if (c.has_output()) {
+                        write_client(c);
+                    }
+                } else if (!c.closed && (rev & (POLLHUP | POLLERR | POLLNVAL)) != 0 && !c.has_output()) {
+                    c.closed = true;
+                }
+            }
+            if ((fds[1].revents & POLLIN) != 0) {
+                accept_clients();
+            }
+        }
+        const auto now = clock::now();
+        for (auto& c : _clients) {
+            if (!c->closed) {
+                check_timeouts(*c, now);
+                if (c->close_after_write && c->has_output()) {
+                    write_client(*c);
+                }
+            }
+        }
+        std::erase_if(_clients, [](const auto& c) { return c->closed; });
+        if (stop_fd_ready(stop_fd)) {
+            return "signal";
+        }
+    }
+}
+
+}  // namespace softblk::cli

@@ -1,0 +1,448 @@
+// `softblk`: creates, lists and removes softblk devices through the daemon
+// that hosts them (started on demand), and runs that daemon. The CLI edge:
+// the only place where exceptions (CLI11's) are caught.
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <unistd.h>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <softblk/device.hpp>
+
+#include "add_flags.hpp"
+#include "client.hpp"
+#include "daemon.hpp"
+#include "device_host.hpp"
+#include "run_dir.hpp"
+
+#ifdef SOFTBLK_HAVE_FAT
+#include <softblk/fat/cli.hpp>
+#endif
+
+namespace {
+
+using softblk::cli::control_client;
+using softblk::cli::run_paths;
+using nlohmann::json;
+
+constexpr int k_exit_failure = 1;
+constexpr int k_exit_usage = 2;
+
+int fail(const softblk::error& err)
+{
+    fmt::print(stderr, "softblk: {}\n", err.message);
+    return k_exit_failure;
+}
+
+std::string human_bytes(uint64_t bytes)
+{
+    static constexpr const char* k_units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+    double value = static_cast<double>(bytes);
+    size_t unit = 0;
+    while (value >= 1024.0 && unit + 1 < std::size(k_units)) {
+        value /= 1024.0;
+        ++unit;
+    }
+    if (unit == 0) {
+        return fmt::format("{} B", bytes);
+    }
+    return fmt::format("{:.1f} {}", value, k_units[unit]);
+}
+
+// The string fields of an export's description ("file", "loop", "uri" ...).
+std::vector<std::pair<std::string, std::string>> export_paths(const json& exp)
+{
+    std::vector<std::pair<std::string, std::string>> out;
+    if (!exp.is_object()) {
+        return out;
+    }
+    for (const auto& [key, value] : exp.items()) {
+        if (key != "type" && value.is_string()) {
+            out.emplace_back(key, value.get<std::string>());
+        }
+    }
+    return out;
+}
+
+std::string export_summary(const json& exp)
+{
+    std::string type = exp.is_object() ? exp.value("type", std::string("none")) : "none";
+    for (const char* key : {"loop", "device", "uri", "file", "socket"}) {
+        if (exp.contains(key) && exp[key].is_string()) {
+            return fmt::format("{} {}", type, exp[key].get<std::string>());
+        }
+    }
+    return type;
+}
+
+std::string dump(const json& value) { return value.dump(2, ' ', false, json::error_handler_t::replace); }
+
+softblk::result<control_client> connect(bool autostart)
+{
+    auto paths = softblk::cli::resolve_run_paths();
+    if (!paths) {
+        return std::unexpected(paths.error());
+    }
+    return control_client::connect(*paths, autostart);
+}
+
+// ------------------------------------------------------------------ add
+
+struct add_command {
+    std::string type;
+    std::vector<std::string> options;
+    std::string name;
+    std::string export_type;
+    std::vector<std::string> export_options;
+    softblk::cli::add_flags flags;
+    bool json_output = false;
+};
+
+int run_add(const add_command& cmd)
+{
+    auto options = softblk::cli::apply_add_flags(cmd.type, cmd.options, cmd.flags);
+    if (!options) {
+        return fail(options.error());
+    }
+    auto client = connect(true);
+    if (!client) {
+        return fail(client.error());
+    }
+    json params = {{"type", cmd.type}, {"options", *options}};
+    if (!cmd.name.empty()) {
+        params["name"] = cmd.name;
+    }
+    if (!cmd.export_type.empty()) {
+        params["export"] = cmd.export_type;
+    }
+    if (!cmd.export_options.empty()) {
+        params["export_options"] = cmd.export_options;
+    }
+    auto res = client->call("add", params);
+    if (!res) {
+        return fail(res.error());
+    }
+    if (cmd.json_output) {
+        fmt::print("{}\n", dump(*res));
+        return 0;
+    }
+    fmt::print("{}\n", res->value("name", std::string()));
+    const json exp = res->value("export", json::object());
+    fmt::print("  export: {}\n", exp.value("type", std::string("none")));
+    for (const auto& [key, value] : export_paths(exp)) {
+        fmt::print("  {}: {}\n", key, value);
+    }
+    return 0;
+}
+
+// ------------------------------------------------------------------ del, list
+
+int run_del(const std::vector<std::string>& names, bool all)
+{
+    if (all == !names.empty()) {
+        fmt::print(stderr, "softblk del: give device names or --all\n");
+        return k_exit_usage;
+    }
+    auto client = connect(true);
+    if (!client) {
+        return fail(client.error());
+    }
+    if (all) {
+        auto res = client->call("del", {{"all", true}});
+        if (!res) {
+            return fail(res.error());
+        }
+        for (const auto& name : res->value("deleted", json::array())) {
+            fmt::print("deleted {}\n", name.get<std::string>());
+        }
+        return 0;
+    }
+    int status = 0;
+    for (const std::string& name : names) {
+        auto res = client->call("del", {{"name", name}});
+        if (!res) {
+            status = fail(res.error());
+            continue;
+        }
+        fmt::print("deleted {}\n", name);
+    }
+    return status;
+}
+
+int run_list(bool json_output)
+{
+    auto client = connect(true);
+    if (!client) {
+        return fail(client.error());
+    }
+    auto res = client->call("list", json::object());
+    if (!res) {
+        return fail(res.error());
+    }
+    if (json_output) {
+        fmt::print("{}\n", dump(*res));
+        return 0;
+    }
+    if (res->empty()) {
+        fmt::print("no devices\n");
+        return 0;
+    }
+    fmt::print("{:<16} {:<6} {:>10} {:>5} {:>6} {:>5} {:>10}  {:<8} {}\n", "NAME", "TYPE", "SIZE", "BS", "QUEUES",
+               "DEPTH", "MEMORY", "STATE", "EXPORT");
+    for (const json& d : *res) {
+        const std::string state = d.value("state", std::string("?"));
+        if (state != "running") {
+            fmt::print("{:<16} {:<6} {:>10} {:>5} {:>6} {:>5} {:>10}  {:<8} {}\n", d.value("name", std::string()),
+                       d.value("type", std::string()), "-", "-", "-", "-", "-", state, d.value("error", std::string()));
+            continue;
+        }
+        fmt::print("{:<16} {:<6} {:>10} {:>5} {:>6} {:>5} {:>10}  {:<8} {}\n", d.value("name", std::string()),
+                   d.value("type", std::string()), human_bytes(d.value("capacity_bytes", uint64_t{0})),
+                   d.value("logical_block_size", 0u),
+                   fmt::format("{}+{}", d.value("submit_queues", 0u), d.value("poll_queues", 0u)),
+                   d.value("queue_depth", 0u), human_bytes(d.value("memory_bytes", uint64_t{0})), state,
+                   export_summary(d.value("export", json::object())));
+    }
+    return 0;
+}
+
+// ------------------------------------------------------------------ features
+
+int run_features(const std::string& type, bool json_output)
+{
+    auto features = softblk::cli::features_json(type);
+    if (!features) {
+        return fail(features.error());
+    }
+    if (json_output) {
+        fmt::print("{}\n", dump(*features));
+        return 0;
+    }
+    for (const json& t : (*features)["targets"]) {
+        fmt::print("target type {}: {}\n", t["name"].get<std::string>(), t["description"].get<std::string>());
+        fmt::print("  {:<22} {:>10} {:<18} {:<24} {}\n", "OPTION", "DEFAULT", "UNIT", "RANGE", "MEANING");
+        for (const json& o : t["options"]) {
+            std::string range;
+            if (o.contains("min")) {
+                range = fmt::format("{}..{}", o["min"].dump(), o["max"].dump());
+                if (o.value("out_of_range", std::string()) == "clamp") {
+                    range += " (clamped)";
+                }
+            } else {
+                range = o["kind"].get<std::string>();
+            }
+            std::string name = o["name"].get<std::string>();
+            if (o.contains("alias")) {
+                name += fmt::format(" ({})", o["alias"].get<std::string>());
+            }
+            if (o.value("repeatable", false)) {
+                range += ", repeatable";
+            }
+            fmt::print("  {:<22} {:>10} {:<18} {:<24} {}\n", name, o["default"].get<std::string>(),
+                       o["unit"].get<std::string>(), range, o["help"].get<std::string>());
+        }
+        fmt::print("\n");
+    }
+    fmt::print("export types (default: {}):\n", (*features)["default_export"].get<std::string>());
+    for (const json& e : (*features)["exports"]) {
+        fmt::print("  {:<6} {:<14} {}\n", e["name"].get<std::string>(),
+                   e["available"].get<bool>() ? "available" : "not available", e["description"].get<std::string>());
+    }
+    return 0;
+}
+
+// ------------------------------------------------------------------ daemon
+
+int run_daemon_command(bool foreground, bool quiet, int client_timeout_ms)
+{
+    auto paths = softblk::cli::resolve_run_paths();
+    if (!paths) {
+        return fail(paths.error());
+    }
+    if (foreground) {
+        softblk::cli::daemon_options options;
+        options.log_to_stderr = !quiet;
+        options.client_timeout = std::chrono::milliseconds(client_timeout_ms);
+        return softblk::cli::run_daemon(*paths, options);
+    }
+    if (const int fd = softblk::cli::connect_socket(paths->socket); fd >= 0) {
+        ::close(fd);
+        fmt::print(stderr, "softblk: a daemon already serves {}\n", paths->dir);
+        return k_exit_failure;
+    }
+    auto started = softblk::cli::start_daemon(*paths, std::chrono::seconds(60),
+                                              {"--client-timeout", std::to_string(client_timeout_ms)});
+    if (!started) {
+        return fail(started.error());
+    }
+    auto client = control_client::connect(*paths, false);
+    if (client) {
+        if (auto status = client->call("status", json::object()); status) {
+            fmt::print("daemon {} serves {} (log: {})\n", status->value("pid", 0), paths->dir, paths->log);
+            return 0;
+        }
+    }
+    fmt::print("daemon started for {} (log: {})\n", paths->dir, paths->log);
+    return 0;
+}
+
+int run_status(bool json_output)
+{
+    auto client = connect(false);
+    if (!client) {
+        return fail(client.error());
+    }
+    auto res = client->call("status", json::object());
+    if (!res) {
+        return fail(res.error());
+    }
+    if (json_output) {
+        fmt::print("{}\n", dump(*res));
+    } else {
+        fmt::print("daemon {} (uid {}) serves {} with {} device(s), up {:.1f} s; log: {}\n", res->value("pid", 0),
+                   res->value("uid", 0), res->value("run_dir", std::string()), res->value("devices", 0),
+                   res->value("uptime_ms", 0) / 1000.0, res->value("log", std::string()));
+    }
+    return 0;
+}
+
+int run_shutdown()
+{
+    auto paths = softblk::cli::resolve_run_paths();
+    if (!paths) {
+        return fail(paths.error());
+    }
+    auto client = control_client::connect(*paths, false);
+    if (!client) {
+        if (client.error().code.value() == ENOENT || client.error().code.value() == ECONNREFUSED) {
+            fmt::print("no daemon is running for {}\n", paths->dir);
+            return 0;
+        }
+        return fail(client.error());
+    }
+    auto res = client->call("shutdown", json::object());
+    if (!res) {
+        return fail(res.error());
+    }
+    if (!softblk::cli::wait_for_daemon_exit(*paths, std::chrono::seconds(60))) {
+        fmt::print(stderr, "softblk: daemon {} did not exit within 60 s\n", res->value("pid", 0));
+        return k_exit_failure;
+    }
+    const unsigned kept = res->value("devices_kept", 0u);
+    fmt::print("daemon {} stopped", res->value("pid", 0));
+    if (kept > 0) {
+        fmt::print("; {} device(s) kept in {}: the next command brings them back (`softblk del --all` removes "
+                   "them)",
+                   kept, paths->devices);
+    }
+    fmt::print("\n");
+    return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv)
+{
+    if (argc >= 2 && std::strcmp(argv[1], "fat") == 0) {
+#ifdef SOFTBLK_HAVE_FAT
+        return softblk::fat::cli_main(argc - 1, argv + 1);
+#else
+        fmt::print(stderr, "softblk: this build has no FAT library (softblk fat is not available)\n");
+        return k_exit_failure;
+#endif
+    }
+
+    CLI::App app{"softblk: userspace block devices (null_blk-compatible options), hosted by a daemon that the "
+                 "first command starts"};
+    app.require_subcommand(1);
+    app.footer("Run directory: /run/softblk (root), $XDG_RUNTIME_DIR/softblk, or $SOFTBLK_RUN_DIR.\n"
+               "`softblk fat ...` works on FAT file systems on softblk devices and images.");
+
+    add_command add;
+    CLI::App* add_cmd = app.add_subcommand("add", "create a device and export it");
+    add_cmd->add_option("type", add.type, "target type (see `softblk features`)")->required();
+    add_cmd->add_option("options", add.options, "null_blk-style options: key=value ...");
+    add_cmd->add_option("--name", add.name, "device name (default: TYPE + the lowest free number)");
+    add_cmd->add_option("--export", add.export_type,
+                        "export type: ublk, fuse, nbd or none (default: the first available of ublk, fuse)");
+    add_cmd->add_option("--export-opt", add.export_options, "export option key=value (repeatable)");
+    add_cmd->add_option("--size", add.flags.size, "device size with a K/M/G/T suffix (e.g. 4G): the type's size option");
+    add_cmd->add_option("--bs", add.flags.block_size, "block size in bytes: blocksize=");
+    add_cmd->add_flag("--memory-backed", add.flags.memory_backed, "keep the data in RAM: memory_backed=1");
+    add_cmd->add_option("--queues", add.flags.queues, "submission queues: submit_queues=");
+    add_cmd->add_option("--depth", add.flags.depth, "tags per queue: hw_queue_depth=");
+    add_cmd->add_flag("--json", add.json_output, "print the result as JSON");
+
+    std::vector<std::string> del_names;
+    bool del_all = false;
+    CLI::App* del_cmd = app.add_subcommand("del", "stop a device's export and destroy the device");
+    del_cmd->add_option("names", del_names, "device names");
+    del_cmd->add_flag("--all", del_all, "every device");
+
+    bool list_json = false;
+    CLI::App* list_cmd = app.add_subcommand("list", "list the devices with their exports and counters");
+    list_cmd->add_flag("--json", list_json, "print JSON (device::describe() of each device and its export)");
+
+    std::string features_type;
+    bool features_json = false;
+    CLI::App* features_cmd = app.add_subcommand("features", "every option of every target type, and the export types");
+    features_cmd->add_option("type", features_type, "only this target type");
+    features_cmd->add_flag("--json", features_json, "print JSON");
+
+    bool foreground = false;
+    bool quiet = false;
+    int client_timeout_ms = 10'000;
+    CLI::App* daemon_cmd = app.add_subcommand("daemon", "start the daemon (normally started by the first command)");
+    daemon_cmd->add_flag("--foreground", foreground, "run in this process until shutdown, SIGTERM or SIGINT");
+    daemon_cmd->add_flag("--quiet", quiet, "log to the log file only, not to stderr");
+    daemon_cmd->add_option("--client-timeout", client_timeout_ms,
+                           "milliseconds a client may take to send a request or read a reply")
+        ->check(CLI::Range(100, 3'600'000));
+
+    bool status_json = false;
+    CLI::App* status_cmd = app.add_subcommand("status", "show whether a daemon runs, its pid and devices");
+    status_cmd->add_flag("--json", status_json, "print JSON");
+
+    CLI::App* shutdown_cmd = app.add_subcommand(
+        "shutdown", "stop the daemon and every export; device state stays for the next daemon");
+
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::CallForHelp& e) {
+        return app.exit(e);
+    } catch (const CLI::CallForAllHelp& e) {
+        return app.exit(e);
+    } catch (const CLI::ParseError& e) {
+        app.exit(e);
+        return k_exit_usage;
+    }
+
+    if (add_cmd->parsed()) {
+        return run_add(add);
+    }
+    if (del_cmd->parsed()) {
+        return run_del(del_names, del_all);
+    }
+    if (list_cmd->parsed()) {
+        return run_list(list_json);
+    }
+    if (features_cmd->parsed()) {
+        return run_features(features_type, features_json);
+    }
+    if (daemon_cmd->parsed()) {
+        return run_daemon_command(foreground, quiet, client_timeout_ms);
+    }
+    if (status_cmd->parsed()) {
+        return run_status(status_json);
+    }
+    if (shutdown_cmd->parsed()) {
+        return run_shutdown();
+    }
+    return k_exit_usage;
+}

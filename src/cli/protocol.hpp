@@ -1,0 +1,71 @@
+// The control protocol between `softblk` and its daemon, in the manner of
+// SPDK's JSON-RPC: one JSON object per line in each direction over the unix
+// socket $RUN_DIR/control.sock.
+//
+//   request  {"id": 7, "method": "add", "params": {...}}
+//   reply    {"id": 7, "result": {...}}
+//   or       {"id": 7, "error": {"code": -22, "message": "size=0: ..."}}
+//
+// `id` is a number, a string or null (echoed as given); `params` is an
+// object and may be left out. Error codes are negative errno values. A
+// request that cannot be read at all (not JSON, too long, too deeply
+// nested) gets an error reply with id null. docs/architecture.md lists the
+// methods.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include <softblk/types.hpp>
+
+namespace softblk::cli {
+
+// Largest request line the daemon reads; a longer one gets -E2BIG and the
+// connection is closed.
+constexpr size_t k_max_request_bytes = 1u << 20;
+// Deepest nesting of arrays and objects in a request.
+constexpr int k_max_request_depth = 16;
+// Most strings in one array parameter (options), and their longest length.
+constexpr size_t k_max_array_items = 1024;
+constexpr size_t k_max_string_bytes = 4096;
+
+struct request {
+    nlohmann::json id;  // null, a number or a string
+    std::string method;
+    nlohmann::json params = nlohmann::json::object();
+};
+
+// Parses one request line (without its newline). On error, `id` holds the
+// request's id when it could be read (else null) for the error reply.
+// Never throws. Any thread.
+result<request> parse_request(std::string_view line, nlohmann::json& id);
+
+// The deepest nesting of [ and { in `text`, outside strings; stops counting
+// once `limit` is passed (returns limit + 1).
+int nesting_depth(std::string_view text, int limit);
+
+// One reply line, with its newline. Invalid UTF-8 in strings is replaced,
+// never thrown on. Any thread.
+std::string format_result(const nlohmann::json& id, const nlohmann::json& result);
+std::string format_error(const nlohmann::json& id, const error& err);
+
+// One request line, with its newline (client side).
+std::string format_request(int64_t id, std::string_view method, const nlohmann::json& params);
+
+// Typed access to request parameters. Each returns an error naming the
+// parameter when it has the wrong type or is too long; a missing optional
+// parameter yields the fallback.
+result<std::string> param_string(const nlohmann::json& params, std::string_view key, bool required,
+                                 std::string fallback = {});
+result<bool> param_bool(const nlohmann::json& params, std::string_view key, bool fallback);
+result<std::vector<std::string>> param_strings(const nlohmann::json& params, std::string_view key);
+
+// Device names: 1 to 64 characters from [A-Za-z0-9_.-], not starting with a
+// dot (they name files and directories under the run directory).
+bool valid_device_name(std::string_view name);
+
+}  // namespace softblk::cli
