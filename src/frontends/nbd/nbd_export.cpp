@@ -1,0 +1,301 @@
+#include "nbd_export.hpp"
+
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <thread>
+#include <unistd.h>
+
+#include <fmt/core.h>
+#include <nlohmann/json.hpp>
+
+#include "server.hpp"
+
+namespace softblk::nbd {
+
+namespace {
+
+constexpr option_def k_options[] = {
+    {.name = "socket", .kind = option_kind::text, .default_value = "", .unit = "path",
+     .help = "unix socket to listen on (default: RUN_DIR/nbd.sock, shared by every device exported there); "
+             "none: TCP only"},
+    {.name = "tcp", .kind = option_kind::text, .default_value = "", .unit = "",
+     .help = "also listen on TCP: PORT (on 127.0.0.1) or HOST:PORT ([::1]:PORT); port 0 picks a free one"},
+    {.name = "tls", .kind = option_kind::text, .default_value = "off", .unit = "",
+     .help = "off: no TLS; on: clients may upgrade with STARTTLS; require: clients must (GnuTLS)"},
+    {.name = "tls-certs", .kind = option_kind::text, .default_value = "", .unit = "path",
+     .help = "directory with server-cert.pem and server-key.pem (X.509)"},
+    {.name = "tls-psk", .kind = option_kind::text, .default_value = "", .unit = "path",
+     .help = "pre-shared keys file, lines identity:hexkey (psktool's format)"},
+    {.name = "readonly", .kind = option_kind::boolean, .default_value = "0", .unit = "",
+     .help = "export read-only: writes, trims and write zeroes fail with EPERM"},
+    {.name = "max-connections", .kind = option_kind::integer, .default_value = "256", .unit = "",
+     .help = "connections the server accepts at once (all exports of the socket); more are closed at once",
+     .min = 1, .max = 65536},
+    {.name = "threads", .kind = option_kind::integer, .default_value = "0", .unit = "",
+     .help = "io_uring loop threads of the server; 0: one per device submit queue, at most one per CPU",
+     .min = 0, .max = 256},
+    {.name = "description", .kind = option_kind::text, .default_value = "", .unit = "",
+     .help = "what NBD_INFO_DESCRIPTION and NBD_OPT_LIST tell clients"},
+};
+
+struct registry {
+    std::mutex mutex;
+    std::map<std::string, std::shared_ptr<server>> servers;  // by socket path or tcp address
+};
+
+registry& servers()
+{
+    static registry r;
+    return r;
+}
+
+result<tls_mode> parse_tls(const std::string& v)
+{
+    if (v == "off") {
+        return tls_mode::off;
+    }
+    if (v == "on") {
+        return tls_mode::on;
+    }
+    if (v == "require") {
+        return tls_mode::require;
+    }
+    return make_error(EINVAL, fmt::format("tls={}: must be off, on or require", v));
+}
+
+const char* to_string(tls_mode m)
+{
+    switch (m) {
+    case tls_mode::off:
+        return "off";
+    case tls_mode::on:
+        return "on";
+    case tls_mode::require:
+        return "require";
+    }
+    return "?";
+}
+
+result<void> parse_tcp(const std::string& v, std::string& host, uint16_t& port)
+{
+    std::string port_text = v;
+    host = "127.0.0.1";
+    if (!v.empty() && v.front() == '[') {
+        const size_t close = v.find(']');
+        if (close == std::string::npos || close + 1 >= v.size() || v[close + 1] != ':') {
+            return make_error(EINVAL, fmt::format("tcp={}: expected [IPV6]:PORT", v));
+        }
+        host = v.substr(1, close - 1);
+        port_text = v.substr(close + 2);
+    } else if (const size_t colon = v.rfind(':'); colon != std::string::npos) {
+        host = v.substr(0, colon);
+        port_text = v.substr(colon + 1);
+    }
+    unsigned value = 0;
+    const auto [end, ec] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), value);
+    if (ec != std::errc() || end != port_text.data() + port_text.size() || value > 65535 || host.empty()) {
+        return make_error(EINVAL, fmt::format("tcp={}: expected PORT or HOST:PORT with PORT 0..65535", v));
+    }
+    port = static_cast<uint16_t>(value);
+    return {};
+}
+
+std::string uri_host(const std::string& host)
+{
+    if (host.find(':') != std::string::npos) {
+        return "[" + host + "]";
+    }
+    if (host == "0.0.0.0") {
+        return "127.0.0.1";
+    }
+    if (host == "::") {
+        return "[::1]";
+    }
+    return host;
+}
+
+class nbd_device_export final : public device_export {
+public:
+    nbd_device_export(std::shared_ptr<server> srv, std::string key, std::string name, bool read_only)
+        : _srv(std::move(srv)), _key(std::move(key)), _name(std::move(name)), _read_only(read_only)
+    {
+    }
+    ~nbd_device_export() override { (void)stop(); }
+
+    nlohmann::json describe() const override
+    {
+        nlohmann::json j;
+        const server_config& cfg = _srv->config();
+        const bool tls_only = cfg.tls == tls_mode::require;
+        if (!cfg.socket_path.empty()) {
+            j["uri"] = fmt::format("{}:///{}?socket={}", tls_only ? "nbds+unix" : "nbd+unix", _name,
+                                   cfg.socket_path);
+            j["socket"] = cfg.socket_path;
+        }
+        if (!cfg.tcp_host.empty()) {
+            const std::string tcp = fmt::format("{}://{}:{}/{}", tls_only ? "nbds" : "nbd",
+                                                uri_host(cfg.tcp_host), _srv->tcp_port(), _name);
+            j[cfg.socket_path.empty() ? "uri" : "tcp_uri"] = tcp;
+            j["tcp_port"] = _srv->tcp_port();
+        }
+        j["export"] = _name;
+        j["tls"] = to_string(cfg.tls);
+        j["read_only"] = _read_only;
+        return j;
+    }
+
+    result<void> stop() override
+    {
+        if (!_srv) {
+            return {};
+        }
+        registry& r = servers();
+        std::lock_guard lock(r.mutex);
+        auto rc = _srv->remove_export(_name);
+        if (_srv->export_count() == 0) {
+            _srv->stop();
+            r.servers.erase(_key);
+        }
+        _srv.reset();
+        return rc;
+    }
+
+private:
+    std::shared_ptr<server> _srv;
+    std::string _key;
+    std::string _name;
+    bool _read_only;
+};
+
+}  // namespace
+
+std::span<const option_def> export_options()
+{
+    return k_options;
+}
+
+result<std::unique_ptr<device_export>> start_export(device& dev, const export_context& ctx,
+                                                    std::span<const std::string> options)
+{
+    auto parsed = option_set::parse(k_options, options);
+    if (!parsed) {
+        return std::unexpected(parsed.error());
+    }
+    const option_set& o = *parsed;
+    server_config cfg;
+    auto tls = parse_tls(o.text("tls"));
+    if (!tls) {
+        return std::unexpected(tls.error());
+    }
+    cfg.tls = *tls;
+    cfg.tls_certs_dir = o.text("tls-certs");
+    cfg.tls_psk_file = o.text("tls-psk");
+    if (cfg.tls == tls_mode::off && (!cfg.tls_certs_dir.empty() || !cfg.tls_psk_file.empty())) {
+        return make_error(EINVAL, "tls-certs/tls-psk given with tls=off: say tls=on or tls=require");
+    }
+    const std::string socket = o.text("socket");
+    if (socket == "none") {
+        cfg.socket_path.clear();
+    } else if (socket.empty()) {
+        cfg.socket_path = ctx.run_dir + "/nbd.sock";
+    } else {
+        cfg.socket_path = socket;
+    }
+    if (!o.text("tcp").empty()) {
+        if (auto rc = parse_tcp(o.text("tcp"), cfg.tcp_host, cfg.tcp_port); !rc) {
+            return std::unexpected(rc.error());
+        }
+    }
+    if (cfg.socket_path.empty() && cfg.tcp_host.empty()) {
+        return make_error(EINVAL, "socket=none needs tcp=PORT");
+    }
+    cfg.max_connections = static_cast<unsigned>(o.u64("max-connections"));
+    cfg.threads = static_cast<unsigned>(o.u64("threads"));
+    if (cfg.threads == 0) {
+        cfg.threads = std::max(1u, std::min(dev.info().queues.submit_queues, std::thread::hardware_concurrency()));
+    }
+    const bool read_only = o.flag("readonly");
+
+    const std::string key =
+        !cfg.socket_path.empty() ? cfg.socket_path : fmt::format("tcp:{}:{}", cfg.tcp_host, cfg.tcp_port);
+    registry& r = servers();
+    std::lock_guard lock(r.mutex);
+    std::shared_ptr<server> srv;
+    if (auto it = r.servers.find(key); it != r.servers.end()) {
+        srv = it->second;
+        const server_config& run = srv->config();
+        const bool same = run.tls == cfg.tls && run.tls_certs_dir == cfg.tls_certs_dir &&
+                          run.tls_psk_file == cfg.tls_psk_file &&
+                          (!o.given("tcp") || (run.tcp_host == cfg.tcp_host && run.tcp_port == cfg.tcp_port)) &&
+                          (!o.given("max-connections") || run.max_connections == cfg.max_connections) &&
+                          (!o.given("threads") || run.threads == cfg.threads);
+        if (!same) {
+            return make_error(EBUSY, fmt::format("nbd: a server on {} already runs with tls={} tcp={} "
+                                                 "max-connections={} threads={}; export there with the same "
+                                                 "settings, or choose another socket=",
+                                                 key, to_string(run.tls),
+                                                 run.tcp_host.empty() ? std::string("off")
+                                                                      : fmt::format("{}:{}", run.tcp_host,
+                                                                                    srv->tcp_port()),
+                                                 run.max_connections, run.threads));
+        }
+    } else {
+        if (!cfg.socket_path.empty()) {
+            const size_t slash = cfg.socket_path.rfind('/');
+            if (slash != std::string::npos && slash > 0) {
+                ::mkdir(cfg.socket_path.substr(0, slash).c_str(), 0755);
+            }
+        }
+        auto started = server::start(cfg);
+        if (!started) {
+            return std::unexpected(started.error());
+        }
+        srv = *started;
+        r.servers.emplace(key, srv);
+    }
+    if (auto rc = srv->add_export(dev, read_only, o.text("description")); !rc) {
+        if (srv->export_count() == 0) {
+            srv->stop();
+            r.servers.erase(key);
+        }
+        return std::unexpected(rc.error());
+    }
+    return std::make_unique<nbd_device_export>(srv, key, dev.name(), read_only || dev.limits().read_only);
+}
+
+void cleanup_stale(const export_context& ctx)
+{
+    const std::string path = ctx.run_dir + "/nbd.sock";
+    struct stat st;
+    if (::lstat(path.c_str(), &st) != 0 || !S_ISSOCK(st.st_mode)) {
+        return;
+    }
+    {
+        std::lock_guard lock(servers().mutex);
+        if (servers().servers.count(path) != 0) {
+            return;  // ours, alive
+        }
+    }
+    sockaddr_un addr{};
+    if (path.size() >= sizeof addr.sun_path) {
+        return;
+    }
+    addr.sun_family = AF_UNIX;
+    std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+    const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    const bool alive = fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+    if (fd >= 0) {
+        ::close(fd);
+    }
+    if (!alive) {
+        ::unlink(path.c_str());
+    }
+}
+
+}  // namespace softblk::nbd

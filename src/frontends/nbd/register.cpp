@@ -1,0 +1,16 @@
+// Registers export type "nbd" with the daemon (static initialiser; the
+// library is an OBJECT library so this object is always linked in).
+#include "nbd_export.hpp"
+
+namespace {
+
+const bool g_registered = softblk::register_export_type(softblk::export_type{
+    .name = "nbd",
+    .description = "NBD server (fixed newstyle, structured replies, base:allocation, TLS) on a unix socket "
+                   "under the run directory and optionally TCP; export name = device name",
+    .start = softblk::nbd::start_export,
+    .cleanup_stale = softblk::nbd::cleanup_stale,
+    .available = {},
+});
+
+}  // namespace
