@@ -12,7 +12,7 @@ packages=(
   libnbd-dev
   # host tests and benchmarks
   fuse3 util-linux e2fsprogs xfsprogs dosfstools mtools fio procps kmod
-  nbdkit libnbd-bin python3-libnbd qemu-utils qemu-system-common gnutls-bin
+  nbdkit libnbd-bin python3-libnbd qemu-utils qemu-system-common gnutls-bin jq
   # VM lab
   qemu-system-x86 busybox-static cpio zstd xz-utils squashfs-tools nbd-client btrfs-progs f2fs-tools
   # fuzzing
