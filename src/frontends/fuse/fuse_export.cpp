@@ -361,13 +361,15 @@ result<void> fuse_export::stop_impl(bool force)
         }
         _loop.reset();
     }
+    // Workers first: fuse_session_unmount closes /dev/fuse, and a worker
+    // still reading it would then use a closed (or reused) descriptor.
+    join_workers();
     if (_mounted) {
-        // Lazy when something still has the file open; the workers are
-        // told to leave below, and closing /dev/fuse aborts the rest.
+        // Lazy when something still has the file open; closing /dev/fuse
+        // (done by the unmount) aborts what those users still ask.
         fuse_session_unmount(_session);
         _mounted = false;
     }
-    join_workers();
     if (_session != nullptr) {
         fuse_session_destroy(_session);
         _session = nullptr;

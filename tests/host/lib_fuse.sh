@@ -1,0 +1,112 @@
+# Shared helpers of the FUSE host tests (sourced, not run). Each test gets
+# its own run directory and its own daemon; on exit, whatever happens, the
+# trap deletes the devices, detaches loop devices backed by files in the
+# run directory, unmounts what is mounted below it and kills the daemon.
+#
+# The daemon is tests/host/softblk-fuse-driver (path in
+# $SOFTBLK_FUSE_DRIVER, set by CTest): it creates devices in-process and
+# exports them with the "fuse" export type, taking commands on a FIFO.
+
+set -euo pipefail
+
+skip() { echo "SKIP: $*"; exit 77; }
+fail() { echo "FAIL: $*" >&2; exit 1; }
+note() { echo "== $*"; }
+
+require_host() {
+    [ "$(id -u)" -eq 0 ] || skip "needs root (FUSE allow_other, loop devices)"
+    [ -c /dev/fuse ] || skip "/dev/fuse is missing"
+    [ -c /dev/loop-control ] || skip "/dev/loop-control is missing"
+    [ -n "${SOFTBLK_FUSE_DRIVER:-}" ] && [ -x "$SOFTBLK_FUSE_DRIVER" ] ||
+        skip "SOFTBLK_FUSE_DRIVER does not name the built softblk-fuse-driver"
+    local tool
+    for tool in "$@"; do
+        command -v "$tool" >/dev/null || skip "$tool is not installed (scripts/install-deps.sh)"
+    done
+}
+
+RUN_DIR=""
+DAEMON_PID=""
+REPLY_LINE=""
+
+cleanup_host() {
+    local rc=$?
+    set +e
+    if [ -n "$DAEMON_PID" ] && kill -0 "$DAEMON_PID" 2>/dev/null; then
+        echo quit >&7 2>/dev/null
+        exec 7>&- 2>/dev/null
+        for _ in $(seq 100); do kill -0 "$DAEMON_PID" 2>/dev/null || break; sleep 0.1; done
+        kill -9 "$DAEMON_PID" 2>/dev/null
+        wait "$DAEMON_PID" 2>/dev/null
+    fi
+    if [ -n "$RUN_DIR" ]; then
+        # Anything mounted from our loop devices, then the loop devices,
+        # then the FUSE mounts.
+        local loop m
+        for loop in $(losetup -nO NAME,BACK-FILE 2>/dev/null | awk -v d="$RUN_DIR/" 'index($2, d) == 1 {print $1}'); do
+            for m in $(awk -v l="$loop" '$1 == l {print $2}' /proc/self/mounts); do umount -l "$m"; done
+            losetup -d "$loop"
+        done
+        for m in $(awk -v d="$RUN_DIR/" 'index($2, d) == 1 {print $2}' /proc/self/mounts | sort -r); do
+            umount -l "$m"
+        done
+        rm -rf "$RUN_DIR"
+    fi
+    exit $rc
+}
+
+# Starts the daemon with a fresh run directory.
+start_daemon() {
+    RUN_DIR=$(mktemp -d /tmp/softblk-host.XXXXXX)
+    trap cleanup_host EXIT
+    trap 'exit 130' INT TERM
+    launch_daemon
+}
+
+# Starts a daemon on the existing run directory (after a crash).
+launch_daemon() {
+    rm -f "$RUN_DIR/cmd" "$RUN_DIR/reply"
+    mkfifo "$RUN_DIR/cmd" "$RUN_DIR/reply"
+    "$SOFTBLK_FUSE_DRIVER" --run-dir "$RUN_DIR" <"$RUN_DIR/cmd" >"$RUN_DIR/reply" 2>"$RUN_DIR/daemon.log" &
+    DAEMON_PID=$!
+    exec 7>"$RUN_DIR/cmd"
+    exec 8<"$RUN_DIR/reply"
+}
+
+# Sends one command; the answer line (without "ok ") lands in REPLY_LINE.
+# Fails the test on "error ..." unless called as `sb_try`.
+sb_try() {
+    echo "$*" >&7
+    if ! read -r -t 60 REPLY_LINE <&8; then
+        fail "daemon did not answer '$*' (log: $(cat "$RUN_DIR/daemon.log"))"
+    fi
+    case "$REPLY_LINE" in
+        ok*) REPLY_LINE=${REPLY_LINE#ok}; REPLY_LINE=${REPLY_LINE# }; return 0 ;;
+        *) return 1 ;;
+    esac
+}
+sb() { sb_try "$@" || fail "'$*' failed: $REPLY_LINE"; }
+
+# sb_add NAME [device options] [-- export options]: prints the loop device.
+sb_add() {
+    sb add "$1" null "${@:2}"
+    json_field loop
+}
+
+# A string field of the last answer's JSON object (flat, as the driver
+# prints it).
+json_field() {
+    sed -n "s/.*\"$1\":\"\([^\"]*\)\".*/\1/p" <<<"$REPLY_LINE"
+}
+
+# Mounts, loop devices and directories the run directory still has.
+leftovers() {
+    awk -v d="$RUN_DIR/" 'index($2, d) == 1 {print "mount " $2}' /proc/self/mounts
+    losetup -nO NAME,BACK-FILE 2>/dev/null | awk -v d="$RUN_DIR/" 'index($2, d) == 1 {print "loop " $1 " " $2}'
+    if [ -d "$RUN_DIR/fuse" ]; then
+        find "$RUN_DIR/fuse" -mindepth 1 -maxdepth 1 -printf 'dir %p\n'
+    fi
+}
+
+daemon_threads() { awk '/^Threads:/ {print $2}' "/proc/$DAEMON_PID/status"; }
+daemon_rss_kib() { awk '/^VmRSS:/ {print $2}' "/proc/$DAEMON_PID/status"; }
