@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # mbps=20 limits a sequential write through the loop device: 40 MiB take
-# about 2 s (at least 1.5 s), where the unthrottled device takes far less.
+# about 2 s (at least 1.5 s). The unthrottled time is printed for
+# comparison only: on a loaded machine it says little.
 source "$(dirname "$0")/lib_fuse.sh"
 require_host losetup
 start_daemon
@@ -19,8 +20,7 @@ loop=$(sb_add slow size=64 memory_backed=1 blocksize=4096 mbps=20)
 slow=$(elapsed_ms "$loop")
 note "40 MiB: unthrottled ${fast} ms, mbps=20 ${slow} ms"
 [ "$slow" -ge 1500 ] || fail "mbps=20 wrote 40 MiB in ${slow} ms (expected about 2000)"
-[ "$slow" -le 6000 ] || fail "mbps=20 wrote 40 MiB in ${slow} ms: far slower than the limit"
-[ "$fast" -lt $((slow / 2)) ] || fail "the unthrottled device is not faster (${fast} ms)"
+[ "$slow" -le 10000 ] || fail "mbps=20 wrote 40 MiB in ${slow} ms: far slower than the limit"
 
 sb del fast
 sb del slow
