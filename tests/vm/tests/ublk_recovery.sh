@@ -1,0 +1,126 @@
+#!/bin/bash
+# A ublk device with user recovery outlives its killed daemon, and
+# `softblk-ublk-driver recover` re-attaches it from the persisted state file
+# alone (no original command line, no SET_PARAMS; same /dev/ublkbN):
+#  - recovery=reissue: kill -9 under fio load; fio finishes without an error
+#    (in-flight I/O is reissued to the new daemon) and a write+verify pass
+#    on the recovered device succeeds;
+#  - recovery=recover: kill -9 under fio load; the I/O in flight fails (fio
+#    reports errors) and the device then recovers and verifies.
+# (The memory target's data lives in the daemon and dies with it, so data
+# written before the kill is not expected back; the kernel device, its
+# queue of waiting I/O and its identity are.)
+set -euo pipefail
+. /softblk-vm/lib.sh
+vm_require_tool softblk-ublk-driver fio
+modprobe ublk_drv || vm_skip "no ublk_drv in this kernel"
+vm_wait_for /dev/ublk-control
+
+drv=softblk-ublk-driver
+run=/tmp/run
+mkdir -p $run
+pid=
+fio_pid=
+cleanup() {
+  [ -n "$fio_pid" ] && kill -9 "$fio_pid" 2>/dev/null
+  if [ -n "$pid" ]; then kill -TERM "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; fi
+}
+trap cleanup EXIT
+
+# wait_ready NAME: waits for the driver's ready file, sets $dev.
+wait_ready() {
+  for _ in $(seq 300); do
+    [ -s /tmp/$1.ready ] && break
+    kill -0 $pid 2>/dev/null || { cat /tmp/$1.err; vm_fail "driver for $1 exited"; }
+    sleep 0.1
+  done
+  [ -s /tmp/$1.ready ] || vm_fail "driver for $1 not ready after 30 s"
+  dev=$(sed -n 's/.*"block":"\([^"]*\)".*/\1/p' /tmp/$1.ready)
+  cat /tmp/$1.ready
+}
+serve() {
+  local name=$1; shift
+  rm -f /tmp/$name.ready
+  $drv serve --name "$name" --type null --run-dir $run --ready-file /tmp/$name.ready "$@" \
+    >/tmp/$name.out 2>/tmp/$name.err &
+  pid=$!
+  wait_ready "$name"
+}
+recover() {
+  rm -f /tmp/$1.ready
+  $drv recover --name "$1" --run-dir $run --ready-file /tmp/$1.ready >/tmp/$1.out 2>/tmp/$1.err &
+  pid=$!
+  wait_ready "$1"
+}
+stop() {
+  kill -TERM "$pid"
+  wait "$pid" || vm_fail "driver exited with $? on SIGTERM: $(cat /tmp/*.err)"
+  pid=
+}
+verify() {
+  fio --name=verify --filename="$dev" --direct=1 --ioengine=io_uring --iodepth=16 --rw=randwrite \
+    --bsrange=4k-64k --size=64M --verify=crc32c --verify_fatal=1 --output-format=terse >/dev/null ||
+    vm_fail "fio write+verify on the recovered device failed"
+  echo "ok: fio write+verify on the recovered device"
+}
+
+# kill_under_load NAME: runs fio against $dev, kills the daemon with -9 in
+# the middle, waits until the kernel has quiesced the device, recovers it,
+# and leaves fio's exit status in $fio_rc and its output in /tmp/fio-NAME.txt.
+kill_under_load() {
+  local name=$1 old_dev=$dev
+  fio --name=load --filename="$dev" --direct=1 --ioengine=io_uring --iodepth=32 --rw=randwrite \
+    --bs=4k --size=128M --runtime=12 --time_based --output-format=terse >/tmp/fio-$name.txt 2>&1 &
+  fio_pid=$!
+  sleep 3
+  kill -0 $fio_pid || vm_fail "fio ended before the kill"
+  kill -9 "$pid"
+  wait "$pid" 2>/dev/null || true
+  pid=
+  echo "killed the daemon under load"
+  [ -e "$old_dev" ] || vm_fail "$old_dev disappeared with the daemon"
+  $drv list --run-dir $run
+  $drv list --run-dir $run | grep -q '"recoverable":true' || vm_fail "device not recoverable after the kill"
+  recover "$name"
+  vm_expect_eq "device after recovery" "$dev" "$old_dev"
+  grep -q '"recovered":true' /tmp/$name.ready || vm_fail "export does not say it recovered"
+  grep -q '"state":"LIVE"' /tmp/$name.ready || vm_fail "device not LIVE after recovery"
+  fio_rc=0
+  wait $fio_pid || fio_rc=$?
+  fio_pid=
+  echo "fio exit status: $fio_rc"
+}
+
+vm_step "recovery=reissue: kill -9 under load, recover, fio finishes clean"
+serve r0 --export recovery=reissue submit_queues=2 hw_queue_depth=64 memory_backed=1 size=256 blocksize=4096
+grep -q USER_RECOVERY_REISSUE /tmp/r0.ready || vm_fail "REISSUE not granted"
+kill_under_load r0
+[ "$fio_rc" = 0 ] || { cat /tmp/fio-r0.txt; vm_fail "fio failed across a REISSUE recovery"; }
+errors=$(cut -d';' -f5 /tmp/fio-r0.txt | tail -n1)
+vm_expect_eq "fio errors across the recovery" "$errors" 0
+verify
+stop
+[ ! -e "$dev" ] || vm_fail "$dev still there after delete"
+
+vm_step "recovery=recover: kill -9 under load, in-flight I/O fails, device recovers"
+serve r1 --export recovery=recover submit_queues=2 hw_queue_depth=64 memory_backed=1 size=256 blocksize=4096
+kill_under_load r1
+if [ "$fio_rc" = 0 ]; then
+  cat /tmp/fio-r1.txt
+  vm_fail "fio saw no error although I/O was in flight when the daemon died"
+fi
+echo "ok: the I/O in flight at the kill failed (fio exit $fio_rc): $(grep -o 'error=[^,]*' /tmp/fio-r1.txt | head -n1)"
+verify
+stop
+
+vm_step "recovery=none: kill -9 removes the disk; cleanup deletes the leftover"
+serve r2 submit_queues=1 hw_queue_depth=32 memory_backed=1 size=64 blocksize=4096
+id=$(sed -n 's/.*"dev_id":\([0-9]*\).*/\1/p' /tmp/r2.ready)
+kill -9 "$pid"; wait "$pid" 2>/dev/null || true; pid=
+for _ in $(seq 50); do [ -e /dev/ublkb$id ] || break; sleep 0.1; done
+[ ! -e /dev/ublkb$id ] || vm_fail "/dev/ublkb$id outlived a daemon without recovery"
+$drv cleanup --run-dir $run
+[ ! -e /dev/ublkc$id ] || vm_fail "/dev/ublkc$id left after cleanup"
+[ ! -e $run/ublk/r2.json ] || vm_fail "state file left after cleanup"
+echo "ok: no disk, no char device, no state file"
+echo "PASS"
