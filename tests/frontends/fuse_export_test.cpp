@@ -1,0 +1,335 @@
+// The FUSE export in-process, without a loop device: the file's size and
+// attributes, aligned and unaligned I/O, fallocate (punch hole, zero
+// range, plain allocation), SEEK_DATA/SEEK_HOLE from the allocation map,
+// fsync reaching the device, the end of the device, stop and stale-mount
+// cleanup.
+#include <gtest/gtest.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <fcntl.h>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include <softblk/device.hpp>
+#include <softblk/frontend.hpp>
+
+namespace {
+
+constexpr uint64_t k_mib = 1 << 20;
+
+bool fuse_usable(std::string& why)
+{
+    if (::geteuid() != 0) {
+        why = "needs root (allow_other mounts of the FUSE export)";
+        return false;
+    }
+    const int fd = ::open("/dev/fuse", O_RDWR | O_CLOEXEC);
+    if (fd < 0) {
+        why = std::string("/dev/fuse: ") + std::strerror(errno);
+        return false;
+    }
+    ::close(fd);
+    return true;
+}
+
+bool mounted(const std::string& mount_point, std::string* fstype = nullptr)
+{
+    std::ifstream in("/proc/self/mounts");
+    std::string source, point, type, rest;
+    while (in >> source >> point >> type && std::getline(in, rest)) {
+        if (point == mount_point) {
+            if (fstype != nullptr) {
+                *fstype = type;
+            }
+            return true;
+        }
+    }
+    return false;
+}
+
+std::string make_run_dir()
+{
+    char tmpl[] = "/tmp/softblk-fuse-test.XXXXXX";
+    const char* dir = ::mkdtemp(tmpl);
+    EXPECT_NE(dir, nullptr);
+    return dir != nullptr ? dir : "";
+}
+
+const softblk::export_type& fuse_type()
+{
+    const softblk::export_type* t = softblk::find_export_type("fuse");
+    EXPECT_NE(t, nullptr);
+    return *t;
+}
+
+std::unique_ptr<softblk::device> make_device(const std::string& name, std::vector<std::string> options)
+{
+    auto dev = softblk::device::create(name, "null", options);
+    EXPECT_TRUE(dev) << (dev ? "" : dev.error().message);
+    return dev ? std::move(*dev) : nullptr;
+}
+
+uint64_t submitted(const softblk::device& dev)
+{
+    nlohmann::json out;
+    dev.describe(out);
+    return out["stats"]["submitted"].get<uint64_t>();
+}
+
+TEST(fuse_export_options, unknown_and_out_of_range_options_are_errors)
+{
+    auto dev = make_device("opts", {"size=4", "memory_backed=1"});
+    ASSERT_NE(dev, nullptr);
+    softblk::export_context ctx{.run_dir = "/tmp/softblk-never-created", .privileged = false};
+    auto r = fuse_type().start(*dev, ctx, std::vector<std::string>{"lop=0"});
+    ASSERT_FALSE(r);
+    EXPECT_NE(r.error().message.find("lop"), std::string::npos) << r.error().message;
+    r = fuse_type().start(*dev, ctx, std::vector<std::string>{"threads=65"});
+    ASSERT_FALSE(r);
+    EXPECT_NE(r.error().message.find("threads"), std::string::npos) << r.error().message;
+    r = fuse_type().start(*dev, softblk::export_context{.run_dir = "relative"}, std::vector<std::string>{"loop=0"});
+    ASSERT_FALSE(r);
+}
+
+class fuse_export_test : public ::testing::Test {
+protected:
+    void SetUp() override
+    {
+        std::string why;
+        if (!fuse_usable(why)) {
+            GTEST_SKIP() << why;
+        }
+        _run_dir = make_run_dir();
+        _dev = make_device("d0", {"size=16", "memory_backed=1", "blocksize=4096", "discard=1",
+                                  "cache_size=1"});
+        ASSERT_NE(_dev, nullptr);
+        softblk::export_context ctx{.run_dir = _run_dir, .privileged = true};
+        auto exp = fuse_type().start(*_dev, ctx, std::vector<std::string>{"loop=0", "threads=2"});
+        ASSERT_TRUE(exp) << exp.error().message;
+        _export = std::move(*exp);
+        _file = _export->describe()["file"].get<std::string>();
+        _fd = ::open(_file.c_str(), O_RDWR | O_CLOEXEC);
+        ASSERT_GE(_fd, 0) << _file << ": " << std::strerror(errno);
+    }
+
+    void TearDown() override
+    {
+        if (_fd >= 0) {
+            ::close(_fd);
+        }
+        if (_export) {
+            EXPECT_TRUE(_export->stop());
+        }
+        _export.reset();
+        _dev.reset();
+        if (!_run_dir.empty()) {
+            ::rmdir((_run_dir + "/fuse").c_str());
+            ::rmdir(_run_dir.c_str());
+        }
+    }
+
+    std::vector<char> read_at(uint64_t offset, size_t length)
+    {
+        std::vector<char> out(length);
+        EXPECT_EQ(::pread(_fd, out.data(), length, static_cast<off_t>(offset)), static_cast<ssize_t>(length));
+        return out;
+    }
+
+    void fill(uint64_t offset, size_t length, char value)
+    {
+        std::vector<char> data(length, value);
+        ASSERT_EQ(::pwrite(_fd, data.data(), length, static_cast<off_t>(offset)), static_cast<ssize_t>(length));
+    }
+
+    static bool all(const std::vector<char>& data, char value)
+    {
+        for (char c : data) {
+            if (c != value) {
+                return false;
+            }
+        }
+        return true;
+    }
+
+    std::string _run_dir;
+    std::unique_ptr<softblk::device> _dev;
+    std::unique_ptr<softblk::device_export> _export;
+    std::string _file;
+    int _fd = -1;
+};
+
+TEST_F(fuse_export_test, file_is_mounted_with_the_device_size)
+{
+    std::string fstype;
+    const std::string mount_point = _export->describe()["mount_point"].get<std::string>();
+    ASSERT_TRUE(mounted(mount_point, &fstype));
+    EXPECT_EQ(fstype, "fuse.softblk");
+    EXPECT_EQ(_file, _run_dir + "/fuse/d0/d0");
+    struct stat st {};
+    ASSERT_EQ(::fstat(_fd, &st), 0);
+    EXPECT_TRUE(S_ISREG(st.st_mode));
+    EXPECT_EQ(static_cast<uint64_t>(st.st_size), 16 * k_mib);
+    EXPECT_FALSE(_export->describe().contains("loop"));
+}
+
+TEST_F(fuse_export_test, direct_io_round_trip)
+{
+    const int fd = ::open(_file.c_str(), O_RDWR | O_DIRECT | O_CLOEXEC);
+    ASSERT_GE(fd, 0) << std::strerror(errno);
+    void* buf = nullptr;
+    ASSERT_EQ(::posix_memalign(&buf, 4096, 1 * k_mib), 0);
+    for (size_t i = 0; i < k_mib; ++i) {
+        static_cast<unsigned char*>(buf)[i] = static_cast<unsigned char>(i * 7 + 3);
+    }
+    ASSERT_EQ(::pwrite(fd, buf, k_mib, 3 * k_mib), static_cast<ssize_t>(k_mib));
+    std::vector<char> back(k_mib);
+    void* rbuf = nullptr;
+    ASSERT_EQ(::posix_memalign(&rbuf, 4096, k_mib), 0);
+    ASSERT_EQ(::pread(fd, rbuf, k_mib, 3 * k_mib), static_cast<ssize_t>(k_mib));
+    EXPECT_EQ(std::memcmp(buf, rbuf, k_mib), 0);
+    std::free(buf);
+    std::free(rbuf);
+    ::close(fd);
+}
+
+TEST_F(fuse_export_test, unaligned_writes_keep_the_rest_of_the_block)
+{
+    fill(0, 16384, 'a');
+    fill(4000, 200, 'b');  // crosses the block boundary at 4096
+    fill(9000, 10, 'c');   // inside one block
+    auto data = read_at(0, 16384);
+    for (size_t i = 0; i < data.size(); ++i) {
+        const char want = (i >= 4000 && i < 4200) ? 'b' : (i >= 9000 && i < 9010) ? 'c' : 'a';
+        ASSERT_EQ(data[i], want) << "byte " << i;
+    }
+    // An unaligned read in the middle.
+    auto part = read_at(3990, 20);
+    EXPECT_EQ(std::string(part.data(), 10), std::string(10, 'a'));
+    EXPECT_EQ(std::string(part.data() + 10, 10), std::string(10, 'b'));
+}
+
+TEST_F(fuse_export_test, punch_hole_reads_zeros_and_shows_in_seek_hole)
+{
+    fill(0, 4 * k_mib, 'x');
+    // Unaligned: the edges are zeroed, the aligned middle is discarded.
+    ASSERT_EQ(::fallocate(_fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, k_mib - 100, k_mib + 200), 0)
+        << std::strerror(errno);
+    EXPECT_TRUE(all(read_at(0, k_mib - 100), 'x'));
+    EXPECT_TRUE(all(read_at(k_mib - 100, k_mib + 200), 0));
+    EXPECT_TRUE(all(read_at(2 * k_mib + 100, 2 * k_mib - 100), 'x'));
+
+    EXPECT_EQ(::lseek(_fd, 0, SEEK_HOLE), static_cast<off_t>(k_mib));
+    EXPECT_EQ(::lseek(_fd, k_mib, SEEK_DATA), static_cast<off_t>(2 * k_mib));
+    EXPECT_EQ(::lseek(_fd, 100, SEEK_DATA), 100);
+    // Nothing was ever written past 4 MiB.
+    EXPECT_EQ(::lseek(_fd, 4 * k_mib, SEEK_HOLE), static_cast<off_t>(4 * k_mib));
+    errno = 0;
+    EXPECT_EQ(::lseek(_fd, 4 * k_mib, SEEK_DATA), -1);
+    EXPECT_EQ(errno, ENXIO);
+    errno = 0;
+    EXPECT_EQ(::lseek(_fd, 16 * k_mib, SEEK_HOLE), -1);
+    EXPECT_EQ(errno, ENXIO);
+}
+
+TEST_F(fuse_export_test, zero_range_reads_zeros)
+{
+    fill(0, 2 * k_mib, 'z');
+    ASSERT_EQ(::fallocate(_fd, FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE, 5000, 70000), 0) << std::strerror(errno);
+    EXPECT_TRUE(all(read_at(0, 5000), 'z'));
+    EXPECT_TRUE(all(read_at(5000, 70000), 0));
+    EXPECT_TRUE(all(read_at(75000, 10000), 'z'));
+}
+
+TEST_F(fuse_export_test, plain_allocation_succeeds_only_where_allocated)
+{
+    fill(0, 64 * 1024, 'p');
+    EXPECT_EQ(::fallocate(_fd, 0, 0, 64 * 1024), 0) << std::strerror(errno);
+    errno = 0;
+    EXPECT_EQ(::fallocate(_fd, 0, 8 * k_mib, 64 * 1024), -1);
+    EXPECT_EQ(errno, EOPNOTSUPP);
+    // The file cannot grow.
+    errno = 0;
+    EXPECT_EQ(::fallocate(_fd, 0, 16 * k_mib, 4096), -1);
+    EXPECT_EQ(errno, EFBIG);
+}
+
+TEST_F(fuse_export_test, fsync_reaches_the_device_as_flush)
+{
+    fill(0, 4096, 'f');
+    const uint64_t before = submitted(*_dev);
+    ASSERT_EQ(::fsync(_fd), 0) << std::strerror(errno);
+    EXPECT_EQ(submitted(*_dev), before + 1);
+}
+
+TEST_F(fuse_export_test, end_of_device_and_fixed_size)
+{
+    char buf[4096] = {};
+    EXPECT_EQ(::pread(_fd, buf, sizeof buf, 16 * k_mib), 0);
+    errno = 0;
+    EXPECT_EQ(::pwrite(_fd, buf, sizeof buf, 16 * k_mib), -1);
+    EXPECT_EQ(errno, ENOSPC);
+    // A write that crosses the end is cut short.
+    EXPECT_EQ(::pwrite(_fd, buf, sizeof buf, 16 * k_mib - 1024), 1024);
+    EXPECT_EQ(::ftruncate(_fd, 16 * k_mib), 0);
+    errno = 0;
+    EXPECT_EQ(::ftruncate(_fd, 8 * k_mib), -1);
+    EXPECT_EQ(errno, EPERM);
+}
+
+TEST_F(fuse_export_test, stop_unmounts_and_is_idempotent)
+{
+    const std::string mount_point = _export->describe()["mount_point"].get<std::string>();
+    ::close(_fd);
+    _fd = -1;
+    ASSERT_TRUE(_export->stop());
+    EXPECT_FALSE(mounted(mount_point));
+    struct stat st {};
+    EXPECT_NE(::stat(mount_point.c_str(), &st), 0);
+    EXPECT_TRUE(_export->stop());
+}
+
+TEST(fuse_export_stale, cleanup_removes_the_mount_of_a_dead_process)
+{
+    std::string why;
+    if (!fuse_usable(why)) {
+        GTEST_SKIP() << why;
+    }
+    const std::string run_dir = make_run_dir();
+    const std::string mount_point = run_dir + "/fuse/crashed";
+    const pid_t child = ::fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+        // Export and die without stopping anything.
+        auto dev = softblk::device::create("crashed", "null", std::vector<std::string>{"size=4"});
+        if (!dev) {
+            std::_Exit(2);
+        }
+        softblk::export_context ctx{.run_dir = run_dir, .privileged = true};
+        auto exp = softblk::find_export_type("fuse")->start(**dev, ctx, std::vector<std::string>{"loop=0"});
+        std::_Exit(exp ? 0 : 3);
+    }
+    int status = 0;
+    ASSERT_EQ(::waitpid(child, &status, 0), child);
+    ASSERT_TRUE(WIFEXITED(status));
+    ASSERT_EQ(WEXITSTATUS(status), 0);
+    ASSERT_TRUE(mounted(mount_point)) << "the dead process left no mount: nothing to clean";
+
+    softblk::export_context ctx{.run_dir = run_dir, .privileged = true};
+    fuse_type().cleanup_stale(ctx);
+    EXPECT_FALSE(mounted(mount_point));
+    struct stat st {};
+    EXPECT_NE(::stat(mount_point.c_str(), &st), 0);
+    ::rmdir((run_dir + "/fuse").c_str());
+    ::rmdir(run_dir.c_str());
+}
+
+}  // namespace
