@@ -10,7 +10,7 @@
 // the cluster or entry; volume::problems() keeps what was seen.
 //
 // Ownership: the caller owns the block_device and keeps it alive while the
-// volume is mounted; file handles must not outlive their volume.
+// volume is mounted. A file handle that outlives its volume only closes.
 #pragma once
 
 #include <cstdint>
@@ -114,6 +114,7 @@ struct cache_stats {
 
 class volume;
 struct node;
+struct volume_state;
 
 // An open file. Movable; closes itself when destroyed. Every call locks the
 // volume. Offsets are bytes; results are bytes done or -errno.
@@ -151,7 +152,8 @@ public:
 
 private:
     friend class volume;
-    volume* _volume = nullptr;
+    // Shared with the volume, so a handle closed after unmount is harmless.
+    std::shared_ptr<struct volume_state> _volume;
     std::shared_ptr<node> _node;
     unsigned _flags = 0;
     uint64_t _position = 0;
@@ -202,12 +204,10 @@ public:
     // power cut would, and makes the volume refuse further work.
     void crash_for_testing();
 
-    struct impl;
-
 private:
     friend class file;
-    explicit volume(std::unique_ptr<impl> state);
-    std::unique_ptr<impl> _impl;
+    explicit volume(std::shared_ptr<volume_state> state);
+    std::shared_ptr<volume_state> _impl;
 };
 
 }  // namespace softblk::fat

@@ -145,7 +145,9 @@ result<void> format(block_device& device, const format_options& options)
             break;
         }
         if (!l.fits || l.clusters < k_min_clusters32) {
-            uint64_t need = (uint64_t{k_min_clusters32} * bps + 2 * 1024 * 1024) ;
+            uint64_t need = uint64_t{k_min_clusters32} * cluster + 32ull * bps +
+                            uint64_t{fats} * ((uint64_t{k_min_clusters32} + 2) * 4 + bps) + k_mib - 1;
+            need = need / k_mib * k_mib;
             return make_error(EINVAL, fmt::format("FAT32 needs at least {} clusters; {} with {}-byte clusters holds "
                                                   "{}; use FAT16, or a volume of at least {}",
                                                   k_min_clusters32, size_text(bytes), cluster, l.clusters,

@@ -283,7 +283,7 @@ int serve_fuse(volume& v, const std::string& mountpoint, bool foreground, bool r
     if (foreground) {
         args.emplace_back("-f");
     }
-    std::string opts = "fsname=softblk-fat,subtype=vfat,max_read=1048576";
+    std::string opts = "fsname=softblk-fat,subtype=vfat";
     if (read_only) {
         opts += ",ro";
     }

@@ -132,7 +132,7 @@ struct node {
     bool unlinked = false;
 };
 
-struct volume::impl {
+struct volume_state {
     block_device& dev;
     mount_options opts;
     geometry g;
@@ -156,7 +156,7 @@ struct volume::impl {
     cache_stats counters;
     std::vector<uint8_t> zeros = std::vector<uint8_t>(64 * 1024, 0);
 
-    impl(block_device& d, const mount_options& o) : dev(d), opts(o) {}
+    volume_state(block_device& d, const mount_options& o) : dev(d), opts(o) {}
 
     // ------------------------------------------------------------ errors
     int corrupt(std::string message)
@@ -1759,7 +1759,7 @@ struct volume::impl {
             return;
         }
         if (n->unlinked) {
-            if (n->first_cluster != 0 && !dead) {
+            if (n->first_cluster != 0 && !dead && mounted) {
                 (void)free_chain(n->first_cluster);
             }
         } else if (!n->is_root) {
@@ -1828,8 +1828,8 @@ namespace {
 
 struct op_guard {
     std::unique_lock<std::mutex> lock;
-    volume::impl& v;
-    explicit op_guard(volume::impl& vol) : lock(vol.mu), v(vol)
+    volume_state& v;
+    explicit op_guard(volume_state& vol) : lock(vol.mu), v(vol)
     {
         v.last_corruption.clear();
         if (v.dirs.size() > k_max_cached_dirs) {
@@ -1846,7 +1846,7 @@ struct op_guard {
 
 }  // namespace
 
-volume::volume(std::unique_ptr<impl> state) : _impl(std::move(state)) {}
+volume::volume(std::shared_ptr<volume_state> state) : _impl(std::move(state)) {}
 
 volume::~volume()
 {
@@ -1861,7 +1861,7 @@ volume::~volume()
 
 result<std::unique_ptr<volume>> volume::mount(block_device& device, const mount_options& options)
 {
-    auto state = std::make_unique<impl>(device, options);
+    auto state = std::make_shared<volume_state>(device, options);
     auto r = state->mount_volume();
     if (!r) {
         return std::unexpected(r.error());
@@ -2010,11 +2010,11 @@ result<file> volume::open(std::string_view path, unsigned flags)
         return v.fail(rc, path);
     }
     if (!n->is_root) {
-        v.open_nodes[impl::node_key(n->parent_key, n->slot)] = n;
+        v.open_nodes[volume_state::node_key(n->parent_key, n->slot)] = n;
     }
     ++n->open_count;
     file f;
-    f._volume = this;
+    f._volume = _impl;
     f._node = std::move(n);
     f._flags = flags;
     return f;
@@ -2318,13 +2318,13 @@ result<void> volume::rename(std::string_view from, std::string_view to)
             }
         }
     }
-    auto it = v.open_nodes.find(impl::node_key(info.parent_key, info.slot));
+    auto it = v.open_nodes.find(volume_state::node_key(info.parent_key, info.slot));
     if (it != v.open_nodes.end()) {
         auto n = it->second;
         v.open_nodes.erase(it);
         n->parent_key = to_key;
         n->slot = new_slot;
-        v.open_nodes[impl::node_key(to_key, new_slot)] = n;
+        v.open_nodes[volume_state::node_key(to_key, new_slot)] = n;
     }
     return {};
 }
@@ -2519,8 +2519,8 @@ int64_t file::pread(void* buffer, size_t length, uint64_t offset)
     if (!(_flags & k_open_read) && (_flags & k_open_write)) {
         return -EBADF;
     }
-    op_guard op(*_volume->_impl);
-    auto& v = *_volume->_impl;
+    op_guard op(*_volume);
+    auto& v = *_volume;
     int rc = v.check_usable(false);
     if (rc < 0) {
         return rc;
@@ -2533,8 +2533,8 @@ int64_t file::pwrite(const void* buffer, size_t length, uint64_t offset)
     if (_volume == nullptr || !(_flags & k_open_write)) {
         return -EBADF;
     }
-    op_guard op(*_volume->_impl);
-    auto& v = *_volume->_impl;
+    op_guard op(*_volume);
+    auto& v = *_volume;
     int rc = v.check_usable(true);
     if (rc < 0) {
         return rc;
@@ -2568,8 +2568,8 @@ int file::truncate(uint64_t size)
     if (_volume == nullptr || !(_flags & k_open_write)) {
         return -EBADF;
     }
-    op_guard op(*_volume->_impl);
-    auto& v = *_volume->_impl;
+    op_guard op(*_volume);
+    auto& v = *_volume;
     int rc = v.check_usable(true);
     if (rc < 0) {
         return rc;
@@ -2582,8 +2582,8 @@ int file::fsync()
     if (_volume == nullptr) {
         return -EBADF;
     }
-    op_guard op(*_volume->_impl);
-    auto& v = *_volume->_impl;
+    op_guard op(*_volume);
+    auto& v = *_volume;
     int rc = v.check_usable(false);
     if (rc < 0 || v.read_only) {
         return rc;
@@ -2596,7 +2596,7 @@ uint64_t file::size() const
     if (_volume == nullptr) {
         return 0;
     }
-    std::lock_guard lock(_volume->_impl->mu);
+    std::lock_guard lock(_volume->mu);
     return _node->size;
 }
 
@@ -2605,8 +2605,8 @@ result<file_stat> file::stat() const
     if (_volume == nullptr) {
         return make_error(EBADF, "stat: the file is closed");
     }
-    op_guard op(*_volume->_impl);
-    auto& v = *_volume->_impl;
+    op_guard op(*_volume);
+    auto& v = *_volume;
     file_stat st;
     if (_node->is_root || _node->unlinked) {
         st.is_directory = _node->is_dir;
@@ -2630,8 +2630,8 @@ int file::close()
         return 0;
     }
     {
-        op_guard op(*_volume->_impl);
-        _volume->_impl->close_node(_node);
+        op_guard op(*_volume);
+        _volume->close_node(_node);
     }
     _node.reset();
     _volume = nullptr;
