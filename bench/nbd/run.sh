@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# NBD server benchmark: softblk (softblk-nbd, null target with
+# memory_backed=1) against nbdkit's memory plugin and qemu-storage-daemon's
+# NBD export of a raw image in tmpfs (qemu has no RAM block driver that
+# keeps data; null-co drops writes), all over unix sockets, measured in
+# the same run with fio's nbd engine (libnbd, one connection per job).
+#
+# For each job it reports IOPS and the server's CPU time per I/O: utime +
+# stime of the server process (all threads) from /proc/PID/stat, before and
+# after the job, divided by the I/Os fio completed.
+#
+#   bench/nbd/run.sh [--softblk-nbd PATH] [--runtime SECONDS] [--size MiB] [--threads N]
+#
+# PATH defaults to build-nbd/src/frontends/nbd/softblk-nbd under the
+# repository. Prints a table (markdown) on stdout.
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+driver="$repo/build-nbd/src/frontends/nbd/softblk-nbd"
+runtime=5
+size_mib=256
+threads=1
+while (($#)); do
+  case "$1" in
+    --softblk-nbd) driver=$2; shift 2 ;;
+    --runtime) runtime=$2; shift 2 ;;
+    --size) size_mib=$2; shift 2 ;;
+    --threads) threads=$2; shift 2 ;;
+    *) echo "usage: $0 [--softblk-nbd PATH] [--runtime S] [--size MiB] [--threads N]" >&2; exit 2 ;;
+  esac
+done
+for tool in fio nbdkit qemu-storage-daemon python3; do
+  command -v "$tool" >/dev/null || { echo "SKIP: $tool not installed" >&2; exit 77; }
+done
+fio --enghelp 2>/dev/null | grep -qw nbd || { echo "SKIP: this fio has no nbd engine" >&2; exit 77; }
+[ -x "$driver" ] || { echo "softblk-nbd not found at $driver (build it, or --softblk-nbd PATH)" >&2; exit 2; }
+
+work=$(mktemp -d /dev/shm/softblk-nbd-bench.XXXXXX)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+wait_socket() {
+  for _ in $(seq 100); do [ -S "$1" ] && return 0; sleep 0.05; done
+  echo "server did not create $1" >&2; exit 1
+}
+
+# A capacity of 1 GiB for all three; jobs touch the first $size_mib MiB.
+"$driver" --run-dir "$work" -o socket="$work/softblk.sock" -o threads="$threads" \
+  d0 null memory_backed=1 size=1024 >"$work/softblk.log" 2>&1 &
+softblk_pid=$!; pids+=("$softblk_pid")
+nbdkit --foreground --unix "$work/nbdkit.sock" --exportname d0 memory size=1G >"$work/nbdkit.log" 2>&1 &
+nbdkit_pid=$!; pids+=("$nbdkit_pid")
+truncate -s 1G "$work/qsd.raw"
+qemu-storage-daemon \
+  --blockdev driver=file,node-name=file0,filename="$work/qsd.raw",aio=io_uring,cache.direct=off \
+  --blockdev driver=raw,node-name=raw0,file=file0 \
+  --nbd-server addr.type=unix,addr.path="$work/qsd.sock" \
+  --export type=nbd,id=e0,node-name=raw0,name=d0,writable=on >"$work/qsd.log" 2>&1 &
+qsd_pid=$!; pids+=("$qsd_pid")
+wait_socket "$work/softblk.sock"; wait_socket "$work/nbdkit.sock"; wait_socket "$work/qsd.sock"
+
+declare -A pid_of=([softblk]=$softblk_pid [nbdkit]=$nbdkit_pid [qsd]=$qsd_pid)
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+hz=$(getconf CLK_TCK)
+
+# name rw bs iodepth
+jobs=(
+  "randread-4k-qd1 randread 4k 1"
+  "randread-4k-qd32 randread 4k 32"
+  "randwrite-4k-qd1 randwrite 4k 1"
+  "randwrite-4k-qd32 randwrite 4k 32"
+  "read-64k-qd8 read 64k 8"
+  "write-64k-qd8 write 64k 8"
+  "read-1m-qd8 read 1m 8"
+  "write-1m-qd8 write 1m 8"
+)
+
+run_fio() {  # server job rw bs qd -> "iops cpu_ns_per_io"
+  local server=$1 name=$2 rw=$3 bs=$4 qd=$5
+  local uri="nbd+unix:///d0?socket=$work/$server.sock"
+  local before after
+  before=$(cpu_ticks "${pid_of[$server]}")
+  fio --name="$name" --ioengine=nbd --uri="$uri" --rw="$rw" --bs="$bs" --iodepth="$qd" \
+      --size="${size_mib}M" --time_based --runtime="$runtime" --output-format=json \
+      >"$work/$server-$name.json" 2>"$work/$server-$name.err"
+  after=$(cpu_ticks "${pid_of[$server]}")
+  python3 - "$work/$server-$name.json" "$before" "$after" "$hz" <<'PY'
+import json, sys
+text = open(sys.argv[1]).read()
+j = json.loads(text[text.index("{"):])["jobs"][0]  # fio's nbd engine prints a line first
+ios = j["read"]["total_ios"] + j["write"]["total_ios"]
+secs = (j["read"]["runtime"] or j["write"]["runtime"]) / 1000.0
+cpu_ns = (int(sys.argv[3]) - int(sys.argv[2])) * 1e9 / int(sys.argv[4])
+print(f"{ios / secs:.0f} {cpu_ns / max(ios, 1):.0f}")
+PY
+}
+
+# Fill the area first so reads return data, not holes, on every server.
+for s in softblk nbdkit qsd; do
+  fio --name=fill --ioengine=nbd --uri="nbd+unix:///d0?socket=$work/$s.sock" --rw=write --bs=1m \
+      --iodepth=8 --size="${size_mib}M" >/dev/null 2>&1
+done
+
+echo "| job | softblk IOPS | nbdkit IOPS | qsd IOPS | softblk CPU ns/IO | nbdkit CPU ns/IO | qsd CPU ns/IO | IOPS vs best peer | CPU/IO vs that peer |"
+echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+for j in "${jobs[@]}"; do
+  read -r name rw bs qd <<<"$j"
+  declare -A iops=() cpu=()
+  for s in softblk nbdkit qsd; do
+    read -r iops[$s] cpu[$s] < <(run_fio "$s" "$name" "$rw" "$bs" "$qd")
+  done
+  best=nbdkit
+  if ((${iops[qsd]} > ${iops[nbdkit]})); then best=qsd; fi
+  python3 - "$name" "${iops[softblk]}" "${iops[nbdkit]}" "${iops[qsd]}" "${cpu[softblk]}" "${cpu[nbdkit]}" \
+      "${cpu[qsd]}" "$best" <<'PY'
+import sys
+name, si, ni, qi, sc, nc, qc, best = sys.argv[1:]
+si, ni, qi, sc, nc, qc = map(float, (si, ni, qi, sc, nc, qc))
+bi, bc = (ni, nc) if best == "nbdkit" else (qi, qc)
+print(f"| {name} | {si:.0f} | {ni:.0f} | {qi:.0f} | {sc:.0f} | {nc:.0f} | {qc:.0f} | "
+      f"{si / bi:.2f}x ({best}) | {sc / bc if bc else float('nan'):.2f}x |")
+PY
+done

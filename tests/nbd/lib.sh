@@ -1,0 +1,48 @@
+# Shared helpers for the NBD host tests (sourced). Each test gets its own
+# directory and softblk-nbd servers that are stopped on exit, pass or fail.
+set -euo pipefail
+
+: "${SOFTBLK_NBD:?set SOFTBLK_NBD to the softblk-nbd driver}"
+work=$(mktemp -d /tmp/softblk-nbd-test.XXXXXX)
+server_pids=()
+
+cleanup() {
+  local p
+  for p in "${server_pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${server_pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+skip() { echo "SKIP: $*"; exit 77; }
+fail() { echo "FAIL: $*" >&2; exit 1; }
+need() { local t; for t in "$@"; do command -v "$t" >/dev/null || skip "$t not installed"; done; }
+
+# start_server NAME [softblk-nbd args...]: runs the driver with its output in
+# $work/NAME.out; sets SERVER_PID and waits for "ready".
+start_server() {
+  local name=$1; shift
+  "$SOFTBLK_NBD" --run-dir "$work" "$@" >"$work/$name.out" 2>"$work/$name.err" &
+  SERVER_PID=$!
+  server_pids+=("$SERVER_PID")
+  local i
+  for i in $(seq 200); do
+    grep -qx ready "$work/$name.out" 2>/dev/null && return 0
+    kill -0 "$SERVER_PID" 2>/dev/null || { cat "$work/$name.err" >&2; fail "server $name exited"; }
+    sleep 0.05
+  done
+  fail "server $name not ready"
+}
+
+# uri_of NAME EXPORT [key]: the URI the driver printed for EXPORT.
+uri_of() {
+  python3 -c 'import json,sys
+for line in open(sys.argv[1]):
+    if line.startswith("{"):
+        j = json.loads(line)
+        if j["name"] == sys.argv[2]:
+            print(j[sys.argv[3]])' "$work/$1.out" "$2" "${3:-uri}"
+}
+
+# server_alive PID: the process still runs (not crashed, not exited).
+server_alive() { kill -0 "$1" 2>/dev/null; }
