@@ -89,7 +89,7 @@ public:
     uint32_t block_size() const { return _block_size; }
 
 private:
-    static constexpr unsigned k_fanout_bits = 9;
+    static constexpr unsigned k_fanout_bits = 6;  // 64 entries, 512-byte nodes
     static constexpr unsigned k_fanout = 1u << k_fanout_bits;
     static constexpr uintptr_t k_bits_mask = k_page_size - 1;
 
