@@ -494,7 +494,7 @@ request_check check_request(const request_header& h, const negotiated& n)
             return fail(k_eperm);
         }
         if (!in_range) {
-            return fail(k_enospc);
+            return fail(k_einval);  // ENOSPC is for commands that write data
         }
         return {};
 

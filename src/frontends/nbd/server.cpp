@@ -640,6 +640,9 @@ void event_loop::pump_input(connection& c)
         if (!parse_input(c)) {
             return;  // blocked, handed off or closing
         }
+        if (c.ph == phase::tls_handshake) {
+            continue;  // STARTTLS: the session takes over the input
+        }
         if (!c.tls) {
             post_recv(c);
             return;
