@@ -110,7 +110,7 @@ protected:
         }
         _run_dir = make_run_dir();
         _dev = make_device("d0", {"size=16", "memory_backed=1", "blocksize=4096", "discard=1",
-                                  "cache_size=1"});
+                                  "cache_size=1", "submit_queues=2"});
         ASSERT_NE(_dev, nullptr);
         softblk::export_context ctx{.run_dir = _run_dir, .privileged = true};
         auto exp = fuse_type().start(*_dev, ctx, std::vector<std::string>{"loop=0", "threads=2"});
@@ -179,6 +179,8 @@ TEST_F(fuse_export_test, file_is_mounted_with_the_device_size)
     EXPECT_TRUE(S_ISREG(st.st_mode));
     EXPECT_EQ(static_cast<uint64_t>(st.st_size), 16 * k_mib);
     EXPECT_FALSE(_export->describe().contains("loop"));
+    // Two workers, two submit queues: each worker drives its own.
+    EXPECT_EQ(_export->describe()["queues"], "per_worker");
 }
 
 TEST_F(fuse_export_test, direct_io_round_trip)

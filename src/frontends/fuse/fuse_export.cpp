@@ -83,9 +83,91 @@ struct worker {
     // k_max_io plus one block at each edge.
     char* scratch = nullptr;
     size_t scratch_size = 0;
+    device* dev = nullptr;
+    // The submit queue this worker drives alone, or nullptr when there are
+    // more workers than submit queues (then device::execute shares them).
+    io_queue* queue = nullptr;
 
     ~worker() { std::free(scratch); }
+
+    // Synchronous I/O of any length the device accepts in one call to
+    // device::execute: bytes done or -errno. Worker thread.
+    int execute(io_op op, uint64_t offset, uint32_t length, void* buffer, uint32_t flags = 0);
+
+private:
+    int execute_one(io_op op, uint64_t offset, uint32_t length, void* buffer, uint32_t flags);
 };
+
+struct sync_wait {
+    int result = 0;
+    bool done = false;
+};
+
+void on_sync_complete(io_request& request, int result)
+{
+    auto* wait = static_cast<sync_wait*>(request.user_data);
+    wait->result = result;
+    wait->done = true;
+}
+
+int worker::execute_one(io_op op, uint64_t offset, uint32_t length, void* buffer, uint32_t flags)
+{
+    io_request* request = queue->get_request();
+    while (request == nullptr) {
+        queue->wait(1, 1'000'000);
+        request = queue->get_request();
+    }
+    sync_wait wait;
+    request->op = op;
+    request->flags = flags;
+    request->offset = offset;
+    request->length = length;
+    request->buffer = buffer;
+    request->on_complete = on_sync_complete;
+    request->user_data = &wait;
+    queue->submit(*request);
+    while (!wait.done) {
+        queue->wait(1);
+    }
+    return wait.result;
+}
+
+int worker::execute(io_op op, uint64_t offset, uint32_t length, void* buffer, uint32_t flags)
+{
+    if (queue == nullptr) {
+        return dev->execute(op, offset, length, buffer, flags);
+    }
+    const block_limits& limits = dev->limits();
+    uint32_t max = 0;
+    switch (op) {
+    case io_op::read:
+    case io_op::write:
+        max = limits.max_transfer_bytes;
+        break;
+    case io_op::discard:
+        max = limits.max_discard_bytes;
+        break;
+    case io_op::write_zeroes:
+        max = limits.max_write_zeroes_bytes;
+        break;
+    default:
+        break;
+    }
+    if (max == 0 || length <= max) {
+        return execute_one(op, offset, length, buffer, flags);
+    }
+    max -= max % limits.logical_block_size;
+    for (uint32_t done = 0; done < length;) {
+        const uint32_t chunk = std::min(max, length - done);
+        void* at = buffer != nullptr ? static_cast<char*>(buffer) + done : nullptr;
+        const int rc = execute_one(op, offset + done, chunk, at, flags);
+        if (rc < 0) {
+            return rc;
+        }
+        done += chunk;
+    }
+    return static_cast<int>(length);
+}
 
 thread_local worker* t_worker = nullptr;
 
@@ -265,6 +347,12 @@ result<void> fuse_export::start()
             return make_error(ENOMEM, fmt::format("{}: no memory for the worker buffers", _name));
         }
         std::memset(w->scratch, 0, w->scratch_size);
+        w->dev = &_dev;
+        // Each worker drives a submit queue of its own when there are
+        // enough: no lock, no sharing.
+        if (_thread_count <= _dev.info().queues.submit_queues) {
+            w->queue = &_dev.queue(i);
+        }
         worker* raw = w.get();
         w->thread = std::thread([this, raw] { run_worker(*raw); });
         w->handle = w->thread.native_handle();
@@ -318,6 +406,9 @@ nlohmann::json fuse_export::describe() const
     out["file"] = _file_path;
     out["mount_point"] = _mount_point;
     out["threads"] = _thread_count;
+    // "per_worker": worker i drives submit queue i alone; "shared": more
+    // workers than submit queues, they share them through device::execute.
+    out["queues"] = _thread_count <= _dev.info().queues.submit_queues ? "per_worker" : "shared";
     if (_loop) {
         out["loop"] = _loop->path;
         out["loop_direct_io"] = _loop->direct_io;
@@ -568,7 +659,7 @@ int fuse_export::device_io(io_op op, uint64_t offset, uint64_t length, void* buf
     do {
         const uint32_t chunk = static_cast<uint32_t>(std::min<uint64_t>(length - done, k_max_range_op));
         void* at = buffer != nullptr ? static_cast<char*>(buffer) + done : nullptr;
-        const int rc = _dev.execute(op, offset + done, chunk, at, flags);
+        const int rc = t_worker->execute(op, offset + done, chunk, at, flags);
         if (rc < 0) {
             return rc;
         }
@@ -599,7 +690,7 @@ void fuse_export::op_read(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fu
         fuse_reply_err(req, EINVAL);  // larger than max_read: the kernel never sends it
         return;
     }
-    const int rc = e._dev.execute(io_op::read, start, static_cast<uint32_t>(end - start), w.scratch);
+    const int rc = w.execute(io_op::read, start, static_cast<uint32_t>(end - start), w.scratch);
     if (rc < 0) {
         fuse_reply_err(req, -rc);
         return;
@@ -614,14 +705,14 @@ int fuse_export::write_unaligned(worker& w, uint64_t offset, size_t length, cons
     const uint64_t end = align_up(offset + length, block);
     std::lock_guard guard(_rmw_lock);
     if (start != offset) {
-        const int rc = _dev.execute(io_op::read, start, static_cast<uint32_t>(block), w.scratch);
+        const int rc = w.execute(io_op::read, start, static_cast<uint32_t>(block), w.scratch);
         if (rc < 0) {
             return rc;
         }
     }
     const uint64_t last = end - block;
     if (end != offset + length && (last != start || start == offset)) {
-        const int rc = _dev.execute(io_op::read, last, static_cast<uint32_t>(block), w.scratch + (last - start));
+        const int rc = w.execute(io_op::read, last, static_cast<uint32_t>(block), w.scratch + (last - start));
         if (rc < 0) {
             return rc;
         }
@@ -631,7 +722,7 @@ int fuse_export::write_unaligned(worker& w, uint64_t offset, size_t length, cons
     } else {
         std::memset(w.scratch + (offset - start), 0, length);
     }
-    return _dev.execute(io_op::write, start, static_cast<uint32_t>(end - start), w.scratch);
+    return w.execute(io_op::write, start, static_cast<uint32_t>(end - start), w.scratch);
 }
 
 void fuse_export::op_write(fuse_req_t req, fuse_ino_t, const char* buf, size_t size, off_t off, fuse_file_info*)
@@ -661,7 +752,7 @@ void fuse_export::op_write(fuse_req_t req, fuse_ino_t, const char* buf, size_t s
     int rc = 0;
     if (offset % block == 0 && size % block == 0) {
         // The target only reads from the buffer of a write.
-        rc = e._dev.execute(io_op::write, offset, static_cast<uint32_t>(size), const_cast<char*>(buf));
+        rc = w.execute(io_op::write, offset, static_cast<uint32_t>(size), const_cast<char*>(buf));
     } else if (align_up(offset + size, block) - align_down(offset, block) <= w.scratch_size) {
         rc = e.write_unaligned(w, offset, size, buf);
     } else {
@@ -677,7 +768,7 @@ void fuse_export::op_write(fuse_req_t req, fuse_ino_t, const char* buf, size_t s
 void fuse_export::op_fsync(fuse_req_t req, fuse_ino_t, int, fuse_file_info*)
 {
     fuse_export& e = self(req);
-    int rc = e._dev.execute(io_op::flush, 0, 0, nullptr);
+    int rc = t_worker->execute(io_op::flush, 0, 0, nullptr);
     // Without a volatile cache there is nothing to flush.
     if (rc == -EOPNOTSUPP && !e._limits.volatile_write_cache) {
         rc = 0;
@@ -691,7 +782,7 @@ int fuse_export::write_zero_buffers(worker& w, uint64_t offset, uint64_t length)
     std::memset(w.scratch, 0, chunk_max);
     for (uint64_t done = 0; done < length;) {
         const uint64_t chunk = std::min(chunk_max, length - done);
-        const int rc = _dev.execute(io_op::write, offset + done, static_cast<uint32_t>(chunk), w.scratch);
+        const int rc = w.execute(io_op::write, offset + done, static_cast<uint32_t>(chunk), w.scratch);
         if (rc < 0) {
             return rc;
         }

@@ -1,0 +1,140 @@
+#!/usr/bin/env bash
+# FUSE+loop benchmark: the kernel's loop device with direct I/O over a FUSE
+# file, served by softblk (null target, memory_backed=1), by
+# qemu-storage-daemon's FUSE export of a raw image in tmpfs (aio=threads
+# and aio=io_uring), and by nbdfuse over nbdkit's memory plugin, all in the
+# same run. fio: psync, direct=1, 4 KiB randread and randwrite, 1 and 2
+# jobs, time based, over the same size (every device written in full
+# first). Prints the median IOPS per case over the rounds and the ratio of
+# softblk to each peer.
+#
+# usage: bench/fuse/run.sh [--driver PATH] [--runtime SECONDS] [--rounds N] [--size MIB]
+#   --driver   softblk-fuse-driver (default: build*/tests/host/ of this tree)
+# Needs root, /dev/fuse, /dev/loop-control, fio, qemu-storage-daemon,
+# nbdkit, nbdfuse. Leaves nothing mounted or attached.
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+driver=""
+runtime=5
+rounds=3
+size_mib=1024
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --driver) driver=$2; shift 2 ;;
+        --runtime) runtime=$2; shift 2 ;;
+        --size) size_mib=$2; shift 2 ;;
+        --rounds) rounds=$2; shift 2 ;;
+        *) echo "usage: $0 [--driver PATH] [--runtime SECONDS] [--rounds N] [--size MIB]" >&2; exit 2 ;;
+    esac
+done
+if [ -z "$driver" ]; then
+    driver=$(ls -t "$root"/build*/tests/host/softblk-fuse-driver 2>/dev/null | head -1 || true)
+fi
+[ "$(id -u)" -eq 0 ] || { echo "needs root" >&2; exit 1; }
+[ -x "$driver" ] || { echo "softblk-fuse-driver not found; build it or pass --driver" >&2; exit 1; }
+for tool in fio qemu-storage-daemon nbdkit nbdfuse losetup fusermount3; do
+    command -v "$tool" >/dev/null || { echo "$tool is missing (scripts/install-deps.sh)" >&2; exit 1; }
+done
+
+work=$(mktemp -d /tmp/softblk-bench-fuse.XXXXXX)
+pids=()
+cleanup() {
+    set +e
+    for l in $(losetup -nO NAME,BACK-FILE | awk -v d="$work/" 'index($2, d) == 1 {print $1}'); do
+        losetup -d "$l"
+    done
+    [ -e "$work/cmd" ] && { echo quit >&7; exec 7>&-; } 2>/dev/null
+    for m in $(awk -v d="$work/" 'index($2, d) == 1 {print $2}' /proc/self/mounts | sort -r); do
+        umount "$m" 2>/dev/null || umount -l "$m"
+    done
+    for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
+    for p in "${pids[@]}"; do wait "$p" 2>/dev/null; done
+    [ -f "$work/nbdkit.pid" ] && kill "$(cat "$work/nbdkit.pid")" 2>/dev/null
+    rm -f /dev/shm/softblk-bench-qsd-*.img
+    rm -rf "$work"
+}
+trap cleanup EXIT
+
+size=$((size_mib << 20))
+attach() {  # attach FILE: prints the loop device, checks direct I/O
+    local l
+    l=$(losetup --direct-io=on --sector-size 4096 --show -f "$1")
+    [ "$(cat "/sys/block/${l#/dev/}/loop/dio")" = 1 ] || { echo "$l: no direct I/O" >&2; exit 1; }
+    # The same data on every device: a written device, not a sparse one.
+    dd if=/dev/zero of="$l" bs=1M count="$size_mib" oflag=direct status=none
+    echo "$l"
+}
+
+cases=("randread 1" "randread 2" "randwrite 1" "randwrite 2")
+declare -A device
+
+# Every export is set up first; then each case runs on every system in
+# turn, `rounds` times, and the median per system is reported. On a shared
+# machine the load drifts: interleaving keeps the comparison fair.
+echo "== softblk (null memory_backed=1, submit_queues=2)" >&2
+mkfifo "$work/cmd" "$work/reply"
+"$driver" --run-dir "$work/softblk" <"$work/cmd" >"$work/reply" 2>"$work/driver.log" &
+pids+=($!)
+exec 7>"$work/cmd" 8<"$work/reply"
+echo "add bench null size=$size_mib memory_backed=1 blocksize=4096 submit_queues=2 -- loop=0" >&7
+read -r answer <&8
+case "$answer" in ok*) ;; *) echo "softblk: $answer" >&2; exit 1 ;; esac
+device[softblk]=$(attach "$work/softblk/fuse/bench/bench")
+
+for aio in threads io_uring; do
+    echo "== qemu-storage-daemon (raw file on /dev/shm, aio=$aio, FUSE export)" >&2
+    img=/dev/shm/softblk-bench-qsd-$aio.img
+    truncate -s "$size" "$img"
+    touch "$work/qsd-$aio"
+    qemu-storage-daemon --blockdev "driver=file,node-name=n0,filename=$img,aio=$aio" \
+        --export "type=fuse,id=e0,node-name=n0,mountpoint=$work/qsd-$aio,writable=on" 2>"$work/qsd-$aio.log" &
+    pids+=($!)
+    for _ in $(seq 100); do grep -q " $work/qsd-$aio " /proc/self/mounts && break; sleep 0.1; done
+    device[qsd-$aio]=$(attach "$work/qsd-$aio")
+done
+
+echo "== nbdfuse over nbdkit memory" >&2
+mkdir "$work/nbd"
+nbdkit -U "$work/nbdkit.sock" --pidfile "$work/nbdkit.pid" memory size="$size"
+for _ in $(seq 100); do [ -S "$work/nbdkit.sock" ] && break; sleep 0.1; done
+nbdfuse "$work/nbd/disk" --unix "$work/nbdkit.sock" &
+pids+=($!)
+for _ in $(seq 100); do [ -e "$work/nbd/disk" ] && break; sleep 0.1; done
+device[nbdfuse]=$(attach "$work/nbd/disk")
+
+systems=(softblk qsd-threads qsd-io_uring nbdfuse)
+declare -A samples
+for round in $(seq "$rounds"); do
+    for c in "${cases[@]}"; do
+        read -r rw jobs <<<"$c"
+        for sys in "${systems[@]}"; do
+            v=$(fio --name=bench --filename="${device[$sys]}" --ioengine=psync --direct=1 --bs=4k \
+                --rw="$rw" --numjobs="$jobs" --size="$size" --time_based --runtime="$runtime" \
+                --group_reporting --output-format=terse --terse-version=3 |
+                awk -F';' '{printf "%d\n", $8 + $49}')
+            samples["$sys $rw $jobs"]+="$v "
+            echo "  round $round $sys $rw numjobs=$jobs: $v IOPS" >&2
+        done
+    done
+done
+median() { tr ' ' '\n' <<<"$1" | grep . | sort -n | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}'; }
+declare -A iops
+for k in "${!samples[@]}"; do iops[$k]=$(median "${samples[$k]}"); done
+
+peers=(qsd-threads qsd-io_uring nbdfuse)
+printf '\n%-10s %-5s %9s' case jobs softblk
+for p in "${peers[@]}"; do printf ' %12s' "$p"; done
+for p in "${peers[@]}"; do printf ' %14s' "x/$p"; done
+printf '\n'
+for c in "${cases[@]}"; do
+    read -r rw jobs <<<"$c"
+    s=${iops["softblk $rw $jobs"]}
+    printf '%-10s %-5s %9d' "$rw" "$jobs" "$s"
+    for p in "${peers[@]}"; do printf ' %12d' "${iops["$p $rw $jobs"]}"; done
+    for p in "${peers[@]}"; do
+        awk -v s="$s" -v p="${iops["$p $rw $jobs"]}" 'BEGIN {printf " %14.2f", (p > 0) ? s / p : 0}'
+    done
+    printf '\n'
+done
