@@ -3,7 +3,7 @@
 //
 // Layout (null_blk's, with a page table instead of a radix tree of
 // pointers): data lives in 4 KiB pages, found through a page table keyed by
-// page index whose nodes (512 entries each) are created on first write. A
+// page index whose nodes (64 entries, 512 bytes) are created on first write. A
 // leaf entry is the page's address with a bitmap of the blocks it holds in
 // its low bits, so unwritten blocks of a page read as zeros and discard works
 // at block granularity; a page whose last block is discarded goes back to the
