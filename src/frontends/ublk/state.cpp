@@ -3,6 +3,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fmt/core.h>
 #include <fstream>
 #include <sys/stat.h>
@@ -68,10 +69,11 @@ result<void> write_state(const std::string& path, const export_state& state)
     const auto slash = path.rfind('/');
     if (slash != std::string::npos) {
         const std::string dir = path.substr(0, slash);
-        if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
-            const int e = errno;
-            return make_error(e, fmt::format("{}: cannot create the state directory: {}", dir,
-                                             std::strerror(e)));
+        std::error_code ec;
+        std::filesystem::create_directories(dir, ec);
+        if (ec) {
+            return make_error(ec.value(), fmt::format("{}: cannot create the state directory: {}", dir,
+                                                      ec.message()));
         }
     }
     const std::string tmp = path + ".tmp";
