@@ -58,6 +58,9 @@ struct mount_options {
     // operation (metadata is only written between operations, so the image
     // on the device is always the state after some complete operation).
     uint32_t meta_dirty_limit = 2048;
+    // Sequential direct writes are gathered into one device request of up
+    // to this many bytes (0: every write is its own request).
+    uint32_t write_behind_bytes = 1u << 20;
 };
 
 enum open_flag : unsigned {

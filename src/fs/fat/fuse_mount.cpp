@@ -24,6 +24,7 @@ int err(const result<T>& r)
 file* handle(fuse_file_info* fi) { return reinterpret_cast<file*>(fi->fh); }
 
 bool g_read_only = false;
+bool g_direct_io = false;
 
 void fill(const file_stat& st, struct stat* out)
 {
@@ -243,6 +244,7 @@ void* op_init(fuse_conn_info*, fuse_config* cfg)
 {
     cfg->use_ino = 0;
     cfg->nullpath_ok = 0;
+    cfg->direct_io = g_direct_io ? 1 : 0;
     return fuse_get_context()->private_data;
 }
 
@@ -287,7 +289,12 @@ int serve_fuse(volume& v, const std::string& mountpoint, bool foreground, bool r
     if (read_only) {
         opts += ",ro";
     }
+    g_direct_io = false;
     for (auto& o : fuse_options) {
+        if (o == "direct_io") {
+            g_direct_io = true;  // a fuse_config setting, not a mount option
+            continue;
+        }
         opts += "," + o;
     }
     args.emplace_back("-o");

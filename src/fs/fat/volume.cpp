@@ -155,6 +155,10 @@ struct volume_state {
     std::string last_corruption;
     cache_stats counters;
     std::vector<uint8_t> zeros = std::vector<uint8_t>(64 * 1024, 0);
+    // Write-behind run: sequential direct writes gathered into one request.
+    std::vector<uint8_t> pending;
+    uint64_t pending_sector = 0;
+    uint32_t pending_bytes = 0;
 
     volume_state(block_device& d, const mount_options& o) : dev(d), opts(o) {}
 
@@ -483,6 +487,10 @@ struct volume_state {
 
     int free_chain(uint32_t first)
     {
+        int frc = flush_pending();  // never write a freed cluster after its next owner
+        if (frc < 0) {
+            return frc;
+        }
         uint32_t c = first;
         uint32_t steps = 0;
         while (c != 0) {
@@ -1193,6 +1201,17 @@ struct volume_state {
     }
 
     // ------------------------------------------------------------ data path
+    int flush_pending()
+    {
+        if (pending_bytes == 0) {
+            return 0;
+        }
+        uint32_t bytes = pending_bytes;
+        pending_bytes = 0;
+        ++counters.direct_writes;
+        return dev.write(pending_sector * g.ratio, bytes / g.bps * g.ratio, pending.data());
+    }
+
     int cached_read(uint64_t sector, uint64_t run_end, uint32_t in, uint32_t len, uint8_t* out)
     {
         uint8_t* buf = nullptr;
@@ -1250,18 +1269,45 @@ struct volume_state {
                     count = std::min<uint64_t>(count, zeros.size() / g.bps);
                 }
                 data->invalidate(sector, count);
-                int rc = dev.write(sector * g.ratio, static_cast<uint32_t>(count * g.ratio),
-                                   src != nullptr ? src : zeros.data());
-                if (rc < 0) {
-                    return rc;
+                uint64_t bytes = count * g.bps;
+                const uint8_t* from = src != nullptr ? src : zeros.data();
+                int rc = 0;
+                if (bytes < opts.write_behind_bytes) {
+                    if (pending_bytes != 0 && (sector * g.bps != pending_sector * g.bps + pending_bytes ||
+                                               pending_bytes + bytes > opts.write_behind_bytes)) {
+                        rc = flush_pending();
+                        if (rc < 0) {
+                            return rc;
+                        }
+                    }
+                    if (pending_bytes == 0) {
+                        pending_sector = sector;
+                        pending.resize(opts.write_behind_bytes);
+                    }
+                    std::memcpy(pending.data() + pending_bytes, from, bytes);
+                    pending_bytes += static_cast<uint32_t>(bytes);
+                } else {
+                    rc = flush_pending();
+                    if (rc == 0) {
+                        rc = dev.write(sector * g.ratio, static_cast<uint32_t>(count * g.ratio), from);
+                        ++counters.direct_writes;
+                    }
+                    if (rc < 0) {
+                        return rc;
+                    }
                 }
-                ++counters.direct_writes;
                 pos += count * g.bps;
                 if (src != nullptr) {
                     src += count * g.bps;
                 }
                 len -= count * g.bps;
                 continue;
+            }
+            if (pending_bytes != 0) {
+                int rc = flush_pending();  // keep the order of writes to one sector
+                if (rc < 0) {
+                    return rc;
+                }
             }
             uint32_t chunk = static_cast<uint32_t>(std::min<uint64_t>(len, g.bps - in));
             bool whole = chunk == g.bps;
@@ -1291,6 +1337,10 @@ struct volume_state {
         }
         if (off >= n.size) {
             return 0;
+        }
+        int frc = flush_pending();
+        if (frc < 0) {
+            return frc;
         }
         uint64_t total = std::min<uint64_t>(len, n.size - off);
         uint64_t done = 0;
@@ -1443,7 +1493,11 @@ struct volume_state {
 
     int write_back_all()
     {
-        int rc = data->write_back();
+        int rc = flush_pending();
+        if (rc < 0) {
+            return rc;
+        }
+        rc = data->write_back();
         if (rc < 0) {
             return rc;
         }
@@ -1893,6 +1947,7 @@ void volume::crash_for_testing()
     std::lock_guard lock(_impl->mu);
     _impl->meta->discard_all();
     _impl->data->discard_all();
+    _impl->pending_bytes = 0;
     _impl->dead = true;
 }
 

@@ -1,0 +1,477 @@
+// softblk-bench-fat: FAT file system figures, through the library and
+// through the FUSE mount, on a memory-backed softblk null device
+// (memory_backed=1) or, where the core is not built in, the library's own
+// memory device. mtools (mcopy in and out of an image in /dev/shm) and the
+// Hermit unikernel's published figures are the peers.
+//
+// Usage: softblk-bench-fat [--volume-mib N] [--file-mib N] [--files N]
+//                          [--random-ops N] [--no-fuse] [--no-mtools]
+// Prints a Markdown table (absolute figures and ratios) to stdout.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fcntl.h>
+#include <filesystem>
+#include <functional>
+#include <optional>
+#include <random>
+#include <string>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <thread>
+#include <unistd.h>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <softblk/fat/block_device.hpp>
+#include <softblk/fat/volume.hpp>
+#if defined(SOFTBLK_FAT_HAVE_DEVICE)
+#include <softblk/fat/softblk_adapter.hpp>
+#endif
+
+#include "fuse_mount.hpp"
+
+using namespace softblk::fat;
+using clock_type = std::chrono::steady_clock;
+
+namespace {
+
+constexpr double k_mib = 1024.0 * 1024.0;
+
+// Hermit's figures after its cache fixes (references/hermit-virtio-blk-fat-pr.txt).
+constexpr double k_hermit_read_mibs = 320.4;
+constexpr double k_hermit_write_mibs = 21.9;
+constexpr double k_hermit_create_us = 201.0;
+
+struct settings {
+    uint64_t volume_mib = 512;
+    uint64_t file_mib = 256;
+    int files = 5000;
+    int random_ops = 20000;
+    bool fuse = true;
+    bool mtools = true;
+};
+
+struct figures {
+    std::string name;
+    double seq_write_mibs = 0;
+    double seq_read_mibs = 0;
+    double rand_read_iops = 0;
+    double rand_write_iops = 0;
+    double create_us = 0;
+    double delete_us = 0;
+    std::optional<double> write_requests_per_mib;
+    std::optional<double> read_requests_per_mib;
+};
+
+double seconds_since(clock_type::time_point t)
+{
+    return std::chrono::duration<double>(clock_type::now() - t).count();
+}
+
+// The operations a workload needs; one implementation on the library API,
+// one on POSIX calls into a mount point.
+class backend {
+public:
+    virtual ~backend() = default;
+    virtual int open_file(const std::string& path, bool create) = 0;  // returns a slot
+    virtual int64_t pwrite(int slot, const void* buf, size_t n, uint64_t off) = 0;
+    virtual int64_t pread(int slot, void* buf, size_t n, uint64_t off) = 0;
+    virtual int fsync(int slot) = 0;
+    virtual void close(int slot) = 0;
+    virtual bool create_empty(const std::string& path) = 0;
+    virtual bool unlink(const std::string& path) = 0;
+    virtual bool mkdir(const std::string& path) = 0;
+    virtual void remount() {}
+    virtual block_device* device() { return nullptr; }
+};
+
+class library_backend final : public backend {
+public:
+    explicit library_backend(block_device& dev) : _dev(dev) { mount(); }
+    void mount()
+    {
+        auto v = volume::mount(_dev);
+        if (!v) {
+            fmt::print(stderr, "mount: {}\n", v.error().message);
+            std::exit(1);
+        }
+        _vol = std::move(*v);
+    }
+    int open_file(const std::string& path, bool create) override
+    {
+        auto f = _vol->open(path, k_open_read | k_open_write | (create ? k_open_create | k_open_truncate : 0));
+        if (!f) {
+            fmt::print(stderr, "{}\n", f.error().message);
+            std::exit(1);
+        }
+        _files.push_back(std::move(*f));
+        return static_cast<int>(_files.size() - 1);
+    }
+    int64_t pwrite(int s, const void* b, size_t n, uint64_t o) override { return _files[s].pwrite(b, n, o); }
+    int64_t pread(int s, void* b, size_t n, uint64_t o) override { return _files[s].pread(b, n, o); }
+    int fsync(int s) override { return _files[s].fsync(); }
+    void close(int s) override { _files[s].close(); }
+    bool create_empty(const std::string& path) override
+    {
+        auto f = _vol->open(path, k_open_write | k_open_create | k_open_exclusive);
+        return f.has_value();
+    }
+    bool unlink(const std::string& path) override { return _vol->unlink(path).has_value(); }
+    bool mkdir(const std::string& path) override { return _vol->mkdir(path).has_value(); }
+    void remount() override
+    {
+        _files.clear();
+        (void)_vol->unmount();
+        _vol.reset();
+        mount();
+    }
+    block_device* device() override { return &_dev; }
+    std::string describe()
+    {
+        auto st = _vol->statfs();
+        return st ? fmt::format("FAT{} with {}-byte clusters", static_cast<int>(st->type), st->cluster_size) : "?";
+    }
+
+private:
+    block_device& _dev;
+    std::unique_ptr<volume> _vol;
+    std::vector<file> _files;
+};
+
+class posix_backend final : public backend {
+public:
+    posix_backend(std::string root, block_device* dev) : _root(std::move(root)), _dev(dev) {}
+    int open_file(const std::string& path, bool create) override
+    {
+        int fd = ::open((_root + path).c_str(), O_RDWR | (create ? O_CREAT | O_TRUNC : 0), 0644);
+        if (fd < 0) {
+            fmt::print(stderr, "{}: {}\n", path, std::strerror(errno));
+            std::exit(1);
+        }
+        _fds.push_back(fd);
+        return static_cast<int>(_fds.size() - 1);
+    }
+    int64_t pwrite(int s, const void* b, size_t n, uint64_t o) override { return ::pwrite(_fds[s], b, n, static_cast<off_t>(o)); }
+    int64_t pread(int s, void* b, size_t n, uint64_t o) override { return ::pread(_fds[s], b, n, static_cast<off_t>(o)); }
+    int fsync(int s) override { return ::fsync(_fds[s]); }
+    void close(int s) override { ::close(_fds[s]); }
+    bool create_empty(const std::string& path) override
+    {
+        int fd = ::open((_root + path).c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
+        if (fd < 0) {
+            return false;
+        }
+        ::close(fd);
+        return true;
+    }
+    bool unlink(const std::string& path) override { return ::unlink((_root + path).c_str()) == 0; }
+    bool mkdir(const std::string& path) override { return ::mkdir((_root + path).c_str(), 0755) == 0; }
+    block_device* device() override { return _dev; }
+
+private:
+    std::string _root;
+    block_device* _dev;
+    std::vector<int> _fds;
+};
+
+figures run_suite(backend& b, const std::string& name, const settings& s)
+{
+    figures fig;
+    fig.name = name;
+    const uint64_t file_bytes = s.file_mib << 20;
+    std::vector<char> buf(1 << 16);
+    std::mt19937_64 rng(1);
+    for (auto& c : buf) {
+        c = static_cast<char>(rng());
+    }
+    auto counters = [&]() { return b.device() ? b.device()->counters() : request_counters{}; };
+
+    // Sequential write (16 KiB buffers, then fsync, counted in the time)
+    // and sequential read (64 KiB buffers, after a remount: cold metadata).
+    // Best of three: the machine is shared, the best run is the least
+    // disturbed one.
+    int f = -1;
+    for (int round = 0; round < 3; ++round) {
+        if (round > 0) {
+            b.unlink("/seq.bin");
+        }
+        f = b.open_file("/seq.bin", true);
+        auto c0 = counters();
+        auto t = clock_type::now();
+        for (uint64_t off = 0; off < file_bytes; off += 16384) {
+            if (b.pwrite(f, buf.data() + (off & 0xC000), 16384, off) != 16384) {
+                fmt::print(stderr, "{}: write failed at {}\n", name, off);
+                std::exit(1);
+            }
+        }
+        b.fsync(f);
+        fig.seq_write_mibs = std::max(fig.seq_write_mibs, static_cast<double>(s.file_mib) / seconds_since(t));
+        auto c1 = counters();
+        if (b.device()) {
+            fig.write_requests_per_mib = static_cast<double>(c1.writes - c0.writes + c1.flushes - c0.flushes +
+                                                             c1.reads - c0.reads) /
+                                         static_cast<double>(s.file_mib);
+        }
+        b.close(f);
+        b.remount();
+        f = b.open_file("/seq.bin", false);
+        c0 = counters();
+        t = clock_type::now();
+        for (uint64_t off = 0; off < file_bytes; off += 65536) {
+            if (b.pread(f, buf.data(), 65536, off) != 65536) {
+                fmt::print(stderr, "{}: read failed at {}\n", name, off);
+                std::exit(1);
+            }
+        }
+        fig.seq_read_mibs = std::max(fig.seq_read_mibs, static_cast<double>(s.file_mib) / seconds_since(t));
+        c1 = counters();
+        if (b.device()) {
+            fig.read_requests_per_mib = static_cast<double>(c1.reads - c0.reads) / static_cast<double>(s.file_mib);
+        }
+        if (round < 2) {
+            b.close(f);
+        }
+    }
+
+    // 4 KiB random reads and writes, aligned, over the file.
+    uint64_t blocks = file_bytes / 4096;
+    auto t = clock_type::now();
+    for (int i = 0; i < s.random_ops; ++i) {
+        b.pread(f, buf.data(), 4096, (rng() % blocks) * 4096);
+    }
+    fig.rand_read_iops = s.random_ops / seconds_since(t);
+    t = clock_type::now();
+    for (int i = 0; i < s.random_ops; ++i) {
+        b.pwrite(f, buf.data(), 4096, (rng() % blocks) * 4096);
+    }
+    b.fsync(f);
+    fig.rand_write_iops = s.random_ops / seconds_since(t);
+    b.close(f);
+
+    // File creation and deletion in one directory (8.3 names, empty files).
+    b.mkdir("/many");
+    t = clock_type::now();
+    for (int i = 0; i < s.files; ++i) {
+        if (!b.create_empty(fmt::format("/many/f{:06d}.dat", i))) {
+            fmt::print(stderr, "{}: create {} failed\n", name, i);
+            std::exit(1);
+        }
+    }
+    fig.create_us = seconds_since(t) * 1e6 / s.files;
+    t = clock_type::now();
+    for (int i = 0; i < s.files; ++i) {
+        b.unlink(fmt::format("/many/f{:06d}.dat", i));
+    }
+    fig.delete_us = seconds_since(t) * 1e6 / s.files;
+    b.unlink("/seq.bin");
+    return fig;
+}
+
+std::unique_ptr<block_device> make_device(const settings& s, std::string& label)
+{
+#if defined(SOFTBLK_FAT_HAVE_DEVICE)
+    std::vector<std::string> opts = {"memory_backed=1", fmt::format("size={}", s.volume_mib), "bs=512",
+                                     "irqmode=0"};
+    auto dev = softblk_block_device::create("fatbench", "null", opts);
+    if (dev) {
+        label = "softblk null, memory_backed=1";
+        return std::move(*dev);
+    }
+    fmt::print(stderr, "softblk null device unavailable ({}); using the library's memory device\n",
+               dev.error().message);
+#endif
+    label = "fat::memory_block_device";
+    return std::make_unique<memory_block_device>(s.volume_mib << 20);
+}
+
+void format_or_die(block_device& dev)
+{
+    auto r = format(dev);
+    if (!r) {
+        fmt::print(stderr, "mkfs: {}\n", r.error().message);
+        std::exit(1);
+    }
+}
+
+int shell(const std::string& cmd) { return std::system(cmd.c_str()); }
+
+std::optional<figures> run_fuse(const settings& s, std::string& label)
+{
+    if (access("/dev/fuse", R_OK | W_OK) != 0) {
+        return std::nullopt;
+    }
+    auto dev = make_device(s, label);
+    format_or_die(*dev);
+    auto v = volume::mount(*dev);
+    if (!v) {
+        return std::nullopt;
+    }
+    char tmpl[] = "/tmp/softblk-fat-bench-XXXXXX";
+    std::string mnt = mkdtemp(tmpl);
+    volume& vol = **v;
+    std::thread server([&] {
+        softblk::fat::detail::serve_fuse(vol, mnt, true, false, {"direct_io"});
+    });
+    struct stat root {};
+    struct stat parent {};
+    for (int i = 0; i < 100; ++i) {
+        ::stat(mnt.c_str(), &root);
+        ::stat("/tmp", &parent);
+        if (root.st_dev != parent.st_dev) {
+            break;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    if (root.st_dev == parent.st_dev) {
+        fmt::print(stderr, "the FUSE mount at {} did not come up; skipping the FUSE figures\n", mnt);
+        server.join();
+        return std::nullopt;
+    }
+    posix_backend b(mnt, dev.get());
+    figures fig = run_suite(b, "FUSE mount (direct_io)", s);
+    shell("fusermount3 -u " + mnt);
+    server.join();
+    (void)vol.unmount();
+    v->reset();
+    rmdir(mnt.c_str());
+    return fig;
+}
+
+struct mtools_figures {
+    double in_mibs = 0;
+    double out_mibs = 0;
+    double create_us = 0;
+};
+
+std::optional<mtools_figures> run_mtools(const settings& s)
+{
+    if (shell("command -v mcopy >/dev/null 2>&1") != 0) {
+        return std::nullopt;
+    }
+    std::string dir = "/dev/shm/softblk-fat-bench";
+    shell("rm -rf " + dir + " && mkdir -p " + dir + "/small");
+    std::string img = dir + "/fat.img";
+    {
+        auto dev = file_block_device::create(img, s.volume_mib << 20);
+        if (!dev) {
+            return std::nullopt;
+        }
+        format_or_die(**dev);
+    }
+    shell(fmt::format("head -c {} /dev/urandom > {}/src.bin", s.file_mib << 20, dir));
+    mtools_figures m;
+    auto t = clock_type::now();
+    for (int round = 0; round < 3; ++round) {  // best of three, as for the library
+        shell(fmt::format("mdel -i {} ::/big.bin >/dev/null 2>&1", img));
+        t = clock_type::now();
+        shell(fmt::format("mcopy -i {} {}/src.bin ::/big.bin", img, dir));
+        m.in_mibs = std::max(m.in_mibs, static_cast<double>(s.file_mib) / seconds_since(t));
+        t = clock_type::now();
+        shell(fmt::format("mcopy -n -i {} ::/big.bin {}/out.bin", img, dir));
+        m.out_mibs = std::max(m.out_mibs, static_cast<double>(s.file_mib) / seconds_since(t));
+    }
+    int n = std::min(s.files, 2000);
+    shell(fmt::format("cd {}/small && for i in $(seq -f %06g 1 {}); do : > f$i.dat; done", dir, n));
+    shell(fmt::format("mmd -i {} ::/many", img));
+    t = clock_type::now();
+    shell(fmt::format("mcopy -i {} {}/small/* ::/many/", img, dir));
+    m.create_us = seconds_since(t) * 1e6 / n;
+    shell("rm -rf " + dir);
+    return m;
+}
+
+std::string opt(const std::optional<double>& v) { return v ? fmt::format("{:.1f}", *v) : "n/a"; }
+
+}  // namespace
+
+int main(int argc, char** argv)
+{
+    settings s;
+    for (int i = 1; i < argc; ++i) {
+        std::string a = argv[i];
+        auto next = [&]() -> uint64_t { return i + 1 < argc ? std::stoull(argv[++i]) : 0; };
+        if (a == "--volume-mib") {
+            s.volume_mib = next();
+        } else if (a == "--file-mib") {
+            s.file_mib = next();
+        } else if (a == "--files") {
+            s.files = static_cast<int>(next());
+        } else if (a == "--random-ops") {
+            s.random_ops = static_cast<int>(next());
+        } else if (a == "--no-fuse") {
+            s.fuse = false;
+        } else if (a == "--no-mtools") {
+            s.mtools = false;
+        } else {
+            fmt::print(stderr, "usage: {} [--volume-mib N] [--file-mib N] [--files N] [--random-ops N] "
+                               "[--no-fuse] [--no-mtools]\n", argv[0]);
+            return 2;
+        }
+    }
+    std::vector<figures> rows;
+    std::string lib_label;
+    std::string layout;
+    {
+        auto dev = make_device(s, lib_label);
+        format_or_die(*dev);
+        library_backend b(*dev);
+        layout = b.describe();
+        rows.push_back(run_suite(b, "library", s));
+    }
+    if (lib_label != "fat::memory_block_device") {
+        memory_block_device dev(s.volume_mib << 20);
+        format_or_die(dev);
+        library_backend b(dev);
+        rows.push_back(run_suite(b, "library (fat::memory_block_device)", s));
+    }
+    std::string fuse_label;
+    if (s.fuse) {
+        if (auto f = run_fuse(s, fuse_label)) {
+            rows.push_back(*f);
+        }
+    }
+    std::optional<mtools_figures> m;
+    if (s.mtools) {
+        m = run_mtools(s);
+    }
+
+    fmt::print("Volume of {} MiB formatted as mkfs.fat would ({}), file of {} MiB, {} files, {} random 4 KiB ops.\n",
+               s.volume_mib, layout, s.file_mib, s.files, s.random_ops);
+    fmt::print("library device: {}; FUSE device: {}\n\n", lib_label, fuse_label.empty() ? "-" : fuse_label);
+    fmt::print("| path | seq write 16 KiB (MiB/s) | seq read 64 KiB (MiB/s) | 4 KiB rand read (IOPS) | "
+               "4 KiB rand write (IOPS) | create (us/file) | delete (us/file) | requests/MiB write | "
+               "requests/MiB read |\n");
+    fmt::print("|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    for (auto& r : rows) {
+        fmt::print("| {} | {:.1f} | {:.1f} | {:.0f} | {:.0f} | {:.2f} | {:.2f} | {} | {} |\n", r.name,
+                   r.seq_write_mibs, r.seq_read_mibs, r.rand_read_iops, r.rand_write_iops, r.create_us, r.delete_us,
+                   opt(r.write_requests_per_mib), opt(r.read_requests_per_mib));
+    }
+    if (m) {
+        fmt::print("| mtools (mcopy in / out, image in /dev/shm) | {:.1f} | {:.1f} | - | - | {:.2f} | - | - | - |\n",
+                   m->in_mibs, m->out_mibs, m->create_us);
+    }
+    fmt::print("| Hermit after its fixes (published) | {:.1f} | {:.1f} | - | - | {:.0f} | - | - | - |\n\n",
+               k_hermit_write_mibs, k_hermit_read_mibs, k_hermit_create_us);
+    const figures& lib = rows.front();
+    fmt::print("Ratios, library vs Hermit: write {:.1f}x, read {:.1f}x, create {:.1f}x faster\n",
+               lib.seq_write_mibs / k_hermit_write_mibs, lib.seq_read_mibs / k_hermit_read_mibs,
+               k_hermit_create_us / lib.create_us);
+    if (m) {
+        fmt::print("Ratios, library vs mtools: write {:.1f}x, read {:.1f}x, create {:.1f}x\n",
+                   lib.seq_write_mibs / m->in_mibs, lib.seq_read_mibs / m->out_mibs, m->create_us / lib.create_us);
+        for (auto& r : rows) {
+            if (r.name.rfind("FUSE", 0) == 0) {
+                fmt::print("Ratios, FUSE vs mtools: write {:.1f}x, read {:.1f}x\n", r.seq_write_mibs / m->in_mibs,
+                           r.seq_read_mibs / m->out_mibs);
+            }
+        }
+    }
+    fmt::print("Targets: >= 10x mtools, >= 1024 MiB/s sequential read, < 20 us per create: read {}, create {}\n",
+               lib.seq_read_mibs >= 1024 ? "met" : "NOT met", lib.create_us < 20 ? "met" : "NOT met");
+    return 0;
+}

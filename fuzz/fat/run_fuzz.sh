@@ -1,0 +1,46 @@
+#!/bin/sh
+# Builds the FAT libFuzzer target with clang-16 and libc++ (std::expected
+# needs clang >= 19 with libstdc++ 12) in its own build directory, makes a
+# seed corpus with mkfs.fat and mcopy, and fuzzes for FUZZ_SECONDS (30).
+#   fuzz/fat/run_fuzz.sh [build-dir]
+# Needs: apt-get install clang-16 libc++-16-dev libc++abi-16-dev libclang-rt-16-dev dosfstools mtools
+set -eu
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+build=${1:-$root/build-fat-fuzz}
+seconds=${FUZZ_SECONDS:-30}
+cxx=${CXX_FUZZ:-clang++-16}
+if ! command -v "$cxx" >/dev/null 2>&1; then
+    echo "SKIP: $cxx not installed (apt-get install clang-16 libc++-16-dev libc++abi-16-dev libclang-rt-16-dev)"
+    exit 77
+fi
+mkdir -p "$build/corpus"
+src="$root/src/fs/fat"
+"$cxx" -std=c++2b -stdlib=libc++ -O1 -g -fsanitize=fuzzer,address,undefined -DFMT_HEADER_ONLY=1 \
+    -I"$root/include" -I"$src" \
+    "$here/mount_walk_fuzzer.cpp" "$src/block_device.cpp" "$src/format.cpp" "$src/names.cpp" \
+    "$src/sector_cache.cpp" "$src/volume.cpp" -o "$build/fat_mount_fuzzer"
+# Seeds: small FAT12 and FAT16 images with long names, subdirectories and
+# deleted entries; odd sizes mount read-write in the fuzzer.
+seed() { # name size-KiB mkfs-args
+    img="$build/corpus/$1"
+    rm -f "$img"
+    mkfs.fat -C $3 "$img" "$2" >/dev/null
+    tmp=$(mktemp -d)
+    mkdir -p "$tmp/Sub Dir/deeper"
+    echo hello > "$tmp/readme.txt"
+    echo long > "$tmp/A long file name.text"
+    head -c 5000 /dev/zero | tr '\0' x > "$tmp/Sub Dir/deeper/data.bin"
+    mcopy -s -i "$img" "$tmp"/* ::/
+    mdel -i "$img" ::/readme.txt
+    rm -rf "$tmp"
+}
+if command -v mkfs.fat >/dev/null 2>&1 && command -v mcopy >/dev/null 2>&1; then
+    seed fat12.img 160 "-F 12"
+    seed fat16.img 2200 "-F 16 -s 1"
+    cp "$build/corpus/fat12.img" "$build/corpus/fat12-rw.img"
+    printf 'x' >> "$build/corpus/fat12-rw.img"
+fi
+cp -n "$here"/corpus/* "$build/corpus/" 2>/dev/null || true
+cd "$build"
+exec ./fat_mount_fuzzer -max_total_time="$seconds" -rss_limit_mb=1024 -timeout=10 -max_len=2300000 corpus
