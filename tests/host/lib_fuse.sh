@@ -3,9 +3,11 @@
 # trap deletes the devices, detaches loop devices backed by files in the
 # run directory, unmounts what is mounted below it and kills the daemon.
 #
-# The daemon is tests/host/softblk-fuse-driver (path in
-# $SOFTBLK_FUSE_DRIVER, set by CTest): it creates devices in-process and
-# exports them with the "fuse" export type, taking commands on a FIFO.
+# The daemon is the `softblk` CLI's (path in $SOFTBLK_CLI, set by CTest
+# when the CLI is built; SOFTBLK_RUN_DIR points it at the test's run
+# directory), or else tests/host/softblk-fuse-driver ($SOFTBLK_FUSE_DRIVER),
+# which creates devices in-process and exports them with the "fuse" export
+# type, taking commands on a FIFO. The helpers below hide the difference.
 
 set -euo pipefail
 
@@ -17,8 +19,12 @@ require_host() {
     [ "$(id -u)" -eq 0 ] || skip "needs root (FUSE allow_other, loop devices)"
     [ -c /dev/fuse ] || skip "/dev/fuse is missing"
     [ -c /dev/loop-control ] || skip "/dev/loop-control is missing"
-    [ -n "${SOFTBLK_FUSE_DRIVER:-}" ] && [ -x "$SOFTBLK_FUSE_DRIVER" ] ||
-        skip "SOFTBLK_FUSE_DRIVER does not name the built softblk-fuse-driver"
+    if [ -n "${SOFTBLK_CLI:-}" ]; then
+        [ -x "$SOFTBLK_CLI" ] || skip "SOFTBLK_CLI=$SOFTBLK_CLI is not executable"
+    else
+        [ -n "${SOFTBLK_FUSE_DRIVER:-}" ] && [ -x "$SOFTBLK_FUSE_DRIVER" ] ||
+            skip "neither SOFTBLK_CLI nor SOFTBLK_FUSE_DRIVER names a built daemon"
+    fi
     local tool
     for tool in "$@"; do
         command -v "$tool" >/dev/null || skip "$tool is not installed (scripts/install-deps.sh)"
@@ -32,7 +38,15 @@ REPLY_LINE=""
 cleanup_host() {
     local rc=$?
     set +e
-    if [ -n "$DAEMON_PID" ] && kill -0 "$DAEMON_PID" 2>/dev/null; then
+    if [ -n "${SOFTBLK_CLI:-}" ] && [ -n "$RUN_DIR" ]; then
+        DAEMON_PID=$(cat "$RUN_DIR/daemon.pid" 2>/dev/null || true)
+        if [ -n "$DAEMON_PID" ] && kill -0 "$DAEMON_PID" 2>/dev/null; then
+            timeout 20 "$SOFTBLK_CLI" del --all >/dev/null 2>&1
+            timeout 20 "$SOFTBLK_CLI" shutdown >/dev/null 2>&1
+            for _ in $(seq 100); do kill -0 "$DAEMON_PID" 2>/dev/null || break; sleep 0.1; done
+            kill -9 "$DAEMON_PID" 2>/dev/null
+        fi
+    elif [ -n "$DAEMON_PID" ] && kill -0 "$DAEMON_PID" 2>/dev/null; then
         echo quit >&7 2>/dev/null
         exec 7>&- 2>/dev/null
         for _ in $(seq 100); do kill -0 "$DAEMON_PID" 2>/dev/null || break; sleep 0.1; done
@@ -61,10 +75,17 @@ start_daemon() {
     trap cleanup_host EXIT
     trap 'exit 130' INT TERM
     launch_daemon
+    # A first command starts the CLI's daemon (the driver is up already).
+    sb list
 }
 
-# Starts a daemon on the existing run directory (after a crash).
+# Starts a daemon on the existing run directory (after a crash). The CLI
+# starts its daemon by itself on the next command.
 launch_daemon() {
+    if [ -n "${SOFTBLK_CLI:-}" ]; then
+        export SOFTBLK_RUN_DIR=$RUN_DIR
+        return 0
+    fi
     rm -f "$RUN_DIR/cmd" "$RUN_DIR/reply"
     mkfifo "$RUN_DIR/cmd" "$RUN_DIR/reply"
     "$SOFTBLK_FUSE_DRIVER" --run-dir "$RUN_DIR" <"$RUN_DIR/cmd" >"$RUN_DIR/reply" 2>"$RUN_DIR/daemon.log" &
@@ -76,6 +97,10 @@ launch_daemon() {
 # Sends one command; the answer line (without "ok ") lands in REPLY_LINE.
 # Fails the test on "error ..." unless called as `sb_try`.
 sb_try() {
+    if [ -n "${SOFTBLK_CLI:-}" ]; then
+        cli_command "$@"
+        return
+    fi
     echo "$*" >&7
     if ! read -r -t 60 REPLY_LINE <&8; then
         fail "daemon did not answer '$*' (log: $(cat "$RUN_DIR/daemon.log"))"
@@ -86,6 +111,40 @@ sb_try() {
     esac
 }
 sb() { sb_try "$@" || fail "'$*' failed: $REPLY_LINE"; }
+
+# The driver's commands through the CLI. `add` answers with a flat JSON
+# object like the driver's, so the tests read it the same way.
+cli_command() {
+    local out rc=0
+    case "$1" in
+        add)
+            local name=$2 args=() export_args=() after=0 word
+            for word in "${@:4}"; do
+                if [ "$word" = -- ]; then after=1
+                elif [ $after = 1 ]; then export_args+=(--export-opt "$word")
+                else args+=("$word"); fi
+            done
+            out=$("$SOFTBLK_CLI" add "$3" "${args[@]}" --export fuse "${export_args[@]}" --name "$name" 2>&1) || rc=$?
+            if [ $rc = 0 ]; then
+                REPLY_LINE=$(awk '$1 == "loop:" {l = $2} $1 == "file:" {f = $2}
+                    END {printf "{\"file\":\"%s\",\"loop\":\"%s\"}", f, l}' <<<"$out")
+            fi ;;
+        del) out=$("$SOFTBLK_CLI" del "$2" 2>&1) || rc=$? ;;
+        list) out=$("$SOFTBLK_CLI" list --json 2>&1) || rc=$?; REPLY_LINE=$out ;;
+        cleanup) out=$("$SOFTBLK_CLI" list 2>&1) || rc=$? ;;
+        crash)
+            DAEMON_PID=$(cat "$RUN_DIR/daemon.pid")
+            kill -9 "$DAEMON_PID"
+            for _ in $(seq 100); do kill -0 "$DAEMON_PID" 2>/dev/null || break; sleep 0.05; done
+            return 0 ;;
+        *) fail "unknown command $1" ;;
+    esac
+    [ $rc = 0 ] || REPLY_LINE=$out
+    if [ $rc = 0 ] && [ "$1" != add ] && [ "$1" != list ]; then REPLY_LINE=""; fi
+    # The daemon starts with the first command.
+    DAEMON_PID=$(cat "$RUN_DIR/daemon.pid" 2>/dev/null || true)
+    return $rc
+}
 
 # sb_add NAME [device options] [-- export options]: prints the loop device.
 sb_add() {
