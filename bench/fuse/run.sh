@@ -69,6 +69,11 @@ attach() {  # attach FILE: prints the loop device, checks direct I/O
 
 cases=("randread 1" "randread 2" "randwrite 1" "randwrite 2")
 declare -A device
+# The server processes of each system: their CPU time per I/O (user +
+# system, all threads; the loop driver's kernel work is the same for all and
+# not counted) says how much each spends on a request, whatever the load.
+declare -A server
+cpu_ticks() { local t=0 p; for p in $1; do t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat"))); done; echo $t; }
 
 # Every export is set up first; then each case runs on every system in
 # turn, `rounds` times, and the median per system is reported. On a shared
@@ -77,6 +82,7 @@ echo "== softblk (null memory_backed=1, submit_queues=2)" >&2
 mkfifo "$work/cmd" "$work/reply"
 "$driver" --run-dir "$work/softblk" <"$work/cmd" >"$work/reply" 2>"$work/driver.log" &
 pids+=($!)
+server[softblk]=$!
 exec 7>"$work/cmd" 8<"$work/reply"
 echo "add bench null size=$size_mib memory_backed=1 blocksize=4096 submit_queues=2 -- loop=0" >&7
 read -r answer <&8
@@ -91,6 +97,7 @@ for aio in threads io_uring; do
     qemu-storage-daemon --blockdev "driver=file,node-name=n0,filename=$img,aio=$aio" \
         --export "type=fuse,id=e0,node-name=n0,mountpoint=$work/qsd-$aio,writable=on" 2>"$work/qsd-$aio.log" &
     pids+=($!)
+    server[qsd-$aio]=$!
     for _ in $(seq 100); do grep -q " $work/qsd-$aio " /proc/self/mounts && break; sleep 0.1; done
     device[qsd-$aio]=$(attach "$work/qsd-$aio")
 done
@@ -101,27 +108,36 @@ nbdkit -U "$work/nbdkit.sock" --pidfile "$work/nbdkit.pid" memory size="$size"
 for _ in $(seq 100); do [ -S "$work/nbdkit.sock" ] && break; sleep 0.1; done
 nbdfuse "$work/nbd/disk" --unix "$work/nbdkit.sock" &
 pids+=($!)
+server[nbdfuse]="$! $(cat "$work/nbdkit.pid")"
 for _ in $(seq 100); do [ -e "$work/nbd/disk" ] && break; sleep 0.1; done
 device[nbdfuse]=$(attach "$work/nbd/disk")
 
 systems=(softblk qsd-threads qsd-io_uring nbdfuse)
-declare -A samples
+declare -A samples cpu_samples
+tick_us=$((1000000 / $(getconf CLK_TCK)))
 for round in $(seq "$rounds"); do
     for c in "${cases[@]}"; do
         read -r rw jobs <<<"$c"
         for sys in "${systems[@]}"; do
-            v=$(fio --name=bench --filename="${device[$sys]}" --ioengine=psync --direct=1 --bs=4k \
+            before=$(cpu_ticks "${server[$sys]}")
+            read -r v ios < <(fio --name=bench --filename="${device[$sys]}" --ioengine=psync --direct=1 --bs=4k \
                 --rw="$rw" --numjobs="$jobs" --size="$size" --time_based --runtime="$runtime" \
                 --group_reporting --output-format=terse --terse-version=3 |
-                awk -F';' '{printf "%d\n", $8 + $49}')
+                awk -F';' '{printf "%d %d\n", $8 + $49, ($6 + $47) / 4}')
+            after=$(cpu_ticks "${server[$sys]}")
+            cpu=$(awk -v t=$((after - before)) -v us="$tick_us" -v n="$ios" 'BEGIN {printf "%.1f", (n > 0) ? t * us / n : 0}')
             samples["$sys $rw $jobs"]+="$v "
-            echo "  round $round $sys $rw numjobs=$jobs: $v IOPS" >&2
+            cpu_samples["$sys $rw $jobs"]+="$cpu "
+            echo "  round $round $sys $rw numjobs=$jobs: $v IOPS, server CPU $cpu us/IO" >&2
         done
     done
 done
-median() { tr ' ' '\n' <<<"$1" | grep . | sort -n | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}'; }
-declare -A iops
-for k in "${!samples[@]}"; do iops[$k]=$(median "${samples[$k]}"); done
+median() { tr ' ' '\n' <<<"$1" | grep . | sort -g | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}'; }
+declare -A iops cpu_us
+for k in "${!samples[@]}"; do
+    iops[$k]=$(median "${samples[$k]}")
+    cpu_us[$k]=$(median "${cpu_samples[$k]}")
+done
 
 peers=(qsd-threads qsd-io_uring nbdfuse)
 printf '\n%-10s %-5s %9s' case jobs softblk
@@ -138,3 +154,13 @@ for c in "${cases[@]}"; do
     done
     printf '\n'
 done
+printf '\nserver CPU per I/O (us, median)\n%-10s %-5s %9s' case jobs softblk
+for p in "${peers[@]}"; do printf ' %12s' "$p"; done
+printf '\n'
+for c in "${cases[@]}"; do
+    read -r rw jobs <<<"$c"
+    printf '%-10s %-5s %9s' "$rw" "$jobs" "${cpu_us["softblk $rw $jobs"]}"
+    for p in "${peers[@]}"; do printf ' %12s' "${cpu_us["$p $rw $jobs"]}"; done
+    printf '\n'
+done
+printf '\nload average at the end: %s\n' "$(cut -d' ' -f1-3 /proc/loadavg)"
