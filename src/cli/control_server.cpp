@@ -28,6 +28,12 @@ struct control_server::client {
     clock::time_point request_started;  // first byte of the pending request
     bool close_after_write = false;
     bool closed = false;
+    // Refused (wrong uid, too many clients): gets its error reply, its input
+    // is read and dropped (closing a unix socket with unread data would
+    // reset the connection before the peer reads the reply), and it is
+    // closed at refuse_deadline.
+    bool refused = false;
+    clock::time_point refuse_deadline;
 
     ~client()
     {
@@ -131,21 +137,26 @@ void control_server::accept_clients()
         c->pid = cred.pid;
         std::string refusal;
         int code = 0;
+        const size_t active = static_cast<size_t>(
+            std::count_if(_clients.begin(), _clients.end(), [](const auto& other) { return !other->refused; }));
         if (cred.uid != 0 && cred.uid != ::geteuid()) {
             refusal = fmt::format("permission denied: uid {} may not control this daemon (only root and uid {})",
                                   cred.uid, ::geteuid());
             code = EACCES;
-        } else if (_clients.size() >= _limits.max_clients) {
+        } else if (active >= _limits.max_clients) {
             refusal = fmt::format("too many clients ({}); try again later", _limits.max_clients);
             code = EBUSY;
         }
         if (!refusal.empty()) {
             spdlog::warn("client {} (pid {}, uid {}) refused: {}", c->number, cred.pid, cred.uid, refusal);
-            const std::string reply = format_error(nullptr, error{std::error_code(code, std::generic_category()),
-                                                                  refusal});
-            // Best effort: a fresh socket buffer holds a short reply.
-            (void)::send(fd, reply.data(), reply.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
-            continue;
+            c->out = format_error(nullptr, error{std::error_code(code, std::generic_category()), refusal});
+            if (_clients.size() >= 2 * _limits.max_clients) {
+                // Too many even to refuse politely: best effort, then close.
+                (void)::send(fd, c->out.data(), c->out.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+                continue;
+            }
+            c->refused = true;
+            c->refuse_deadline = c->last_progress + std::chrono::seconds(1);
         }
         _clients.push_back(std::move(c));
     }
@@ -205,6 +216,10 @@ void control_server::read_client(client& c, const request_handler& handler)
         if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
             c.closed = true;
         }
+        return;
+    }
+    if (c.refused) {
+        c.closed = n == 0 && !c.has_output();
         return;
     }
     if (n == 0) {
@@ -267,6 +282,10 @@ void control_server::write_client(client& c)
 
 void control_server::check_timeouts(client& c, clock::time_point now)
 {
+    if (c.refused) {
+        c.closed = now >= c.refuse_deadline;
+        return;
+    }
     if (c.has_output()) {
         if (now - c.last_progress > _limits.request_timeout) {
             spdlog::warn("client {} (pid {}) did not read its reply within {} ms, closing", c.number, c.pid,
@@ -313,7 +332,9 @@ std::string control_server::run(const request_handler& handler, int stop_fd)
         fds.push_back({_listen_fd, static_cast<short>(_stop_reason.empty() ? POLLIN : 0), 0});
         for (const auto& c : _clients) {
             short events = 0;
-            if (c->has_output()) {
+            if (c->refused) {
+                events = static_cast<short>(POLLIN | (c->has_output() ? POLLOUT : 0));
+            } else if (c->has_output()) {
                 events |= POLLOUT;
             } else if (!c->close_after_write && _stop_reason.empty()) {
                 // Backpressure: a client's next request is read once its

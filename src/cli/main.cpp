@@ -371,7 +371,8 @@ int main(int argc, char** argv)
     add_cmd->add_option("--name", add.name, "device name (default: TYPE + the lowest free number)");
     add_cmd->add_option("--export", add.export_type,
                         "export type: ublk, fuse, nbd or none (default: the first available of ublk, fuse)");
-    add_cmd->add_option("--export-opt", add.export_options, "export option key=value (repeatable)");
+    add_cmd->add_option("--export-opt", add.export_options, "export option key=value (repeatable)")
+        ->allow_extra_args(false);
     add_cmd->add_option("--size", add.flags.size, "device size with a K/M/G/T suffix (e.g. 4G): the type's size option");
     add_cmd->add_option("--bs", add.flags.block_size, "block size in bytes: blocksize=");
     add_cmd->add_flag("--memory-backed", add.flags.memory_backed, "keep the data in RAM: memory_backed=1");
