@@ -299,6 +299,29 @@ TEST_F(fuse_export_test, stop_unmounts_and_is_idempotent)
     EXPECT_TRUE(_export->stop());
 }
 
+TEST(fuse_export_unprivileged, no_loop_device_by_default_and_a_clear_error_when_asked)
+{
+    std::string why;
+    if (!fuse_usable(why)) {
+        GTEST_SKIP() << why;
+    }
+    const std::string run_dir = make_run_dir();
+    auto dev = make_device("user", {"size=4"});
+    ASSERT_NE(dev, nullptr);
+    softblk::export_context ctx{.run_dir = run_dir, .privileged = false};
+    auto exp = fuse_type().start(*dev, ctx, std::vector<std::string>{});
+    ASSERT_TRUE(exp) << exp.error().message;
+    EXPECT_FALSE((*exp)->describe().contains("loop"));
+    EXPECT_TRUE((*exp)->stop());
+    auto refused = fuse_type().start(*dev, ctx, std::vector<std::string>{"loop=1"});
+    ASSERT_FALSE(refused);
+    EXPECT_EQ(refused.error().code.value(), EPERM);
+    EXPECT_NE(refused.error().message.find("loop=0"), std::string::npos) << refused.error().message;
+    EXPECT_FALSE(mounted(run_dir + "/fuse/user"));
+    ::rmdir((run_dir + "/fuse").c_str());
+    ::rmdir(run_dir.c_str());
+}
+
 TEST(fuse_export_stale, cleanup_removes_the_mount_of_a_dead_process)
 {
     std::string why;

@@ -45,7 +45,8 @@ constexpr std::chrono::milliseconds k_join_timeout{10'000};
 
 constexpr option_def k_options[] = {
     {.name = "loop", .kind = option_kind::boolean, .default_value = "1", .unit = "",
-     .help = "attach the file to a loop device with direct I/O (needs root); 0: the file only"},
+     .help = "attach the file to a loop device with direct I/O (needs root; a daemon that is not root "
+             "defaults to 0); 0: the file only"},
     {.name = "threads", .kind = option_kind::integer, .default_value = "0", .unit = "",
      .help = "FUSE worker threads; 0: one per submit queue of the device, at least 2", .min = 0,
      .max = 64},
@@ -254,7 +255,9 @@ fuse_export::fuse_export(device& dev, const export_context& ctx, const option_se
     _mount_point = ctx.run_dir + "/fuse/" + _name;
     _file_path = _mount_point + "/" + _name;
     _privileged = ctx.privileged;
-    _want_loop = options.flag("loop");
+    // A daemon that is not root gets the file only, unless it asks for
+    // loop=1 (and is then told why it cannot have it).
+    _want_loop = options.flag("loop") && (ctx.privileged || options.given("loop"));
     _thread_count = static_cast<unsigned>(options.u64("threads"));
     if (_thread_count == 0) {
         _thread_count = std::max(2u, dev.info().queues.submit_queues);
@@ -293,6 +296,11 @@ const fuse_lowlevel_ops& fuse_export::operations()
 
 result<void> fuse_export::start()
 {
+    if (_want_loop && !_privileged) {
+        return make_error(EPERM, fmt::format("{}: loop=1 needs root (the daemon is not privileged); "
+                                             "use loop=0 to export the file only",
+                                             _name));
+    }
     const std::string fuse_dir = _mount_point.substr(0, _mount_point.rfind('/'));
     for (const mount_entry& entry : read_mounts()) {
         if (entry.mount_point != _mount_point) {
@@ -360,11 +368,6 @@ result<void> fuse_export::start()
     }
 
     if (_want_loop) {
-        if (!_privileged) {
-            return make_error(EPERM, fmt::format("{}: loop=1 needs root (the daemon is not privileged); "
-                                                 "use loop=0 to export the file only",
-                                                 _name));
-        }
         auto loop = attach_loop(_file_path, _limits.logical_block_size, _limits.read_only);
         if (!loop) {
             return std::unexpected(loop.error());
