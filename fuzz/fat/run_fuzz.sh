@@ -16,10 +16,22 @@ if ! command -v "$cxx" >/dev/null 2>&1; then
 fi
 mkdir -p "$build/corpus"
 src="$root/src/fs/fat"
-"$cxx" -std=c++2b -stdlib=libc++ -O1 -g -fsanitize=fuzzer,address,undefined -DFMT_HEADER_ONLY=1 \
-    -I"$root/include" -I"$src" \
-    "$here/mount_walk_fuzzer.cpp" "$src/block_device.cpp" "$src/format.cpp" "$src/names.cpp" \
-    "$src/sector_cache.cpp" "$src/volume.cpp" -o "$build/fat_mount_fuzzer"
+# The libFuzzer runtime itself is built against libstdc++: link both (no
+# standard-library types cross between it and the target).
+objs=""
+for f in "$here/mount_walk_fuzzer.cpp" "$src/block_device.cpp" "$src/format.cpp" "$src/names.cpp" \
+         "$src/sector_cache.cpp" "$src/volume.cpp"; do
+    o="$build/$(basename "$f" .cpp).o"
+    if [ ! -f "$o" ] || [ "$f" -nt "$o" ]; then
+        "$cxx" -std=c++2b -stdlib=libc++ -O1 -g -fsanitize=fuzzer,address,undefined -DFMT_HEADER_ONLY=1 \
+            -I"$root/include" -I"$src" -c "$f" -o "$o"
+    fi
+    objs="$objs $o"
+done
+runtime="$("$cxx" -print-runtime-dir)/libclang_rt.fuzzer-x86_64.a"
+stdcxx=$(ls /usr/lib/*-linux-gnu/libstdc++.so.6 2>/dev/null | head -n 1)
+"$cxx" -stdlib=libc++ -fsanitize=address,undefined $objs "$runtime" "${stdcxx:--lstdc++}" \
+    -o "$build/fat_mount_fuzzer"
 # Seeds: small FAT12 and FAT16 images with long names, subdirectories and
 # deleted entries; odd sizes mount read-write in the fuzzer.
 seed() { # name size-KiB mkfs-args
