@@ -304,3 +304,29 @@ TEST(FatFormat, Fat32HasFsinfoAndBackupBootSector)
 }
 
 }  // namespace
+
+namespace {
+
+TEST(FatMirror, Fat32WithMirroringOffWritesOnlyTheActiveFat)
+{
+    memory_block_device dev(40u << 20);
+    ASSERT_TRUE(format(dev, {.type = fat_type::fat32, .cluster_size = 512}).has_value());
+    auto& img = dev.bytes();
+    put16(&img[40], 0x80 | 1);  // mirroring off, FAT 1 active
+    uint32_t reserved = le16(&img[14]);
+    uint32_t fat_size = le32(&img[36]);
+    std::vector<uint8_t> fat0(img.begin() + reserved * 512, img.begin() + (reserved + fat_size) * 512);
+    {
+        auto v = volume::mount(dev);
+        ASSERT_TRUE(v.has_value());
+        write_all(**v, "/file", std::string(100000, 'm'));
+        ASSERT_TRUE((*v)->unmount().has_value());
+    }
+    EXPECT_TRUE(std::equal(fat0.begin(), fat0.end(), img.begin() + reserved * 512)) << "FAT 0 must not change";
+    EXPECT_NE(le32(&img[(reserved + fat_size) * 512 + 3 * 4]), 0u) << "FAT 1 holds the new chain";
+    auto v = volume::mount(dev, {.read_only = true});
+    ASSERT_TRUE(v.has_value());
+    EXPECT_EQ(read_all(**v, "/file"), std::string(100000, 'm'));
+}
+
+}  // namespace
