@@ -134,7 +134,7 @@ int run_add(const add_command& cmd)
     }
     fmt::print("{}\n", res->value("name", std::string()));
     const json exp = res->value("export", json::object());
-    fmt::print("  export: {}\n", exp.value("type", std::string("none")));
+    fmt::print("  export type: {}\n", exp.value("type", std::string("none")));
     for (const auto& [key, value] : export_paths(exp)) {
         fmt::print("  {}: {}\n", key, value);
     }
