@@ -1,4 +1,4 @@
-#define FUSE_USE_VERSION 31
+#define FUSE_USE_VERSION 312
 #include "fuse_mount.hpp"
 
 #include <cerrno>
@@ -281,10 +281,6 @@ int serve_fuse(volume& v, const std::string& mountpoint, bool foreground, bool r
     ops.init = op_init;
     ops.destroy = op_destroy;
 
-    std::vector<std::string> args = {"softblk-fat", mountpoint};
-    if (foreground) {
-        args.emplace_back("-f");
-    }
     std::string opts = "fsname=softblk-fat,subtype=vfat";
     if (read_only) {
         opts += ",ro";
@@ -297,14 +293,39 @@ int serve_fuse(volume& v, const std::string& mountpoint, bool foreground, bool r
         }
         opts += "," + o;
     }
-    args.emplace_back("-o");
-    args.push_back(opts);
+    std::vector<std::string> args = {"softblk-fat", "-o", opts};
     std::vector<char*> argv;
     for (auto& a : args) {
         argv.push_back(a.data());
     }
-    argv.push_back(nullptr);
-    return fuse_main(static_cast<int>(argv.size() - 1), argv.data(), &ops, &v);
+    fuse_args fargs = FUSE_ARGS_INIT(static_cast<int>(argv.size()), argv.data());
+    fuse* f = fuse_new(&fargs, &ops, sizeof ops, &v);
+    if (f == nullptr) {
+        fmt::print(stderr, "softblk fat mount: bad FUSE options \"{}\"\n", opts);
+        return 1;
+    }
+    if (fuse_mount(f, mountpoint.c_str()) != 0) {
+        fuse_destroy(f);
+        fmt::print(stderr, "softblk fat mount: cannot mount on {} (does it exist? is /dev/fuse usable?)\n",
+                   mountpoint);
+        return 1;
+    }
+    int rc = 1;
+    if (fuse_daemonize(foreground ? 1 : 0) == 0) {
+        fuse_session* se = fuse_get_session(f);
+        bool handlers = fuse_set_signal_handlers(se) == 0;
+        fuse_loop_config* cfg = fuse_loop_cfg_create();
+        fuse_loop_cfg_set_max_threads(cfg, 8);
+        fuse_loop_cfg_set_idle_threads(cfg, 2);
+        rc = fuse_loop_mt(f, cfg) == 0 ? 0 : 1;
+        fuse_loop_cfg_destroy(cfg);
+        if (handlers) {
+            fuse_remove_signal_handlers(se);
+        }
+    }
+    fuse_unmount(f);
+    fuse_destroy(f);
+    return rc;
 }
 
 }  // namespace softblk::fat::detail
