@@ -368,6 +368,37 @@ TEST_F(daemon_test, first_command_starts_the_daemon_with_a_private_socket)
     EXPECT_EQ(status["run_dir"], _dir);
 }
 
+TEST_F(daemon_test, concurrent_first_commands_start_exactly_one_daemon)
+{
+    std::vector<pid_t> clients;
+    for (int i = 0; i < 4; ++i) {
+        const pid_t pid = ::fork();
+        if (pid == 0) {
+            const int null_fd = ::open("/dev/null", O_WRONLY);
+            ::dup2(null_fd, STDOUT_FILENO);
+            ::execl(SOFTBLK_BIN, SOFTBLK_BIN, "list", static_cast<char*>(nullptr));
+            _exit(127);
+        }
+        ASSERT_GT(pid, 0);
+        clients.push_back(pid);
+    }
+    for (pid_t pid : clients) {
+        int status = 0;
+        ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+        EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
+    }
+    remember_daemon();
+    // Daemons that lost the race for the lock leave at once.
+    const auto deadline = std::chrono::steady_clock::now() + 5s;
+    std::vector<pid_t> running = processes_of_this_run_dir();
+    while (running.size() > 1 && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(50ms);
+        running = processes_of_this_run_dir();
+    }
+    ASSERT_EQ(running.size(), 1u);
+    EXPECT_EQ(running[0], daemon_pid());
+}
+
 TEST_F(daemon_test, adds_lists_and_deletes_several_devices)
 {
     run_result a = softblk({"add", "null", "memory_backed=1", "size=64", "bs=4096", "--export", "none", "--name", "a"});
