@@ -410,6 +410,10 @@ int main(int argc, char** argv)
     CLI::App* status_cmd = app.add_subcommand("status", "show whether a daemon runs, its pid and devices");
     status_cmd->add_flag("--json", status_json, "print JSON");
 
+    CLI::App* recover_cmd = app.add_subcommand(
+        "recover", "start a daemon if none runs (it re-creates and re-exports every device from its state file, "
+                   "re-attaching ublk devices that outlived their daemon) and list the devices");
+
     CLI::App* shutdown_cmd = app.add_subcommand(
         "shutdown", "stop the daemon and every export; device state stays for the next daemon");
 
@@ -438,6 +442,11 @@ int main(int argc, char** argv)
     }
     if (daemon_cmd->parsed()) {
         return run_daemon_command(foreground, quiet, client_timeout_ms);
+    }
+    if (recover_cmd->parsed()) {
+        // Recovery is what every daemon does when it starts; this command
+        // only makes sure one has started.
+        return run_list(false);
     }
     if (status_cmd->parsed()) {
         return run_status(status_json);
