@@ -300,6 +300,7 @@ int serve_fuse(volume& v, const std::string& mountpoint, bool foreground, bool r
     }
     fuse_args fargs = FUSE_ARGS_INIT(static_cast<int>(argv.size()), argv.data());
     fuse* f = fuse_new(&fargs, &ops, sizeof ops, &v);
+    fuse_opt_free_args(&fargs);
     if (f == nullptr) {
         fmt::print(stderr, "softblk fat mount: bad FUSE options \"{}\"\n", opts);
         return 1;
