@@ -212,10 +212,13 @@ int device_impl::execute_one(queue_impl& q, io_op op, uint64_t offset, uint32_t 
 
 int device_impl::execute(io_op op, uint64_t offset, uint32_t length, void* buffer, uint32_t flags)
 {
-    // One submission queue per calling thread, spread by thread id.
-    thread_local const size_t thread_hash = std::hash<std::thread::id>{}(std::this_thread::get_id());
+    // One submission queue per calling thread, handed out round robin the
+    // first time a thread calls (thread ids are aligned addresses and hash
+    // badly onto a few queues).
+    static std::atomic<unsigned> next_slot{0};
+    thread_local const unsigned slot = next_slot.fetch_add(1, std::memory_order_relaxed);
     const unsigned qcount = _info.queues.submit_queues;
-    queue_impl& q = *_queues[thread_hash % qcount];
+    queue_impl& q = *_queues[slot % qcount];
     std::lock_guard guard(q.sync_lock());
 
     // Split on the device's limits so callers need not know them.

@@ -437,3 +437,18 @@ TEST(null_target, queues_run_concurrently_on_the_memory_store)
 }
 
 }  // namespace
+
+TEST(null_options, queue_mode_follows_null_blk)
+{
+    std::vector<std::string> legacy = {"queue_mode=1"};
+    auto bad = softblk::device::create("qm1", "null", legacy);
+    ASSERT_FALSE(bad);
+    EXPECT_NE(bad.error().message.find("queue_mode"), std::string::npos);
+    for (const char* ok : {"queue_mode=0", "queue_mode=2"}) {
+        std::vector<std::string> args = {ok, "size=16"};
+        auto dev = softblk::device::create("qm", "null", args);
+        EXPECT_TRUE(dev) << ok;
+    }
+    std::vector<std::string> out_of_range = {"queue_mode=3"};
+    EXPECT_FALSE(softblk::device::create("qm3", "null", out_of_range));
+}

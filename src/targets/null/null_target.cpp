@@ -68,6 +68,9 @@ constexpr option_def k_null_options[] = {
      .help = "ask kernel front ends for no I/O scheduler; softblk itself never reorders requests"},
     {.name = "power", .kind = option_kind::boolean, .default_value = "1", .unit = "",
      .help = "a device is created powered on (power=1); power it off with device::set_power"},
+    {.name = "queue_mode", .kind = option_kind::integer, .default_value = "2", .unit = "",
+     .help = "0 bio (null_blk maps it to 2), 1 legacy request queue (removed: an error), 2 multi-queue",
+     .min = 0, .max = 2},
     {.name = "index", .kind = option_kind::signed_integer, .default_value = "-1", .unit = "",
      .help = "device index: -1 takes the lowest free one (null_blk's ida); N asks for N", .smin = -1,
      .smax = 1'048'575},
@@ -295,6 +298,10 @@ result<std::unique_ptr<target>> create_null(const option_set& o)
                                               "needs submit_queues={} (null_blk sets it so); got "
                                               "submit_queues={}",
                                               nodes, o.u64("submit_queues")));
+    }
+    if (o.u64("queue_mode") == 1) {
+        return make_error(EINVAL, "queue_mode=1: the legacy request path is no longer available (as in "
+                                  "null_blk); use queue_mode=2");
     }
     if (!o.flag("power")) {
         return make_error(EINVAL, "power=0: a device is created powered on (configfs' `echo 1 > power`); "
