@@ -21,6 +21,9 @@
 #include "device_host.hpp"
 #include "run_dir.hpp"
 
+#ifdef SOFTBLK_HAVE_UBLK
+#include <softblk/ublk/ublk.hpp>
+#endif
 #ifdef SOFTBLK_HAVE_FAT
 #include <softblk/fat/cli.hpp>
 #endif
@@ -254,6 +257,23 @@ int run_features(const std::string& type, bool json_output)
         fmt::print("  {:<6} {:<14} {}\n", e["name"].get<std::string>(),
                    e["available"].get<bool>() ? "available" : "not available", e["description"].get<std::string>());
     }
+#ifdef SOFTBLK_HAVE_UBLK
+    // Every feature bit the running kernel's ublk driver reports, unknown
+    // ones as "bit N".
+    if (auto k = softblk::ublk::query_kernel_features()) {
+        if (k->bits) {
+            fmt::print("\nublk kernel features (0x{:x}):", *k->bits);
+            for (const std::string& n : k->names) {
+                fmt::print(" {}", n);
+            }
+            fmt::print("\n");
+        } else {
+            fmt::print("\nublk kernel features: not reported (kernel before 6.5, no GET_FEATURES)\n");
+        }
+    } else {
+        fmt::print("\nublk kernel features: unavailable ({})\n", k.error().message);
+    }
+#endif
     return 0;
 }
 
