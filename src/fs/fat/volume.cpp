@@ -92,9 +92,8 @@ struct entry_info {
     uint8_t attr = 0;
 };
 
-std::vector<std::string> split_path(std::string_view path, bool& ok)
+std::vector<std::string> split_path(std::string_view path)
 {
-    ok = true;
     std::vector<std::string> parts;
     size_t i = 0;
     while (i <= path.size()) {
@@ -1996,8 +1995,7 @@ result<file> volume::open(std::string_view path, unsigned flags)
     if (rc < 0) {
         return v.fail(rc, path);
     }
-    bool ok = true;
-    auto parts = split_path(path, ok);
+    auto parts = split_path(path);
     entry_info info;
     std::shared_ptr<node> n;
     if (parts.empty()) {
@@ -2083,8 +2081,7 @@ result<void> volume::mkdir(std::string_view path)
     if (rc < 0) {
         return v.fail(rc, path);
     }
-    bool ok = true;
-    auto parts = split_path(path, ok);
+    auto parts = split_path(path);
     if (parts.empty()) {
         return v.fail(-EEXIST, path);
     }
@@ -2163,8 +2160,7 @@ result<void> volume::rmdir(std::string_view path)
     if (rc < 0) {
         return v.fail(rc, path);
     }
-    bool ok = true;
-    auto parts = split_path(path, ok);
+    auto parts = split_path(path);
     if (parts.empty()) {
         return v.fail(-EBUSY, path);
     }
@@ -2203,8 +2199,7 @@ result<void> volume::unlink(std::string_view path)
     if (rc < 0) {
         return v.fail(rc, path);
     }
-    bool ok = true;
-    auto parts = split_path(path, ok);
+    auto parts = split_path(path);
     if (parts.empty()) {
         return v.fail(-EISDIR, path);
     }
@@ -2236,9 +2231,8 @@ result<void> volume::rename(std::string_view from, std::string_view to)
     if (rc < 0) {
         return v.fail(rc, what);
     }
-    bool ok = true;
-    auto src = split_path(from, ok);
-    auto dst = split_path(to, ok);
+    auto src = split_path(from);
+    auto dst = split_path(to);
     if (src.empty() || dst.empty()) {
         return v.fail(-EBUSY, what);
     }
@@ -2392,8 +2386,7 @@ result<void> volume::truncate(std::string_view path, uint64_t size)
     if (rc < 0) {
         return v.fail(rc, path);
     }
-    bool ok = true;
-    auto parts = split_path(path, ok);
+    auto parts = split_path(path);
     entry_info info;
     rc = v.resolve_parts(parts, parts.size(), info);
     if (rc < 0) {
@@ -2418,8 +2411,7 @@ result<file_stat> volume::stat(std::string_view path)
     if (rc < 0) {
         return v.fail(rc, path);
     }
-    bool ok = true;
-    auto parts = split_path(path, ok);
+    auto parts = split_path(path);
     entry_info info;
     rc = v.resolve_parts(parts, parts.size(), info);
     file_stat st;
@@ -2440,8 +2432,7 @@ result<std::vector<dir_entry>> volume::readdir(std::string_view path)
     if (rc < 0) {
         return v.fail(rc, path);
     }
-    bool ok = true;
-    auto parts = split_path(path, ok);
+    auto parts = split_path(path);
     entry_info info;
     rc = v.resolve_parts(parts, parts.size(), info);
     if (rc < 0) {
@@ -2483,8 +2474,7 @@ result<void> volume::set_times(std::string_view path, std::time_t modified, std:
     if (rc < 0) {
         return v.fail(rc, path);
     }
-    bool ok = true;
-    auto parts = split_path(path, ok);
+    auto parts = split_path(path);
     entry_info info;
     rc = v.resolve_parts(parts, parts.size(), info);
     if (rc < 0) {
@@ -2518,8 +2508,7 @@ result<void> volume::set_attributes(std::string_view path, uint8_t attributes)
     if (rc < 0) {
         return v.fail(rc, path);
     }
-    bool ok = true;
-    auto parts = split_path(path, ok);
+    auto parts = split_path(path);
     entry_info info;
     rc = v.resolve_parts(parts, parts.size(), info);
     if (rc < 0) {
