@@ -7,6 +7,10 @@
 #    on the recovered device succeeds;
 #  - recovery=recover: kill -9 under fio load; the I/O in flight fails (fio
 #    reports errors) and the device then recovers and verifies.
+# The devices complete each request 5 ms after it arrives (irqmode=2,
+# completion_nsec=5000000), so that requests are certainly held by the
+# daemon when it is killed: with instant completions fio can be caught
+# between two requests, and then nothing is in flight to fail or reissue.
 # (The memory target's data lives in the daemon and dies with it, so data
 # written before the kill is not expected back; the kernel device, its
 # queue of waiting I/O and its identity are.)
@@ -92,7 +96,8 @@ kill_under_load() {
 }
 
 vm_step "recovery=reissue: kill -9 under load, recover, fio finishes clean"
-serve r0 --export recovery=reissue submit_queues=2 hw_queue_depth=64 memory_backed=1 size=256 blocksize=4096
+serve r0 --export recovery=reissue submit_queues=2 hw_queue_depth=64 memory_backed=1 size=256 blocksize=4096 \
+  irqmode=2 completion_nsec=5000000
 grep -q USER_RECOVERY_REISSUE /tmp/r0.ready || vm_fail "REISSUE not granted"
 kill_under_load r0
 [ "$fio_rc" = 0 ] || { cat /tmp/fio-r0.txt; vm_fail "fio failed across a REISSUE recovery"; }
@@ -103,7 +108,8 @@ stop
 [ ! -e "$dev" ] || vm_fail "$dev still there after delete"
 
 vm_step "recovery=recover: kill -9 under load, in-flight I/O fails, device recovers"
-serve r1 --export recovery=recover submit_queues=2 hw_queue_depth=64 memory_backed=1 size=256 blocksize=4096
+serve r1 --export recovery=recover submit_queues=2 hw_queue_depth=64 memory_backed=1 size=256 blocksize=4096 \
+  irqmode=2 completion_nsec=5000000
 kill_under_load r1
 if [ "$fio_rc" = 0 ]; then
   cat /tmp/fio-r1.txt

@@ -33,9 +33,13 @@ if dd if=/dev/zero of=$dev bs=4k count=1 oflag=direct status=none 2>/dev/null; t
   vm_fail "a write succeeded while the device had no daemon (FAIL_IO)"
 fi
 echo "ok: I/O fails while the daemon is gone"
+$drv list --run-dir $run
+$drv list --run-dir $run | grep -q '"state":"FAIL_IO"' || vm_fail "the kernel does not report FAIL_IO for the orphaned device"
+echo "ok: state FAIL_IO while the daemon is gone"
+rm -f /tmp/f0.ready
 $drv recover --name f0 --run-dir $run --ready-file /tmp/f0.ready 2>/tmp/f0.err &
 pid=$!
-rm -f /tmp/f0.ready; wait_ready f0
+wait_ready f0
 fio --name=v --filename=$dev --direct=1 --rw=randwrite --bs=4k --size=16M --verify=crc32c \
   --verify_fatal=1 --output-format=terse >/dev/null || vm_fail "verify after recovery failed"
 echo "ok: recovered, verified"
