@@ -1,0 +1,88 @@
+#!/bin/bash
+# The `softblk` command with ublk, end to end, as a user would run it:
+#  - `softblk features` names the ublk feature bits the kernel reports and
+#    calls ublk the default export;
+#  - `softblk add` (no --export) makes a ublk device and prints /dev/ublkbN;
+#  - `softblk list` shows the kernel's state (LIVE), the daemon's pid, the
+#    queues and the depth;
+#  - kill -9 of the daemon while fio runs on a recovery=reissue device: the
+#    disk stays, `softblk list` starts a new daemon, which re-attaches the
+#    device from its state file (no command line, no SET_PARAMS), and fio
+#    finishes without an error; the device then verifies;
+#  - `softblk del` and `softblk shutdown` leave no device, state file or daemon.
+set -euo pipefail
+. /softblk-vm/lib.sh
+vm_require_tool softblk fio
+modprobe ublk_drv || vm_skip "no ublk_drv in this kernel"
+vm_wait_for /dev/ublk-control
+
+export SOFTBLK_RUN_DIR=/tmp/softblk-run
+fio_pid=
+cleanup() {
+  [ -n "$fio_pid" ] && kill -9 "$fio_pid" 2>/dev/null
+  softblk shutdown >/dev/null 2>&1 || true
+}
+trap cleanup EXIT
+
+vm_step "features"
+softblk features >/tmp/features.txt
+grep -i ublk /tmp/features.txt
+grep -q 'export types (default: ublk)' /tmp/features.txt || vm_fail "ublk is not the default export"
+grep -q 'USER_RECOVERY_REISSUE' /tmp/features.txt || vm_fail "features does not name the kernel's ublk bits"
+
+vm_step "add with the default export"
+# Each request is held 2 ms by the device, so that the kill below catches
+# requests inside the daemon.
+softblk add null --name c0 --size 256M --bs 4096 --memory-backed --queues 2 --depth 64 \
+  irqmode=2 completion_nsec=2000000 --export-opt recovery=reissue | tee /tmp/add.txt
+dev=$(grep -o '/dev/ublkb[0-9]*' /tmp/add.txt | head -n1)
+[ -n "$dev" ] || vm_fail "add printed no /dev/ublkbN"
+[ -b "$dev" ] || vm_fail "$dev is not a block device"
+
+vm_step "list"
+softblk list | tee /tmp/list.txt
+line=$(grep '^c0 ' /tmp/list.txt) || vm_fail "c0 not listed"
+echo "$line" | grep -q "ublk $dev LIVE pid [0-9]* queues 2 depth 64" ||
+  vm_fail "list does not show the ublk state, pid, queues and depth: $line"
+pid=$(echo "$line" | sed -n 's/.* pid \([0-9]*\) .*/\1/p')
+kill -0 "$pid" || vm_fail "the pid list shows ($pid) is not running"
+[ "$(cat /sys/block/${dev#/dev/}/queue/nr_requests)" = 64 ] || vm_fail "nr_requests is not 64"
+
+vm_step "kill -9 the daemon under fio load, softblk list brings the device back"
+fio --name=load --filename="$dev" --direct=1 --ioengine=io_uring --iodepth=32 --rw=randwrite \
+  --bs=4k --size=128M --runtime=10 --time_based --output-format=terse >/tmp/fio-load.txt 2>&1 &
+fio_pid=$!
+sleep 3
+kill -0 $fio_pid || vm_fail "fio ended before the kill"
+kill -9 "$pid"
+while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
+echo "killed daemon $pid"
+[ -b "$dev" ] || vm_fail "$dev went away with a recovery=reissue daemon"
+softblk list | tee /tmp/list2.txt
+line=$(grep '^c0 ' /tmp/list2.txt) || vm_fail "c0 not listed after the restart"
+echo "$line" | grep -q "ublk $dev LIVE pid" || vm_fail "c0 not LIVE on $dev after the restart: $line"
+pid2=$(echo "$line" | sed -n 's/.* pid \([0-9]*\) .*/\1/p')
+[ "$pid2" != "$pid" ] || vm_fail "still the old daemon pid"
+kill -0 "$pid2" || vm_fail "new daemon $pid2 not running"
+rc=0
+wait $fio_pid || rc=$?
+fio_pid=
+[ "$rc" = 0 ] || { cat /tmp/fio-load.txt; vm_fail "fio failed across the daemon restart (exit $rc)"; }
+errors=$(cut -d';' -f5 /tmp/fio-load.txt | tail -n1)
+vm_expect_eq "fio errors across the restart" "$errors" 0
+fio --name=verify --filename="$dev" --direct=1 --ioengine=io_uring --iodepth=16 --rw=randwrite \
+  --bs=4k --size=32M --verify=crc32c --verify_fatal=1 --output-format=terse >/dev/null ||
+  vm_fail "write+verify after the restart failed"
+echo "ok: write+verify after the restart"
+
+vm_step "del and shutdown leave nothing"
+softblk del c0
+[ ! -e "$dev" ] || vm_fail "$dev still there after del"
+ls /dev/ublkc* 2>/dev/null && vm_fail "a ublk char device is left"
+softblk shutdown
+for _ in $(seq 50); do kill -0 "$pid2" 2>/dev/null || break; sleep 0.1; done
+kill -0 "$pid2" 2>/dev/null && vm_fail "daemon $pid2 still running after shutdown"
+left=$(find $SOFTBLK_RUN_DIR -name '*.json' 2>/dev/null)
+[ -z "$left" ] || vm_fail "state files left: $left"
+echo "ok: no device, daemon or state file left"
+echo PASS
