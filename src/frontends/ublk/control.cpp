@@ -42,7 +42,7 @@ int run_modprobe()
 bool control_available()
 {
     if (::access(k_control_path, F_OK) == 0) {
-        return true;
+        return ::access(k_control_path, R_OK | W_OK) == 0;
     }
     static std::once_flag tried;
     std::call_once(tried, [] {
@@ -54,7 +54,9 @@ bool control_available()
     for (int i = 0; i < 20 && ::access(k_control_path, F_OK) != 0; ++i) {
         ::usleep(10'000);
     }
-    return ::access(k_control_path, F_OK) == 0;
+    // A user may use ublk only where udev made the control node theirs to
+    // open (ublksrv's rule: mode 0666); otherwise the next export serves.
+    return ::access(k_control_path, R_OK | W_OK) == 0;
 }
 
 std::string char_path(uint32_t dev_id) { return fmt::format("/dev/ublkc{}", dev_id); }

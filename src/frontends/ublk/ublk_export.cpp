@@ -112,6 +112,28 @@ result<int> open_char_device(uint32_t dev_id, int timeout_ms)
     }
 }
 
+// Waits until this process may read and write /dev/ublkcN (devtmpfs makes it
+// root's 0600; udev hands an unprivileged device's node to its owner).
+result<void> wait_char_device_access(uint32_t dev_id, int timeout_ms)
+{
+    const std::string path = char_path(dev_id);
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    for (;;) {
+        if (::access(path.c_str(), R_OK | W_OK) == 0) {
+            return {};
+        }
+        const int e = errno;
+        if ((e != ENOENT && e != EACCES) || std::chrono::steady_clock::now() >= until) {
+            return make_error(e, fmt::format("{}: {} after {} ms{}", path, std::strerror(e), timeout_ms,
+                                             e == EACCES ? " (an unprivileged ublk device needs a udev rule "
+                                                           "that gives /dev/ublkcN and /dev/ublkbN to their "
+                                                           "owner, as ublksrv's ublk_dev.rules does)"
+                                                         : ""));
+        }
+        ::usleep(10'000);
+    }
+}
+
 std::string kernel_requirement(uint64_t flag)
 {
     switch (flag) {
@@ -317,12 +339,24 @@ result<void> ublk_export::start_new()
         abandon();
         return std::unexpected(p.error());
     }
-    {
-        std::lock_guard guard(_ctl->lock());
-        if (auto r = _ctl->set_params(_info.dev_id, *p); !r) {
+    if ((_info.flags & k_f_unprivileged_dev) != 0) {
+        // Every later control command of an unprivileged device is checked
+        // against the caller's access to /dev/ublkcN, which udev gives to the
+        // owner some time after ADD_DEV: wait for it, as SET_PARAMS would
+        // fail with EACCES before.
+        if (auto r = wait_char_device_access(_info.dev_id, _cfg.add_timeout_ms); !r) {
             abandon();
             return r;
         }
+    }
+    result<void> params_set;
+    {
+        std::lock_guard guard(_ctl->lock());
+        params_set = _ctl->set_params(_info.dev_id, *p);
+    }
+    if (!params_set) {
+        abandon();  // takes the control lock itself
+        return params_set;
     }
     if (auto r = start_queues(_info.nr_hw_queues, _info.queue_depth, _info.max_io_buf_bytes, _info.flags); !r) {
         abandon();
