@@ -43,6 +43,15 @@ public:
     virtual uint64_t sector_count() const = 0;
     virtual bool read_only() const { return false; }
 
+    // Bytes up to which a volume gathers sequential writes into one request
+    // (by copying them into a write-behind buffer) when the mount does not
+    // say; 0: every write goes to the device as it comes, from the caller's
+    // buffer. Devices where a request costs more than copying its data (a
+    // system call, a round trip to another process) ask for gathering;
+    // in-process memory does not, since the gathering copy would be the
+    // larger cost.
+    virtual uint32_t write_gather_bytes() const { return 1u << 20; }
+
     // A snapshot of the counters (relaxed; any thread).
     request_counters counters() const;
     void reset_counters();
@@ -71,6 +80,8 @@ public:
     uint32_t sector_size() const override { return _sector_size; }
     uint64_t sector_count() const override { return _data.size() / _sector_size; }
 
+    uint32_t write_gather_bytes() const override { return 0; }
+
     std::vector<uint8_t>& bytes() { return _data; }
     const std::vector<uint8_t>& bytes() const { return _data; }
 
@@ -93,9 +104,15 @@ private:
 // An image file or a block special file, opened O_RDWR (or O_RDONLY).
 class file_block_device final : public block_device {
 public:
-    // Opens `path`. Errors name the path and the reason.
+    // Opens `path`. With `direct`, also opens it with O_DIRECT and sends
+    // every request whose buffer, offset and length are aligned to the
+    // device's logical block size (4096 for a regular file) through that
+    // descriptor, bypassing the page cache; others (and all requests when
+    // the file refuses O_DIRECT) use the buffered descriptor, which the
+    // kernel keeps coherent with direct I/O. Errors name the path and the
+    // reason.
     static result<std::unique_ptr<file_block_device>> open(const std::string& path, bool read_only = false,
-                                                           uint32_t sector_size = 512);
+                                                           uint32_t sector_size = 512, bool direct = false);
     // Creates (or truncates to) `size_bytes` a sparse image file.
     static result<std::unique_ptr<file_block_device>> create(const std::string& path, uint64_t size_bytes,
                                                              uint32_t sector_size = 512);
@@ -104,6 +121,9 @@ public:
     uint32_t sector_size() const override { return _sector_size; }
     uint64_t sector_count() const override { return _sectors; }
     bool read_only() const override { return _read_only; }
+    // Whether an O_DIRECT descriptor is in use, and its alignment.
+    bool direct() const { return _direct_fd >= 0; }
+    uint32_t direct_alignment() const { return _direct_align; }
 
 protected:
     int do_read(uint64_t lba, uint32_t count, void* buffer) override;
@@ -112,7 +132,10 @@ protected:
 
 private:
     file_block_device(int fd, uint64_t sectors, uint32_t sector_size, bool read_only);
+    int fd_for(uint64_t offset, uint64_t length, const void* buffer) const;
     int _fd;
+    int _direct_fd = -1;
+    uint32_t _direct_align = 0;
     uint64_t _sectors;
     uint32_t _sector_size;
     bool _read_only;

@@ -26,6 +26,9 @@ public:
     uint32_t sector_size() const override;
     uint64_t sector_count() const override;
     bool read_only() const override;
+    // 0 (no gathering) for the null target, whose requests are a function
+    // call and at most a copy into memory; 1 MiB for targets that do I/O.
+    uint32_t write_gather_bytes() const override;
     softblk::device& device() { return *_device; }
 
 protected:

@@ -58,9 +58,13 @@ struct mount_options {
     // operation (metadata is only written between operations, so the image
     // on the device is always the state after some complete operation).
     uint32_t meta_dirty_limit = 2048;
-    // Sequential direct writes are gathered into one device request of up
-    // to this many bytes (0: every write is its own request).
-    uint32_t write_behind_bytes = 1u << 20;
+    // Sequential direct writes are gathered (copied) into one device
+    // request of up to this many bytes; 0: every aligned write of 4 KiB or
+    // more goes straight from the caller's buffer to the device.
+    // k_write_behind_auto: as block_device::write_gather_bytes() says (0 for
+    // in-process memory, 1 MiB for files and remote devices).
+    static constexpr uint32_t k_write_behind_auto = UINT32_MAX;
+    uint32_t write_behind_bytes = k_write_behind_auto;
 };
 
 enum open_flag : unsigned {

@@ -111,10 +111,25 @@ file_block_device::~file_block_device()
     if (_fd >= 0) {
         ::close(_fd);
     }
+    if (_direct_fd >= 0) {
+        ::close(_direct_fd);
+    }
+}
+
+int file_block_device::fd_for(uint64_t offset, uint64_t length, const void* buffer) const
+{
+    if (_direct_fd < 0) {
+        return _fd;
+    }
+    uint64_t mask = _direct_align - 1;
+    if ((offset & mask) != 0 || (length & mask) != 0 || (reinterpret_cast<uintptr_t>(buffer) & mask) != 0) {
+        return _fd;
+    }
+    return _direct_fd;
 }
 
 result<std::unique_ptr<file_block_device>> file_block_device::open(const std::string& path, bool read_only,
-                                                                   uint32_t sector_size)
+                                                                   uint32_t sector_size, bool direct)
 {
     int fd = ::open(path.c_str(), (read_only ? O_RDONLY : O_RDWR) | O_CLOEXEC);
     if (fd < 0 && !read_only && (errno == EROFS || errno == EACCES)) {
@@ -147,8 +162,22 @@ result<std::unique_ptr<file_block_device>> file_block_device::open(const std::st
         return make_error(EINVAL, fmt::format("{}: {} bytes is smaller than one {}-byte sector", path, bytes,
                                               sector_size));
     }
-    return std::unique_ptr<file_block_device>(
-        new file_block_device(fd, bytes / sector_size, sector_size, read_only));
+    std::unique_ptr<file_block_device> dev(new file_block_device(fd, bytes / sector_size, sector_size, read_only));
+    if (direct) {
+        uint32_t align = 4096;
+        int logical = 0;
+        if (S_ISBLK(st.st_mode) && ioctl(fd, BLKSSZGET, &logical) == 0 && logical > 0) {
+            align = static_cast<uint32_t>(logical);
+        }
+        // A file that refuses O_DIRECT (tmpfs, some FUSE file systems) is
+        // used through the page cache alone.
+        int dfd = ::open(path.c_str(), (read_only ? O_RDONLY : O_RDWR) | O_CLOEXEC | O_DIRECT);
+        if (dfd >= 0) {
+            dev->_direct_fd = dfd;
+            dev->_direct_align = align;
+        }
+    }
+    return dev;
 }
 
 result<std::unique_ptr<file_block_device>> file_block_device::create(const std::string& path, uint64_t size_bytes,
@@ -172,8 +201,9 @@ int file_block_device::do_read(uint64_t lba, uint32_t count, void* buffer)
     uint64_t length = uint64_t{count} * _sector_size;
     uint64_t done = 0;
     auto* p = static_cast<uint8_t*>(buffer);
+    int fd = fd_for(lba * _sector_size, length, buffer);
     while (done < length) {
-        ssize_t n = ::pread(_fd, p + done, length - done, static_cast<off_t>(lba * _sector_size + done));
+        ssize_t n = ::pread(fd, p + done, length - done, static_cast<off_t>(lba * _sector_size + done));
         if (n < 0) {
             if (errno == EINTR) {
                 continue;
@@ -185,6 +215,7 @@ int file_block_device::do_read(uint64_t lba, uint32_t count, void* buffer)
             break;
         }
         done += static_cast<uint64_t>(n);
+        fd = _fd;  // the rest of a short transfer may be unaligned
     }
     return 0;
 }
@@ -194,8 +225,9 @@ int file_block_device::do_write(uint64_t lba, uint32_t count, const void* buffer
     uint64_t length = uint64_t{count} * _sector_size;
     uint64_t done = 0;
     const auto* p = static_cast<const uint8_t*>(buffer);
+    int fd = fd_for(lba * _sector_size, length, buffer);
     while (done < length) {
-        ssize_t n = ::pwrite(_fd, p + done, length - done, static_cast<off_t>(lba * _sector_size + done));
+        ssize_t n = ::pwrite(fd, p + done, length - done, static_cast<off_t>(lba * _sector_size + done));
         if (n < 0) {
             if (errno == EINTR) {
                 continue;
@@ -203,6 +235,7 @@ int file_block_device::do_write(uint64_t lba, uint32_t count, const void* buffer
             return -errno;
         }
         done += static_cast<uint64_t>(n);
+        fd = _fd;  // the rest of a short transfer may be unaligned
     }
     return 0;
 }

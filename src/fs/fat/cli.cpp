@@ -1,8 +1,9 @@
 // `softblk fat`: mkfs, ls, cat, cp, mkdir, rm, mv, stat, df, mount.
 //
 // The first argument of every subcommand is the target: an image file (or
-// block device node), or `softblk:<type>:<key=value,...>` for a fresh
-// in-process softblk device (useful with `mount --mkfs`). Paths inside the
+// block device node), `softblk:NAME` for a device of the softblk daemon
+// (reached through its export), or `softblk:<type>:<key=value,...>` for a
+// fresh in-process softblk device (useful with `mount --mkfs`). Paths inside the
 // image are written `::/path` where they could be confused with host paths
 // (cp); elsewhere a plain path is inside the image.
 #include <softblk/fat/cli.hpp>
@@ -24,6 +25,15 @@
 #include <softblk/fat/volume.hpp>
 #if defined(SOFTBLK_FAT_HAVE_DEVICE)
 #include <softblk/fat/softblk_adapter.hpp>
+#endif
+#if defined(SOFTBLK_FAT_HAVE_NBD)
+#include <softblk/fat/nbd_adapter.hpp>
+#endif
+#if defined(SOFTBLK_FAT_HAVE_DAEMON)
+#include <nlohmann/json.hpp>
+
+#include "client.hpp"
+#include "run_dir.hpp"
 #endif
 
 #include "fuse_mount.hpp"
@@ -72,27 +82,148 @@ uint64_t parse_size(const std::string& text)
     return value * mult;
 }
 
+#if defined(SOFTBLK_FAT_HAVE_DAEMON)
+// A device hosted by the softblk daemon: asks the daemon (over its control
+// socket, `list`) where the device is exported and opens that export from
+// this process: a ublk block node or a FUSE-exported file (O_DIRECT where
+// aligned), or an NBD export through libnbd.
+std::unique_ptr<block_device> open_daemon_device(const std::string& name, bool read_only)
+{
+    const std::string spec = "softblk:" + name;
+    auto paths = softblk::cli::resolve_run_paths();
+    if (!paths) {
+        throw cli_error(fmt::format("{}: {}", spec, paths.error().message));
+    }
+    auto client = softblk::cli::control_client::connect(*paths, false);
+    if (!client) {
+        throw cli_error(fmt::format("{}: no softblk daemon answers at {} ({}); `softblk list` starts one (it brings "
+                                    "back the devices it kept) and shows the devices, `softblk add` creates one",
+                                    spec, paths->socket, client.error().message));
+    }
+    auto list = check(client->call("list", nlohmann::json::object()));
+    const nlohmann::json* found = nullptr;
+    std::string names;
+    for (const auto& d : list) {
+        std::string n = d.value("name", std::string());
+        if (n == name) {
+            found = &d;
+        }
+        names += names.empty() ? n : ", " + n;
+    }
+    if (found == nullptr) {
+        throw cli_error(fmt::format(
+            "{}: the daemon at {} has no device \"{}\" (its devices: {}); create it with `softblk add null "
+            "memory_backed=1 size=1024 --name {} --export nbd`, or write softblk:TYPE:OPTIONS for a device that "
+            "lives only in this process",
+            spec, paths->dir, name, names.empty() ? "none" : names, name));
+    }
+    const nlohmann::json& d = *found;
+    if (d.value("state", std::string()) != "running") {
+        throw cli_error(fmt::format("{}: the device is {} in the daemon: {} (see `softblk list`)", spec,
+                                    d.value("state", std::string("?")), d.value("error", std::string("no reason"))));
+    }
+    const uint32_t block_size = d.value("logical_block_size", 512u);
+    const nlohmann::json exp = d.value("export", nlohmann::json::object());
+    const std::string type = exp.value("type", std::string("none"));
+    std::string recreate = fmt::format("softblk del {0} && softblk add {1}", name, d.value("type", std::string("TYPE")));
+    for (const auto& o : d.value("options", nlohmann::json::array())) {
+        recreate += " " + o.get<std::string>();
+    }
+    recreate += fmt::format(" --name {} --export nbd", name);
+
+    auto open_path = [&](const std::string& key) -> result<std::unique_ptr<block_device>> {
+        std::string path = exp.value(key, std::string());
+        if (path.empty()) {
+            return make_error(ENOENT, fmt::format("the {} export names no {}", type, key));
+        }
+        auto dev = file_block_device::open(path, read_only, block_size, true);
+        if (!dev) {
+            return std::unexpected(dev.error());
+        }
+        return std::unique_ptr<block_device>(std::move(*dev));
+    };
+    if (type == "ublk") {
+        auto dev = open_path("block");
+        if (!dev) {
+            throw cli_error(fmt::format("{}: its ublk block device cannot be opened here: {} (ublk nodes belong to "
+                                        "root unless the export is unprivileged)",
+                                        spec, dev.error().message));
+        }
+        return std::move(*dev);
+    }
+    if (type == "fuse") {
+        // The file the daemon serves through FUSE: one hop less than its
+        // loop device, which sits on the same file.
+        auto dev = open_path("file");
+        if (!dev && exp.contains("loop")) {
+            dev = open_path("loop");
+        }
+        if (!dev) {
+            throw cli_error(fmt::format("{}: its FUSE-exported file cannot be opened here: {} (the FUSE mount "
+                                        "admits only the daemon's user; run as that user, or export the device "
+                                        "over NBD: {})",
+                                        spec, dev.error().message, recreate));
+        }
+        return std::move(*dev);
+    }
+    if (type == "nbd") {
+#if defined(SOFTBLK_FAT_HAVE_NBD)
+        std::string uri = exp.value("uri", std::string());
+        auto dev = nbd_block_device::connect(uri, read_only, block_size);
+        if (!dev) {
+            throw cli_error(fmt::format("{}: {}", spec, dev.error().message));
+        }
+        return std::unique_ptr<block_device>(std::move(*dev));
+#else
+        throw cli_error(fmt::format("{}: the device is exported over NBD, and this build has no libnbd (install "
+                                    "libnbd-dev and rebuild)",
+                                    spec));
+#endif
+    }
+    if (type == "none") {
+        throw cli_error(fmt::format("{}: the device has no export, so only the daemon can reach it; re-create it "
+                                    "with one (this loses its data): {}",
+                                    spec, recreate));
+    }
+    throw cli_error(fmt::format("{}: its export ({}) cannot be opened by softblk fat; use an nbd, fuse or ublk "
+                                "export: {}",
+                                spec, type, recreate));
+}
+#endif
+
+// `softblk:TYPE:OPTIONS` is a fresh device of this process, `softblk:NAME`
+// a device of the daemon, anything else an image file or block device.
 std::unique_ptr<block_device> open_target(const std::string& spec, bool read_only, uint64_t create_size = 0)
 {
     if (spec.rfind("softblk:", 0) == 0) {
-#if defined(SOFTBLK_FAT_HAVE_DEVICE)
+        if (create_size != 0) {
+            throw cli_error(fmt::format("{}: --size applies to image files; a softblk device has its own size", spec));
+        }
         std::string rest = spec.substr(8);
         size_t colon = rest.find(':');
+        if (colon == std::string::npos) {
+#if defined(SOFTBLK_FAT_HAVE_DAEMON)
+            return open_daemon_device(rest, read_only);
+#else
+            throw cli_error(fmt::format("{}: devices of the softblk daemon are not reachable from this build "
+                                        "(built without src/cli)",
+                                        spec));
+#endif
+        }
+#if defined(SOFTBLK_FAT_HAVE_DEVICE)
         std::string type = rest.substr(0, colon);
         std::vector<std::string> options;
-        if (colon != std::string::npos) {
-            std::string list = rest.substr(colon + 1);
-            size_t i = 0;
-            while (i <= list.size()) {
-                size_t j = list.find(',', i);
-                if (j == std::string::npos) {
-                    j = list.size();
-                }
-                if (j > i) {
-                    options.push_back(list.substr(i, j - i));
-                }
-                i = j + 1;
+        std::string list = rest.substr(colon + 1);
+        size_t i = 0;
+        while (i <= list.size()) {
+            size_t j = list.find(',', i);
+            if (j == std::string::npos) {
+                j = list.size();
             }
+            if (j > i) {
+                options.push_back(list.substr(i, j - i));
+            }
+            i = j + 1;
         }
         return check(softblk_block_device::create("fat0", type, options));
 #else
@@ -352,7 +483,10 @@ int cli_main(int argc, char** argv)
     app.require_subcommand(1);
     std::string target;
     auto add_target = [&](CLI::App* c) {
-        c->add_option("target", target, "image file, block device, or softblk:<type>:<key=value,...>")->required();
+        c->add_option("target", target,
+                      "image file, block device, softblk:NAME (a device of the softblk daemon), or "
+                      "softblk:TYPE:KEY=VALUE,... (a fresh device of this process)")
+            ->required();
     };
 
     // mkfs

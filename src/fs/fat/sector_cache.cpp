@@ -64,6 +64,8 @@ sector_cache::slot_list::iterator sector_cache::install(uint64_t sector)
     it->dirty = false;
     _lru.splice(_lru.begin(), _spare, it);
     _index.emplace(sector, it);
+    _low = std::min(_low, sector);
+    _high = std::max(_high, sector);
     return it;
 }
 
@@ -174,7 +176,12 @@ void sector_cache::overlay_dirty(uint64_t first, uint64_t count, uint8_t* buffer
 void sector_cache::invalidate(uint64_t first, uint64_t count)
 {
     if (_index.empty()) {
+        _low = UINT64_MAX;
+        _high = 0;
         return;
+    }
+    if (first > _high || first + count <= _low) {
+        return;  // outside every sector ever cached since the cache was last empty
     }
     if (count > _index.size() * 4) {
         // Cheaper to walk the cache than the range.
@@ -204,6 +211,8 @@ void sector_cache::discard_all()
     _lru.clear();
     _pinned.clear();
     _spare.clear();
+    _low = UINT64_MAX;
+    _high = 0;
 }
 
 }  // namespace softblk::fat::detail

@@ -81,6 +81,10 @@ private:
     std::unordered_map<uint64_t, slot_list::iterator> _index;
     std::set<uint64_t> _dirty;
     std::vector<uint8_t> _staging;
+    // Bounds of the sectors installed since the cache was last empty: a
+    // range outside them needs no lookups (invalidate of a direct write).
+    uint64_t _low = UINT64_MAX;
+    uint64_t _high = 0;
     uint64_t _hits = 0;
     uint64_t _misses = 0;
     uint64_t _runs_written = 0;

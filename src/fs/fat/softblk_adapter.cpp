@@ -28,6 +28,11 @@ uint64_t softblk_block_device::sector_count() const
 
 bool softblk_block_device::read_only() const { return _device->limits().read_only; }
 
+uint32_t softblk_block_device::write_gather_bytes() const
+{
+    return _device->info().target_type == "null" ? 0 : block_device::write_gather_bytes();
+}
+
 int softblk_block_device::transfer(io_op op, uint64_t lba, uint32_t count, void* buffer)
 {
     uint64_t ss = sector_size();

@@ -159,7 +159,12 @@ struct volume_state {
     uint64_t pending_sector = 0;
     uint32_t pending_bytes = 0;
 
-    volume_state(block_device& d, const mount_options& o) : dev(d), opts(o) {}
+    volume_state(block_device& d, const mount_options& o) : dev(d), opts(o)
+    {
+        if (opts.write_behind_bytes == mount_options::k_write_behind_auto) {
+            opts.write_behind_bytes = dev.write_gather_bytes();
+        }
+    }
 
     // ------------------------------------------------------------ errors
     int corrupt(std::string message)
@@ -1154,9 +1159,19 @@ struct volume_state {
         return n;
     }
 
+    // The local-time conversion of the current second, kept: every write
+    // stamps its entry, and localtime_r costs more than a small write.
+    std::time_t stamp_second = -1;
+    fat_time stamp_value{};
+
     void stamp(uint8_t* e, bool modified, bool created)
     {
-        fat_time t = to_fat_time(std::time(nullptr));
+        std::time_t now = std::time(nullptr);
+        if (now != stamp_second) {
+            stamp_value = to_fat_time(now);
+            stamp_second = now;
+        }
+        const fat_time& t = stamp_value;
         if (created) {
             e[dirent::crt_tenth] = t.tenth;
             put16(e + dirent::crt_time, t.time);
