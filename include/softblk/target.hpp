@@ -142,6 +142,11 @@ struct target_type {
     // device creation; a key must be unique across tables).
     std::span<const option_def> options;
     std::function<result<std::unique_ptr<target>>(const option_set& options)> create;
+    // Optional: a submission queue count that the type's own options imply,
+    // as its kernel counterpart derives it (null_blk's use_per_node_hctx=1
+    // sets submit_queues to the number of NUMA nodes). 0 keeps
+    // submit_queues. Called before create.
+    std::function<unsigned(const option_set& options)> submit_queues;
 };
 
 // Registers a target type; called from a static initialiser in the target's

@@ -99,6 +99,11 @@ result<std::unique_ptr<device>> device::create(std::string name, std::string_vie
         return std::unexpected(options.error());
     }
     queue_config queues = core::queue_config_from(*options);
+    if (tt->submit_queues) {
+        if (const unsigned n = tt->submit_queues(*options); n != 0) {
+            queues.submit_queues = n;
+        }
+    }
     auto t = tt->create(*options);
     if (!t) {
         return std::unexpected(t.error());

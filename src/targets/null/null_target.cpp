@@ -63,7 +63,7 @@ constexpr option_def k_null_options[] = {
      .help = "NUMA node of the data pages (mbind MPOL_PREFERRED); -1: no preference", .smin = -1,
      .smax = 1023},
     {.name = "use_per_node_hctx", .kind = option_kind::boolean, .default_value = "0", .unit = "",
-     .help = "one submission queue per NUMA node: requires submit_queues = online nodes"},
+     .help = "one submission queue per NUMA node: submit_queues becomes the number of online nodes (as null_blk)"},
     {.name = "no_sched", .kind = option_kind::boolean, .default_value = "0", .unit = "",
      .help = "ask kernel front ends for no I/O scheduler; softblk itself never reorders requests"},
     {.name = "power", .kind = option_kind::boolean, .default_value = "1", .unit = "",
@@ -293,12 +293,6 @@ result<std::unique_ptr<target>> create_null(const option_set& o)
                                               "machine has {} NUMA node{})",
                                               home_node, nodes - 1, nodes, nodes == 1 ? "" : "s"));
     }
-    if (o.flag("use_per_node_hctx") && o.u64("submit_queues") != nodes) {
-        return make_error(EINVAL, fmt::format("use_per_node_hctx=1: one submission queue per NUMA node "
-                                              "needs submit_queues={} (null_blk sets it so); got "
-                                              "submit_queues={}",
-                                              nodes, o.u64("submit_queues")));
-    }
     if (o.u64("queue_mode") == 1) {
         return make_error(EINVAL, "queue_mode=1: the legacy request path is no longer available (as in "
                                   "null_blk); use queue_mode=2");
@@ -338,6 +332,9 @@ result<std::unique_ptr<target>> create_null(const option_set& o)
     .description = "null_blk in userspace: completes at once, or keeps data in RAM (memory_backed=1)",
     .options = k_null_options,
     .create = create_null,
+    // null_blk (null_validate_conf): use_per_node_hctx forces submit_queues
+    // to the number of online NUMA nodes, whatever was given.
+    .submit_queues = [](const option_set& o) { return o.flag("use_per_node_hctx") ? online_numa_nodes() : 0u; },
 });
 
 }  // namespace

@@ -37,6 +37,7 @@ cleanup() {
 }
 trap cleanup EXIT
 (
+  set +e  # nodes come and go under the loop
   while :; do
     for d in /dev/ublkc* /dev/ublkb*; do
       [ -e "$d" ] && [ "$(stat -c %u "$d")" != 1000 ] && chown 1000:1000 "$d" 2>/dev/null
@@ -85,6 +86,7 @@ for _ in $(seq 50); do [ -e "$dev" ] || break; sleep 0.1; done
 echo "ok: device removed"
 
 vm_step "without the udev rule the driver gives up with a clear error (no hang)"
+kill -0 "$udev_pid" || vm_fail "the udev stand-in died early"
 kill "$udev_pid"; wait "$udev_pid" 2>/dev/null || true; udev_pid=
 start=$(date +%s)
 if as_user "timeout 30 $drv serve --name u1 --type null --run-dir /tmp/tester/run --export add_timeout=1000 \
