@@ -104,6 +104,18 @@ public:
     // Requests submitted and not yet completed.
     virtual unsigned in_flight() const = 0;
 
+    // For owners that sleep in an event loop of their own (ublk, NBD)
+    // rather than in wait(): the CLOCK_MONOTONIC time (ns) at which
+    // process() next has work that no new submission brings: 0 when
+    // completions are due now, UINT64_MAX when nothing is in flight or
+    // only event_fd() can say when. Owner thread.
+    virtual uint64_t next_event_ns() const = 0;
+
+    // A descriptor that becomes readable when the target has completions
+    // for process() (e.g. an io_uring's eventfd), or -1. Owners add it to
+    // what they sleep on while next_event_ns() is in the future.
+    virtual int event_fd() const = 0;
+
     virtual queue_stats stats() const = 0;
 };
 

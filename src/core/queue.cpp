@@ -396,6 +396,34 @@ unsigned queue_impl::process()
     return _delivered - before;
 }
 
+uint64_t queue_impl::next_event_ns() const
+{
+    if (_in_flight == 0) {
+        return UINT64_MAX;
+    }
+    if (!_deferred.empty() || !_inline_backlog.empty()) {
+        return 0;
+    }
+    uint64_t wake = _tq->next_wakeup_ns();
+    if (!_timer.empty()) {
+        wake = std::min(wake, _timer.head->deadline_ns);
+    }
+    if (_tq->busy() && _tq->wait_fd() < 0) {
+        // The target holds requests and named neither a time nor a
+        // descriptor: look again soon (as wait() does).
+        wake = std::min(wake, monotonic_ns() + uint64_t{1'000'000});
+    }
+    if (_in_target > 0 && _timeout_ns != 0) {
+        // The scan runs on the coarse clock, which may lag the precise one
+        // by a tick: never ask for a wake-up sooner than 1 ms from now for
+        // it, or the owner would spin until the coarse clock catches up.
+        wake = std::min(wake, std::max(_next_timeout_scan, monotonic_ns() + uint64_t{1'000'000}));
+    }
+    return wake;
+}
+
+int queue_impl::event_fd() const { return _tq->wait_fd(); }
+
 unsigned queue_impl::wait(unsigned min_completions, int64_t timeout_ns)
 {
     lower_timer_slack();

@@ -49,6 +49,8 @@ public:
     unsigned process() override;
     unsigned wait(unsigned min_completions, int64_t timeout_ns) override;
     unsigned in_flight() const override { return _in_flight; }
+    uint64_t next_event_ns() const override;
+    int event_fd() const override;
     queue_stats stats() const override;
 
     // completion_sink: called by the target on this queue's thread.

@@ -78,6 +78,7 @@ const bool k_registered = register_target_type(target_type{
     .create = [](const option_set&) -> result<std::unique_ptr<target>> {
         return std::make_unique<test_target>();
     },
+    .submit_queues = {},
 });
 
 std::unique_ptr<device> make(std::initializer_list<const char*> opts, const char* name = "t0")

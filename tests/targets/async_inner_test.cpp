@@ -95,6 +95,7 @@ private:
     .description = "test target that completes only from poll()",
     .options = {},
     .create = [](const option_set&) -> result<std::unique_ptr<target>> { return std::make_unique<async_target>(); },
+    .submit_queues = {},
 });
 
 std::unique_ptr<device> make_async(std::vector<std::string> options)

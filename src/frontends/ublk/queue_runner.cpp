@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstring>
 #include <fmt/core.h>
+#include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -13,11 +14,26 @@ namespace softblk::ublk {
 namespace {
 
 constexpr uint64_t k_wake_data = uint64_t{1} << 32;
-// While device requests are in flight the thread cannot sleep in the ring
-// alone (their completions are due on the device queue, which has no file
-// descriptor to wait on): it alternates between the two, at most this long
-// in the device queue.
-constexpr int64_t k_device_wait_ns = 200'000;
+constexpr uint64_t k_event_data = (uint64_t{1} << 32) + 1;
+// While device requests are in flight the thread sleeps in the ring until
+// the device queue's next event (next_event_ns(): a completion timer, a
+// throttle, the timeout scan) or its event_fd(); waits shorter than this
+// are spun, as the core's wait() does.
+constexpr uint64_t k_spin_ns = 20'000;
+
+uint64_t monotonic_ns()
+{
+    timespec ts{};
+    ::clock_gettime(CLOCK_MONOTONIC, &ts);
+    return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000u + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+inline void cpu_relax()
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
 
 unsigned ring_entries(unsigned depth)
 {
@@ -378,8 +394,45 @@ void queue_runner::retry_backlog()
     }
 }
 
+int queue_runner::wait_with_device()
+{
+    if (!_event_poll_armed && _dq.event_fd() >= 0) {
+        io_uring_sqe* sqe = next_sqe();
+        io_uring_prep_poll_multishot(sqe, _dq.event_fd(), POLLIN);
+        io_uring_sqe_set_data64(sqe, k_event_data);
+        _event_poll_armed = true;
+    }
+    const uint64_t wake = _dq.next_event_ns();
+    const uint64_t now = monotonic_ns();
+    if (wake <= now || io_uring_cq_ready(&_ring) != 0) {
+        return io_uring_submit(&_ring);
+    }
+    if (wake - now < k_spin_ns) {
+        // Shorter than a sleep's wake-up latency: spin, watching the ring.
+        const int r = io_uring_submit(&_ring);
+        while (monotonic_ns() < wake && io_uring_cq_ready(&_ring) == 0) {
+            cpu_relax();
+        }
+        return r;
+    }
+    if (wake == UINT64_MAX) {
+        return io_uring_submit_and_wait(&_ring, 1);
+    }
+    const uint64_t delta = wake - now;
+    __kernel_timespec ts{.tv_sec = static_cast<int64_t>(delta / 1'000'000'000u),
+                         .tv_nsec = static_cast<long long>(delta % 1'000'000'000u)};
+    io_uring_cqe* cqe = nullptr;
+    const int r = io_uring_submit_and_wait_timeout(&_ring, &cqe, 1, &ts, nullptr);
+    return r == -ETIME ? 0 : r;
+}
+
 void queue_runner::handle_cqe(const io_uring_cqe& cqe)
 {
+    if (cqe.user_data == k_event_data) {
+        // The device queue has completions; the loop's process() takes them.
+        _event_poll_armed = (cqe.flags & IORING_CQE_F_MORE) != 0;
+        return;
+    }
     if (cqe.user_data == k_wake_data) {
         if (!_exit_requested.load(std::memory_order_acquire)) {
             prep_wake_poll();
@@ -429,13 +482,7 @@ void queue_runner::run(std::promise<result<void>>& ready)
         if (_dq.in_flight() == 0) {
             r = io_uring_submit_and_wait(&_ring, 1);
         } else {
-            r = io_uring_submit(&_ring);
-            if (io_uring_cq_ready(&_ring) == 0) {
-                io_uring_get_events(&_ring);
-            }
-            if (io_uring_cq_ready(&_ring) == 0) {
-                _dq.wait(1, k_device_wait_ns);
-            }
+            r = wait_with_device();
         }
         if (r < 0 && r != -EINTR && r != -EAGAIN && r != -EBUSY && r != -ETIME) {
             // The ring itself failed: nothing more can be fetched.

@@ -78,6 +78,9 @@ private:
     void teardown();
     void prep_fetch(tag_slot& slot);
     void prep_commit(tag_slot& slot, int result, uint64_t addr);
+    // Submits what is prepared and sleeps in the ring until a CQE arrives
+    // or the device queue's next event is due (requests in flight).
+    int wait_with_device();
     void prep_wake_poll();
     void handle_cqe(const io_uring_cqe& cqe);
     void start_request(tag_slot& slot);
@@ -105,6 +108,7 @@ private:
     unsigned _aborted = 0;
     int _wake_fd = -1;
     uint64_t _wake_buf = 0;
+    bool _event_poll_armed = false;  // a poll on the device queue's event_fd() is in the ring
     std::atomic<bool> _exit_requested{false};
     std::atomic<bool> _exited{false};
     std::atomic<uint64_t> _requests{0}, _errors{0}, _aborted_count{0};

@@ -150,4 +150,24 @@ if grep -q '"USER_COPY"' /tmp/features.json; then
 else
   echo "SKIP (part): this kernel reports no USER_COPY"
 fi
+
+vm_step "irqmode=2: completion_nsec is honoured and the queue thread sleeps until then"
+# 20 ms per request at queue depth 1: about 50 I/O per second, each taking
+# at least 20 ms, while the queue thread sleeps in its ring until the
+# completion timer is due: a few wake-ups per I/O, not a poll every few
+# hundred microseconds (which would be thousands per second).
+start d2 submit_queues=1 hw_queue_depth=4 irqmode=2 completion_nsec=20000000 size=64 blocksize=4096
+switches() { cat /proc/$pid/task/*/status | awk '/^voluntary_ctxt_switches/ {n += $2} END {print n}'; }
+sw_before=$(switches)
+fio --name=timer --filename="$dev" --direct=1 --ioengine=psync --rw=randread --bs=4k --size=16M \
+  --runtime=3 --time_based --output-format=terse >/tmp/timer.txt || vm_fail "fio on the timer device failed"
+sw=$(( $(switches) - sw_before ))
+ios=$(( $(cut -d';' -f6 /tmp/timer.txt) / 4 ))
+lat_min_us=$(cut -d';' -f14 /tmp/timer.txt)
+echo "ios $ios, min completion latency ${lat_min_us} us, daemon voluntary context switches $sw"
+[ "${lat_min_us%.*}" -ge 20000 ] || vm_fail "an I/O completed in ${lat_min_us} us, before completion_nsec (20 ms)"
+[ "$ios" -ge 60 ] && [ "$ios" -le 160 ] || vm_fail "$ios I/Os in 3 s at 20 ms each (expected about 140, at least 60)"
+[ "$sw" -le $(( ios * 6 + 50 )) ] || vm_fail "$sw wake-ups of the daemon for $ios I/Os: it polls instead of sleeping until the timer"
+echo "ok: timer completions at >= 20 ms, $sw wake-ups for $ios I/Os"
+stop
 echo "PASS"
