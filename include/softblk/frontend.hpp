@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include <softblk/device.hpp>
+#include <softblk/options.hpp>
 #include <softblk/types.hpp>
 
 namespace softblk {
@@ -56,6 +57,9 @@ struct export_type {
     // True when this front end works on this machine now (e.g. /dev/fuse
     // or /dev/ublk-control exists). May be empty (always available).
     std::function<bool()> available;
+    // The export options `start` accepts (`--export-opt key=value`), for
+    // `softblk features`. Empty when the type takes none.
+    std::span<const option_def> options;
 };
 
 // Registers an export type (static initialiser in the front end's folder).

@@ -207,12 +207,19 @@ result<nlohmann::json> features_json(std::string_view type)
     }
     out["exports"] = nlohmann::json::array();
     for (const export_type* e : export_types()) {
-        out["exports"].push_back(
-            {{"name", e->name}, {"description", e->description}, {"available", export_available(*e)}});
+        nlohmann::json options = nlohmann::json::array();
+        for (const option_def& def : e->options) {
+            options.push_back(option_json(def));
+        }
+        out["exports"].push_back({{"name", e->name},
+                                  {"description", e->description},
+                                  {"available", export_available(*e)},
+                                  {"options", std::move(options)}});
     }
     out["exports"].push_back({{"name", "none"},
                               {"description", "no export: the device lives in the daemon only"},
-                              {"available", true}});
+                              {"available", true},
+                              {"options", nlohmann::json::array()}});
     out["default_export"] = default_export_type();
     return out;
 }

@@ -223,6 +223,32 @@ int run_list(bool json_output)
 
 // ------------------------------------------------------------------ features
 
+// The OPTION / DEFAULT / UNIT / RANGE / MEANING table of option_json()s.
+void print_option_table(const json& options)
+{
+    fmt::print("  {:<22} {:>10} {:<18} {:<24} {}\n", "OPTION", "DEFAULT", "UNIT", "RANGE", "MEANING");
+    for (const json& o : options) {
+        std::string range;
+        if (o.contains("min")) {
+            range = fmt::format("{}..{}", o["min"].dump(), o["max"].dump());
+            if (o.value("out_of_range", std::string()) == "clamp") {
+                range += " (clamped)";
+            }
+        } else {
+            range = o["kind"].get<std::string>();
+        }
+        std::string name = o["name"].get<std::string>();
+        if (o.contains("alias")) {
+            name += fmt::format(" ({})", o["alias"].get<std::string>());
+        }
+        if (o.value("repeatable", false)) {
+            range += ", repeatable";
+        }
+        fmt::print("  {:<22} {:>10} {:<18} {:<24} {}\n", name, o["default"].get<std::string>(),
+                   o["unit"].get<std::string>(), range, o["help"].get<std::string>());
+    }
+}
+
 int run_features(const std::string& type, bool json_output)
 {
     auto features = softblk::cli::features_json(type);
@@ -235,33 +261,16 @@ int run_features(const std::string& type, bool json_output)
     }
     for (const json& t : (*features)["targets"]) {
         fmt::print("target type {}: {}\n", t["name"].get<std::string>(), t["description"].get<std::string>());
-        fmt::print("  {:<22} {:>10} {:<18} {:<24} {}\n", "OPTION", "DEFAULT", "UNIT", "RANGE", "MEANING");
-        for (const json& o : t["options"]) {
-            std::string range;
-            if (o.contains("min")) {
-                range = fmt::format("{}..{}", o["min"].dump(), o["max"].dump());
-                if (o.value("out_of_range", std::string()) == "clamp") {
-                    range += " (clamped)";
-                }
-            } else {
-                range = o["kind"].get<std::string>();
-            }
-            std::string name = o["name"].get<std::string>();
-            if (o.contains("alias")) {
-                name += fmt::format(" ({})", o["alias"].get<std::string>());
-            }
-            if (o.value("repeatable", false)) {
-                range += ", repeatable";
-            }
-            fmt::print("  {:<22} {:>10} {:<18} {:<24} {}\n", name, o["default"].get<std::string>(),
-                       o["unit"].get<std::string>(), range, o["help"].get<std::string>());
-        }
+        print_option_table(t["options"]);
         fmt::print("\n");
     }
     fmt::print("export types (default: {}):\n", (*features)["default_export"].get<std::string>());
     for (const json& e : (*features)["exports"]) {
         fmt::print("  {:<6} {:<14} {}\n", e["name"].get<std::string>(),
                    e["available"].get<bool>() ? "available" : "not available", e["description"].get<std::string>());
+        if (!e.value("options", json::array()).empty()) {
+            print_option_table(e["options"]);
+        }
     }
 #ifdef SOFTBLK_HAVE_UBLK
     // Every feature bit the running kernel's ublk driver reports, unknown

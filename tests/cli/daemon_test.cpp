@@ -512,6 +512,19 @@ TEST_F(daemon_test, features_lists_options_with_defaults_and_export_types)
     }
     EXPECT_TRUE(found);
     EXPECT_FALSE(f["exports"].empty());
+    // Each export type names its --export-opt options (the ublk binary is
+    // built here whenever softblk_ublk is).
+    for (const json& e : f["exports"]) {
+        ASSERT_TRUE(e.contains("options")) << e.dump();
+        if (e["name"] == "ublk") {
+            std::set<std::string> names;
+            for (const json& o : e["options"]) {
+                names.insert(o["name"].get<std::string>());
+            }
+            EXPECT_TRUE(names.contains("recovery")) << e.dump();
+            EXPECT_TRUE(names.contains("unprivileged")) << e.dump();
+        }
+    }
     run_result text = softblk({"features"});
     EXPECT_EQ(text.status, 0);
     EXPECT_NE(text.out.find("hw_queue_depth"), std::string::npos);

@@ -2,6 +2,8 @@
 // library is an OBJECT library so this object is always linked in).
 #include "ublk_export.hpp"
 
+#include <softblk/ublk/ublk.hpp>
+
 namespace {
 
 const bool g_registered = softblk::register_export_type(softblk::export_type{
@@ -11,6 +13,7 @@ const bool g_registered = softblk::register_export_type(softblk::export_type{
     .start = softblk::ublk::start_export,
     .cleanup_stale = softblk::ublk::cleanup_stale,
     .available = softblk::ublk::available,
+    .options = softblk::ublk::export_options(),
 });
 
 }  // namespace
