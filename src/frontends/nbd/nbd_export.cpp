@@ -40,6 +40,14 @@ constexpr option_def k_options[] = {
     {.name = "threads", .kind = option_kind::integer, .default_value = "0", .unit = "",
      .help = "io_uring loop threads of the server; 0: one per device submit queue, at most one per CPU",
      .min = 0, .max = 256},
+    {.name = "handshake-timeout", .kind = option_kind::integer, .default_value = "10", .unit = "s",
+     .help = "a client still in the handshake this long after connecting is disconnected (frees its "
+             "connection slot); 0: never",
+     .min = 0, .max = 86400},
+    {.name = "poll-us", .kind = option_kind::integer, .default_value = "0", .unit = "us",
+     .help = "before a loop thread sleeps it polls for the next request for up to this long, adapting the "
+             "window to how soon requests come (QEMU's poll-max-ns); lowers latency, costs CPU; 0: never poll",
+     .min = 0, .max = 1000},
     {.name = "description", .kind = option_kind::text, .default_value = "", .unit = "",
      .help = "what NBD_INFO_DESCRIPTION and NBD_OPT_LIST tell clients"},
 };
@@ -217,6 +225,8 @@ result<std::unique_ptr<device_export>> start_export(device& dev, const export_co
     }
     cfg.max_connections = static_cast<unsigned>(o.u64("max-connections"));
     cfg.threads = static_cast<unsigned>(o.u64("threads"));
+    cfg.handshake_timeout_ms = static_cast<uint32_t>(o.u64("handshake-timeout") * 1000);
+    cfg.poll_us = static_cast<uint32_t>(o.u64("poll-us"));
     if (cfg.threads == 0) {
         cfg.threads = std::max(1u, std::min(dev.info().queues.submit_queues, std::thread::hardware_concurrency()));
     }
@@ -234,16 +244,18 @@ result<std::unique_ptr<device_export>> start_export(device& dev, const export_co
                           run.tls_psk_file == cfg.tls_psk_file &&
                           (!o.given("tcp") || (run.tcp_host == cfg.tcp_host && run.tcp_port == cfg.tcp_port)) &&
                           (!o.given("max-connections") || run.max_connections == cfg.max_connections) &&
-                          (!o.given("threads") || run.threads == cfg.threads);
+                          (!o.given("threads") || run.threads == cfg.threads) &&
+                          (!o.given("handshake-timeout") || run.handshake_timeout_ms == cfg.handshake_timeout_ms) &&
+                          (!o.given("poll-us") || run.poll_us == cfg.poll_us);
         if (!same) {
             return make_error(EBUSY, fmt::format("nbd: a server on {} already runs with tls={} tcp={} "
-                                                 "max-connections={} threads={}; export there with the same "
-                                                 "settings, or choose another socket=",
+                                                 "max-connections={} threads={} handshake-timeout={} poll-us={}; "
+                                                 "export there with the same settings, or choose another socket=",
                                                  key, to_string(run.tls),
                                                  run.tcp_host.empty() ? std::string("off")
                                                                       : fmt::format("{}:{}", run.tcp_host,
                                                                                     srv->tcp_port()),
-                                                 run.max_connections, run.threads));
+                                                 run.max_connections, run.threads, run.handshake_timeout_ms / 1000, run.poll_us));
         }
     } else {
         if (!cfg.socket_path.empty()) {

@@ -17,6 +17,7 @@
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <fmt/core.h>
@@ -40,6 +41,12 @@ constexpr unsigned k_max_iov = 256;
 constexpr size_t k_tls_in_buffer = 64 * 1024;
 constexpr uint32_t k_zero_buffer = 1u << 20;
 constexpr unsigned k_ring_entries = 1024;
+// A reply send at most this large on a socket whose peer reads is expected
+// to complete while it is submitted (see event_loop::run).
+constexpr size_t k_inline_send = 128 * 1024;
+// How long a wait that counts on such sends completing inline may last
+// before the loop looks again (in case one did not: the socket was full).
+constexpr long long k_inline_send_wait_ns = 1'000'000;
 
 // user_data tags in the low bits of an aligned pointer.
 enum token : uintptr_t {
@@ -55,6 +62,13 @@ void* make_user_data(void* p, token t)
 }
 
 // Zeros for emulated WRITE_ZEROES (read only; shared by all threads).
+uint64_t monotonic_ns()
+{
+    timespec ts{};
+    ::clock_gettime(CLOCK_MONOTONIC, &ts);
+    return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000u + static_cast<uint64_t>(ts.tv_nsec);
+}
+
 const uint8_t* zero_buffer()
 {
     static const uint8_t* zeros = static_cast<const uint8_t*>(std::aligned_alloc(4096, k_zero_buffer));
@@ -210,6 +224,7 @@ struct alignas(8) connection {
     nbd_op* iov_op[k_max_iov];  // op whose reply ends with this iovec
     unsigned iov_count = 0;
     unsigned iov_first = 0;
+    size_t send_bytes = 0;  // what the posted send carries
     msghdr msg{};
     bool send_posted = false;
     bool dirty = false;  // on the loop's flush list
@@ -229,13 +244,17 @@ struct alignas(8) connection {
     bool handoff = false;  // move to `handoff_to` once no I/O is posted
     unsigned handoff_to = 0;
     bool counted = false;  // counted in exp->connections
+    uint64_t handshake_deadline_ns = 0;  // CLOCK_MONOTONIC; 0: none
 
     connection* next_dirty = nullptr;
 };
 
 class event_loop {
 public:
-    event_loop(server& srv, unsigned index) : _srv(srv), _index(index) {}
+    event_loop(server& srv, unsigned index)
+        : _srv(srv), _index(index), _poll_max_ns(uint64_t{srv.config().poll_us} * 1000)
+    {
+    }
     ~event_loop()
     {
         if (_wake_fd >= 0) {
@@ -303,6 +322,11 @@ private:
     void flush(connection& c);
     void adopt_inbox();
     void check_exports();
+    void wait_polling(unsigned wait_nr);
+    void submit_and_block(unsigned wait_nr);
+    void post_handshake_timer(uint64_t deadline_ns);
+    void on_handshake_timer();
+    static bool send_needs_no_wake(const connection& c);
 
     // requests
     nbd_op* take_op(connection& c);
@@ -335,6 +359,16 @@ private:
     std::vector<sockaddr_storage> _accept_addr;
     std::vector<socklen_t> _accept_len;
     bool _stopping = false;
+    // Adaptive polling before sleeping (server_config::poll_us): the current
+    // window and its bound, in ns; 0 bound = never poll.
+    uint64_t _poll_max_ns = 0;
+    uint64_t _poll_ns = 0;
+    bool _taskrun_flag = false;  // the ring sets IORING_SQ_TASKRUN
+    // Sends posted since the last wait (see run()).
+    std::vector<connection*> _sends_now;
+    // The handshake timer (an IORING_OP_TIMEOUT at the earliest deadline).
+    __kernel_timespec _handshake_ts{};
+    bool _handshake_timer_posted = false;
 };
 
 // ---------------------------------------------------------------- ring helpers
@@ -413,14 +447,17 @@ void event_loop::run()
     // One ring per thread, created on it (SINGLE_ISSUER), with DEFER_TASKRUN
     // where the kernel has it; older kernels get COOP_TASKRUN or nothing.
     io_uring_params p{};
-    const unsigned tries[] = {IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN,
-                              IORING_SETUP_COOP_TASKRUN, 0};
+    // TASKRUN_FLAG tells a polling loop that a completion waits to be run.
+    const unsigned tries[] = {IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN | IORING_SETUP_TASKRUN_FLAG,
+                              IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN,
+                              IORING_SETUP_COOP_TASKRUN | IORING_SETUP_TASKRUN_FLAG, IORING_SETUP_COOP_TASKRUN, 0};
     int rc = -EINVAL;
     for (unsigned flags : tries) {
         p = {};
         p.flags = flags;
         rc = io_uring_queue_init_params(k_ring_entries, &_ring, &p);
         if (rc == 0) {
+            _taskrun_flag = (flags & IORING_SETUP_TASKRUN_FLAG) != 0;
             break;
         }
     }
@@ -474,14 +511,34 @@ void event_loop::run()
             flush(*c);
             maybe_free(*c);
         }
+        // A small reply's send on a socket completes while it is submitted,
+        // and its completion only gives buffers back: when nothing waits for
+        // it, wait for one event more than the sends posted, so that a round
+        // trip costs one io_uring_enter (submit the reply, sleep until the
+        // next request) instead of two. Should a send not complete inline
+        // (the peer does not read), the wait ends after
+        // k_inline_send_wait_ns anyway, so that no other event waits longer.
+        unsigned wait_nr = 1;
+        if (!_sends_now.empty()) {
+            bool quiet = true;
+            for (const connection* c : _sends_now) {
+                quiet = quiet && send_needs_no_wake(*c);
+            }
+            if (quiet) {
+                wait_nr += static_cast<unsigned>(_sends_now.size());
+            }
+            _sends_now.clear();
+        }
         if (queues_busy) {
             // The device completes later (timer mode, an asynchronous
             // target): look again soon. io_queue has no descriptor to wait on.
             __kernel_timespec ts{0, 20'000};
             io_uring_cqe* cqe = nullptr;
-            io_uring_submit_and_wait_timeout(&_ring, &cqe, 1, &ts, nullptr);
+            io_uring_submit_and_wait_timeout(&_ring, &cqe, wait_nr, &ts, nullptr);
+        } else if (_poll_max_ns != 0) {
+            wait_polling(wait_nr);
         } else {
-            io_uring_submit_and_wait(&_ring, 1);
+            submit_and_block(wait_nr);
         }
         unsigned head;
         io_uring_cqe* cqe;
@@ -510,6 +567,10 @@ void event_loop::run()
                 break;
             }
             case k_token_wake:
+                if ((ud & ~uintptr_t{3}) == reinterpret_cast<uintptr_t>(&_handshake_ts)) {
+                    on_handshake_timer();
+                    break;
+                }
                 if (!_stopping) {
                     post_wake_read();
                 }
@@ -580,9 +641,107 @@ void event_loop::on_accept(int listener, int fd)
     c->rbuf = static_cast<uint8_t*>(std::aligned_alloc(4096, k_recv_buffer));
     c->hs = std::make_unique<handshake>(_srv, _srv.config().tls);
     c->hs->greet(c->out_bytes);
+    if (const uint32_t ms = _srv.config().handshake_timeout_ms; ms != 0) {
+        c->handshake_deadline_ns = monotonic_ns() + uint64_t{ms} * 1'000'000u;
+        if (!_handshake_timer_posted) {
+            post_handshake_timer(c->handshake_deadline_ns);
+        }
+    }
     _conns.push_back(c);
     mark_dirty(*c);
     post_recv(*c);
+}
+
+// Submits what is queued and waits for `wait_nr` completions, first by
+// polling the completion ring for up to _poll_ns (which saves the sleep and
+// the wake-up, each several microseconds, when the next request is that
+// close), then by sleeping. The window adapts as QEMU's event loop does
+// (poll-max-ns): it grows while events come within _poll_max_ns of going
+// idle, shrinks when they come later. Polled time is CPU time of the loop
+// and shows in its utime.
+void event_loop::submit_and_block(unsigned wait_nr)
+{
+    if (wait_nr == 1) {
+        io_uring_submit_and_wait(&_ring, 1);
+        return;
+    }
+    __kernel_timespec ts{0, k_inline_send_wait_ns};
+    io_uring_cqe* cqe = nullptr;
+    io_uring_submit_and_wait_timeout(&_ring, &cqe, wait_nr, &ts, nullptr);
+}
+
+void event_loop::wait_polling(unsigned wait_nr)
+{
+    if (!_taskrun_flag) {
+        submit_and_block(wait_nr);
+        return;
+    }
+    const uint64_t start = monotonic_ns();
+    if (_poll_ns != 0) {
+        io_uring_submit(&_ring);
+        uint64_t now = start;
+        do {
+            if (io_uring_cq_ready(&_ring) >= wait_nr) {
+                return;  // found by polling: keep the window
+            }
+            if ((IO_URING_READ_ONCE(*_ring.sq.kflags) & IORING_SQ_TASKRUN) != 0) {
+                io_uring_get_events(&_ring);  // runs the completions, does not sleep
+                continue;
+            }
+#if defined(__x86_64__) || defined(__i386__)
+            __builtin_ia32_pause();
+#endif
+            now = monotonic_ns();
+        } while (now - start < _poll_ns);
+    }
+    submit_and_block(wait_nr);
+    const uint64_t idle = monotonic_ns() - start;
+    if (idle > _poll_max_ns) {
+        _poll_ns /= 2;  // the next event came late: polling would have been wasted
+        if (_poll_ns < 1000) {
+            _poll_ns = 0;
+        }
+    } else if (_poll_ns < _poll_max_ns) {
+        _poll_ns = std::min(_poll_max_ns, _poll_ns == 0 ? std::max<uint64_t>(_poll_max_ns / 8, 1000) : _poll_ns * 2);
+    }
+}
+
+void event_loop::post_handshake_timer(uint64_t deadline_ns)
+{
+    _handshake_ts.tv_sec = static_cast<int64_t>(deadline_ns / 1'000'000'000u);
+    _handshake_ts.tv_nsec = static_cast<long long>(deadline_ns % 1'000'000'000u);
+    io_uring_sqe* s = sqe();
+    io_uring_prep_timeout(s, &_handshake_ts, 0, IORING_TIMEOUT_ABS);
+    io_uring_sqe_set_data(s, make_user_data(&_handshake_ts, k_token_wake));
+    _handshake_timer_posted = true;
+}
+
+// Closes the connections whose handshake outlived handshake_timeout_ms and
+// sets the timer for the next deadline. Deadlines grow in accept order, so
+// the timer, once set, is never later than a new connection's deadline.
+void event_loop::on_handshake_timer()
+{
+    _handshake_timer_posted = false;
+    const uint64_t now = monotonic_ns();
+    uint64_t next = 0;
+    std::vector<connection*> expired;
+    for (connection* c : _conns) {
+        if (c->ph == phase::transmission || c->closing || c->handshake_deadline_ns == 0) {
+            continue;
+        }
+        if (c->handshake_deadline_ns <= now) {
+            expired.push_back(c);
+        } else if (next == 0 || c->handshake_deadline_ns < next) {
+            next = c->handshake_deadline_ns;
+        }
+    }
+    for (connection* c : expired) {
+        begin_close(*c);
+        maybe_free(*c);
+    }
+    if (next != 0 && !_stopping) {
+        post_handshake_timer(next);
+    }
 }
 
 void event_loop::mark_dirty(connection& c)
@@ -1031,10 +1190,27 @@ void event_loop::post_send(connection& c)
     c.msg = {};
     c.msg.msg_iov = c.iov + c.iov_first;
     c.msg.msg_iovlen = c.iov_count - c.iov_first;
+    c.send_bytes = 0;
+    for (unsigned i = c.iov_first; i < c.iov_count; ++i) {
+        c.send_bytes += c.iov[i].iov_len;
+    }
     io_uring_sqe* s = sqe();
-    io_uring_prep_sendmsg(s, c.fd, &c.msg, MSG_NOSIGNAL);
+    // MSG_WAITALL: io_uring completes the send once all of it is out (it
+    // waits for room itself), so a completion never leaves a tail to post.
+    io_uring_prep_sendmsg(s, c.fd, &c.msg, MSG_NOSIGNAL | MSG_WAITALL);
     io_uring_sqe_set_data(s, make_user_data(&c, k_token_send));
     c.send_posted = true;
+    _sends_now.push_back(&c);
+}
+
+// True when the completion of `c`'s posted send only gives its buffers back:
+// nothing else (input blocked on it, a close, a hand-off, replies beyond what
+// one send takes) waits for it, and the connection's next request will wake
+// the loop through its posted recv.
+bool event_loop::send_needs_no_wake(const connection& c)
+{
+    return c.ph == phase::transmission && !c.tls && c.send_bytes <= k_inline_send && c.recv_posted && !c.input_blocked && !c.close_after_send &&
+           !c.handoff && !c.disc && !c.closing && c.replies.empty() && c.out_bytes.empty();
 }
 
 void event_loop::on_send(connection& c, int res)

@@ -40,6 +40,13 @@ struct server_config {
     std::string tls_psk_file;
     unsigned max_connections = 256;
     unsigned threads = 1;
+    // A connection still in the handshake (or its TLS handshake) this long
+    // after it was accepted is closed, so that a stalled client cannot hold
+    // a connection slot. 0: never.
+    uint32_t handshake_timeout_ms = 10'000;
+    // Before a loop thread sleeps, it polls its completion ring for up to
+    // this long (adaptively, as QEMU's poll-max-ns). 0: never poll.
+    uint32_t poll_us = 0;
 };
 
 // An export as the server keeps it.
