@@ -18,7 +18,9 @@
 #include <fuse_lowlevel.h>
 #include <mutex>
 #include <optional>
+#include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <sys/stat.h>
 #include <thread>
 #include <unistd.h>
@@ -50,6 +52,11 @@ constexpr option_def k_options[] = {
     {.name = "threads", .kind = option_kind::integer, .default_value = "0", .unit = "",
      .help = "FUSE worker threads; 0: one per submit queue of the device, at least 2", .min = 0,
      .max = 64},
+    {.name = "poll_us", .kind = option_kind::integer, .default_value = "0", .unit = "us",
+     .help = "after a request, one worker at a time busy-polls /dev/fuse (yielding the CPU to any "
+             "other ready thread) for up to this long before sleeping; the window adapts to the gap "
+             "between requests (0 when they come further apart); 0: never poll",
+     .min = 0, .max = 1000},
 };
 
 // Interrupts a worker blocked in read(/dev/fuse) during stop(). The handler
@@ -67,6 +74,17 @@ void install_wake_handler()
         ::sigaction(wake_signal(), &action, nullptr);
     });
 }
+
+uint64_t monotonic_ns()
+{
+    struct timespec now {};
+    ::clock_gettime(CLOCK_MONOTONIC, &now);
+    return static_cast<uint64_t>(now.tv_sec) * 1'000'000'000u + static_cast<uint64_t>(now.tv_nsec);
+}
+
+// The first busy-poll window after a short sleep, as QEMU's adaptive
+// polling starts (then doubled up to poll_us).
+constexpr uint64_t k_poll_start_ns = 4'000;
 
 uint64_t align_down(uint64_t value, uint64_t block) { return value - value % block; }
 uint64_t align_up(uint64_t value, uint64_t block) { return align_down(value + block - 1, block); }
@@ -88,6 +106,13 @@ struct worker {
     // The submit queue this worker drives alone, or nullptr when there are
     // more workers than submit queues (then device::execute shares them).
     io_queue* queue = nullptr;
+    // Current busy-poll window (ns), between 0 and the export's poll_us.
+    uint64_t poll_ns = 0;
+    // Requests taken after a busy poll, after sleeping, and the time spent
+    // polling (ns); read by describe() while the worker runs.
+    std::atomic<uint64_t> polled_requests{0};
+    std::atomic<uint64_t> slept_requests{0};
+    std::atomic<uint64_t> poll_time_ns{0};
 
     ~worker() { std::free(scratch); }
 
@@ -207,6 +232,13 @@ private:
     static const fuse_lowlevel_ops& operations();
 
     void run_worker(worker& w);
+    // Busy-polls /dev/fuse until a request is pending (true) or `deadline`
+    // (monotonic ns) passes or the session ends (false). Worker thread.
+    bool poll_for_request(uint64_t deadline) const;
+    // Adapts the worker's poll window to how long it waited for its last
+    // request (QEMU's rule): a wait the window did not cover but poll_us
+    // would have grows it, a longer wait resets it to 0. Worker thread.
+    void adapt_poll_window(worker& w, bool caught_by_poll, uint64_t waited_ns) const;
     struct stat file_attr() const;
     struct stat dir_attr() const;
 
@@ -232,6 +264,11 @@ private:
     bool _privileged = false;
     bool _want_loop = false;
     unsigned _thread_count = 0;
+    // Busy-poll limit (poll_us in ns; 0: never poll) and the token that lets
+    // one worker at a time poll: on a machine with few CPUs two spinning
+    // workers would take the CPUs the requests need.
+    uint64_t _poll_max_ns = 0;
+    std::atomic<bool> _polling{false};
     uid_t _uid = 0;
     gid_t _gid = 0;
     struct timespec _created {};
@@ -262,6 +299,7 @@ fuse_export::fuse_export(device& dev, const export_context& ctx, const option_se
     if (_thread_count == 0) {
         _thread_count = std::max(2u, dev.info().queues.submit_queues);
     }
+    _poll_max_ns = options.u64("poll_us") * 1'000;
     _uid = ::getuid();
     _gid = ::getgid();
     ::clock_gettime(CLOCK_REALTIME, &_created);
@@ -390,6 +428,16 @@ void fuse_export::run_worker(worker& w)
 
     fuse_buf buf{};
     while (!fuse_session_exited(_session)) {
+        // Before sleeping in read(/dev/fuse), one worker polls for a while:
+        // at queue depth 1 the next request often comes within tens of
+        // microseconds, and a sleeping worker costs a wake-up on its path.
+        const uint64_t start = _poll_max_ns != 0 ? monotonic_ns() : 0;
+        bool caught = false;
+        if (w.poll_ns != 0 && !_polling.exchange(true, std::memory_order_acquire)) {
+            caught = poll_for_request(start + w.poll_ns);
+            _polling.store(false, std::memory_order_release);
+            w.poll_time_ns.fetch_add(monotonic_ns() - start, std::memory_order_relaxed);
+        }
         const int rc = fuse_session_receive_buf(_session, &buf);
         if (rc == -EINTR || rc == -EAGAIN) {
             continue;
@@ -397,10 +445,43 @@ void fuse_export::run_worker(worker& w)
         if (rc <= 0) {
             break;  // -ENODEV: unmounted; 0: the connection is gone
         }
+        if (_poll_max_ns != 0) {
+            (caught ? w.polled_requests : w.slept_requests).fetch_add(1, std::memory_order_relaxed);
+            adapt_poll_window(w, caught, monotonic_ns() - start);
+        }
         fuse_session_process_buf(_session, &buf);
     }
     std::free(buf.mem);
     w.done.store(true, std::memory_order_release);
+}
+
+bool fuse_export::poll_for_request(uint64_t deadline) const
+{
+    pollfd fd{.fd = fuse_session_fd(_session), .events = POLLIN, .revents = 0};
+    do {
+        // POLLERR or POLLHUP (unmounted, aborted) counts as ready too: the
+        // read then reports it.
+        if (::poll(&fd, 1, 0) > 0) {
+            return true;
+        }
+        // Poll on idle CPU time only: a thread that is ready to run here
+        // (often the very client, loop worker or softirq thread that will
+        // send the next request) goes first.
+        ::sched_yield();
+    } while (!fuse_session_exited(_session) && monotonic_ns() < deadline);
+    return false;
+}
+
+void fuse_export::adapt_poll_window(worker& w, bool caught_by_poll, uint64_t waited_ns) const
+{
+    if (caught_by_poll) {
+        return;
+    }
+    if (waited_ns > _poll_max_ns) {
+        w.poll_ns = 0;  // requests come further apart than we would poll
+    } else if (w.poll_ns < _poll_max_ns) {
+        w.poll_ns = std::min(_poll_max_ns, w.poll_ns == 0 ? k_poll_start_ns : w.poll_ns * 2);
+    }
 }
 
 nlohmann::json fuse_export::describe() const
@@ -412,6 +493,19 @@ nlohmann::json fuse_export::describe() const
     // "per_worker": worker i drives submit queue i alone; "shared": more
     // workers than submit queues, they share them through device::execute.
     out["queues"] = _thread_count <= _dev.info().queues.submit_queues ? "per_worker" : "shared";
+    out["poll_us"] = _poll_max_ns / 1'000;
+    uint64_t polled = 0;
+    uint64_t slept = 0;
+    uint64_t poll_ns = 0;
+    for (const auto& w : _workers) {
+        polled += w->polled_requests.load(std::memory_order_relaxed);
+        slept += w->slept_requests.load(std::memory_order_relaxed);
+        poll_ns += w->poll_time_ns.load(std::memory_order_relaxed);
+    }
+    // Only counted while polling is on (poll_us > 0).
+    out["requests_after_poll"] = polled;
+    out["requests_after_sleep"] = slept;
+    out["poll_ms"] = poll_ns / 1'000'000;
     if (_loop) {
         out["loop"] = _loop->path;
         out["loop_direct_io"] = _loop->direct_io;

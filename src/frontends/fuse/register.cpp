@@ -11,6 +11,7 @@ const bool g_registered = softblk::register_export_type(softblk::export_type{
     .start = softblk::fuse::start_export,
     .cleanup_stale = softblk::fuse::cleanup_stale,
     .available = softblk::fuse::available,
+    .options = softblk::fuse::export_options(),
 });
 
 }  // namespace
