@@ -9,7 +9,11 @@
 # softblk to each peer.
 #
 # usage: bench/fuse/run.sh [--driver PATH] [--runtime SECONDS] [--rounds N] [--size MIB]
+#                          [--variant "EXPORT_OPTS"]...
 #   --driver   softblk-fuse-driver (default: build*/tests/host/ of this tree)
+#   --variant  also measure softblk with these export options (e.g.
+#              "threads=1 poll_us=50"), as one more system in the same run;
+#              "softblk" alone is always the default configuration
 # Needs root, /dev/fuse, /dev/loop-control, fio, qemu-storage-daemon,
 # nbdkit, nbdfuse. Leaves nothing mounted or attached.
 set -euo pipefail
@@ -20,13 +24,15 @@ driver=""
 runtime=5
 rounds=3
 size_mib=1024
+variants=()
 while [ $# -gt 0 ]; do
     case "$1" in
         --driver) driver=$2; shift 2 ;;
         --runtime) runtime=$2; shift 2 ;;
         --size) size_mib=$2; shift 2 ;;
         --rounds) rounds=$2; shift 2 ;;
-        *) echo "usage: $0 [--driver PATH] [--runtime SECONDS] [--rounds N] [--size MIB]" >&2; exit 2 ;;
+        --variant) variants+=("$2"); shift 2 ;;
+        *) echo "usage: $0 [--driver PATH] [--runtime SECONDS] [--rounds N] [--size MIB] [--variant OPTS]..." >&2; exit 2 ;;
     esac
 done
 if [ -z "$driver" ]; then
@@ -88,6 +94,17 @@ echo "add bench null size=$size_mib memory_backed=1 blocksize=4096 submit_queues
 read -r answer <&8
 case "$answer" in ok*) ;; *) echo "softblk: $answer" >&2; exit 1 ;; esac
 device[softblk]=$(attach "$work/softblk/fuse/bench/bench")
+softblk_systems=(softblk)
+for i in "${!variants[@]}"; do
+    # Same driver process, one more device with other export options.
+    echo "add bench$i null size=$size_mib memory_backed=1 blocksize=4096 submit_queues=2 -- loop=0 ${variants[$i]}" >&7
+    read -r answer <&8
+    case "$answer" in ok*) ;; *) echo "softblk variant '${variants[$i]}': $answer" >&2; exit 1 ;; esac
+    name="softblk[$(tr ' ' ',' <<<"${variants[$i]}")]"
+    device[$name]=$(attach "$work/softblk/fuse/bench$i/bench$i")
+    server[$name]=${server[softblk]}
+    softblk_systems+=("$name")
+done
 
 for aio in threads io_uring; do
     echo "== qemu-storage-daemon (raw file on /dev/shm, aio=$aio, FUSE export)" >&2
@@ -112,7 +129,7 @@ server[nbdfuse]="$! $(cat "$work/nbdkit.pid")"
 for _ in $(seq 100); do [ -e "$work/nbd/disk" ] && break; sleep 0.1; done
 device[nbdfuse]=$(attach "$work/nbd/disk")
 
-systems=(softblk qsd-threads qsd-io_uring nbdfuse)
+systems=("${softblk_systems[@]}" qsd-threads qsd-io_uring nbdfuse)
 declare -A samples cpu_samples
 tick_us=$((1000000 / $(getconf CLK_TCK)))
 for round in $(seq "$rounds"); do
@@ -140,27 +157,37 @@ for k in "${!samples[@]}"; do
 done
 
 peers=(qsd-threads qsd-io_uring nbdfuse)
-printf '\n%-10s %-5s %9s' case jobs softblk
-for p in "${peers[@]}"; do printf ' %12s' "$p"; done
-for p in "${peers[@]}"; do printf ' %14s' "x/$p"; done
+declare -A width
+for sys in "${systems[@]}"; do width[$sys]=$((${#sys} > 14 ? ${#sys} : 14)); done
+printf '\nIOPS (median)\n%-10s %-5s' case jobs
+for sys in "${systems[@]}"; do printf ' %*s' "${width[$sys]}" "$sys"; done
 printf '\n'
 for c in "${cases[@]}"; do
     read -r rw jobs <<<"$c"
-    s=${iops["softblk $rw $jobs"]}
-    printf '%-10s %-5s %9d' "$rw" "$jobs" "$s"
-    for p in "${peers[@]}"; do printf ' %12d' "${iops["$p $rw $jobs"]}"; done
-    for p in "${peers[@]}"; do
-        awk -v s="$s" -v p="${iops["$p $rw $jobs"]}" 'BEGIN {printf " %14.2f", (p > 0) ? s / p : 0}'
-    done
+    printf '%-10s %-5s' "$rw" "$jobs"
+    for sys in "${systems[@]}"; do printf ' %*d' "${width[$sys]}" "${iops["$sys $rw $jobs"]}"; done
     printf '\n'
 done
-printf '\nserver CPU per I/O (us, median)\n%-10s %-5s %9s' case jobs softblk
-for p in "${peers[@]}"; do printf ' %12s' "$p"; done
+for s in "${softblk_systems[@]}"; do
+    printf '\nratio %s / peer\n%-10s %-5s' "$s" case jobs
+    for p in "${peers[@]}"; do printf ' %14s' "x/$p"; done
+    printf '\n'
+    for c in "${cases[@]}"; do
+        read -r rw jobs <<<"$c"
+        printf '%-10s %-5s' "$rw" "$jobs"
+        for p in "${peers[@]}"; do
+            awk -v s="${iops["$s $rw $jobs"]}" -v p="${iops["$p $rw $jobs"]}" 'BEGIN {printf " %14.2f", (p > 0) ? s / p : 0}'
+        done
+        printf '\n'
+    done
+done
+printf '\nserver CPU per I/O (us, median)\n%-10s %-5s' case jobs
+for sys in "${systems[@]}"; do printf ' %*s' "${width[$sys]}" "$sys"; done
 printf '\n'
 for c in "${cases[@]}"; do
     read -r rw jobs <<<"$c"
-    printf '%-10s %-5s %9s' "$rw" "$jobs" "${cpu_us["softblk $rw $jobs"]}"
-    for p in "${peers[@]}"; do printf ' %12s' "${cpu_us["$p $rw $jobs"]}"; done
+    printf '%-10s %-5s' "$rw" "$jobs"
+    for sys in "${systems[@]}"; do printf ' %*s' "${width[$sys]}" "${cpu_us["$sys $rw $jobs"]}"; done
     printf '\n'
 done
 printf '\nload average at the end: %s\n' "$(cut -d' ' -f1-3 /proc/loadavg)"
