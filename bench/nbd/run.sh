@@ -7,9 +7,13 @@
 #
 # For each job it reports IOPS and the server's CPU time per I/O: utime +
 # stime of the server process (all threads) from /proc/PID/stat, before and
-# after the job, divided by the I/Os fio completed.
+# after the job, divided by the I/Os fio completed. A second table gives the
+# client's side, fio's own CPU time (usr_cpu + sys_cpu) per I/O and how much
+# of one CPU it used, which is what bounds IOPS when the client saturates a
+# CPU (fio runs one thread; the machine may have few CPUs).
 #
 #   bench/nbd/run.sh [--softblk-nbd PATH] [--runtime SECONDS] [--size MiB] [--threads N]
+#                    [--export-opt KEY=VALUE]...
 #
 # PATH defaults to build-nbd/src/frontends/nbd/softblk-nbd under the
 # repository. Prints a table (markdown) on stdout.
@@ -21,13 +25,16 @@ driver="$repo/build-nbd/src/frontends/nbd/softblk-nbd"
 runtime=5
 size_mib=256
 threads=1
+export_opts=()
 while (($#)); do
   case "$1" in
     --softblk-nbd) driver=$2; shift 2 ;;
     --runtime) runtime=$2; shift 2 ;;
     --size) size_mib=$2; shift 2 ;;
     --threads) threads=$2; shift 2 ;;
-    *) echo "usage: $0 [--softblk-nbd PATH] [--runtime S] [--size MiB] [--threads N]" >&2; exit 2 ;;
+    --export-opt) export_opts+=(-o "$2"); shift 2 ;;  # e.g. poll-us=20, passed to softblk-nbd
+    *) echo "usage: $0 [--softblk-nbd PATH] [--runtime S] [--size MiB] [--threads N] [--export-opt K=V]..." >&2
+       exit 2 ;;
   esac
 done
 for tool in fio nbdkit qemu-storage-daemon python3; do
@@ -51,7 +58,7 @@ wait_socket() {
 }
 
 # A capacity of 1 GiB for all three; jobs touch the first $size_mib MiB.
-"$driver" --run-dir "$work" -o socket="$work/softblk.sock" -o threads="$threads" \
+"$driver" --run-dir "$work" -o socket="$work/softblk.sock" -o threads="$threads" "${export_opts[@]}" \
   d0 null memory_backed=1 size=1024 >"$work/softblk.log" 2>&1 &
 softblk_pid=$!; pids+=("$softblk_pid")
 nbdkit --foreground --unix "$work/nbdkit.sock" --exportname d0 memory size=1G >"$work/nbdkit.log" 2>&1 &
@@ -81,7 +88,7 @@ jobs=(
   "write-1m-qd8 write 1m 8"
 )
 
-run_fio() {  # server job rw bs qd -> "iops cpu_ns_per_io"
+run_fio() {  # server job rw bs qd -> "iops cpu_ns_per_io fio_cpu_ns_per_io fio_cpu_percent"
   local server=$1 name=$2 rw=$3 bs=$4 qd=$5
   local uri="nbd+unix:///d0?socket=$work/$server.sock"
   local before after
@@ -97,7 +104,8 @@ j = json.loads(text[text.index("{"):])["jobs"][0]  # fio's nbd engine prints a l
 ios = j["read"]["total_ios"] + j["write"]["total_ios"]
 secs = (j["read"]["runtime"] or j["write"]["runtime"]) / 1000.0
 cpu_ns = (int(sys.argv[3]) - int(sys.argv[2])) * 1e9 / int(sys.argv[4])
-print(f"{ios / secs:.0f} {cpu_ns / max(ios, 1):.0f}")
+fio_cpu = (j["usr_cpu"] + j["sys_cpu"]) / 100.0  # share of one CPU over the job
+print(f"{ios / secs:.0f} {cpu_ns / max(ios, 1):.0f} {fio_cpu * secs * 1e9 / max(ios, 1):.0f} {fio_cpu * 100:.0f}")
 PY
 }
 
@@ -107,14 +115,16 @@ for s in softblk nbdkit qsd; do
       --iodepth=8 --size="${size_mib}M" >/dev/null 2>&1
 done
 
+client_rows=()
 echo "| job | softblk IOPS | nbdkit IOPS | qsd IOPS | softblk CPU ns/IO | nbdkit CPU ns/IO | qsd CPU ns/IO | IOPS vs best peer | CPU/IO vs that peer |"
 echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
 for j in "${jobs[@]}"; do
   read -r name rw bs qd <<<"$j"
-  declare -A iops=() cpu=()
+  declare -A iops=() cpu=() fcpu=() futil=()
   for s in softblk nbdkit qsd; do
-    read -r iops[$s] cpu[$s] < <(run_fio "$s" "$name" "$rw" "$bs" "$qd")
+    read -r iops[$s] cpu[$s] fcpu[$s] futil[$s] < <(run_fio "$s" "$name" "$rw" "$bs" "$qd")
   done
+  client_rows+=("| $name | ${fcpu[softblk]} (${futil[softblk]}%) | ${fcpu[nbdkit]} (${futil[nbdkit]}%) | ${fcpu[qsd]} (${futil[qsd]}%) |")
   best=nbdkit
   if ((${iops[qsd]} > ${iops[nbdkit]})); then best=qsd; fi
   python3 - "$name" "${iops[softblk]}" "${iops[nbdkit]}" "${iops[qsd]}" "${cpu[softblk]}" "${cpu[nbdkit]}" \
@@ -127,3 +137,9 @@ print(f"| {name} | {si:.0f} | {ni:.0f} | {qi:.0f} | {sc:.0f} | {nc:.0f} | {qc:.0
       f"{si / bi:.2f}x ({best}) | {sc / bc if bc else float('nan'):.2f}x |")
 PY
 done
+echo
+echo "fio's own CPU time per I/O (ns) and, in brackets, the share of one CPU it used:"
+echo
+echo "| job | fio vs softblk | fio vs nbdkit | fio vs qsd |"
+echo "|---|---:|---:|---:|"
+printf '%s\n' "${client_rows[@]}"
