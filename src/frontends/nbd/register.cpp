@@ -11,6 +11,7 @@ const bool g_registered = softblk::register_export_type(softblk::export_type{
     .start = softblk::nbd::start_export,
     .cleanup_stale = softblk::nbd::cleanup_stale,
     .available = {},
+    .options = softblk::nbd::export_options(),
 });
 
 }  // namespace
