@@ -60,3 +60,22 @@ vm_null_blk_remove() {
   echo 0 >"/sys/kernel/config/nullb/$1/power" 2>/dev/null
   rmdir "/sys/kernel/config/nullb/$1"
 }
+
+# vm_wait_io DEV [COUNT] [SECONDS]: waits until the block device DEV has
+# completed at least COUNT (default 64) requests since it appeared, i.e.
+# until a load started in the background really runs on it (a program
+# started with `&` may not have opened the device yet). Fails after SECONDS
+# (default 30).
+vm_wait_io() {
+  _stat=/sys/block/${1#/dev/}/stat
+  _n=$(( ${3:-30} * 10 ))
+  while :; do
+    if [ -r "$_stat" ]; then
+      _done=$(awk '{print $1 + $5}' "$_stat")
+      [ "$_done" -ge "${2:-64}" ] && return 0
+    fi
+    _n=$((_n - 1))
+    [ "$_n" -gt 0 ] || vm_fail "no I/O on $1 after ${3:-30} s (did the load start?)"
+    sleep 0.1
+  done
+}

@@ -49,10 +49,11 @@ kill -0 "$pid" || vm_fail "the pid list shows ($pid) is not running"
 [ "$(cat /sys/block/${dev#/dev/}/queue/nr_requests)" = 64 ] || vm_fail "nr_requests is not 64"
 
 vm_step "kill -9 the daemon under fio load, softblk list brings the device back"
-fio --name=load --filename="$dev" --direct=1 --ioengine=io_uring --iodepth=32 --rw=randwrite \
+fio --name=load --filename="$dev" --allow_file_create=0 --direct=1 --ioengine=io_uring --iodepth=32 --rw=randwrite \
   --bs=4k --size=128M --runtime=10 --time_based --output-format=terse >/tmp/fio-load.txt 2>&1 &
 fio_pid=$!
-sleep 3
+vm_wait_io "$dev"
+sleep 1
 kill -0 $fio_pid || vm_fail "fio ended before the kill"
 kill -9 "$pid"
 while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done

@@ -46,10 +46,11 @@ stop_within() {
 
 vm_step "delete under I/O"
 serve busy submit_queues=2 hw_queue_depth=64 memory_backed=1 size=256 blocksize=4096
-fio --name=load --filename="$dev" --direct=1 --ioengine=io_uring --iodepth=32 --rw=randrw --bs=4k \
+fio --name=load --filename="$dev" --allow_file_create=0 --direct=1 --ioengine=io_uring --iodepth=32 --rw=randrw --bs=4k \
   --size=128M --runtime=60 --time_based --numjobs=2 --output-format=terse >/tmp/fio-busy.txt 2>&1 &
 fio_pid=$!
-sleep 3
+vm_wait_io "$dev"
+sleep 1
 kill -0 $fio_pid || vm_fail "fio ended early"
 t0=$(date +%s)
 stop_within 20
@@ -61,7 +62,7 @@ grep -v '^3;' /tmp/fio-busy.txt | head -n 3 || true
 # What fio sees after the delete is the kernel's business (6.12 has shown
 # both failed I/O and a quiet end); what must hold is that nothing hangs.
 echo "ok: fio ended (status $fio_rc, error field $(tail -n1 /tmp/fio-busy.txt | cut -d';' -f5))"
-[ ! -e "$dev" ] || vm_fail "$dev still there"
+[ ! -e "$dev" ] || vm_fail "$dev still there ($(stat -c %F "$dev"))"
 
 vm_step "20 add/del cycles"
 dd if=/dev/urandom of=/tmp/block bs=64k count=1 status=none

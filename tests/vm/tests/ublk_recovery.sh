@@ -73,10 +73,11 @@ verify() {
 # and leaves fio's exit status in $fio_rc and its output in /tmp/fio-NAME.txt.
 kill_under_load() {
   local name=$1 old_dev=$dev
-  fio --name=load --filename="$dev" --direct=1 --ioengine=io_uring --iodepth=32 --rw=randwrite \
+  fio --name=load --filename="$dev" --allow_file_create=0 --direct=1 --ioengine=io_uring --iodepth=32 --rw=randwrite \
     --bs=4k --size=128M --runtime=12 --time_based --output-format=terse >/tmp/fio-$name.txt 2>&1 &
   fio_pid=$!
-  sleep 3
+  vm_wait_io "$dev"
+  sleep 1
   kill -0 $fio_pid || vm_fail "fio ended before the kill"
   kill -9 "$pid"
   wait "$pid" 2>/dev/null || true
