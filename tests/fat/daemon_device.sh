@@ -13,6 +13,9 @@ set -euo pipefail
 
 softblk=${1:?usage: $0 PATH/TO/softblk}
 skip() { echo "SKIP: $*"; exit 77; }
+# Every command gets a deadline, so that a hang fails the test with its
+# cleanup run, instead of ctest killing the script and leaving the daemon.
+sb() { timeout 60 "$softblk" "$@"; }
 for tool in fsck.fat mcopy mtype; do
   command -v "$tool" >/dev/null || skip "$tool is not installed (scripts/install-deps.sh)"
 done
@@ -26,7 +29,7 @@ cleanup() {
   set +e
   if [ -s "$run_dir/daemon.pid" ]; then daemon_pid=$(cat "$run_dir/daemon.pid"); fi
   if [ -n "$daemon_pid" ]; then
-    "$softblk" del --all >/dev/null 2>&1
+    sb del --all >/dev/null 2>&1
     kill -TERM "$daemon_pid" 2>/dev/null
     for _ in $(seq 50); do kill -0 "$daemon_pid" 2>/dev/null || break; sleep 0.1; done
     kill -KILL "$daemon_pid" 2>/dev/null
@@ -47,16 +50,16 @@ head -c 10000 /dev/urandom >"$work/tree/sub dir/small.dat"
 # device's current image to a file ($3).
 round_trip() {
   local name=$1 dump=$2 image=$3 dev=softblk:$1
-  "$softblk" fat mkfs "$dev" -n SOFTBLK >/dev/null || fail "mkfs $dev"
-  "$softblk" fat cp "$dev" -r "$work/tree" ::/tree || fail "cp -r into $dev"
-  "$softblk" fat ls "$dev" /tree | grep -qx "A file with a long name.txt" || fail "ls $dev did not list the long name"
-  cmp <("$softblk" fat cat "$dev" /tree/big.bin) "$work/tree/big.bin" || fail "cat $dev /tree/big.bin differs"
-  "$softblk" fat mkdir "$dev" -p /x/y || fail "mkdir -p on $dev"
-  "$softblk" fat mv "$dev" "/tree/sub dir" /x/y || fail "mv on $dev"
-  "$softblk" fat rm "$dev" "/tree/A file with a long name.txt" || fail "rm on $dev"
-  "$softblk" fat df "$dev" | grep -q "State: clean" || fail "df $dev: not clean after the tools"
+  sb fat mkfs "$dev" -n SOFTBLK >/dev/null || fail "mkfs $dev"
+  sb fat cp "$dev" -r "$work/tree" ::/tree || fail "cp -r into $dev"
+  sb fat ls "$dev" /tree | grep -qx "A file with a long name.txt" || fail "ls $dev did not list the long name"
+  cmp <(sb fat cat "$dev" /tree/big.bin) "$work/tree/big.bin" || fail "cat $dev /tree/big.bin differs"
+  sb fat mkdir "$dev" -p /x/y || fail "mkdir -p on $dev"
+  sb fat mv "$dev" "/tree/sub dir" /x/y || fail "mv on $dev"
+  sb fat rm "$dev" "/tree/A file with a long name.txt" || fail "rm on $dev"
+  sb fat df "$dev" | grep -q "State: clean" || fail "df $dev: not clean after the tools"
   rm -rf "$work/out"
-  "$softblk" fat cp "$dev" -r ::/x "$work/out" || fail "cp -r out of $dev"
+  sb fat cp "$dev" -r ::/x "$work/out" || fail "cp -r out of $dev"
   cmp "$work/out/y/sub dir/small.dat" "$work/tree/sub dir/small.dat" || fail "$dev: small.dat came back different"
   # What the daemon's device holds, checked by other tools.
   $dump "$image" || fail "could not read $dev's image"
@@ -72,10 +75,10 @@ ran=0
 echo "== NBD export"
 if ! command -v nbdcopy >/dev/null; then
   echo "SKIP (part): nbdcopy is not installed (libnbd-bin), needed to check the NBD export's image"
-elif ! out=$("$softblk" add null memory_backed=1 size=64 bs=4096 --export nbd --name n0 2>&1); then
+elif ! out=$(sb add null memory_backed=1 size=64 bs=4096 --export nbd --name n0 2>&1); then
   echo "SKIP (part): this softblk has no NBD export: $out"
 else
-  uri=$("$softblk" list --json | jq -r '.[] | select(.name == "n0") | .export.uri')
+  uri=$(sb list --json | jq -r '.[] | select(.name == "n0") | .export.uri')
   [ -n "$uri" ] && [ "$uri" != null ] || fail "n0 has no NBD URI"
   round_trip n0 "nbdcopy $uri" "$work/n0.img"
   ran=$((ran + 1))
@@ -87,19 +90,19 @@ if [ "$(id -u)" -ne 0 ]; then
 elif [ ! -c /dev/fuse ]; then
   echo "SKIP (part): no /dev/fuse"
 else
-  "$softblk" add null memory_backed=1 size=48 bs=512 --export fuse --export-opt loop=0 --name f0 >/dev/null ||
+  sb add null memory_backed=1 size=48 bs=512 --export fuse --export-opt loop=0 --name f0 >/dev/null ||
     fail "add with a FUSE export"
-  file=$("$softblk" list --json | jq -r '.[] | select(.name == "f0") | .export.file')
+  file=$(sb list --json | jq -r '.[] | select(.name == "f0") | .export.file')
   [ -f "$file" ] || fail "f0 has no exported file"
   round_trip f0 "cp $file" "$work/f0.img"
   ran=$((ran + 1))
 fi
 
 echo "== errors name the fix"
-"$softblk" add null memory_backed=1 size=16 --export none --name x0 >/dev/null || fail "add without export"
-if msg=$("$softblk" fat ls softblk:x0 2>&1); then fail "ls on a device without export succeeded"; fi
+sb add null memory_backed=1 size=16 --export none --name x0 >/dev/null || fail "add without export"
+if msg=$(sb fat ls softblk:x0 2>&1); then fail "ls on a device without export succeeded"; fi
 grep -q -- "--export nbd" <<<"$msg" || fail "no fix named for a device without export: $msg"
-if msg=$("$softblk" fat ls softblk:nosuch 2>&1); then fail "ls on an unknown device succeeded"; fi
+if msg=$(sb fat ls softblk:nosuch 2>&1); then fail "ls on an unknown device succeeded"; fi
 grep -q "has no device \"nosuch\"" <<<"$msg" || fail "unknown device: $msg"
 grep -q "x0" <<<"$msg" || fail "unknown device: the daemon's devices are not listed: $msg"
 
