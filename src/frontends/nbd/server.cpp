@@ -496,12 +496,16 @@ void event_loop::run()
             break;
         }
         // Device completions, which queue replies.
-        bool queues_busy = false;
+        // When the device queues next have completions that no new request
+        // brings (a completion timer, a throttle): the loop wakes then.
+        uint64_t device_wake = UINT64_MAX;
+        bool device_fd = false;  // a queue whose target signals a descriptor
         for (auto& b : _bindings) {
             for (int round = 0; round < 4 && b->queue->process() != 0; ++round) {
             }
             if (b->queue->in_flight() != 0) {
-                queues_busy = true;
+                device_wake = std::min(device_wake, b->queue->next_event_ns());
+                device_fd = device_fd || b->queue->event_fd() >= 0;
             }
         }
         while (connection* c = _dirty) {
@@ -529,12 +533,24 @@ void event_loop::run()
             }
             _sends_now.clear();
         }
-        if (queues_busy) {
-            // The device completes later (timer mode, an asynchronous
-            // target): look again soon. io_queue has no descriptor to wait on.
+        if (device_fd) {
+            // The target completes on its own descriptor, which this ring
+            // does not watch: look again soon.
             __kernel_timespec ts{0, 20'000};
             io_uring_cqe* cqe = nullptr;
             io_uring_submit_and_wait_timeout(&_ring, &cqe, wait_nr, &ts, nullptr);
+        } else if (device_wake != UINT64_MAX) {
+            // Sleep until the device's next event, or a socket event first.
+            const uint64_t now = monotonic_ns();
+            if (device_wake <= now) {
+                io_uring_submit(&_ring);
+            } else {
+                const uint64_t delta = device_wake - now;
+                __kernel_timespec ts{static_cast<int64_t>(delta / 1'000'000'000u),
+                                     static_cast<long long>(delta % 1'000'000'000u)};
+                io_uring_cqe* cqe = nullptr;
+                io_uring_submit_and_wait_timeout(&_ring, &cqe, wait_nr, &ts, nullptr);
+            }
         } else if (_poll_max_ns != 0) {
             wait_polling(wait_nr);
         } else {
