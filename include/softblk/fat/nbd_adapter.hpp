@@ -35,6 +35,9 @@ protected:
 private:
     nbd_block_device(nbd_handle* h, uint64_t sectors, uint32_t sector_size, bool read_only, uint64_t max_request,
                      bool can_flush);
+    template <typename Byte, typename Io>
+    int in_pieces(uint64_t lba, uint32_t count, Byte* p, Io io);
+
     nbd_handle* _h;
     uint64_t _sectors;
     uint32_t _sector_size;

@@ -81,14 +81,16 @@ result<std::unique_ptr<nbd_block_device>> nbd_block_device::connect(const std::s
         h, static_cast<uint64_t>(bytes) / sector_size, sector_size, read_only || ro == 1, max, can_flush));
 }
 
-int nbd_block_device::do_read(uint64_t lba, uint32_t count, void* buffer)
+// Runs `io(pointer, bytes, offset)` over [lba, lba + count) in pieces of at
+// most the server's maximum request size; stops at the first failure.
+template <typename Byte, typename Io>
+int nbd_block_device::in_pieces(uint64_t lba, uint32_t count, Byte* p, Io io)
 {
     uint64_t offset = lba * _sector_size;
     uint64_t length = uint64_t{count} * _sector_size;
-    auto* p = static_cast<uint8_t*>(buffer);
     while (length > 0) {
-        uint64_t n = std::min(length, _max_request);
-        if (nbd_pread(_h, p, n, offset, 0) == -1) {
+        const uint64_t n = std::min(length, _max_request);
+        if (io(p, n, offset) == -1) {
             return last_errno();
         }
         p += n;
@@ -98,21 +100,17 @@ int nbd_block_device::do_read(uint64_t lba, uint32_t count, void* buffer)
     return 0;
 }
 
+int nbd_block_device::do_read(uint64_t lba, uint32_t count, void* buffer)
+{
+    return in_pieces(lba, count, static_cast<uint8_t*>(buffer), [this](uint8_t* p, uint64_t n, uint64_t off) {
+        return nbd_pread(_h, p, n, off, 0);
+    });
+}
+
 int nbd_block_device::do_write(uint64_t lba, uint32_t count, const void* buffer)
 {
-    uint64_t offset = lba * _sector_size;
-    uint64_t length = uint64_t{count} * _sector_size;
-    const auto* p = static_cast<const uint8_t*>(buffer);
-    while (length > 0) {
-        uint64_t n = std::min(length, _max_request);
-        if (nbd_pwrite(_h, p, n, offset, 0) == -1) {
-            return last_errno();
-        }
-        p += n;
-        offset += n;
-        length -= n;
-    }
-    return 0;
+    return in_pieces(lba, count, static_cast<const uint8_t*>(buffer),
+                     [this](const uint8_t* p, uint64_t n, uint64_t off) { return nbd_pwrite(_h, p, n, off, 0); });
 }
 
 int nbd_block_device::do_flush()
