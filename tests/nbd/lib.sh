@@ -14,6 +14,11 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# Inline python in the tests imports the raw-socket helpers of nbd_raw.py;
+# no __pycache__ is left in the source tree.
+PYTHONPATH="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH PYTHONDONTWRITEBYTECODE=1
+
 skip() { echo "SKIP: $*"; exit 77; }
 fail() { echo "FAIL: $*" >&2; exit 1; }
 need() { local t; for t in "$@"; do command -v "$t" >/dev/null || skip "$t not installed"; done; }

@@ -10,35 +10,12 @@ start_server never -o socket="$work/never.sock" -o handshake-timeout=0 d1 null s
 
 python3 - "$work/nbd.sock" "$work/never.sock" <<'PY' || fail "handshake timeout (see above)"
 import socket, struct, sys, time
+from nbd_raw import OPT, closed_within, recv_exact
+import nbd_raw
 path, never_path = sys.argv[1], sys.argv[2]
-OPT = 0x49484156454f5054
 
 def conn(p=path):
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.settimeout(10)
-    s.connect(p)
-    return s
-
-def recv_exact(s, n):
-    b = b""
-    while len(b) < n:
-        c = s.recv(n - len(b))
-        if not c:
-            raise EOFError(f"closed after {len(b)} of {n} bytes")
-        b += c
-    return b
-
-def closed_within(s, seconds):
-    """True when the server closes `s` within `seconds` (reading and dropping what it sends)."""
-    s.settimeout(seconds)
-    try:
-        while s.recv(4096):
-            pass
-        return True
-    except socket.timeout:
-        return False
-    except (ConnectionResetError, BrokenPipeError):
-        return True
+    return nbd_raw.connect(p)
 
 t0 = time.monotonic()
 # A: reads the greeting, then says nothing.

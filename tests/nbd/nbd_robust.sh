@@ -15,55 +15,12 @@ sum_before=$(first32)
 
 python3 - "$sock" <<'PY' || fail "raw protocol abuse (see above)"
 import os, random, socket, struct, sys, time
+from nbd_raw import OPT, closed, go, greet, option, recv_exact, reply
+import nbd_raw
 path = sys.argv[1]
-MAGIC, OPT = 0x4e42444d41474943, 0x49484156454f5054
 
 def conn():
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.settimeout(10)
-    s.connect(path)
-    return s
-
-def recv_exact(s, n):
-    b = b""
-    while len(b) < n:
-        c = s.recv(n - len(b))
-        if not c:
-            raise EOFError(f"closed after {len(b)} of {n} bytes")
-        b += c
-    return b
-
-def greet(s):
-    m, o, f = struct.unpack(">QQH", recv_exact(s, 18))
-    assert m == MAGIC and o == OPT and f == 3, (hex(m), hex(o), f)
-    s.sendall(struct.pack(">I", 3))
-
-def option(s, opt, data=b""):
-    s.sendall(struct.pack(">QII", OPT, opt, len(data)) + data)
-
-def reply(s):
-    magic, opt, typ, ln = struct.unpack(">QIII", recv_exact(s, 20))
-    assert magic == 0x3e889045565a9
-    return opt, typ, recv_exact(s, ln)
-
-def closed(s):
-    try:
-        while s.recv(65536):
-            pass
-        return True
-    except (ConnectionResetError, BrokenPipeError):
-        return True
-
-def go(s, name=b"d0", structured=True):
-    if structured:
-        option(s, 8)
-        assert reply(s)[1] == 1
-    option(s, 7, struct.pack(">I", len(name)) + name + struct.pack(">H", 0))
-    while True:
-        opt, typ, data = reply(s)
-        if typ == 1:
-            return
-        assert typ == 3, hex(typ)
+    return nbd_raw.connect(path)
 
 # 1. Garbage instead of client flags; bad option magic; unknown client flags.
 for junk in (b"\xff" * 4, struct.pack(">I", 3) + b"\0" * 16, struct.pack(">I", 0x100)):
