@@ -16,6 +16,9 @@ uri=$(grep -o 'nbd+unix:///[^ ]*' "$work/add1" | head -1)
 [ "$(nbdinfo --size "$uri")" = $((32 << 20)) ] || fail "size through $uri"
 "$SOFTBLK_CLI" add null memory_backed=1 size=16 --export nbd --export-opt tcp=0 >"$work/add2" 2>&1 &&
   fail "a second export with other server settings was accepted: $(cat "$work/add2")"
+"$SOFTBLK_CLI" add null size=1 --export nbd --export-opt tls-verify-peer=1 >"$work/add3" 2>&1 &&
+  fail "tls-verify-peer=1 without TLS was accepted: $(cat "$work/add3")"
+grep -qF "tls-verify-peer=1 given with tls=off" "$work/add3" || fail "add with tls-verify-peer: $(cat "$work/add3")"
 "$SOFTBLK_CLI" add null memory_backed=1 size=16 --export nbd >"$work/add2" 2>&1 || fail "add 2: $(cat "$work/add2")"
 uri2=$(grep -o 'nbd+unix:///[^ ]*' "$work/add2" | head -1)
 head -c $((16 << 20)) /dev/urandom >"$work/a.img"

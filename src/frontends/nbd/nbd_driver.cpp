@@ -5,7 +5,8 @@
 //
 //   softblk-nbd [--run-dir DIR] [-o KEY=VALUE]... NAME TYPE [OPTION...] [, NAME TYPE [OPTION...]]...
 //
-// -o passes an export option (socket=, tcp=, tls=, threads= ...). With
+// -o passes an export option (socket=, tcp=, tls=, tls-certs=, tls-psk=,
+// tls-verify-peer=, threads= ...: every option of the export type). With
 // threads=N a device gets submit_queues=N unless it says otherwise. Prints
 // one JSON line per export (its description, with "name"), then "ready",
 // and serves until SIGINT/SIGTERM. With --commands it also reads lines on

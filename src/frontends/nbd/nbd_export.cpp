@@ -32,6 +32,10 @@ constexpr option_def k_options[] = {
      .help = "directory with server-cert.pem and server-key.pem (X.509)"},
     {.name = "tls-psk", .kind = option_kind::text, .default_value = "", .unit = "path",
      .help = "pre-shared keys file, lines identity:hexkey (psktool's format)"},
+    {.name = "tls-verify-peer", .kind = option_kind::boolean, .default_value = "0", .unit = "",
+     .help = "TLS clients must present a certificate signed by TLS-CERTS/ca-cert.pem and not revoked in "
+             "TLS-CERTS/ca-crl.pem (when present), or be disconnected; PSK clients are not asked (the key "
+             "authenticates them)"},
     {.name = "readonly", .kind = option_kind::boolean, .default_value = "0", .unit = "",
      .help = "export read-only: writes, trims and write zeroes fail with EPERM"},
     {.name = "max-connections", .kind = option_kind::integer, .default_value = "256", .unit = "",
@@ -154,6 +158,9 @@ public:
         }
         j["export"] = _name;
         j["tls"] = to_string(cfg.tls);
+        if (cfg.tls != tls_mode::off) {
+            j["tls_verify_peer"] = cfg.tls_verify_peer;
+        }
         j["read_only"] = _read_only;
         return j;
     }
@@ -204,8 +211,17 @@ result<std::unique_ptr<device_export>> start_export(device& dev, const export_co
     cfg.tls = *tls;
     cfg.tls_certs_dir = o.text("tls-certs");
     cfg.tls_psk_file = o.text("tls-psk");
+    cfg.tls_verify_peer = o.flag("tls-verify-peer");
     if (cfg.tls == tls_mode::off && (!cfg.tls_certs_dir.empty() || !cfg.tls_psk_file.empty())) {
         return make_error(EINVAL, "tls-certs/tls-psk given with tls=off: say tls=on or tls=require");
+    }
+    if (cfg.tls_verify_peer && cfg.tls == tls_mode::off) {
+        return make_error(EINVAL, "tls-verify-peer=1 given with tls=off: say tls=require (or tls=on) and "
+                                  "tls-certs=DIR with ca-cert.pem");
+    }
+    if (cfg.tls_verify_peer && cfg.tls_certs_dir.empty()) {
+        return make_error(EINVAL, "tls-verify-peer=1 needs tls-certs=DIR with server-cert.pem, server-key.pem "
+                                  "and ca-cert.pem (the CA that signs client certificates)");
     }
     const std::string socket = o.text("socket");
     if (socket == "none") {
@@ -241,17 +257,17 @@ result<std::unique_ptr<device_export>> start_export(device& dev, const export_co
         srv = it->second;
         const server_config& run = srv->config();
         const bool same = run.tls == cfg.tls && run.tls_certs_dir == cfg.tls_certs_dir &&
-                          run.tls_psk_file == cfg.tls_psk_file &&
+                          run.tls_psk_file == cfg.tls_psk_file && run.tls_verify_peer == cfg.tls_verify_peer &&
                           (!o.given("tcp") || (run.tcp_host == cfg.tcp_host && run.tcp_port == cfg.tcp_port)) &&
                           (!o.given("max-connections") || run.max_connections == cfg.max_connections) &&
                           (!o.given("threads") || run.threads == cfg.threads) &&
                           (!o.given("handshake-timeout") || run.handshake_timeout_ms == cfg.handshake_timeout_ms) &&
                           (!o.given("poll-us") || run.poll_us == cfg.poll_us);
         if (!same) {
-            return make_error(EBUSY, fmt::format("nbd: a server on {} already runs with tls={} tcp={} "
+            return make_error(EBUSY, fmt::format("nbd: a server on {} already runs with tls={} tls-verify-peer={} tcp={} "
                                                  "max-connections={} threads={} handshake-timeout={} poll-us={}; "
                                                  "export there with the same settings, or choose another socket=",
-                                                 key, to_string(run.tls),
+                                                 key, to_string(run.tls), run.tls_verify_peer ? 1 : 0,
                                                  run.tcp_host.empty() ? std::string("off")
                                                                       : fmt::format("{}:{}", run.tcp_host,
                                                                                     srv->tcp_port()),

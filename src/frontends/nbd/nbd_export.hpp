@@ -12,7 +12,8 @@
 namespace softblk::nbd {
 
 // The export type's options (socket, tcp, tls, tls-certs, tls-psk,
-// readonly, max-connections, threads, description).
+// tls-verify-peer, readonly, max-connections, threads, handshake-timeout,
+// poll-us, description).
 std::span<const option_def> export_options();
 
 // export_type::start. Control thread.

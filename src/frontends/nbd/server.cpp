@@ -69,6 +69,33 @@ uint64_t monotonic_ns()
     return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000u + static_cast<uint64_t>(ts.tv_nsec);
 }
 
+// Who is at the other end of `fd`, for log lines: ADDRESS:PORT over TCP,
+// the process id (SO_PEERCRED) on a unix socket.
+std::string peer_name(int fd)
+{
+    sockaddr_storage ss{};
+    socklen_t len = sizeof ss;
+    if (::getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len) == 0) {
+        char host[INET6_ADDRSTRLEN] = "";
+        if (ss.ss_family == AF_INET) {
+            const auto* a = reinterpret_cast<const sockaddr_in*>(&ss);
+            ::inet_ntop(AF_INET, &a->sin_addr, host, sizeof host);
+            return fmt::format("{}:{}", host, ntohs(a->sin_port));
+        }
+        if (ss.ss_family == AF_INET6) {
+            const auto* a = reinterpret_cast<const sockaddr_in6*>(&ss);
+            ::inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof host);
+            return fmt::format("[{}]:{}", host, ntohs(a->sin6_port));
+        }
+        ucred cred{};
+        socklen_t n = sizeof cred;
+        if (ss.ss_family == AF_UNIX && ::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &n) == 0) {
+            return fmt::format("pid {} on the unix socket", cred.pid);
+        }
+    }
+    return fmt::format("on fd {}", fd);
+}
+
 const uint8_t* zero_buffer()
 {
     static const uint8_t* zeros = static_cast<const uint8_t*>(std::aligned_alloc(4096, k_zero_buffer));
@@ -315,6 +342,9 @@ private:
     bool parse_handshake(connection& c);
     bool parse_requests(connection& c);
     void run_tls_handshake(connection& c);
+    // One line on stderr (the daemon's log) about a client. Control path:
+    // refusals and timeouts only, never per request.
+    static void log_client(const connection& c, const std::string& what);
     void enter_transmission(connection& c);
     void begin_close(connection& c, bool graceful = false);
     void maybe_free(connection& c);
@@ -752,6 +782,9 @@ void event_loop::on_handshake_timer()
         }
     }
     for (connection* c : expired) {
+        log_client(*c, fmt::format("dropped: still in the {} {} ms after it connected (handshake-timeout)",
+                                   c->ph == phase::tls_handshake ? "TLS handshake" : "NBD handshake",
+                                   _srv.config().handshake_timeout_ms));
         begin_close(*c);
         maybe_free(*c);
     }
@@ -806,6 +839,9 @@ void event_loop::pump_input(connection& c)
         }
         if (c.ph == phase::tls_handshake) {
             run_tls_handshake(c);
+            if (c.closing || c.close_after_send) {
+                return;
+            }
             if (c.ph == phase::tls_handshake) {
                 post_recv(c);
                 return;
@@ -968,6 +1004,12 @@ void event_loop::run_tls_handshake(connection& c)
     const int rc = gnutls_handshake(c.session);
     mark_dirty(c);  // whatever it wrote goes out
     if (rc == GNUTLS_E_SUCCESS) {
+        if (std::string why = _srv.tls()->check_peer(c.session); !why.empty()) {
+            log_client(c, fmt::format("refused after the TLS handshake: {}", why));
+            gnutls_alert_send(c.session, GNUTLS_AL_FATAL, GNUTLS_A_BAD_CERTIFICATE);
+            begin_close(c, true);
+            return;
+        }
         c.hs->tls_established();
         c.ph = phase::handshake;
         return;
@@ -975,7 +1017,15 @@ void event_loop::run_tls_handshake(connection& c)
     if (rc == GNUTLS_E_AGAIN || rc == GNUTLS_E_INTERRUPTED || gnutls_error_is_fatal(rc) == 0) {
         return;
     }
-    begin_close(c);
+    // Tell the client why (an alert), then hang up once that is sent.
+    log_client(c, fmt::format("TLS handshake failed: {}", tls_credentials::describe_failure(c.session, rc)));
+    gnutls_alert_send_appropriate(c.session, rc);
+    begin_close(c, true);
+}
+
+void event_loop::log_client(const connection& c, const std::string& what)
+{
+    fmt::print(stderr, "nbd: client {}: {}\n", peer_name(c.fd), what);
 }
 
 void event_loop::enter_transmission(connection& c)
@@ -1783,7 +1833,7 @@ result<std::shared_ptr<server>> server::start(const server_config& config)
         return make_error(EINVAL, "threads=0: need at least one loop thread");
     }
     if (config.tls != tls_mode::off) {
-        auto creds = tls_credentials::load(config.tls_certs_dir, config.tls_psk_file);
+        auto creds = tls_credentials::load(config.tls_certs_dir, config.tls_psk_file, config.tls_verify_peer);
         if (!creds) {
             return std::unexpected(creds.error());
         }

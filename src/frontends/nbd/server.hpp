@@ -38,6 +38,9 @@ struct server_config {
     tls_mode tls = tls_mode::off;
     std::string tls_certs_dir;
     std::string tls_psk_file;
+    // Require a client certificate signed by tls_certs_dir/ca-cert.pem
+    // (X.509 sessions; a PSK session is authenticated by its key).
+    bool tls_verify_peer = false;
     unsigned max_connections = 256;
     unsigned threads = 1;
     // A connection still in the handshake (or its TLS handshake) this long
