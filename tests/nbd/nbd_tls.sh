@@ -61,14 +61,16 @@ start_server on -o socket="$work/on.sock" -o tls=on -o tls-psk="$work/keys.psk" 
   fail "PSK under tls=on"
 
 # ---- Client certificates (tls-verify-peer=1).
-# client_cert NAME CN [CA_DIR]: $work/NAME/ as libnbd's tls-certificates=
-# directory: ca-cert.pem (to check the server), client-cert.pem signed by
-# CA_DIR's ca-cert.pem/ca-key.pem, or self-signed without CA_DIR.
+# client_cert NAME CN [CA_DIR [TEMPLATE]]: $work/NAME/ as libnbd's
+# tls-certificates= directory: ca-cert.pem (to check the server),
+# client-cert.pem signed by CA_DIR's ca-cert.pem/ca-key.pem (self-signed
+# when CA_DIR is empty), made from certtool TEMPLATE lines after the cn.
 client_cert() {
   local dir="$work/$1" ca=${3:-}
+  local template=${4:-'tls_www_client\nencryption_key\nsigning_key\nexpiration_days = 2'}
   mkdir -p "$dir"
   cp "$pki/ca-cert.pem" "$dir/"
-  printf 'cn = %s\ntls_www_client\nencryption_key\nsigning_key\nexpiration_days = 2\n' "$2" >"$work/$1.info"
+  printf "cn = %s\n$template\n" "$2" >"$work/$1.info"
   certtool --generate-privkey --outfile "$dir/client-key.pem" 2>/dev/null
   if [ -n "$ca" ]; then
     certtool --generate-certificate --load-ca-certificate "$ca/ca-cert.pem" --load-ca-privkey "$ca/ca-key.pem" \
@@ -90,6 +92,9 @@ client_cert good "good client" "$pki"
 client_cert revoked "revoked client" "$pki"
 client_cert selfsigned "self-signed client"
 client_cert impostor "impostor client" "$other"
+client_cert server-only "server-purpose client" "$pki" 'tls_www_server\nsigning_key\nexpiration_days = 2'
+client_cert expired "expired client" "$pki" \
+  'tls_www_client\nsigning_key\nactivation_date = "2020-01-01 00:00:00 UTC"\nexpiration_date = "2020-02-01 00:00:00 UTC"'
 mkdir -p "$work/nocert"; cp "$pki/ca-cert.pem" "$work/nocert/"
 # A second certs directory with a CRL that revokes one client.
 crl_pki="$work/pki-crl"
@@ -127,15 +132,17 @@ else
   echo "note: python3-libnbd missing, nbdsh part not run (nbdinfo/nbdcopy above cover the same path)"
 fi
 
-# No certificate, a self-signed one, one from the other CA: refused, each
-# with a log line that says why.
-for who in nocert selfsigned impostor; do
+# No certificate, a self-signed one, one from the other CA, one for TLS
+# servers only, an expired one: refused, each with a log line that says why.
+for who in nocert selfsigned impostor server-only expired; do
   if nbdinfo --size "$(vp_uri $who)" >/dev/null 2>"$work/$who.client.err"; then
     fail "a client with certificate '$who' got in under tls-verify-peer=1"
   fi
 done
 log_has vp "sent no client certificate"
 log_has vp "CN=impostor client is refused: The certificate is NOT trusted"
+log_has vp "CN=server-purpose client is refused: The certificate is NOT trusted. The certificate chain does not match the intended purpose"
+log_has vp "CN=expired client is refused: The certificate is NOT trusted. The certificate chain uses expired certificate"
 # PSK clients are not asked for a certificate.
 [ "$(nbdinfo --size "nbds+unix://alice@/d2?socket=$work/vp.sock&tls-psk-file=$work/keys.psk")" = $((8 << 20)) ] ||
   fail "PSK under tls-verify-peer=1"
