@@ -7,6 +7,7 @@
 #include "open_reply.hpp"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -16,6 +17,7 @@
 #include <ctime>
 #include <fcntl.h>
 #include <fuse_lowlevel.h>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <poll.h>
@@ -50,7 +52,9 @@ constexpr option_def k_options[] = {
      .help = "attach the file to a loop device with direct I/O (needs root; a daemon that is not root "
              "defaults to 0); 0: the file only"},
     {.name = "threads", .kind = option_kind::integer, .default_value = "0", .unit = "",
-     .help = "FUSE worker threads; 0: one per submit queue of the device, at least 2", .min = 0,
+     .help = "FUSE worker threads; 0: one per submit queue of the device. A single worker that owns its "
+             "queue keeps many requests in flight (it replies as the device completes them); several "
+             "workers each wait for their own request", .min = 0,
      .max = 64},
     {.name = "poll_us", .kind = option_kind::integer, .default_value = "0", .unit = "us",
      .help = "after a request, one worker at a time busy-polls /dev/fuse (yielding the CPU to any "
@@ -90,6 +94,11 @@ uint64_t align_down(uint64_t value, uint64_t block) { return value - value % blo
 uint64_t align_up(uint64_t value, uint64_t block) { return align_down(value + block - 1, block); }
 
 class fuse_export;
+struct pending_io;
+
+// Read buffers of async mode come in sizes 4 KiB << 0..9 (up to 2 MiB,
+// which holds k_max_io plus a block at each edge).
+constexpr unsigned k_buffer_classes = 10;
 
 // One FUSE worker thread and what it owns.
 struct worker {
@@ -114,15 +123,138 @@ struct worker {
     std::atomic<uint64_t> slept_requests{0};
     std::atomic<uint64_t> poll_time_ns{0};
 
-    ~worker() { std::free(scratch); }
+    // Asynchronous mode (the export's only worker, owning its queue):
+    // reads and writes are submitted and replied to from their completion,
+    // so that a device that takes time (completion_nsec, a file) has many
+    // requests in flight; the worker sleeps on /dev/fuse and the queue's
+    // event at once while any are.
+    bool async = false;
+    unsigned in_flight = 0;
+    // Whether /dev/fuse is currently O_NONBLOCK (async mode sets it while
+    // requests are in flight, so that a request gone between poll and read
+    // cannot block the worker with completions waiting).
+    bool fd_nonblocking = false;
+    // libfuse's receive buffer of the request being processed: a write that
+    // outlives its call keeps the buffer its data lies in.
+    fuse_buf* receive = nullptr;
+    std::vector<std::unique_ptr<pending_io>> pending_store;
+    std::vector<pending_io*> pending_free;
+    // Read buffers by size class (4 KiB << class), reused.
+    std::array<std::vector<char*>, k_buffer_classes> buffer_free;
+
+    ~worker();
 
     // Synchronous I/O of any length the device accepts in one call to
     // device::execute: bytes done or -errno. Worker thread.
     int execute(io_op op, uint64_t offset, uint32_t length, void* buffer, uint32_t flags = 0);
 
+    // A read buffer of at least `length` bytes (4 KiB aligned) and its
+    // class, or nullptr. Worker thread.
+    char* get_buffer(size_t length, unsigned& size_class);
+    void put_buffer(char* buffer, unsigned size_class) { buffer_free[size_class].push_back(buffer); }
+    pending_io* take_pending();
+    // Waits for the first free tag of the worker's queue.
+    io_request* get_request();
+
 private:
     int execute_one(io_op op, uint64_t offset, uint32_t length, void* buffer, uint32_t flags);
 };
+
+// A read or write in flight in async mode.
+struct pending_io {
+    worker* owner = nullptr;
+    fuse_req_t req = nullptr;
+    bool is_read = false;
+    // Set by the completion, which also returns the record to the free
+    // list (the submitter checks it right after submitting).
+    bool completed = false;
+    // Read: the buffer the device fills, its class, and where in it the
+    // reply starts.
+    char* data = nullptr;
+    unsigned data_class = 0;
+    uint64_t skip = 0;
+    // Bytes to reply (read) or to acknowledge (write).
+    size_t size = 0;
+    // Write: libfuse's receive buffer holding the data, once the write
+    // outlived the receive (freed at completion).
+    void* receive_mem = nullptr;
+};
+
+void on_async_complete(io_request& request, int result)
+{
+    auto* p = static_cast<pending_io*>(request.user_data);
+    worker& w = *p->owner;
+    if (result < 0) {
+        fuse_reply_err(p->req, -result);
+    } else if (p->is_read) {
+        fuse_reply_buf(p->req, p->data + p->skip, p->size);
+    } else {
+        fuse_reply_write(p->req, p->size);
+    }
+    if (p->data != nullptr) {
+        w.put_buffer(p->data, p->data_class);
+        p->data = nullptr;
+    }
+    std::free(p->receive_mem);
+    p->receive_mem = nullptr;
+    p->completed = true;
+    --w.in_flight;
+    w.pending_free.push_back(p);
+}
+
+worker::~worker()
+{
+    std::free(scratch);
+    for (auto& list : buffer_free) {
+        for (char* b : list) {
+            std::free(b);
+        }
+    }
+}
+
+char* worker::get_buffer(size_t length, unsigned& size_class)
+{
+    unsigned c = 0;
+    while (c + 1 < k_buffer_classes && (size_t{4096} << c) < length) {
+        ++c;
+    }
+    if ((size_t{4096} << c) < length) {
+        return nullptr;
+    }
+    size_class = c;
+    if (!buffer_free[c].empty()) {
+        char* b = buffer_free[c].back();
+        buffer_free[c].pop_back();
+        return b;
+    }
+    void* b = nullptr;
+    if (::posix_memalign(&b, 4096, size_t{4096} << c) != 0) {
+        return nullptr;
+    }
+    return static_cast<char*>(b);
+}
+
+pending_io* worker::take_pending()
+{
+    if (pending_free.empty()) {
+        pending_store.push_back(std::make_unique<pending_io>());
+        pending_store.back()->owner = this;
+        return pending_store.back().get();
+    }
+    pending_io* p = pending_free.back();
+    pending_free.pop_back();
+    return p;
+}
+
+io_request* worker::get_request()
+{
+    io_request* request = queue->get_request();
+    while (request == nullptr) {
+        queue->wait(1, 1'000'000);
+        request = queue->get_request();
+    }
+    return request;
+}
 
 struct sync_wait {
     int result = 0;
@@ -138,11 +270,7 @@ void on_sync_complete(io_request& request, int result)
 
 int worker::execute_one(io_op op, uint64_t offset, uint32_t length, void* buffer, uint32_t flags)
 {
-    io_request* request = queue->get_request();
-    while (request == nullptr) {
-        queue->wait(1, 1'000'000);
-        request = queue->get_request();
-    }
+    io_request* request = get_request();
     sync_wait wait;
     request->op = op;
     request->flags = flags;
@@ -239,6 +367,17 @@ private:
     // request (QEMU's rule): a wait the window did not cover but poll_us
     // would have grows it, a longer wait resets it to 0. Worker thread.
     void adapt_poll_window(worker& w, bool caught_by_poll, uint64_t waited_ns) const;
+    // Async mode: sleeps until /dev/fuse has a request, the queue's event
+    // descriptor fires or its next completion is due. Worker thread.
+    void wait_request_or_completion(worker& w) const;
+    void set_fd_nonblocking(worker& w, bool on) const;
+    // Async mode: submits a read into a pooled buffer (reply: `size` bytes
+    // from `skip`) or a write of `data`, replying at completion.
+    static void submit_async(worker& w, fuse_req_t req, io_op op, uint64_t offset, uint32_t length,
+                             const char* data, uint64_t skip, size_t size);
+    // Whether async mode can take an aligned transfer of `length` bytes in
+    // one device request.
+    bool async_fits(const worker& w, uint64_t length) const;
     struct stat file_attr() const;
     struct stat dir_attr() const;
 
@@ -297,7 +436,7 @@ fuse_export::fuse_export(device& dev, const export_context& ctx, const option_se
     _want_loop = options.flag("loop") && (ctx.privileged || options.given("loop"));
     _thread_count = static_cast<unsigned>(options.u64("threads"));
     if (_thread_count == 0) {
-        _thread_count = std::max(2u, dev.info().queues.submit_queues);
+        _thread_count = std::max(1u, dev.info().queues.submit_queues);
     }
     _poll_max_ns = options.u64("poll_us") * 1'000;
     _uid = ::getuid();
@@ -398,6 +537,7 @@ result<void> fuse_export::start()
         // enough: no lock, no sharing.
         if (_thread_count <= _dev.info().queues.submit_queues) {
             w->queue = &_dev.queue(i);
+            w->async = _thread_count == 1;
         }
         worker* raw = w.get();
         w->thread = std::thread([this, raw] { run_worker(*raw); });
@@ -427,7 +567,29 @@ void fuse_export::run_worker(worker& w)
     pthread_setname_np(pthread_self(), thread_name.c_str());
 
     fuse_buf buf{};
+    w.receive = &buf;
     while (!fuse_session_exited(_session)) {
+        if (w.in_flight != 0) {
+            w.queue->process();
+        }
+        if (w.in_flight != 0) {
+            // Requests in flight (async mode): wait for whichever comes
+            // first, a new request or a completion.
+            set_fd_nonblocking(w, true);
+            wait_request_or_completion(w);
+            const int rc = fuse_session_receive_buf(_session, &buf);
+            if (rc == -EINTR || rc == -EAGAIN) {
+                continue;
+            }
+            if (rc <= 0) {
+                break;
+            }
+            fuse_session_process_buf(_session, &buf);
+            continue;
+        }
+        if (w.fd_nonblocking) {
+            set_fd_nonblocking(w, false);
+        }
         // Before sleeping in read(/dev/fuse), one worker polls for a while:
         // at queue depth 1 the next request often comes within tens of
         // microseconds, and a sleeping worker costs a wake-up on its path.
@@ -451,8 +613,100 @@ void fuse_export::run_worker(worker& w)
         }
         fuse_session_process_buf(_session, &buf);
     }
+    // Completions still owed reply into the session, which lives until
+    // the workers are joined.
+    while (w.in_flight != 0) {
+        w.queue->wait(1, 10'000'000);
+    }
+    if (w.fd_nonblocking) {
+        set_fd_nonblocking(w, false);
+    }
+    w.receive = nullptr;
     std::free(buf.mem);
     w.done.store(true, std::memory_order_release);
+}
+
+void fuse_export::set_fd_nonblocking(worker& w, bool on) const
+{
+    const int fd = fuse_session_fd(_session);
+    const int flags = ::fcntl(fd, F_GETFL);
+    if (flags >= 0) {
+        ::fcntl(fd, F_SETFL, on ? (flags | O_NONBLOCK) : (flags & ~O_NONBLOCK));
+    }
+    w.fd_nonblocking = on;
+}
+
+void fuse_export::wait_request_or_completion(worker& w) const
+{
+    const uint64_t next = w.queue->next_event_ns();
+    if (next == 0) {
+        return;
+    }
+    const int event_fd = w.queue->event_fd();
+    // Nothing to wake us but a deadline: at most 10 ms, in case a target
+    // completes in a way neither says (the loop then just processes).
+    uint64_t wait_ns = event_fd >= 0 ? UINT64_MAX : 10'000'000;
+    if (next != UINT64_MAX) {
+        const uint64_t now = monotonic_ns();
+        wait_ns = std::min(wait_ns, next > now ? next - now : 0);
+    }
+    if (wait_ns == 0) {
+        return;
+    }
+    pollfd fds[2] = {{.fd = fuse_session_fd(_session), .events = POLLIN, .revents = 0},
+                     {.fd = event_fd, .events = POLLIN, .revents = 0}};
+    struct timespec ts {};
+    ts.tv_sec = static_cast<time_t>(wait_ns / 1'000'000'000u);
+    ts.tv_nsec = static_cast<long>(wait_ns % 1'000'000'000u);
+    ::ppoll(fds, event_fd >= 0 ? 2 : 1, wait_ns == UINT64_MAX ? nullptr : &ts, nullptr);
+}
+
+bool fuse_export::async_fits(const worker& w, uint64_t length) const
+{
+    const uint32_t max = _limits.max_transfer_bytes;
+    return w.async && (max == 0 || length <= max);
+}
+
+void fuse_export::submit_async(worker& w, fuse_req_t req, io_op op, uint64_t offset, uint32_t length,
+                               const char* data, uint64_t skip, size_t size)
+{
+    io_request* request = w.get_request();
+    pending_io* p = w.take_pending();
+    p->req = req;
+    p->is_read = op == io_op::read;
+    p->completed = false;
+    p->skip = skip;
+    p->size = size;
+    p->receive_mem = nullptr;
+    p->data = nullptr;
+    if (p->is_read) {
+        p->data = w.get_buffer(length, p->data_class);
+        if (p->data == nullptr) {
+            w.queue->put_request(*request);
+            w.pending_free.push_back(p);
+            fuse_reply_err(req, ENOMEM);
+            return;
+        }
+    }
+    request->op = op;
+    request->flags = 0;
+    request->offset = offset;
+    request->length = length;
+    // The target only reads from the buffer of a write.
+    request->buffer = p->is_read ? p->data : const_cast<char*>(data);
+    request->on_complete = on_async_complete;
+    request->user_data = p;
+    ++w.in_flight;
+    w.queue->submit(*request);
+    // Completions deferred to the queue's loop (irqmode=1) are due now.
+    w.queue->process();
+    if (!p->completed && !p->is_read) {
+        // The data lies in libfuse's receive buffer, which the next
+        // request would overwrite: the write keeps it, libfuse allocates
+        // another.
+        p->receive_mem = w.receive->mem;
+        w.receive->mem = nullptr;
+    }
 }
 
 bool fuse_export::poll_for_request(uint64_t deadline) const
@@ -494,6 +748,7 @@ nlohmann::json fuse_export::describe() const
     // workers than submit queues, they share them through device::execute.
     out["queues"] = _thread_count <= _dev.info().queues.submit_queues ? "per_worker" : "shared";
     out["poll_us"] = _poll_max_ns / 1'000;
+    out["async"] = _workers.size() == 1 && _workers.front()->async;
     uint64_t polled = 0;
     uint64_t slept = 0;
     uint64_t poll_ns = 0;
@@ -787,6 +1042,11 @@ void fuse_export::op_read(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fu
         fuse_reply_err(req, EINVAL);  // larger than max_read: the kernel never sends it
         return;
     }
+    if (e.async_fits(w, end - start)) {
+        submit_async(w, req, io_op::read, start, static_cast<uint32_t>(end - start), nullptr, offset - start,
+                     size);
+        return;
+    }
     const int rc = w.execute(io_op::read, start, static_cast<uint32_t>(end - start), w.scratch);
     if (rc < 0) {
         fuse_reply_err(req, -rc);
@@ -800,6 +1060,11 @@ int fuse_export::write_unaligned(worker& w, uint64_t offset, size_t length, cons
     const uint64_t block = _limits.logical_block_size;
     const uint64_t start = align_down(offset, block);
     const uint64_t end = align_up(offset + length, block);
+    // An async write still in flight may cover an edge block: let it land
+    // before reading that block back.
+    while (w.in_flight != 0) {
+        w.queue->wait(1);
+    }
     std::lock_guard guard(_rmw_lock);
     if (start != offset) {
         const int rc = w.execute(io_op::read, start, static_cast<uint32_t>(block), w.scratch);
@@ -847,6 +1112,10 @@ void fuse_export::op_write(fuse_req_t req, fuse_ino_t, const char* buf, size_t s
     }
     size = std::min<uint64_t>(size, capacity - offset);
     int rc = 0;
+    if (offset % block == 0 && size % block == 0 && e.async_fits(w, size)) {
+        submit_async(w, req, io_op::write, offset, static_cast<uint32_t>(size), buf, 0, size);
+        return;
+    }
     if (offset % block == 0 && size % block == 0) {
         // The target only reads from the buffer of a write.
         rc = w.execute(io_op::write, offset, static_cast<uint32_t>(size), const_cast<char*>(buf));
