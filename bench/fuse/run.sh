@@ -9,7 +9,10 @@
 # softblk to each peer.
 #
 # usage: bench/fuse/run.sh [--driver PATH] [--runtime SECONDS] [--rounds N] [--size MIB]
-#                          [--variant "EXPORT_OPTS"]...
+#                          [--device-opts "KEY=VALUE ..."] [--variant "EXPORT_OPTS"]...
+#   --device-opts  null-target options added to softblk's device (default:
+#              none beyond size, memory_backed=1 and blocksize=4096, so one
+#              submit queue and one FUSE worker, as `softblk add` gives)
 #   --driver   softblk-fuse-driver (default: build*/tests/host/ of this tree)
 #   --variant  also measure softblk with these export options (e.g.
 #              "threads=1 poll_us=50"), as one more system in the same run;
@@ -25,6 +28,7 @@ runtime=5
 rounds=3
 size_mib=1024
 variants=()
+device_opts=""
 while [ $# -gt 0 ]; do
     case "$1" in
         --driver) driver=$2; shift 2 ;;
@@ -32,7 +36,8 @@ while [ $# -gt 0 ]; do
         --size) size_mib=$2; shift 2 ;;
         --rounds) rounds=$2; shift 2 ;;
         --variant) variants+=("$2"); shift 2 ;;
-        *) echo "usage: $0 [--driver PATH] [--runtime SECONDS] [--rounds N] [--size MIB] [--variant OPTS]..." >&2; exit 2 ;;
+        --device-opts) device_opts=$2; shift 2 ;;
+        *) echo "usage: $0 [--driver PATH] [--runtime SECONDS] [--rounds N] [--size MIB] [--device-opts OPTS] [--variant OPTS]..." >&2; exit 2 ;;
     esac
 done
 if [ -z "$driver" ]; then
@@ -84,20 +89,20 @@ cpu_ticks() { local t=0 p; for p in $1; do t=$((t + $(awk '{print $14 + $15}' "/
 # Every export is set up first; then each case runs on every system in
 # turn, `rounds` times, and the median per system is reported. On a shared
 # machine the load drifts: interleaving keeps the comparison fair.
-echo "== softblk (null memory_backed=1, submit_queues=2)" >&2
+echo "== softblk (null memory_backed=1 $device_opts)" >&2
 mkfifo "$work/cmd" "$work/reply"
 "$driver" --run-dir "$work/softblk" <"$work/cmd" >"$work/reply" 2>"$work/driver.log" &
 pids+=($!)
 server[softblk]=$!
 exec 7>"$work/cmd" 8<"$work/reply"
-echo "add bench null size=$size_mib memory_backed=1 blocksize=4096 submit_queues=2 -- loop=0" >&7
+echo "add bench null size=$size_mib memory_backed=1 blocksize=4096 $device_opts -- loop=0" >&7
 read -r answer <&8
 case "$answer" in ok*) ;; *) echo "softblk: $answer" >&2; exit 1 ;; esac
 device[softblk]=$(attach "$work/softblk/fuse/bench/bench")
 softblk_systems=(softblk)
 for i in "${!variants[@]}"; do
     # Same driver process, one more device with other export options.
-    echo "add bench$i null size=$size_mib memory_backed=1 blocksize=4096 submit_queues=2 -- loop=0 ${variants[$i]}" >&7
+    echo "add bench$i null size=$size_mib memory_backed=1 blocksize=4096 $device_opts -- loop=0 ${variants[$i]}" >&7
     read -r answer <&8
     case "$answer" in ok*) ;; *) echo "softblk variant '${variants[$i]}': $answer" >&2; exit 1 ;; esac
     name="softblk[$(tr ' ' ',' <<<"${variants[$i]}")]"
