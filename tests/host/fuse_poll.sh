@@ -2,8 +2,8 @@
 # Busy polling of /dev/fuse (export option poll_us): at queue depth 1 a
 # worker polls for the next request and catches some; once the I/O stops the
 # window runs out and the daemon goes idle (no CPU kept spinning); del stops
-# a polling export cleanly and leaves no thread behind; poll_us=0 (the
-# default) never polls.
+# a polling export cleanly and leaves no thread behind; by default one
+# worker polls (poll_us 50) and several do not (poll_us 0).
 source "$(dirname "$0")/lib_fuse.sh"
 require_host losetup fio
 start_daemon
@@ -48,9 +48,13 @@ note "del took ${del_ms} ms"
 [ -z "$(leftovers)" ] || fail "left behind: $(leftovers)"
 [ "$(daemon_threads)" -le "$threads_before" ] || fail "threads: $threads_before before, $(daemon_threads) after del"
 
-# The default is not to poll.
+# By default one worker polls for up to 50 us, several do not.
 loop=$(sb_add q size=64 memory_backed=1 blocksize=4096)
 sb list
-grep -q '"poll_us": *0[,}]' <<<"$REPLY_LINE" || fail "poll_us is not 0 by default: $REPLY_LINE"
+grep -q '"poll_us": *50[,}]' <<<"$REPLY_LINE" || fail "poll_us is not 50 by default with one worker: $REPLY_LINE"
 sb del q
+loop=$(sb_add r size=64 memory_backed=1 blocksize=4096 submit_queues=2)
+sb list
+grep -q '"poll_us": *0[,}]' <<<"$REPLY_LINE" || fail "poll_us is not 0 by default with two workers: $REPLY_LINE"
+sb del r
 echo PASS

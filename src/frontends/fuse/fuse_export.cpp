@@ -56,10 +56,11 @@ constexpr option_def k_options[] = {
              "queue keeps many requests in flight (it replies as the device completes them); several "
              "workers each wait for their own request", .min = 0,
      .max = 64},
-    {.name = "poll_us", .kind = option_kind::integer, .default_value = "0", .unit = "us",
+    {.name = "poll_us", .kind = option_kind::integer, .default_value = "50", .unit = "us",
      .help = "after a request, one worker at a time busy-polls /dev/fuse (yielding the CPU to any "
              "other ready thread) for up to this long before sleeping; the window adapts to the gap "
-             "between requests (0 when they come further apart); 0: never poll",
+             "between requests (0 when they come further apart); 0: never poll. Not given: 50 with "
+             "one worker, 0 with several (polling does not help them)",
      .min = 0, .max = 1000},
 };
 
@@ -439,6 +440,9 @@ fuse_export::fuse_export(device& dev, const export_context& ctx, const option_se
         _thread_count = std::max(1u, dev.info().queues.submit_queues);
     }
     _poll_max_ns = options.u64("poll_us") * 1'000;
+    if (!options.given("poll_us") && _thread_count > 1) {
+        _poll_max_ns = 0;
+    }
     _uid = ::getuid();
     _gid = ::getgid();
     ::clock_gettime(CLOCK_REALTIME, &_created);
