@@ -369,8 +369,9 @@ private:
     // would have grows it, a longer wait resets it to 0. Worker thread.
     void adapt_poll_window(worker& w, bool caught_by_poll, uint64_t waited_ns) const;
     // Async mode: sleeps until /dev/fuse has a request, the queue's event
-    // descriptor fires or its next completion is due. Worker thread.
-    void wait_request_or_completion(worker& w) const;
+    // descriptor fires or its next completion is due. False when it slept
+    // and /dev/fuse has nothing to read. Worker thread.
+    bool wait_request_or_completion(worker& w) const;
     void set_fd_nonblocking(worker& w, bool on) const;
     // Async mode: submits a read into a pooled buffer (reply: `size` bytes
     // from `skip`) or a write of `data`, replying at completion.
@@ -580,7 +581,9 @@ void fuse_export::run_worker(worker& w)
             // Requests in flight (async mode): wait for whichever comes
             // first, a new request or a completion.
             set_fd_nonblocking(w, true);
-            wait_request_or_completion(w);
+            if (!wait_request_or_completion(w)) {
+                continue;
+            }
             const int rc = fuse_session_receive_buf(_session, &buf);
             if (rc == -EINTR || rc == -EAGAIN) {
                 continue;
@@ -640,11 +643,11 @@ void fuse_export::set_fd_nonblocking(worker& w, bool on) const
     w.fd_nonblocking = on;
 }
 
-void fuse_export::wait_request_or_completion(worker& w) const
+bool fuse_export::wait_request_or_completion(worker& w) const
 {
     const uint64_t next = w.queue->next_event_ns();
     if (next == 0) {
-        return;
+        return true;
     }
     const int event_fd = w.queue->event_fd();
     // Nothing to wake us but a deadline: at most 10 ms, in case a target
@@ -655,14 +658,17 @@ void fuse_export::wait_request_or_completion(worker& w) const
         wait_ns = std::min(wait_ns, next > now ? next - now : 0);
     }
     if (wait_ns == 0) {
-        return;
+        return true;
     }
     pollfd fds[2] = {{.fd = fuse_session_fd(_session), .events = POLLIN, .revents = 0},
                      {.fd = event_fd, .events = POLLIN, .revents = 0}};
     struct timespec ts {};
     ts.tv_sec = static_cast<time_t>(wait_ns / 1'000'000'000u);
     ts.tv_nsec = static_cast<long>(wait_ns % 1'000'000'000u);
-    ::ppoll(fds, event_fd >= 0 ? 2 : 1, wait_ns == UINT64_MAX ? nullptr : &ts, nullptr);
+    if (::ppoll(fds, event_fd >= 0 ? 2 : 1, wait_ns == UINT64_MAX ? nullptr : &ts, nullptr) < 0) {
+        return false;  // EINTR: the loop looks at the session first
+    }
+    return fds[0].revents != 0;
 }
 
 bool fuse_export::async_fits(const worker& w, uint64_t length) const
