@@ -52,6 +52,11 @@ constexpr option_def k_options[] = {
      .help = "before a loop thread sleeps it polls for the next request for up to this long, adapting the "
              "window to how soon requests come (QEMU's poll-max-ns); lowers latency, costs CPU; 0: never poll",
      .min = 0, .max = 1000},
+    {.name = "coalesce-us", .kind = option_kind::integer, .default_value = "50", .unit = "us",
+     .help = "a connection that pipelines requests may have its next receive held back this long so that "
+             "one wake-up takes several requests; each connection measures its request rate with and "
+             "without and keeps the better (docs/nbd.md); 0: never",
+     .min = 0, .max = 1000},
     {.name = "description", .kind = option_kind::text, .default_value = "", .unit = "",
      .help = "what NBD_INFO_DESCRIPTION and NBD_OPT_LIST tell clients"},
 };
@@ -243,6 +248,7 @@ result<std::unique_ptr<device_export>> start_export(device& dev, const export_co
     cfg.threads = static_cast<unsigned>(o.u64("threads"));
     cfg.handshake_timeout_ms = static_cast<uint32_t>(o.u64("handshake-timeout") * 1000);
     cfg.poll_us = static_cast<uint32_t>(o.u64("poll-us"));
+    cfg.coalesce_us = static_cast<uint32_t>(o.u64("coalesce-us"));
     if (cfg.threads == 0) {
         cfg.threads = std::max(1u, std::min(dev.info().queues.submit_queues, std::thread::hardware_concurrency()));
     }
@@ -262,16 +268,18 @@ result<std::unique_ptr<device_export>> start_export(device& dev, const export_co
                           (!o.given("max-connections") || run.max_connections == cfg.max_connections) &&
                           (!o.given("threads") || run.threads == cfg.threads) &&
                           (!o.given("handshake-timeout") || run.handshake_timeout_ms == cfg.handshake_timeout_ms) &&
-                          (!o.given("poll-us") || run.poll_us == cfg.poll_us);
+                          (!o.given("poll-us") || run.poll_us == cfg.poll_us) &&
+                          (!o.given("coalesce-us") || run.coalesce_us == cfg.coalesce_us);
         if (!same) {
             return make_error(EBUSY, fmt::format("nbd: a server on {} already runs with tls={} tls-verify-peer={} tcp={} "
-                                                 "max-connections={} threads={} handshake-timeout={} poll-us={}; "
+                                                 "max-connections={} threads={} handshake-timeout={} poll-us={} coalesce-us={}; "
                                                  "export there with the same settings, or choose another socket=",
                                                  key, to_string(run.tls), run.tls_verify_peer ? 1 : 0,
                                                  run.tcp_host.empty() ? std::string("off")
                                                                       : fmt::format("{}:{}", run.tcp_host,
                                                                                     srv->tcp_port()),
-                                                 run.max_connections, run.threads, run.handshake_timeout_ms / 1000, run.poll_us));
+                                                 run.max_connections, run.threads, run.handshake_timeout_ms / 1000, run.poll_us,
+                                                 run.coalesce_us));
         }
     } else {
         if (!cfg.socket_path.empty()) {

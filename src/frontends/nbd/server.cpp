@@ -47,6 +47,10 @@ constexpr size_t k_inline_send = 128 * 1024;
 // How long a wait that counts on such sends completing inline may last
 // before the loop looks again (in case one did not: the socket was full).
 constexpr long long k_inline_send_wait_ns = 1'000'000;
+// Receive coalescing: a connection measures its request rate over epochs
+// this long, and keeps its choice for this many epochs.
+constexpr uint64_t k_coalesce_epoch_ns = 2'000'000;
+constexpr uint8_t k_coalesce_exploit_epochs = 16;
 
 // user_data tags in the low bits of an aligned pointer.
 enum token : uintptr_t {
@@ -220,6 +224,11 @@ struct queue_binding {
 
 enum class phase : uint8_t { handshake, tls_handshake, transmission };
 
+// Receive coalescing of a connection: off (not pipelining), measuring the
+// request rate without (measure_plain) or with (measure_held) holding
+// receives back, or using the better of the two (exploit).
+enum class coalesce_phase : uint8_t { off, measure_plain, measure_held, exploit };
+
 struct alignas(8) connection {
     event_loop* loop = nullptr;
     int fd = -1;
@@ -241,6 +250,22 @@ struct alignas(8) connection {
     bool recv_direct = false;  // the posted recv targets payload_op's buffer
     bool read_eof = false;
     bool input_blocked = false;
+
+    // Receive coalescing (server_config::coalesce_us, docs/nbd.md): for a
+    // connection that pipelines, the next receive may be held back for the
+    // window so that one wake-up takes several requests. The connection
+    // measures its request rate in epochs, without and then with holding
+    // back, and keeps the better for a while before measuring again.
+    coalesce_phase coalesce = coalesce_phase::off;
+    bool coalesce_wins = false;
+    bool recv_deferred = false;  // on the loop's deferred list
+    uint8_t exploit_left = 0;    // epochs before measuring again
+    uint64_t recv_at_ns = 0;     // when the deferred receive is posted
+    uint64_t epoch_start_ns = 0;
+    uint64_t epoch_requests = 0;
+    uint64_t rate_plain = 0;     // requests per second without holding back
+    uint64_t parsed = 0;         // requests parsed so far
+    uint64_t parsed_before = 0;  // ... when the last receive completed
     bool disc = false;
 
     // Output.
@@ -279,7 +304,8 @@ struct alignas(8) connection {
 class event_loop {
 public:
     event_loop(server& srv, unsigned index)
-        : _srv(srv), _index(index), _poll_max_ns(uint64_t{srv.config().poll_us} * 1000)
+        : _srv(srv), _index(index), _poll_max_ns(uint64_t{srv.config().poll_us} * 1000),
+          _coalesce_ns(uint64_t{srv.config().coalesce_us} * 1000)
     {
     }
     ~event_loop()
@@ -383,6 +409,11 @@ private:
     std::mutex _inbox_mutex;
     std::vector<connection*> _inbox;
     std::vector<connection*> _conns;
+    // Connections whose next receive is held back (receive coalescing).
+    std::vector<connection*> _deferred;
+    // Decides whether c's next receive is held back; true when it was
+    // put on _deferred. Loop thread.
+    bool coalesce_receive(connection& c);
     std::vector<std::unique_ptr<queue_binding>> _bindings;
     connection* _dirty = nullptr;
     buffer_pool _pool;
@@ -392,6 +423,7 @@ private:
     // Adaptive polling before sleeping (server_config::poll_us): the current
     // window and its bound, in ns; 0 bound = never poll.
     uint64_t _poll_max_ns = 0;
+    uint64_t _coalesce_ns = 0;
     uint64_t _poll_ns = 0;
     bool _taskrun_flag = false;  // the ring sets IORING_SQ_TASKRUN
     // Sends posted since the last wait (see run()).
@@ -522,13 +554,35 @@ void event_loop::run()
                 begin_close(*c);
             }
         }
+        uint64_t deferred_wake = UINT64_MAX;
+        // Receives held back (coalescing) are posted when their time comes;
+        // the loop sleeps no longer than the earliest.
+        if (!_deferred.empty()) {
+            const uint64_t now = monotonic_ns();
+            for (size_t i = 0; i < _deferred.size();) {
+                connection* c = _deferred[i];
+                if (c->recv_at_ns > now && !c->closing) {
+                    deferred_wake = std::min(deferred_wake, c->recv_at_ns);
+                    ++i;
+                    continue;
+                }
+                _deferred[i] = _deferred.back();
+                _deferred.pop_back();
+                c->recv_deferred = false;
+                if (c->closing) {
+                    maybe_free(*c);
+                } else {
+                    post_recv(*c);
+                }
+            }
+        }
         if (_stopping && _conns.empty()) {
             break;
         }
         // Device completions, which queue replies.
         // When the device queues next have completions that no new request
         // brings (a completion timer, a throttle): the loop wakes then.
-        uint64_t device_wake = UINT64_MAX;
+        uint64_t device_wake = deferred_wake;
         bool device_fd = false;  // a queue whose target signals a descriptor
         for (auto& b : _bindings) {
             for (int round = 0; round < 4 && b->queue->process() != 0; ++round) {
@@ -802,6 +856,61 @@ void event_loop::mark_dirty(connection& c)
     }
 }
 
+bool event_loop::coalesce_receive(connection& c)
+{
+    if (_coalesce_ns == 0 || c.ph != phase::transmission || c.recv_posted || c.recv_deferred || c.read_eof ||
+        c.closing) {
+        return false;
+    }
+    const uint64_t got = c.parsed - c.parsed_before;
+    const uint64_t now = monotonic_ns();
+    if (c.coalesce == coalesce_phase::off) {
+        if (got < 2) {
+            return false;  // one request at a time: nothing to gather
+        }
+        c.coalesce = coalesce_phase::measure_plain;
+        c.epoch_start_ns = now;
+        c.epoch_requests = 0;
+        return false;
+    }
+    c.epoch_requests += got;
+    if (now - c.epoch_start_ns >= k_coalesce_epoch_ns) {
+        const uint64_t rate = c.epoch_requests * 1'000'000'000u / (now - c.epoch_start_ns);
+        switch (c.coalesce) {
+        case coalesce_phase::measure_plain:
+            c.rate_plain = rate;
+            c.coalesce = coalesce_phase::measure_held;
+            break;
+        case coalesce_phase::measure_held:
+            // Holding back saves wake-ups (CPU); keep it unless it costs
+            // more than 2% of the requests.
+            c.coalesce_wins = rate * 100 >= c.rate_plain * 98;
+            c.coalesce = coalesce_phase::exploit;
+            c.exploit_left = k_coalesce_exploit_epochs;
+            break;
+        case coalesce_phase::exploit:
+        case coalesce_phase::off:
+            if (--c.exploit_left == 0) {
+                // Measure again, or stop if the client no longer pipelines.
+                c.coalesce = c.epoch_requests < 2 * k_coalesce_epoch_ns / 1'000'000u ? coalesce_phase::off
+                                                                                    : coalesce_phase::measure_plain;
+            }
+            break;
+        }
+        c.epoch_start_ns = now;
+        c.epoch_requests = 0;
+    }
+    const bool hold = c.coalesce == coalesce_phase::measure_held ||
+                      (c.coalesce == coalesce_phase::exploit && c.coalesce_wins);
+    if (!hold) {
+        return false;
+    }
+    c.recv_deferred = true;
+    c.recv_at_ns = now + _coalesce_ns;
+    _deferred.push_back(&c);
+    return true;
+}
+
 void event_loop::on_recv(connection& c, int res)
 {
     c.recv_posted = false;
@@ -816,6 +925,7 @@ void event_loop::on_recv(connection& c, int res)
         return;
     }
     const auto n = static_cast<size_t>(res);
+    c.parsed_before = c.parsed;
     if (c.tls) {
         c.pipe.in_end += n;
     } else if (c.recv_direct) {
@@ -855,7 +965,9 @@ void event_loop::pump_input(connection& c)
             continue;  // STARTTLS: the session takes over the input
         }
         if (!c.tls) {
-            post_recv(c);
+            if (!coalesce_receive(c)) {
+                post_recv(c);
+            }
             return;
         }
         // TLS: decrypt into the same place a plain recv would target.
@@ -1130,7 +1242,7 @@ void event_loop::maybe_free(connection& c)
         _srv.loop(c.handoff_to).adopt(&c);
         return;
     }
-    if (!c.closing || c.recv_posted || c.send_posted || c.ops_in_device != 0) {
+    if (!c.closing || c.recv_posted || c.recv_deferred || c.send_posted || c.ops_in_device != 0) {
         return;
     }
     if (c.dirty) {
@@ -1415,6 +1527,7 @@ bool event_loop::parse_requests(connection& c)
             return false;
         }
         c.rstart += k_request_size;
+        ++c.parsed;
         const request_check check = check_request(h, c.neg);
         switch (check.disposition) {
         case request_disposition::disconnect:

@@ -50,6 +50,9 @@ struct server_config {
     // Before a loop thread sleeps, it polls its completion ring for up to
     // this long (adaptively, as QEMU's poll-max-ns). 0: never poll.
     uint32_t poll_us = 0;
+    // Receive coalescing window (us) for connections that pipeline
+    // requests: see "Receive coalescing" in docs/nbd.md. 0: off.
+    uint32_t coalesce_us = 50;
 };
 
 // An export as the server keeps it.
