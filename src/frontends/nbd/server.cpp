@@ -265,7 +265,7 @@ struct alignas(8) connection {
     uint64_t epoch_requests = 0;
     uint64_t rate_plain = 0;     // requests per second without holding back
     uint64_t parsed = 0;         // requests parsed so far
-    uint64_t parsed_before = 0;  // ... when the last receive completed
+    uint64_t parsed_before = 0;  // ... at the last coalesce_receive
     bool disc = false;
 
     // Output.
@@ -862,7 +862,13 @@ bool event_loop::coalesce_receive(connection& c)
         c.closing) {
         return false;
     }
+    if (c.payload_left > 0) {
+        return false;  // the rest of a write payload is on its way: take it
+    }
+    // Requests parsed since the last call (pump_input also runs when
+    // input unblocks, without a receive).
     const uint64_t got = c.parsed - c.parsed_before;
+    c.parsed_before = c.parsed;
     const uint64_t now = monotonic_ns();
     if (c.coalesce == coalesce_phase::off) {
         if (got < 2) {
@@ -925,7 +931,6 @@ void event_loop::on_recv(connection& c, int res)
         return;
     }
     const auto n = static_cast<size_t>(res);
-    c.parsed_before = c.parsed;
     if (c.tls) {
         c.pipe.in_end += n;
     } else if (c.recv_direct) {
