@@ -2,6 +2,8 @@
 // Internal to src/core; front ends see io_queue from device.hpp.
 #pragma once
 
+#include "core/clock.hpp"
+
 #include <atomic>
 #include <memory>
 #include <mutex>
@@ -126,8 +128,5 @@ private:
     std::atomic<uint64_t> _submitted{0}, _completed{0}, _errors{0}, _bytes_read{0},
         _bytes_written{0}, _timeouts{0};
 };
-
-uint64_t monotonic_ns();
-uint64_t coarse_monotonic_ns();
 
 }  // namespace softblk::core

@@ -10,12 +10,12 @@
 #include <string_view>
 #include <vector>
 
+#include "core/clock.hpp"
+
 #include <softblk/device.hpp>
 #include <softblk/target.hpp>
 
 namespace softblk::core {
-
-uint64_t monotonic_ns();
 
 // An intrusive FIFO of requests through io_request::next (which is free for
 // whoever holds the request).

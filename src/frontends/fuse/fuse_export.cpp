@@ -6,6 +6,8 @@
 #include "mounts.hpp"
 #include "open_reply.hpp"
 
+#include "core/clock.hpp"
+
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -80,12 +82,7 @@ void install_wake_handler()
     });
 }
 
-uint64_t monotonic_ns()
-{
-    struct timespec now {};
-    ::clock_gettime(CLOCK_MONOTONIC, &now);
-    return static_cast<uint64_t>(now.tv_sec) * 1'000'000'000u + static_cast<uint64_t>(now.tv_nsec);
-}
+using core::monotonic_ns;
 
 // The first busy-poll window after a short sleep, as QEMU's adaptive
 // polling starts (then doubled up to poll_us).

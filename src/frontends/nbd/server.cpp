@@ -17,12 +17,13 @@
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <sys/un.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <fmt/core.h>
 
 #include "tls.hpp"
+
+#include "core/clock.hpp"
 
 namespace softblk::nbd {
 
@@ -51,6 +52,9 @@ constexpr long long k_inline_send_wait_ns = 1'000'000;
 // this long, and keeps its choice for this many epochs.
 constexpr uint64_t k_coalesce_epoch_ns = 2'000'000;
 constexpr uint8_t k_coalesce_exploit_epochs = 16;
+// An epoch with fewer requests than this ends coalescing: the client has
+// (nearly) stopped.
+constexpr uint64_t k_coalesce_idle_requests = 4;
 
 // user_data tags in the low bits of an aligned pointer.
 enum token : uintptr_t {
@@ -66,12 +70,7 @@ void* make_user_data(void* p, token t)
 }
 
 // Zeros for emulated WRITE_ZEROES (read only; shared by all threads).
-uint64_t monotonic_ns()
-{
-    timespec ts{};
-    ::clock_gettime(CLOCK_MONOTONIC, &ts);
-    return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000u + static_cast<uint64_t>(ts.tv_nsec);
-}
+using core::monotonic_ns;
 
 // Who is at the other end of `fd`, for log lines: ADDRESS:PORT over TCP,
 // the process id (SO_PEERCRED) on a unix socket.
@@ -898,8 +897,8 @@ bool event_loop::coalesce_receive(connection& c)
         case coalesce_phase::off:
             if (--c.exploit_left == 0) {
                 // Measure again, or stop if the client no longer pipelines.
-                c.coalesce = c.epoch_requests < 2 * k_coalesce_epoch_ns / 1'000'000u ? coalesce_phase::off
-                                                                                    : coalesce_phase::measure_plain;
+                c.coalesce = c.epoch_requests < k_coalesce_idle_requests ? coalesce_phase::off
+                                                                         : coalesce_phase::measure_plain;
             }
             break;
         }

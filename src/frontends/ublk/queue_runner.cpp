@@ -1,5 +1,7 @@
 #include "queue_runner.hpp"
 
+#include "core/clock.hpp"
+
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -21,12 +23,7 @@ constexpr uint64_t k_event_data = (uint64_t{1} << 32) + 1;
 // are spun, as the core's wait() does.
 constexpr uint64_t k_spin_ns = 20'000;
 
-uint64_t monotonic_ns()
-{
-    timespec ts{};
-    ::clock_gettime(CLOCK_MONOTONIC, &ts);
-    return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000u + static_cast<uint64_t>(ts.tv_nsec);
-}
+using core::monotonic_ns;
 
 inline void cpu_relax()
 {
