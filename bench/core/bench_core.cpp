@@ -46,17 +46,35 @@ void* operator new(size_t n)
     }
     throw std::bad_alloc();
 }
-void* operator new[](size_t n) { return operator new(n); }
+void* operator new[](size_t n)
+{
+    return operator new(n);
+}
 void* operator new(size_t n, const std::nothrow_t&) noexcept
 {
     g_allocations.fetch_add(1, std::memory_order_relaxed);
     return std::malloc(n == 0 ? 1 : n);
 }
-void* operator new[](size_t n, const std::nothrow_t& t) noexcept { return operator new(n, t); }
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete[](void* p) noexcept { std::free(p); }
-void operator delete(void* p, size_t) noexcept { std::free(p); }
-void operator delete[](void* p, size_t) noexcept { std::free(p); }
+void* operator new[](size_t n, const std::nothrow_t& t) noexcept
+{
+    return operator new(n, t);
+}
+void operator delete(void* p) noexcept
+{
+    std::free(p);
+}
+void operator delete[](void* p) noexcept
+{
+    std::free(p);
+}
+void operator delete(void* p, size_t) noexcept
+{
+    std::free(p);
+}
+void operator delete[](void* p, size_t) noexcept
+{
+    std::free(p);
+}
 
 namespace {
 
@@ -160,7 +178,9 @@ io_result run_random(device& d, io_op op, unsigned depth, double seconds, unsign
     for (unsigned i = 0; i < depth; ++i) {
         io_request* r = q.get_request();
         if (r == nullptr) {
-            fmt::print(stderr, "softblk-bench-core: queue depth {} is more than the device's tags\n", depth);
+            fmt::print(stderr,
+                       "softblk-bench-core: queue depth {} is more than the device's tags\n",
+                       depth);
             std::exit(1);
         }
         r->op = op;
@@ -199,9 +219,9 @@ io_result run_random(device& d, io_op op, unsigned depth, double seconds, unsign
 void print_io(const char* what, const io_result& r)
 {
     const double iops = static_cast<double>(r.ios) * 1e9 / static_cast<double>(r.ns);
-    fmt::print("  {:<44} {:>8.2f} M IOPS  {:>7.1f} ns/IO  ({} I/Os, {} errors, {} allocations)\n", what,
-               iops / 1e6, static_cast<double>(r.ns) / static_cast<double>(r.ios), r.ios, r.errors,
-               r.allocations);
+    fmt::print("  {:<44} {:>8.2f} M IOPS  {:>7.1f} ns/IO  ({} I/Os, {} errors, {} allocations)\n",
+               what, iops / 1e6, static_cast<double>(r.ns) / static_cast<double>(r.ios), r.ios,
+               r.errors, r.allocations);
 }
 
 // 4 KiB memcpy from one source to random 4 KiB slots of `dst` (`bytes`
@@ -229,19 +249,24 @@ double memcpy_rate(char* dst, uint64_t bytes, double seconds)
 
 void bench_null(double seconds)
 {
-    fmt::print("1. null target, memory_backed=0, 4 KiB random read, QD 32, one queue, one thread\n");
+    fmt::print(
+        "1. null target, memory_backed=0, 4 KiB random read, QD 32, one queue, one thread\n");
     for (const char* mode : {"0", "1"}) {
         auto d = create({"irqmode=" + std::string(mode), "submit_queues=1", "poll_queues=0"});
         run_random(*d, io_op::read, 32, 0.2);  // warm up
         const io_result r = run_random(*d, io_op::read, 32, seconds);
-        print_io(fmt::format("irqmode={} ({})", mode, mode[0] == '0' ? "inline" : "deferred, default").c_str(), r);
+        print_io(
+            fmt::format("irqmode={} ({})", mode, mode[0] == '0' ? "inline" : "deferred, default")
+                .c_str(),
+            r);
     }
 }
 
 void bench_memory(double seconds, uint64_t k_size_mib, bool two_queues)
 {
     const uint64_t k_bytes = k_size_mib << 20;
-    fmt::print("2. memory_backed=1, bs=4096, size={} MiB, 4 KiB random write, QD 32, one queue\n", k_size_mib);
+    fmt::print("2. memory_backed=1, bs=4096, size={} MiB, 4 KiB random write, QD 32, one queue\n",
+               k_size_mib);
     auto d = create({"memory_backed=1", "bs=4096", fmt::format("size={}", k_size_mib), "irqmode=0",
                      "submit_queues=1", "poll_queues=0"});
     const io_result cold = run_random(*d, io_op::write, 32, seconds);
@@ -261,8 +286,8 @@ void bench_memory(double seconds, uint64_t k_size_mib, bool two_queues)
     // Two queues driven by two threads on the same store: the lock stripes'
     // contention.
     if (two_queues) {
-        auto d2 = create({"memory_backed=1", "bs=4096", fmt::format("size={}", k_size_mib), "irqmode=0",
-                          "submit_queues=2", "poll_queues=0"});
+        auto d2 = create({"memory_backed=1", "bs=4096", fmt::format("size={}", k_size_mib),
+                          "irqmode=0", "submit_queues=2", "poll_queues=0"});
         std::vector<char> chunk(1 << 20, 'f');
         for (uint64_t off = 0; off < k_bytes; off += chunk.size()) {
             d2->execute(io_op::write, off, static_cast<uint32_t>(chunk.size()), chunk.data());
@@ -280,9 +305,12 @@ void bench_memory(double seconds, uint64_t k_size_mib, bool two_queues)
         const uint64_t ios = mine.ios + other.ios;
         const double iops = static_cast<double>(mine.ios) * 1e9 / static_cast<double>(mine.ns) +
                             static_cast<double>(other.ios) * 1e9 / static_cast<double>(other.ns);
-        fmt::print("  two queues, two threads, random write       {:>8.2f} M IOPS  lock waits {} of {} I/Os "
-                   "({:.4f}%)\n",
-                   iops / 1e6, contended, ios, 100.0 * static_cast<double>(contended) / static_cast<double>(ios));
+        fmt::print(
+            "  two queues, two threads, random write       {:>8.2f} M IOPS  lock waits {} of {} "
+            "I/Os "
+            "({:.4f}%)\n",
+            iops / 1e6, contended, ios,
+            100.0 * static_cast<double>(contended) / static_cast<double>(ios));
     }
 
     // memcpy reference, same run: into a buffer the size of the device.
@@ -301,7 +329,8 @@ void bench_memory(double seconds, uint64_t k_size_mib, bool two_queues)
     munmap(dst, k_bytes);
     const double warm_iops = static_cast<double>(warm.ios) * 1e9 / static_cast<double>(warm.ns);
     const double cold_iops = static_cast<double>(cold.ios) * 1e9 / static_cast<double>(cold.ns);
-    fmt::print("  4 KiB memcpy to random slots of {} MiB      {:>8.2f} M/s\n", k_size_mib, cold_copy / 1e6);
+    fmt::print("  4 KiB memcpy to random slots of {} MiB      {:>8.2f} M/s\n", k_size_mib,
+               cold_copy / 1e6);
     fmt::print("  4 KiB memcpy to one hot 4 KiB buffer         {:>8.2f} M/s\n", hot_copy / 1e6);
     fmt::print("  ratio, allocated device / memcpy same size   {:>8.2f}\n", warm_iops / cold_copy);
     fmt::print("  ratio, fresh device / memcpy same size       {:>8.2f}\n", cold_iops / cold_copy);
@@ -317,8 +346,8 @@ void bench_ram()
     auto d = create({"memory_backed=1", "bs=4096", "size=1048576", "discard=1", "irqmode=0"});
     const uint64_t empty = d->memory_bytes();
     const uint64_t rss_empty = rss_bytes() - rss0;
-    fmt::print("  empty: memory_bytes {} B = {:.1f} B per GiB of capacity (RSS grew {} KiB)\n", empty,
-               static_cast<double>(empty) / 1024.0, rss_empty >> 10);
+    fmt::print("  empty: memory_bytes {} B = {:.1f} B per GiB of capacity (RSS grew {} KiB)\n",
+               empty, static_cast<double>(empty) / 1024.0, rss_empty >> 10);
 
     // 1 GiB written sequentially at the start.
     std::vector<char> chunk(1 << 20, 'w');
@@ -327,10 +356,11 @@ void bench_ram()
     }
     const uint64_t seq = d->memory_bytes();
     const uint64_t rss_seq = rss_bytes() - rss0;
-    fmt::print("  1 GiB written sequentially: {:.4f} GiB of RAM per GiB written ({} B; RSS {:.4f} GiB), "
-               "{:.1f} B per GiB of capacity\n",
-               static_cast<double>(seq) / k_gib, seq, static_cast<double>(rss_seq) / k_gib,
-               static_cast<double>(seq) / 1024.0);
+    fmt::print(
+        "  1 GiB written sequentially: {:.4f} GiB of RAM per GiB written ({} B; RSS {:.4f} GiB), "
+        "{:.1f} B per GiB of capacity\n",
+        static_cast<double>(seq) / k_gib, seq, static_cast<double>(rss_seq) / k_gib,
+        static_cast<double>(seq) / 1024.0);
 
     // 256 MiB more, as 4 KiB writes at random places of the whole terabyte.
     xorshift rng{42};
@@ -341,16 +371,20 @@ void bench_ram()
     }
     const uint64_t mixed = d->memory_bytes();
     const double written = static_cast<double>(k_gib + (256u << 20));
-    fmt::print("  + 256 MiB of 4 KiB writes scattered over 1 TiB: {:.4f} GiB of RAM per GiB written "
-               "({} B; RSS {:.4f} GiB)\n",
-               static_cast<double>(mixed) / written, mixed, static_cast<double>(rss_bytes() - rss0) / written);
+    fmt::print(
+        "  + 256 MiB of 4 KiB writes scattered over 1 TiB: {:.4f} GiB of RAM per GiB written "
+        "({} B; RSS {:.4f} GiB)\n",
+        static_cast<double>(mixed) / written, mixed,
+        static_cast<double>(rss_bytes() - rss0) / written);
 
     // Discard everything: memory goes back.
     for (uint64_t off = 0; off < k_tib; off += uint64_t{1} << 31) {
         d->execute(io_op::discard, off, 1u << 31, nullptr);
     }
-    fmt::print("  after discarding all: memory_bytes {} B (page-table nodes stay), RSS {:.1f} MiB above start\n",
-               d->memory_bytes(), static_cast<double>(rss_bytes() - rss0) / (1 << 20));
+    fmt::print(
+        "  after discarding all: memory_bytes {} B (page-table nodes stay), RSS {:.1f} MiB above "
+        "start\n",
+        d->memory_bytes(), static_cast<double>(rss_bytes() - rss0) / (1 << 20));
 }
 
 }  // namespace
@@ -366,7 +400,8 @@ int main(int argc, char** argv)
         } else if (a == "--only" && i + 1 < argc) {
             only = argv[++i];
         } else {
-            fmt::print(stderr, "usage: softblk-bench-core [--seconds S] [--only null|memory|ram]\n");
+            fmt::print(stderr,
+                       "usage: softblk-bench-core [--seconds S] [--only null|memory|ram]\n");
             return 2;
         }
     }

@@ -125,7 +125,8 @@ public:
 
 class library_backend final : public backend {
 public:
-    explicit library_backend(block_device& dev, mount_options options = {}) : _dev(dev), _options(options)
+    explicit library_backend(block_device& dev, mount_options options = {})
+        : _dev(dev), _options(options)
     {
         mount();
     }
@@ -140,7 +141,8 @@ public:
     }
     int open_file(const std::string& path, bool create) override
     {
-        auto f = _vol->open(path, k_open_read | k_open_write | (create ? k_open_create | k_open_truncate : 0));
+        auto f = _vol->open(
+            path, k_open_read | k_open_write | (create ? k_open_create | k_open_truncate : 0));
         if (!f) {
             fmt::print(stderr, "{}\n", f.error().message);
             std::exit(1);
@@ -148,8 +150,14 @@ public:
         _files.push_back(std::move(*f));
         return static_cast<int>(_files.size() - 1);
     }
-    int64_t pwrite(int s, const void* b, size_t n, uint64_t o) override { return _files[s].pwrite(b, n, o); }
-    int64_t pread(int s, void* b, size_t n, uint64_t o) override { return _files[s].pread(b, n, o); }
+    int64_t pwrite(int s, const void* b, size_t n, uint64_t o) override
+    {
+        return _files[s].pwrite(b, n, o);
+    }
+    int64_t pread(int s, void* b, size_t n, uint64_t o) override
+    {
+        return _files[s].pread(b, n, o);
+    }
     int fsync(int s) override { return _files[s].fsync(); }
     void close(int s) override { _files[s].close(); }
     bool create_empty(const std::string& path) override
@@ -170,7 +178,9 @@ public:
     std::string describe()
     {
         auto st = _vol->statfs();
-        return st ? fmt::format("FAT{} with {}-byte clusters", static_cast<int>(st->type), st->cluster_size) : "?";
+        return st ? fmt::format("FAT{} with {}-byte clusters", static_cast<int>(st->type),
+                                st->cluster_size)
+                  : "?";
     }
 
 private:
@@ -193,8 +203,14 @@ public:
         _fds.push_back(fd);
         return static_cast<int>(_fds.size() - 1);
     }
-    int64_t pwrite(int s, const void* b, size_t n, uint64_t o) override { return ::pwrite(_fds[s], b, n, static_cast<off_t>(o)); }
-    int64_t pread(int s, void* b, size_t n, uint64_t o) override { return ::pread(_fds[s], b, n, static_cast<off_t>(o)); }
+    int64_t pwrite(int s, const void* b, size_t n, uint64_t o) override
+    {
+        return ::pwrite(_fds[s], b, n, static_cast<off_t>(o));
+    }
+    int64_t pread(int s, void* b, size_t n, uint64_t o) override
+    {
+        return ::pread(_fds[s], b, n, static_cast<off_t>(o));
+    }
     int fsync(int s) override { return ::fsync(_fds[s]); }
     void close(int s) override { ::close(_fds[s]); }
     void drop_cache(int s) override { ::posix_fadvise(_fds[s], 0, 0, POSIX_FADV_DONTNEED); }
@@ -208,7 +224,10 @@ public:
         return true;
     }
     bool unlink(const std::string& path) override { return ::unlink((_root + path).c_str()) == 0; }
-    bool mkdir(const std::string& path) override { return ::mkdir((_root + path).c_str(), 0755) == 0; }
+    bool mkdir(const std::string& path) override
+    {
+        return ::mkdir((_root + path).c_str(), 0755) == 0;
+    }
     block_device* device() override { return _dev; }
 
 private:
@@ -249,16 +268,18 @@ figures run_suite(backend& b, const std::string& name, const settings& s)
             }
         }
         b.fsync(f);
-        fig.seq_write_mibs = std::max(fig.seq_write_mibs, static_cast<double>(s.file_mib) / seconds_since(t));
+        fig.seq_write_mibs =
+            std::max(fig.seq_write_mibs, static_cast<double>(s.file_mib) / seconds_since(t));
         auto c1 = counters();
         if (b.device()) {
-            fig.write_requests_per_mib = static_cast<double>(c1.writes - c0.writes + c1.flushes - c0.flushes +
-                                                             c1.reads - c0.reads) /
+            fig.write_requests_per_mib = static_cast<double>(c1.writes - c0.writes + c1.flushes -
+                                                             c0.flushes + c1.reads - c0.reads) /
                                          static_cast<double>(s.file_mib);
         }
         if (is_softblk_device(b.device())) {
             fig.device_write_requests_per_mib =
-                static_cast<double>(device_submitted(b.device()) - d0) / static_cast<double>(s.file_mib);
+                static_cast<double>(device_submitted(b.device()) - d0) /
+                static_cast<double>(s.file_mib);
         }
         b.close(f);
         b.remount();
@@ -272,14 +293,17 @@ figures run_suite(backend& b, const std::string& name, const settings& s)
                 std::exit(1);
             }
         }
-        fig.seq_read_mibs = std::max(fig.seq_read_mibs, static_cast<double>(s.file_mib) / seconds_since(t));
+        fig.seq_read_mibs =
+            std::max(fig.seq_read_mibs, static_cast<double>(s.file_mib) / seconds_since(t));
         c1 = counters();
         if (b.device()) {
-            fig.read_requests_per_mib = static_cast<double>(c1.reads - c0.reads) / static_cast<double>(s.file_mib);
+            fig.read_requests_per_mib =
+                static_cast<double>(c1.reads - c0.reads) / static_cast<double>(s.file_mib);
         }
         if (is_softblk_device(b.device())) {
             fig.device_read_requests_per_mib =
-                static_cast<double>(device_submitted(b.device()) - d0) / static_cast<double>(s.file_mib);
+                static_cast<double>(device_submitted(b.device()) - d0) /
+                static_cast<double>(s.file_mib);
         }
         if (round < 2) {
             b.close(f);
@@ -326,8 +350,8 @@ figures run_suite(backend& b, const std::string& name, const settings& s)
 std::unique_ptr<block_device> make_device(const settings& s, std::string& label)
 {
 #if defined(SOFTBLK_FAT_HAVE_DEVICE)
-    std::vector<std::string> opts = {"memory_backed=1", fmt::format("size={}", s.volume_mib), "bs=512",
-                                     "irqmode=0"};
+    std::vector<std::string> opts = {"memory_backed=1", fmt::format("size={}", s.volume_mib),
+                                     "bs=512", "irqmode=0"};
     auto dev = softblk_block_device::create("fatbench", "null", opts);
     if (dev) {
         label = "softblk null, memory_backed=1";
@@ -349,7 +373,10 @@ void format_or_die(block_device& dev)
     }
 }
 
-int shell(const std::string& cmd) { return std::system(cmd.c_str()); }
+int shell(const std::string& cmd)
+{
+    return std::system(cmd.c_str());
+}
 
 std::optional<figures> run_fuse(const settings& s, std::string& label, bool direct_io)
 {
@@ -369,7 +396,8 @@ std::optional<figures> run_fuse(const settings& s, std::string& label, bool dire
     if (direct_io) {
         fuse_options.push_back("direct_io");
     }
-    std::thread server([&] { softblk::fat::detail::serve_fuse(vol, mnt, true, false, fuse_options); });
+    std::thread server(
+        [&] { softblk::fat::detail::serve_fuse(vol, mnt, true, false, fuse_options); });
     struct stat root {};
     struct stat parent {};
     for (int i = 0; i < 100; ++i) {
@@ -381,12 +409,14 @@ std::optional<figures> run_fuse(const settings& s, std::string& label, bool dire
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
     if (root.st_dev == parent.st_dev) {
-        fmt::print(stderr, "the FUSE mount at {} did not come up; skipping the FUSE figures\n", mnt);
+        fmt::print(stderr, "the FUSE mount at {} did not come up; skipping the FUSE figures\n",
+                   mnt);
         server.join();
         return std::nullopt;
     }
     posix_backend b(mnt, dev.get());
-    figures fig = run_suite(b, direct_io ? "FUSE mount, -o direct_io" : "FUSE mount (writeback cache)", s);
+    figures fig =
+        run_suite(b, direct_io ? "FUSE mount, -o direct_io" : "FUSE mount (writeback cache)", s);
     shell("fusermount3 -u " + mnt);
     server.join();
     (void)vol.unmount();
@@ -438,7 +468,10 @@ std::optional<mtools_figures> run_mtools(const settings& s)
     return m;
 }
 
-std::string opt(const std::optional<double>& v) { return v ? fmt::format("{:.1f}", *v) : "n/a"; }
+std::string opt(const std::optional<double>& v)
+{
+    return v ? fmt::format("{:.1f}", *v) : "n/a";
+}
 
 // What one copy of the data costs on this machine, with the benchmark's
 // sizes: 16 KiB copies from a hot 64 KiB source into a file-sized
@@ -496,8 +529,10 @@ int main(int argc, char** argv)
         } else if (a == "--no-mtools") {
             s.mtools = false;
         } else {
-            fmt::print(stderr, "usage: {} [--volume-mib N] [--file-mib N] [--files N] [--random-ops N] "
-                               "[--no-fuse] [--no-mtools]\n", argv[0]);
+            fmt::print(stderr,
+                       "usage: {} [--volume-mib N] [--file-mib N] [--files N] [--random-ops N] "
+                       "[--no-fuse] [--no-mtools]\n",
+                       argv[0]);
             return 2;
         }
     }
@@ -543,31 +578,44 @@ int main(int argc, char** argv)
         m = run_mtools(s);
     }
 
-    fmt::print("Volume of {} MiB formatted as mkfs.fat would ({}), file of {} MiB, {} files, {} random 4 KiB ops.\n",
-               s.volume_mib, layout, s.file_mib, s.files, s.random_ops);
-    fmt::print("library device: {}; FUSE device: {}\n\n", lib_label, fuse_label.empty() ? "-" : fuse_label);
-    fmt::print("| path | seq write 16 KiB (MiB/s) | seq read 64 KiB (MiB/s) | 4 KiB rand read (IOPS) | "
-               "4 KiB rand write (IOPS) | create (us/file) | delete (us/file) | requests/MiB write | "
-               "requests/MiB read |\n");
+    fmt::print(
+        "Volume of {} MiB formatted as mkfs.fat would ({}), file of {} MiB, {} files, {} random 4 "
+        "KiB ops.\n",
+        s.volume_mib, layout, s.file_mib, s.files, s.random_ops);
+    fmt::print("library device: {}; FUSE device: {}\n\n", lib_label,
+               fuse_label.empty() ? "-" : fuse_label);
+    fmt::print(
+        "| path | seq write 16 KiB (MiB/s) | seq read 64 KiB (MiB/s) | 4 KiB rand read (IOPS) | "
+        "4 KiB rand write (IOPS) | create (us/file) | delete (us/file) | requests/MiB write | "
+        "requests/MiB read |\n");
     fmt::print("|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     for (auto& r : rows) {
-        fmt::print("| {} | {:.1f} | {:.1f} | {:.0f} | {:.0f} | {:.2f} | {:.2f} | {} | {} |\n", r.name,
-                   r.seq_write_mibs, r.seq_read_mibs, r.rand_read_iops, r.rand_write_iops, r.create_us, r.delete_us,
-                   opt(r.write_requests_per_mib), opt(r.read_requests_per_mib));
+        fmt::print("| {} | {:.1f} | {:.1f} | {:.0f} | {:.0f} | {:.2f} | {:.2f} | {} | {} |\n",
+                   r.name, r.seq_write_mibs, r.seq_read_mibs, r.rand_read_iops, r.rand_write_iops,
+                   r.create_us, r.delete_us, opt(r.write_requests_per_mib),
+                   opt(r.read_requests_per_mib));
     }
     if (m) {
-        fmt::print("| mtools (mcopy in / out, image in /dev/shm) | {:.1f} | {:.1f} | - | - | {:.2f} | - | - | - |\n",
-                   m->in_mibs, m->out_mibs, m->create_us);
+        fmt::print(
+            "| mtools (mcopy in / out, image in /dev/shm) | {:.1f} | {:.1f} | - | - | {:.2f} | - | "
+            "- | - |\n",
+            m->in_mibs, m->out_mibs, m->create_us);
     }
-    fmt::print("| Hermit after its fixes (published) | {:.1f} | {:.1f} | - | - | {:.0f} | - | - | - |\n",
-               k_hermit_write_mibs, k_hermit_read_mibs, k_hermit_create_us);
-    fmt::print("| memcpy, one copy of the same buffers (bound) | {:.1f} | {:.1f} | - | - | - | - | - | - |\n\n",
-               bound.write_mibs, bound.read_mibs);
+    fmt::print(
+        "| Hermit after its fixes (published) | {:.1f} | {:.1f} | - | - | {:.0f} | - | - | - |\n",
+        k_hermit_write_mibs, k_hermit_read_mibs, k_hermit_create_us);
+    fmt::print(
+        "| memcpy, one copy of the same buffers (bound) | {:.1f} | {:.1f} | - | - | - | - | - | - "
+        "|\n\n",
+        bound.write_mibs, bound.read_mibs);
     for (auto& r : rows) {
         if (r.device_write_requests_per_mib) {
-            fmt::print("{}: requests the softblk device's queues saw (execute() splits at max_transfer_bytes): "
-                       "{:.1f}/MiB written, {:.1f}/MiB read\n",
-                       r.name, *r.device_write_requests_per_mib, r.device_read_requests_per_mib.value_or(0));
+            fmt::print(
+                "{}: requests the softblk device's queues saw (execute() splits at "
+                "max_transfer_bytes): "
+                "{:.1f}/MiB written, {:.1f}/MiB read\n",
+                r.name, *r.device_write_requests_per_mib,
+                r.device_read_requests_per_mib.value_or(0));
         }
     }
     fmt::print("Library vs one memcpy of the same data: write {:.0f}%, read {:.0f}%\n",
@@ -579,19 +627,25 @@ int main(int argc, char** argv)
                k_hermit_create_us / lib.create_us);
     if (m) {
         fmt::print("Ratios, library vs mtools: write {:.1f}x, read {:.1f}x, create {:.1f}x\n",
-                   lib.seq_write_mibs / m->in_mibs, lib.seq_read_mibs / m->out_mibs, m->create_us / lib.create_us);
+                   lib.seq_write_mibs / m->in_mibs, lib.seq_read_mibs / m->out_mibs,
+                   m->create_us / lib.create_us);
         for (auto& r : rows) {
             if (r.name.rfind("FUSE", 0) == 0) {
-                fmt::print("Ratios, {} vs mtools: write {:.1f}x, read {:.1f}x, create {:.1f}x\n", r.name,
-                           r.seq_write_mibs / m->in_mibs, r.seq_read_mibs / m->out_mibs, m->create_us / r.create_us);
+                fmt::print("Ratios, {} vs mtools: write {:.1f}x, read {:.1f}x, create {:.1f}x\n",
+                           r.name, r.seq_write_mibs / m->in_mibs, r.seq_read_mibs / m->out_mibs,
+                           m->create_us / r.create_us);
             }
         }
-        fmt::print("mtools vs one memcpy: write {:.0f}%, read {:.0f}%; 10x mtools would be {:.0f} MiB/s written, "
-                   "{:.1f}x the one-copy bound\n",
-                   100.0 * m->in_mibs / bound.write_mibs, 100.0 * m->out_mibs / bound.read_mibs, 10 * m->in_mibs,
-                   10 * m->in_mibs / bound.write_mibs);
+        fmt::print(
+            "mtools vs one memcpy: write {:.0f}%, read {:.0f}%; 10x mtools would be {:.0f} MiB/s "
+            "written, "
+            "{:.1f}x the one-copy bound\n",
+            100.0 * m->in_mibs / bound.write_mibs, 100.0 * m->out_mibs / bound.read_mibs,
+            10 * m->in_mibs, 10 * m->in_mibs / bound.write_mibs);
     }
-    fmt::print("Targets: >= 10x mtools, >= 1024 MiB/s sequential read, < 20 us per create: read {}, create {}\n",
-               lib.seq_read_mibs >= 1024 ? "met" : "NOT met", lib.create_us < 20 ? "met" : "NOT met");
+    fmt::print(
+        "Targets: >= 10x mtools, >= 1024 MiB/s sequential read, < 20 us per create: read {}, "
+        "create {}\n",
+        lib.seq_read_mibs >= 1024 ? "met" : "NOT met", lib.create_us < 20 ? "met" : "NOT met");
     return 0;
 }

@@ -115,7 +115,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size)
                  (h.type == k_cmd_read || h.type == k_cmd_write) && h.length > e.max_block)) {
                 __builtin_trap();
             }
-            if ((h.type == k_cmd_write || h.type == k_cmd_trim || h.type == k_cmd_write_zeroes) && e.read_only) {
+            if ((h.type == k_cmd_write || h.type == k_cmd_trim || h.type == k_cmd_write_zeroes) &&
+                e.read_only) {
                 __builtin_trap();
             }
         }
@@ -130,7 +131,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size)
         }
         if (h.type == k_cmd_block_status && c.disposition == request_disposition::execute) {
             std::vector<uint8_t> bs;
-            const status_extent x[] = {{h.length / 2, 0}, {h.length - h.length / 2, k_state_hole | k_state_zero}};
+            const status_extent x[] = {{h.length / 2, 0},
+                                       {h.length - h.length / 2, k_state_hole | k_state_zero}};
             encode_block_status(bs, h.cookie, k_base_allocation_id, x);
         }
     }

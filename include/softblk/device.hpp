@@ -48,10 +48,10 @@ struct queue_config {
     unsigned queue_depth = 64;  // hw_queue_depth
     completion_mode mode = completion_mode::deferred;
     uint64_t completion_nsec = 10'000;
-    bool shared_tags = false;        // one tag set for all devices with shared_tags=1
-    bool shared_tag_bitmap = false;  // one tag bitmap for all queues of this device
-    bool blocking = false;           // the target may sleep in submit (BLK_MQ_F_BLOCKING)
-    uint64_t io_timeout_ms = 30'000; // the block layer's request timeout
+    bool shared_tags = false;         // one tag set for all devices with shared_tags=1
+    bool shared_tag_bitmap = false;   // one tag bitmap for all queues of this device
+    bool blocking = false;            // the target may sleep in submit (BLK_MQ_F_BLOCKING)
+    uint64_t io_timeout_ms = 30'000;  // the block layer's request timeout
 };
 
 struct device_info {

@@ -19,10 +19,10 @@
 namespace softblk {
 
 enum class option_kind : uint8_t {
-    integer,   // unsigned 64-bit, decimal or 0x-hex; range [min, max]
+    integer,         // unsigned 64-bit, decimal or 0x-hex; range [min, max]
     signed_integer,  // signed 64-bit (home_node=-1); range [smin, smax]
-    boolean,   // 0/1 (also accepts y/n, true/false, on/off)
-    text,      // free text, validated by the owner (badblocks, fault specs)
+    boolean,         // 0/1 (also accepts y/n, true/false, on/off)
+    text,            // free text, validated by the owner (badblocks, fault specs)
 };
 
 // What happens to a value outside [min, max].

@@ -34,7 +34,8 @@ uint64_t unit_bytes(std::string_view unit)
     return 0;
 }
 
-const option_def* find_def(const std::vector<option_def>& defs, std::initializer_list<std::string_view> names)
+const option_def* find_def(const std::vector<option_def>& defs,
+                           std::initializer_list<std::string_view> names)
 {
     for (std::string_view name : names) {
         for (const option_def& def : defs) {
@@ -59,29 +60,34 @@ std::string_view canonical(const std::vector<option_def>& defs, std::string_view
 
 }  // namespace
 
-result<std::vector<std::string>> apply_add_flags(std::string_view type, std::vector<std::string> options,
+result<std::vector<std::string>> apply_add_flags(std::string_view type,
+                                                 std::vector<std::string> options,
                                                  const add_flags& flags)
 {
     if (find_target_type(type) == nullptr) {
         // device::create reports the unknown type; flags cannot be mapped.
         if (flags.size || flags.block_size || flags.memory_backed || flags.queues || flags.depth) {
-            return make_error(ENOENT, fmt::format("unknown target type '{}' (see `softblk features`)", type));
+            return make_error(
+                ENOENT, fmt::format("unknown target type '{}' (see `softblk features`)", type));
         }
         return options;
     }
     const std::vector<option_def> defs = options_for(type);
     std::vector<std::string> added;
 
-    auto add = [&](std::string_view flag, const option_def* def, std::string value) -> result<void> {
+    auto add = [&](std::string_view flag, const option_def* def,
+                   std::string value) -> result<void> {
         if (def == nullptr) {
-            return make_error(EINVAL, fmt::format("{}: target type '{}' has no such option", flag, type));
+            return make_error(EINVAL,
+                              fmt::format("{}: target type '{}' has no such option", flag, type));
         }
         for (const std::string& arg : options) {
             const size_t eq = arg.find('=');
             const std::string_view key = std::string_view(arg).substr(0, eq);
             if (canonical(defs, key) == def->name) {
-                return make_error(EINVAL, fmt::format("{} {} and {}: the same option given twice; give one",
-                                                      flag, value, arg));
+                return make_error(
+                    EINVAL, fmt::format("{} {} and {}: the same option given twice; give one", flag,
+                                        value, arg));
             }
         }
         added.push_back(fmt::format("{}={}", def->name, value));
@@ -92,19 +98,23 @@ result<std::vector<std::string>> apply_add_flags(std::string_view type, std::vec
         const option_def* def = find_def(defs, {"size", "capacity_mb", "capacity"});
         auto bytes = parse_size(*flags.size);
         if (!bytes) {
-            return make_error(EINVAL, fmt::format("--size {}: {}", *flags.size, bytes.error().message));
+            return make_error(EINVAL,
+                              fmt::format("--size {}: {}", *flags.size, bytes.error().message));
         }
         std::string value;
         if (def != nullptr) {
             const uint64_t unit = unit_bytes(def->unit);
             if (unit == 0) {
-                return make_error(EINVAL, fmt::format("--size: option {} of type '{}' is in '{}', which --size "
-                                                      "cannot convert to; give {}=VALUE",
-                                                      def->name, type, def->unit, def->name));
+                return make_error(
+                    EINVAL, fmt::format("--size: option {} of type '{}' is in '{}', which --size "
+                                        "cannot convert to; give {}=VALUE",
+                                        def->name, type, def->unit, def->name));
             }
             if (*bytes % unit != 0 || *bytes == 0) {
-                return make_error(EINVAL, fmt::format("--size {}: must be a non-zero multiple of 1 {} ({}= is in {})",
-                                                      *flags.size, def->unit, def->name, def->unit));
+                return make_error(
+                    EINVAL,
+                    fmt::format("--size {}: must be a non-zero multiple of 1 {} ({}= is in {})",
+                                *flags.size, def->unit, def->name, def->unit));
             }
             value = std::to_string(*bytes / unit);
         }
@@ -116,7 +126,8 @@ result<std::vector<std::string>> apply_add_flags(std::string_view type, std::vec
         const option_def* def = find_def(defs, {"blocksize", "block_size"});
         auto bytes = parse_size(*flags.block_size);
         if (!bytes) {
-            return make_error(EINVAL, fmt::format("--bs {}: {}", *flags.block_size, bytes.error().message));
+            return make_error(EINVAL,
+                              fmt::format("--bs {}: {}", *flags.block_size, bytes.error().message));
         }
         if (auto r = add("--bs", def, std::to_string(*bytes)); !r) {
             return std::unexpected(r.error());

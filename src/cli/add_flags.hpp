@@ -27,7 +27,8 @@ struct add_flags {
 // an error naming the flag when the type has no such option, the value
 // does not convert exactly into the option's unit, or the same option was
 // given as key=value too.
-result<std::vector<std::string>> apply_add_flags(std::string_view type, std::vector<std::string> options,
+result<std::vector<std::string>> apply_add_flags(std::string_view type,
+                                                 std::vector<std::string> options,
                                                  const add_flags& flags);
 
 }  // namespace softblk::cli

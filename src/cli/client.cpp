@@ -124,18 +124,20 @@ result<pid_t> start_daemon(const run_paths& paths, std::chrono::milliseconds tim
                 child_running = false;
                 const bool other = WIFEXITED(status) && WEXITSTATUS(status) == 3;
                 if (!other) {
-                    return make_error(EIO, fmt::format("the daemon exited at start ({} {}); from {}:{}",
-                                                       WIFEXITED(status) ? "status" : "signal",
-                                                       WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status),
-                                                       paths.log, log_tail(paths.log, 5)));
+                    return make_error(
+                        EIO, fmt::format("the daemon exited at start ({} {}); from {}:{}",
+                                         WIFEXITED(status) ? "status" : "signal",
+                                         WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status),
+                                         paths.log, log_tail(paths.log, 5)));
                 }
                 // Another daemon holds the lock and is starting: wait for it.
             }
         }
         if (clock::now() >= deadline) {
-            return make_error(ETIMEDOUT, fmt::format("the daemon did not open {} within {} s; see {}:{}",
-                                                     paths.socket, timeout.count() / 1000, paths.log,
-                                                     log_tail(paths.log, 5)));
+            return make_error(
+                ETIMEDOUT,
+                fmt::format("the daemon did not open {} within {} s; see {}:{}", paths.socket,
+                            timeout.count() / 1000, paths.log, log_tail(paths.log, 5)));
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
@@ -166,8 +168,9 @@ result<control_client> control_client::connect(const run_paths& paths, bool auto
     int fd = connect_socket(paths.socket);
     if (fd == -ENOENT || fd == -ECONNREFUSED) {
         if (!autostart) {
-            return make_error(-fd, fmt::format("no daemon is running for {} (its socket {} does not answer)",
-                                               paths.dir, paths.socket));
+            return make_error(
+                -fd, fmt::format("no daemon is running for {} (its socket {} does not answer)",
+                                 paths.dir, paths.socket));
         }
         auto started = start_daemon(paths, std::chrono::seconds(60));
         if (!started) {
@@ -176,13 +179,16 @@ result<control_client> control_client::connect(const run_paths& paths, bool auto
         fd = connect_socket(paths.socket);
     }
     if (fd < 0) {
-        return make_error(-fd, fmt::format("cannot connect to {}: {}", paths.socket, std::strerror(-fd)));
+        return make_error(
+            -fd, fmt::format("cannot connect to {}: {}", paths.socket, std::strerror(-fd)));
     }
     return control_client(fd, paths);
 }
 
 control_client::control_client(control_client&& other) noexcept
-    : _fd(std::exchange(other._fd, -1)), _paths(std::move(other._paths)), _next_id(other._next_id),
+    : _fd(std::exchange(other._fd, -1)),
+      _paths(std::move(other._paths)),
+      _next_id(other._next_id),
       _buffer(std::move(other._buffer))
 {
 }
@@ -206,7 +212,8 @@ result<nlohmann::json> control_client::call(std::string_view method, const nlohm
             continue;
         }
         if (n < 0) {
-            return make_error(errno, fmt::format("cannot send to the daemon: {}", std::strerror(errno)));
+            return make_error(errno,
+                              fmt::format("cannot send to the daemon: {}", std::strerror(errno)));
         }
         sent += static_cast<size_t>(n);
     }
@@ -220,7 +227,8 @@ result<nlohmann::json> control_client::call(std::string_view method, const nlohm
             if (reply.is_discarded() || !reply.is_object()) {
                 return make_error(EPROTO, "the daemon sent a reply that is not a JSON object");
             }
-            if (auto it = reply.find("id"); it != reply.end() && it->is_number_integer() && it->get<int64_t>() != id) {
+            if (auto it = reply.find("id");
+                it != reply.end() && it->is_number_integer() && it->get<int64_t>() != id) {
                 continue;  // not ours (cannot happen with one request at a time)
             }
             if (auto err = reply.find("error"); err != reply.end() && err->is_object()) {
@@ -233,10 +241,11 @@ result<nlohmann::json> control_client::call(std::string_view method, const nlohm
             }
             return make_error(EPROTO, "the daemon's reply has neither \"result\" nor \"error\"");
         }
-        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now());
+        const auto left =
+            std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now());
         if (left.count() <= 0) {
-            return make_error(ETIMEDOUT, fmt::format("no reply from the daemon to '{}' within {} s", method,
-                                                     timeout.count() / 1000));
+            return make_error(ETIMEDOUT, fmt::format("no reply from the daemon to '{}' within {} s",
+                                                     method, timeout.count() / 1000));
         }
         pollfd p{_fd, POLLIN, 0};
         const int ready = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count(), INT_MAX)));
@@ -252,9 +261,10 @@ result<nlohmann::json> control_client::call(std::string_view method, const nlohm
             continue;
         }
         if (n <= 0) {
-            return make_error(ECONNRESET, fmt::format("the daemon closed the connection during '{}' (did it "
-                                                      "stop or crash? see {})",
-                                                      method, _paths.log));
+            return make_error(ECONNRESET,
+                              fmt::format("the daemon closed the connection during '{}' (did it "
+                                          "stop or crash? see {})",
+                                          method, _paths.log));
         }
         _buffer.append(buf, static_cast<size_t>(n));
     }

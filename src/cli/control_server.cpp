@@ -59,15 +59,19 @@ control_server::control_server(std::string socket_path, int fd, server_limits li
 {
 }
 
-control_server::~control_server() { close(); }
+control_server::~control_server()
+{
+    close();
+}
 
-result<std::unique_ptr<control_server>> control_server::listen(std::string socket_path, server_limits limits)
+result<std::unique_ptr<control_server>> control_server::listen(std::string socket_path,
+                                                               server_limits limits)
 {
     sockaddr_un addr{};
     addr.sun_family = AF_UNIX;
     if (socket_path.size() >= sizeof addr.sun_path) {
-        return make_error(ENAMETOOLONG, fmt::format("socket path {} is longer than {} bytes", socket_path,
-                                                    sizeof addr.sun_path - 1));
+        return make_error(ENAMETOOLONG, fmt::format("socket path {} is longer than {} bytes",
+                                                    socket_path, sizeof addr.sun_path - 1));
     }
     std::memcpy(addr.sun_path, socket_path.c_str(), socket_path.size() + 1);
     const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
@@ -80,7 +84,8 @@ result<std::unique_ptr<control_server>> control_server::listen(std::string socke
     if (::lstat(socket_path.c_str(), &st) == 0) {
         if (!S_ISSOCK(st.st_mode)) {
             ::close(fd);
-            return make_error(EEXIST, fmt::format("{} exists and is not a socket; remove it", socket_path));
+            return make_error(EEXIST,
+                              fmt::format("{} exists and is not a socket; remove it", socket_path));
         }
         ::unlink(socket_path.c_str());
     }
@@ -92,7 +97,8 @@ result<std::unique_ptr<control_server>> control_server::listen(std::string socke
     ::umask(old_mask);
     if (bound != 0) {
         ::close(fd);
-        return make_error(bind_errno, fmt::format("cannot bind {}: {}", socket_path, std::strerror(bind_errno)));
+        return make_error(
+            bind_errno, fmt::format("cannot bind {}: {}", socket_path, std::strerror(bind_errno)));
     }
     if (::chmod(socket_path.c_str(), 0600) != 0 || ::listen(fd, 64) != 0) {
         const int e = errno;
@@ -118,7 +124,8 @@ void control_server::accept_clients()
     for (;;) {
         const int fd = ::accept4(_listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
-            if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED) {
+            if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR &&
+                errno != ECONNABORTED) {
                 spdlog::warn("accept: {}", std::strerror(errno));
             }
             return;
@@ -137,19 +144,22 @@ void control_server::accept_clients()
         c->pid = cred.pid;
         std::string refusal;
         int code = 0;
-        const size_t active = static_cast<size_t>(
-            std::count_if(_clients.begin(), _clients.end(), [](const auto& other) { return !other->refused; }));
+        const size_t active = static_cast<size_t>(std::count_if(
+            _clients.begin(), _clients.end(), [](const auto& other) { return !other->refused; }));
         if (cred.uid != 0 && cred.uid != ::geteuid()) {
-            refusal = fmt::format("permission denied: uid {} may not control this daemon (only root and uid {})",
-                                  cred.uid, ::geteuid());
+            refusal = fmt::format(
+                "permission denied: uid {} may not control this daemon (only root and uid {})",
+                cred.uid, ::geteuid());
             code = EACCES;
         } else if (active >= _limits.max_clients) {
             refusal = fmt::format("too many clients ({}); try again later", _limits.max_clients);
             code = EBUSY;
         }
         if (!refusal.empty()) {
-            spdlog::warn("client {} (pid {}, uid {}) refused: {}", c->number, cred.pid, cred.uid, refusal);
-            c->out = format_error(nullptr, error{std::error_code(code, std::generic_category()), refusal});
+            spdlog::warn("client {} (pid {}, uid {}) refused: {}", c->number, cred.pid, cred.uid,
+                         refusal);
+            c->out = format_error(nullptr,
+                                  error{std::error_code(code, std::generic_category()), refusal});
             if (_clients.size() >= 2 * _limits.max_clients) {
                 // Too many even to refuse politely: best effort, then close.
                 (void)::send(fd, c->out.data(), c->out.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -182,7 +192,8 @@ void control_server::process_lines(client& c, const request_handler& handler)
         auto req = parse_request(line, id);
         std::string reply;
         if (!req) {
-            spdlog::warn("client {} (pid {}): bad request: {}", c.number, c.pid, req.error().message);
+            spdlog::warn("client {} (pid {}): bad request: {}", c.number, c.pid,
+                         req.error().message);
             reply = format_error(id, req.error());
         } else {
             result<nlohmann::json> res = make_error(EIO, "internal error");
@@ -192,7 +203,8 @@ void control_server::process_lines(client& c, const request_handler& handler)
                 // The handlers return errors; this is the last line of
                 // defence that keeps a bug from taking the daemon down.
                 spdlog::error("client {}: {} threw: {}", c.number, req->method, e.what());
-                res = make_error(EIO, fmt::format("internal error in {}: {}", req->method, e.what()));
+                res =
+                    make_error(EIO, fmt::format("internal error in {}: {}", req->method, e.what()));
             }
             reply = res ? format_result(id, *res) : format_error(id, res.error());
         }
@@ -245,9 +257,10 @@ void control_server::read_client(client& c, const request_handler& handler)
     if (c.in.size() > _limits.max_request_bytes) {
         spdlog::warn("client {} (pid {}): request longer than {} bytes, closing", c.number, c.pid,
                      _limits.max_request_bytes);
-        c.out += format_error(nullptr, error{std::error_code(E2BIG, std::generic_category()),
-                                             fmt::format("request longer than the limit of {} bytes",
-                                                         _limits.max_request_bytes)});
+        c.out +=
+            format_error(nullptr, error{std::error_code(E2BIG, std::generic_category()),
+                                        fmt::format("request longer than the limit of {} bytes",
+                                                    _limits.max_request_bytes)});
         c.in.clear();
         c.in.shrink_to_fit();
         c.close_after_write = true;
@@ -288,19 +301,20 @@ void control_server::check_timeouts(client& c, clock::time_point now)
     }
     if (c.has_output()) {
         if (now - c.last_progress > _limits.request_timeout) {
-            spdlog::warn("client {} (pid {}) did not read its reply within {} ms, closing", c.number, c.pid,
-                         _limits.request_timeout.count());
+            spdlog::warn("client {} (pid {}) did not read its reply within {} ms, closing",
+                         c.number, c.pid, _limits.request_timeout.count());
             c.closed = true;
         }
         return;
     }
     if (!c.in.empty()) {
         if (now - c.request_started > _limits.request_timeout) {
-            spdlog::warn("client {} (pid {}): request incomplete after {} ms, closing", c.number, c.pid,
-                         _limits.request_timeout.count());
-            c.out += format_error(nullptr, error{std::error_code(ETIMEDOUT, std::generic_category()),
-                                                 fmt::format("request not completed (no newline) within {} ms",
-                                                             _limits.request_timeout.count())});
+            spdlog::warn("client {} (pid {}): request incomplete after {} ms, closing", c.number,
+                         c.pid, _limits.request_timeout.count());
+            c.out += format_error(
+                nullptr, error{std::error_code(ETIMEDOUT, std::generic_category()),
+                               fmt::format("request not completed (no newline) within {} ms",
+                                           _limits.request_timeout.count())});
             c.in.clear();
             c.close_after_write = true;
         }
@@ -321,8 +335,9 @@ std::string control_server::run(const request_handler& handler, int stop_fd)
             if (stop_deadline == clock::time_point{}) {
                 stop_deadline = now + std::chrono::seconds(1);
             }
-            const bool pending = std::any_of(_clients.begin(), _clients.end(),
-                                             [](const auto& c) { return c->has_output() && !c->closed; });
+            const bool pending = std::any_of(_clients.begin(), _clients.end(), [](const auto& c) {
+                return c->has_output() && !c->closed;
+            });
             if (!pending || now >= stop_deadline) {
                 return _stop_reason;
             }
@@ -364,7 +379,8 @@ std::string control_server::run(const request_handler& handler, int stop_fd)
                     if (c.has_output()) {
                         write_client(c);
                     }
-                } else if (!c.closed && (rev & (POLLHUP | POLLERR | POLLNVAL)) != 0 && !c.has_output()) {
+                } else if (!c.closed && (rev & (POLLHUP | POLLERR | POLLNVAL)) != 0 &&
+                           !c.has_output()) {
                     c.closed = true;
                 }
             }

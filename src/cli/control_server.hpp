@@ -42,7 +42,8 @@ class control_server {
 public:
     // Binds `socket_path` (removing a stale socket file first: the caller
     // holds the daemon lock), mode 0600, and listens. Control thread.
-    static result<std::unique_ptr<control_server>> listen(std::string socket_path, server_limits limits);
+    static result<std::unique_ptr<control_server>> listen(std::string socket_path,
+                                                          server_limits limits);
     ~control_server();
 
     control_server(const control_server&) = delete;

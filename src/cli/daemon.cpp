@@ -75,8 +75,12 @@ void setup_logging(const run_paths& paths, bool to_stderr)
 
 }  // namespace
 
-control_service::control_service(device_host& host, run_paths paths, std::function<void(std::string)> stop)
-    : _host(host), _paths(std::move(paths)), _stop(std::move(stop)), _started(std::chrono::steady_clock::now())
+control_service::control_service(device_host& host, run_paths paths,
+                                 std::function<void(std::string)> stop)
+    : _host(host),
+      _paths(std::move(paths)),
+      _stop(std::move(stop)),
+      _started(std::chrono::steady_clock::now())
 {
 }
 
@@ -159,9 +163,10 @@ result<nlohmann::json> control_service::handle(const request& req)
         _stop("shutdown requested by a client");
         return nlohmann::json{{"pid", ::getpid()}, {"devices_kept", _host.size()}};
     }
-    return make_error(EOPNOTSUPP, fmt::format("unknown method '{}' (known: add, del, list, features, status, "
-                                              "shutdown)",
-                                              m.size() > 64 ? m.substr(0, 64) + "..." : m));
+    return make_error(EOPNOTSUPP,
+                      fmt::format("unknown method '{}' (known: add, del, list, features, status, "
+                                  "shutdown)",
+                                  m.size() > 64 ? m.substr(0, 64) + "..." : m));
 }
 
 int run_daemon(const run_paths& paths, const daemon_options& options)
@@ -178,17 +183,19 @@ int run_daemon(const run_paths& paths, const daemon_options& options)
     // One daemon per run directory: the lock is held until the process ends.
     const int lock_fd = ::open(paths.lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (lock_fd < 0) {
-        fmt::print(stderr, "softblk daemon: cannot open {}: {}\n", paths.lock, std::strerror(errno));
+        fmt::print(stderr, "softblk daemon: cannot open {}: {}\n", paths.lock,
+                   std::strerror(errno));
         return 1;
     }
     if (::flock(lock_fd, LOCK_EX | LOCK_NB) != 0) {
         if (errno == EWOULDBLOCK) {
-            fmt::print(stderr, "softblk daemon: another daemon (pid {}) serves {}\n", read_pid_file(paths.pid),
-                       paths.dir);
+            fmt::print(stderr, "softblk daemon: another daemon (pid {}) serves {}\n",
+                       read_pid_file(paths.pid), paths.dir);
             ::close(lock_fd);
             return k_exit_already_running;
         }
-        fmt::print(stderr, "softblk daemon: cannot lock {}: {}\n", paths.lock, std::strerror(errno));
+        fmt::print(stderr, "softblk daemon: cannot lock {}: {}\n", paths.lock,
+                   std::strerror(errno));
         ::close(lock_fd);
         return 1;
     }
@@ -209,15 +216,17 @@ int run_daemon(const run_paths& paths, const daemon_options& options)
         spdlog::error("{}", written.error().message);
         return 1;
     }
-    spdlog::info("daemon {} starting in {} ({})", ::getpid(), paths.dir, privileged ? "root" : "unprivileged");
+    spdlog::info("daemon {} starting in {} ({})", ::getpid(), paths.dir,
+                 privileged ? "root" : "unprivileged");
 
     int status = 0;
     {
-        device_host host(export_context{.run_dir = paths.dir, .privileged = privileged}, paths.devices);
+        device_host host(export_context{.run_dir = paths.dir, .privileged = privileged},
+                         paths.devices);
         const nlohmann::json recovered = host.recover();
         if (!recovered["recovered"].empty() || !recovered["failed"].empty()) {
-            spdlog::info("recovery: {} device(s) re-created, {} failed", recovered["recovered"].size(),
-                         recovered["failed"].size());
+            spdlog::info("recovery: {} device(s) re-created, {} failed",
+                         recovered["recovered"].size(), recovered["failed"].size());
         }
         server_limits limits;
         limits.request_timeout = options.client_timeout;
@@ -228,7 +237,8 @@ int run_daemon(const run_paths& paths, const daemon_options& options)
         } else {
             spdlog::info("listening on {}", paths.socket);
             control_server& srv = **server;
-            control_service service(host, paths, [&srv](std::string reason) { srv.request_stop(reason); });
+            control_service service(host, paths,
+                                    [&srv](std::string reason) { srv.request_stop(reason); });
             const std::string reason =
                 srv.run([&service](const request& req) { return service.handle(req); }, signal_fd);
             spdlog::info("stopping: {}", reason);
@@ -237,7 +247,8 @@ int run_daemon(const run_paths& paths, const daemon_options& options)
         const size_t kept = host.size();
         host.stop_all();
         if (kept > 0) {
-            spdlog::info("{} device(s) stopped; their state stays in {} for the next daemon", kept, paths.devices);
+            spdlog::info("{} device(s) stopped; their state stays in {} for the next daemon", kept,
+                         paths.devices);
         }
     }
     ::unlink(paths.pid.c_str());

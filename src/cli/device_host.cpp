@@ -27,7 +27,10 @@ constexpr size_t k_max_state_bytes = 1u << 20;
 // The export types tried, in order, when `add` names none.
 constexpr std::string_view k_default_exports[] = {"ublk", "fuse"};
 
-bool export_available(const export_type& type) { return !type.available || type.available(); }
+bool export_available(const export_type& type)
+{
+    return !type.available || type.available();
+}
 
 std::string_view option_key(std::string_view arg)
 {
@@ -53,10 +56,14 @@ std::vector<std::string> given_options(const option_set& options)
 const char* kind_name(option_kind kind)
 {
     switch (kind) {
-    case option_kind::integer: return "integer";
-    case option_kind::signed_integer: return "signed_integer";
-    case option_kind::boolean: return "boolean";
-    case option_kind::text: return "text";
+    case option_kind::integer:
+        return "integer";
+    case option_kind::signed_integer:
+        return "signed_integer";
+    case option_kind::boolean:
+        return "boolean";
+    case option_kind::text:
+        return "text";
     }
     return "unknown";
 }
@@ -112,7 +119,8 @@ result<std::string> read_small_file(const std::string& path)
         text.append(buf, static_cast<size_t>(n));
         if (text.size() > k_max_state_bytes) {
             ::close(fd);
-            return make_error(EFBIG, fmt::format("{} is larger than {} bytes", path, k_max_state_bytes));
+            return make_error(EFBIG,
+                              fmt::format("{} is larger than {} bytes", path, k_max_state_bytes));
         }
     }
     ::close(fd);
@@ -148,7 +156,8 @@ result<void> write_file_atomically(const std::string& path, const std::string& t
     if (::rename(tmp.c_str(), path.c_str()) != 0) {
         const int e = errno;
         ::unlink(tmp.c_str());
-        return make_error(e, fmt::format("cannot rename {} to {}: {}", tmp, path, std::strerror(e)));
+        return make_error(e,
+                          fmt::format("cannot rename {} to {}: {}", tmp, path, std::strerror(e)));
     }
     return {};
 }
@@ -190,8 +199,9 @@ result<nlohmann::json> features_json(std::string_view type)
         for (const target_type* t : target_types()) {
             known.emplace_back(t->name);
         }
-        return make_error(ENOENT, fmt::format("unknown target type '{}'; known types: {}", type,
-                                              known.empty() ? "(none built in)" : join(known, ", ")));
+        return make_error(ENOENT,
+                          fmt::format("unknown target type '{}'; known types: {}", type,
+                                      known.empty() ? "(none built in)" : join(known, ", ")));
     }
     nlohmann::json out;
     out["targets"] = nlohmann::json::array();
@@ -229,7 +239,10 @@ device_host::device_host(export_context ctx, std::string state_dir)
 {
 }
 
-device_host::~device_host() { stop_all(); }
+device_host::~device_host()
+{
+    stop_all();
+}
 
 std::string device_host::state_path(std::string_view name) const
 {
@@ -261,12 +274,13 @@ result<void> device_host::create(hosted_device& entry)
                 known.emplace_back(e->name);
             }
             known.emplace_back("none");
-            return make_error(ENOENT, fmt::format("unknown export type '{}'; known types: {}", entry.export_type,
-                                                  join(known, ", ")));
+            return make_error(ENOENT, fmt::format("unknown export type '{}'; known types: {}",
+                                                  entry.export_type, join(known, ", ")));
         }
         if (!export_available(*type)) {
-            return make_error(ENODEV, fmt::format("export type '{}' is not available on this machine ({})",
-                                                  entry.export_type, type->description));
+            return make_error(ENODEV,
+                              fmt::format("export type '{}' is not available on this machine ({})",
+                                          entry.export_type, type->description));
         }
         auto started = type->start(**dev, _ctx, entry.export_options);
         if (!started) {
@@ -297,8 +311,9 @@ result<void> device_host::write_state(const hosted_device& entry) const
         // uses "options".
         state["effective_options"] = entry.dev->options().to_args();
     }
-    return write_file_atomically(state_path(entry.name),
-                                 state.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+    return write_file_atomically(
+        state_path(entry.name),
+        state.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
 }
 
 result<nlohmann::json> device_host::add(const add_request& request)
@@ -310,9 +325,10 @@ result<nlohmann::json> device_host::add(const add_request& request)
     }
     entry.name = request.name.empty() ? next_name(entry.type) : request.name;
     if (!valid_device_name(entry.name)) {
-        return make_error(EINVAL, fmt::format("device name '{}' is not valid: 1 to 64 characters from "
-                                              "A-Z a-z 0-9 _ - . not starting with a dot",
-                                              entry.name));
+        return make_error(EINVAL,
+                          fmt::format("device name '{}' is not valid: 1 to 64 characters from "
+                                      "A-Z a-z 0-9 _ - . not starting with a dot",
+                                      entry.name));
     }
     if (_devices.contains(entry.name)) {
         return make_error(EEXIST, fmt::format("a device named '{}' exists already", entry.name));
@@ -326,8 +342,8 @@ result<nlohmann::json> device_host::add(const add_request& request)
     }
     entry.sequence = _next_sequence;
     if (auto created = create(entry); !created) {
-        spdlog::warn("add {} {} [{}] export {}: {}", entry.name, entry.type, join(request.options, " "),
-                     entry.export_type, created.error().message);
+        spdlog::warn("add {} {} [{}] export {}: {}", entry.name, entry.type,
+                     join(request.options, " "), entry.export_type, created.error().message);
         return std::unexpected(created.error());
     }
     if (auto written = write_state(entry); !written) {
@@ -337,8 +353,8 @@ result<nlohmann::json> device_host::add(const add_request& request)
         return std::unexpected(written.error());
     }
     ++_next_sequence;
-    spdlog::info("added {} {} [{}] export {} [{}]", entry.name, entry.type, join(entry.options, " "),
-                 entry.export_type, join(entry.export_options, " "));
+    spdlog::info("added {} {} [{}] export {} [{}]", entry.name, entry.type,
+                 join(entry.options, " "), entry.export_type, join(entry.export_options, " "));
     const std::string name = entry.name;
     auto [it, inserted] = _devices.emplace(name, std::move(entry));
     nlohmann::json out;
@@ -365,8 +381,8 @@ result<nlohmann::json> device_host::remove(std::string_view name)
             spdlog::warn("del {}: export {} did not stop: {}", entry.name, entry.export_type,
                          stopped.error().message);
             error err = stopped.error();
-            err.message = fmt::format("{}: the {} export did not stop, the device stays: {}", entry.name,
-                                      entry.export_type, err.message);
+            err.message = fmt::format("{}: the {} export did not stop, the device stays: {}",
+                                      entry.name, entry.export_type, err.message);
             return std::unexpected(std::move(err));
         }
         entry.exp.reset();
@@ -401,8 +417,9 @@ result<nlohmann::json> device_host::remove_all()
         }
     }
     if (!failures.empty()) {
-        return make_error(code != 0 ? code : EBUSY,
-                          fmt::format("{} device(s) stayed: {}", failures.size(), join(failures, "; ")));
+        return make_error(
+            code != 0 ? code : EBUSY,
+            fmt::format("{} device(s) stayed: {}", failures.size(), join(failures, "; ")));
     }
     return nlohmann::json{{"deleted", std::move(deleted)}};
 }
@@ -435,8 +452,9 @@ nlohmann::json device_host::list() const
     for (const auto& [name, entry] : _devices) {
         order.push_back(&entry);
     }
-    std::sort(order.begin(), order.end(),
-              [](const hosted_device* a, const hosted_device* b) { return a->sequence < b->sequence; });
+    std::sort(order.begin(), order.end(), [](const hosted_device* a, const hosted_device* b) {
+        return a->sequence < b->sequence;
+    });
     nlohmann::json out = nlohmann::json::array();
     for (const hosted_device* entry : order) {
         out.push_back(entry_json(*entry));
@@ -492,9 +510,12 @@ nlohmann::json device_host::recover()
         auto type = param_string(state, "type", true);
         auto options = param_strings(state, "options");
         const nlohmann::json exp = state.value("export", nlohmann::json::object());
-        auto export_type = exp.is_object() ? param_string(exp, "type", false, "none")
-                                           : result<std::string>(make_error(EINVAL, "\"export\" is not an object"));
-        auto export_options = exp.is_object() ? param_strings(exp, "options") : result<std::vector<std::string>>();
+        auto export_type =
+            exp.is_object()
+                ? param_string(exp, "type", false, "none")
+                : result<std::string>(make_error(EINVAL, "\"export\" is not an object"));
+        auto export_options =
+            exp.is_object() ? param_strings(exp, "options") : result<std::vector<std::string>>();
         if (auto seq = state.find("sequence"); seq != state.end() && seq->is_number_unsigned()) {
             entry.sequence = seq->get<uint64_t>();
         }
@@ -535,12 +556,13 @@ nlohmann::json device_host::recover()
         }
         _next_sequence = std::max(_next_sequence, entry.sequence + 1);
         if (entry.failure.empty()) {
-            spdlog::info("recovered {} {} [{}] export {}", entry.name, entry.type, join(entry.options, " "),
-                         entry.export_type);
+            spdlog::info("recovered {} {} [{}] export {}", entry.name, entry.type,
+                         join(entry.options, " "), entry.export_type);
             recovered.push_back(entry.name);
         } else {
-            spdlog::error("cannot recover {}: {} (the state file stays; `softblk del {}` removes it)", entry.name,
-                          entry.failure, entry.name);
+            spdlog::error(
+                "cannot recover {}: {} (the state file stays; `softblk del {}` removes it)",
+                entry.name, entry.failure, entry.name);
             failed.push_back({{"name", entry.name}, {"error", entry.failure}});
         }
         const std::string name = entry.name;

@@ -21,10 +21,10 @@ namespace softblk::cli {
 
 // What `softblk add` asks for.
 struct add_request {
-    std::string type;                       // target type, e.g. "null"
-    std::string name;                       // empty: TYPE + the lowest free number
-    std::vector<std::string> options;       // "key=value", null_blk style
-    std::string export_type;                // empty: the default; "none": no export
+    std::string type;                  // target type, e.g. "null"
+    std::string name;                  // empty: TYPE + the lowest free number
+    std::vector<std::string> options;  // "key=value", null_blk style
+    std::string export_type;           // empty: the default; "none": no export
     std::vector<std::string> export_options;
 };
 

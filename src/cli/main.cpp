@@ -30,9 +30,9 @@
 
 namespace {
 
+using nlohmann::json;
 using softblk::cli::control_client;
 using softblk::cli::run_paths;
-using nlohmann::json;
 
 constexpr int k_exit_failure = 1;
 constexpr int k_exit_usage = 2;
@@ -78,7 +78,8 @@ std::string export_summary(const json& exp)
     std::string type = exp.is_object() ? exp.value("type", std::string("none")) : "none";
     if (type == "ublk" && exp.contains("block")) {
         // The kernel's view of the ublk device and the daemon that serves it.
-        return fmt::format("ublk {} {} pid {} queues {} depth {}", exp.value("block", std::string("?")),
+        return fmt::format("ublk {} {} pid {} queues {} depth {}",
+                           exp.value("block", std::string("?")),
                            exp.value("state", std::string("?")), exp.value("daemon_pid", -1),
                            exp.value("queues", 0u), exp.value("depth", 0u));
     }
@@ -90,7 +91,10 @@ std::string export_summary(const json& exp)
     return type;
 }
 
-std::string dump(const json& value) { return value.dump(2, ' ', false, json::error_handler_t::replace); }
+std::string dump(const json& value)
+{
+    return value.dump(2, ' ', false, json::error_handler_t::replace);
+}
 
 softblk::result<control_client> connect(bool autostart)
 {
@@ -202,21 +206,23 @@ int run_list(bool json_output)
         fmt::print("no devices\n");
         return 0;
     }
-    fmt::print("{:<16} {:<6} {:>10} {:>5} {:>6} {:>5} {:>10}  {:<8} {}\n", "NAME", "TYPE", "SIZE", "BS", "QUEUES",
-               "DEPTH", "MEMORY", "STATE", "EXPORT");
+    fmt::print("{:<16} {:<6} {:>10} {:>5} {:>6} {:>5} {:>10}  {:<8} {}\n", "NAME", "TYPE", "SIZE",
+               "BS", "QUEUES", "DEPTH", "MEMORY", "STATE", "EXPORT");
     for (const json& d : *res) {
         const std::string state = d.value("state", std::string("?"));
         if (state != "running") {
-            fmt::print("{:<16} {:<6} {:>10} {:>5} {:>6} {:>5} {:>10}  {:<8} {}\n", d.value("name", std::string()),
-                       d.value("type", std::string()), "-", "-", "-", "-", "-", state, d.value("error", std::string()));
+            fmt::print("{:<16} {:<6} {:>10} {:>5} {:>6} {:>5} {:>10}  {:<8} {}\n",
+                       d.value("name", std::string()), d.value("type", std::string()), "-", "-",
+                       "-", "-", "-", state, d.value("error", std::string()));
             continue;
         }
-        fmt::print("{:<16} {:<6} {:>10} {:>5} {:>6} {:>5} {:>10}  {:<8} {}\n", d.value("name", std::string()),
-                   d.value("type", std::string()), human_bytes(d.value("capacity_bytes", uint64_t{0})),
+        fmt::print("{:<16} {:<6} {:>10} {:>5} {:>6} {:>5} {:>10}  {:<8} {}\n",
+                   d.value("name", std::string()), d.value("type", std::string()),
+                   human_bytes(d.value("capacity_bytes", uint64_t{0})),
                    d.value("logical_block_size", 0u),
                    fmt::format("{}+{}", d.value("submit_queues", 0u), d.value("poll_queues", 0u)),
-                   d.value("queue_depth", 0u), human_bytes(d.value("memory_bytes", uint64_t{0})), state,
-                   export_summary(d.value("export", json::object())));
+                   d.value("queue_depth", 0u), human_bytes(d.value("memory_bytes", uint64_t{0})),
+                   state, export_summary(d.value("export", json::object())));
     }
     return 0;
 }
@@ -226,7 +232,8 @@ int run_list(bool json_output)
 // The OPTION / DEFAULT / UNIT / RANGE / MEANING table of option_json()s.
 void print_option_table(const json& options)
 {
-    fmt::print("  {:<22} {:>10} {:<18} {:<24} {}\n", "OPTION", "DEFAULT", "UNIT", "RANGE", "MEANING");
+    fmt::print("  {:<22} {:>10} {:<18} {:<24} {}\n", "OPTION", "DEFAULT", "UNIT", "RANGE",
+               "MEANING");
     for (const json& o : options) {
         std::string range;
         if (o.contains("min")) {
@@ -260,14 +267,16 @@ int run_features(const std::string& type, bool json_output)
         return 0;
     }
     for (const json& t : (*features)["targets"]) {
-        fmt::print("target type {}: {}\n", t["name"].get<std::string>(), t["description"].get<std::string>());
+        fmt::print("target type {}: {}\n", t["name"].get<std::string>(),
+                   t["description"].get<std::string>());
         print_option_table(t["options"]);
         fmt::print("\n");
     }
     fmt::print("export types (default: {}):\n", (*features)["default_export"].get<std::string>());
     for (const json& e : (*features)["exports"]) {
         fmt::print("  {:<6} {:<14} {}\n", e["name"].get<std::string>(),
-                   e["available"].get<bool>() ? "available" : "not available", e["description"].get<std::string>());
+                   e["available"].get<bool>() ? "available" : "not available",
+                   e["description"].get<std::string>());
         if (!e.value("options", json::array()).empty()) {
             print_option_table(e["options"]);
         }
@@ -283,7 +292,8 @@ int run_features(const std::string& type, bool json_output)
             }
             fmt::print("\n");
         } else {
-            fmt::print("\nublk kernel features: not reported (kernel before 6.5, no GET_FEATURES)\n");
+            fmt::print(
+                "\nublk kernel features: not reported (kernel before 6.5, no GET_FEATURES)\n");
         }
     } else {
         fmt::print("\nublk kernel features: unavailable ({})\n", k.error().message);
@@ -311,15 +321,16 @@ int run_daemon_command(bool foreground, bool quiet, int client_timeout_ms)
         fmt::print(stderr, "softblk: a daemon already serves {}\n", paths->dir);
         return k_exit_failure;
     }
-    auto started = softblk::cli::start_daemon(*paths, std::chrono::seconds(60),
-                                              {"--client-timeout", std::to_string(client_timeout_ms)});
+    auto started = softblk::cli::start_daemon(
+        *paths, std::chrono::seconds(60), {"--client-timeout", std::to_string(client_timeout_ms)});
     if (!started) {
         return fail(started.error());
     }
     auto client = control_client::connect(*paths, false);
     if (client) {
         if (auto status = client->call("status", json::object()); status) {
-            fmt::print("daemon {} serves {} (log: {})\n", status->value("pid", 0), paths->dir, paths->log);
+            fmt::print("daemon {} serves {} (log: {})\n", status->value("pid", 0), paths->dir,
+                       paths->log);
             return 0;
         }
     }
@@ -340,9 +351,10 @@ int run_status(bool json_output)
     if (json_output) {
         fmt::print("{}\n", dump(*res));
     } else {
-        fmt::print("daemon {} (uid {}) serves {} with {} device(s), up {:.1f} s; log: {}\n", res->value("pid", 0),
-                   res->value("uid", 0), res->value("run_dir", std::string()), res->value("devices", 0),
-                   res->value("uptime_ms", 0) / 1000.0, res->value("log", std::string()));
+        fmt::print("daemon {} (uid {}) serves {} with {} device(s), up {:.1f} s; log: {}\n",
+                   res->value("pid", 0), res->value("uid", 0), res->value("run_dir", std::string()),
+                   res->value("devices", 0), res->value("uptime_ms", 0) / 1000.0,
+                   res->value("log", std::string()));
     }
     return 0;
 }
@@ -372,9 +384,11 @@ int run_shutdown()
     const unsigned kept = res->value("devices_kept", 0u);
     fmt::print("daemon {} stopped", res->value("pid", 0));
     if (kept > 0) {
-        fmt::print("; {} device(s) kept in {}: the next command brings them back (`softblk del --all` removes "
-                   "them)",
-                   kept, paths->devices);
+        fmt::print(
+            "; {} device(s) kept in {}: the next command brings them back (`softblk del --all` "
+            "removes "
+            "them)",
+            kept, paths->devices);
     }
     fmt::print("\n");
     return 0;
@@ -388,29 +402,36 @@ int main(int argc, char** argv)
 #ifdef SOFTBLK_HAVE_FAT
         return softblk::fat::cli_main(argc - 1, argv + 1);
 #else
-        fmt::print(stderr, "softblk: this build has no FAT library (softblk fat is not available)\n");
+        fmt::print(stderr,
+                   "softblk: this build has no FAT library (softblk fat is not available)\n");
         return k_exit_failure;
 #endif
     }
 
-    CLI::App app{"softblk: userspace block devices (null_blk-compatible options), hosted by a daemon that the "
-                 "first command starts"};
+    CLI::App app{
+        "softblk: userspace block devices (null_blk-compatible options), hosted by a daemon that "
+        "the "
+        "first command starts"};
     app.require_subcommand(1);
-    app.footer("Run directory: /run/softblk (root), $XDG_RUNTIME_DIR/softblk, or $SOFTBLK_RUN_DIR.\n"
-               "`softblk fat ...` works on FAT file systems on softblk devices and images.");
+    app.footer(
+        "Run directory: /run/softblk (root), $XDG_RUNTIME_DIR/softblk, or $SOFTBLK_RUN_DIR.\n"
+        "`softblk fat ...` works on FAT file systems on softblk devices and images.");
 
     add_command add;
     CLI::App* add_cmd = app.add_subcommand("add", "create a device and export it");
     add_cmd->add_option("type", add.type, "target type (see `softblk features`)")->required();
     add_cmd->add_option("options", add.options, "null_blk-style options: key=value ...");
     add_cmd->add_option("--name", add.name, "device name (default: TYPE + the lowest free number)");
-    add_cmd->add_option("--export", add.export_type,
-                        "export type: ublk, fuse, nbd or none (default: the first available of ublk, fuse)");
+    add_cmd->add_option(
+        "--export", add.export_type,
+        "export type: ublk, fuse, nbd or none (default: the first available of ublk, fuse)");
     add_cmd->add_option("--export-opt", add.export_options, "export option key=value (repeatable)")
         ->allow_extra_args(false);
-    add_cmd->add_option("--size", add.flags.size, "device size with a K/M/G/T suffix (e.g. 4G): the type's size option");
+    add_cmd->add_option("--size", add.flags.size,
+                        "device size with a K/M/G/T suffix (e.g. 4G): the type's size option");
     add_cmd->add_option("--bs", add.flags.block_size, "block size in bytes: blocksize=");
-    add_cmd->add_flag("--memory-backed", add.flags.memory_backed, "keep the data in RAM: memory_backed=1");
+    add_cmd->add_flag("--memory-backed", add.flags.memory_backed,
+                      "keep the data in RAM: memory_backed=1");
     add_cmd->add_option("--queues", add.flags.queues, "submission queues: submit_queues=");
     add_cmd->add_option("--depth", add.flags.depth, "tags per queue: hw_queue_depth=");
     add_cmd->add_flag("--json", add.json_output, "print the result as JSON");
@@ -422,32 +443,41 @@ int main(int argc, char** argv)
     del_cmd->add_flag("--all", del_all, "every device");
 
     bool list_json = false;
-    CLI::App* list_cmd = app.add_subcommand("list", "list the devices with their exports and counters");
-    list_cmd->add_flag("--json", list_json, "print JSON (device::describe() of each device and its export)");
+    CLI::App* list_cmd =
+        app.add_subcommand("list", "list the devices with their exports and counters");
+    list_cmd->add_flag("--json", list_json,
+                       "print JSON (device::describe() of each device and its export)");
 
     std::string features_type;
     bool features_json = false;
-    CLI::App* features_cmd = app.add_subcommand("features", "every option of every target type, and the export types");
+    CLI::App* features_cmd =
+        app.add_subcommand("features", "every option of every target type, and the export types");
     features_cmd->add_option("type", features_type, "only this target type");
     features_cmd->add_flag("--json", features_json, "print JSON");
 
     bool foreground = false;
     bool quiet = false;
     int client_timeout_ms = 10'000;
-    CLI::App* daemon_cmd = app.add_subcommand("daemon", "start the daemon (normally started by the first command)");
-    daemon_cmd->add_flag("--foreground", foreground, "run in this process until shutdown, SIGTERM or SIGINT");
+    CLI::App* daemon_cmd =
+        app.add_subcommand("daemon", "start the daemon (normally started by the first command)");
+    daemon_cmd->add_flag("--foreground", foreground,
+                         "run in this process until shutdown, SIGTERM or SIGINT");
     daemon_cmd->add_flag("--quiet", quiet, "log to the log file only, not to stderr");
-    daemon_cmd->add_option("--client-timeout", client_timeout_ms,
-                           "milliseconds a client may take to send a request or read a reply")
+    daemon_cmd
+        ->add_option("--client-timeout", client_timeout_ms,
+                     "milliseconds a client may take to send a request or read a reply")
         ->check(CLI::Range(100, 3'600'000));
 
     bool status_json = false;
-    CLI::App* status_cmd = app.add_subcommand("status", "show whether a daemon runs, its pid and devices");
+    CLI::App* status_cmd =
+        app.add_subcommand("status", "show whether a daemon runs, its pid and devices");
     status_cmd->add_flag("--json", status_json, "print JSON");
 
     CLI::App* recover_cmd = app.add_subcommand(
-        "recover", "start a daemon if none runs (it re-creates and re-exports every device from its state file, "
-                   "re-attaching ublk devices that outlived their daemon) and list the devices");
+        "recover",
+        "start a daemon if none runs (it re-creates and re-exports every device from its state "
+        "file, "
+        "re-attaching ublk devices that outlived their daemon) and list the devices");
 
     CLI::App* shutdown_cmd = app.add_subcommand(
         "shutdown", "stop the daemon and every export; device state stays for the next daemon");

@@ -58,26 +58,31 @@ result<request> parse_request(std::string_view line, nlohmann::json& id)
 {
     id = nullptr;
     if (line.size() > k_max_request_bytes) {
-        return make_error(E2BIG, fmt::format("request of {} bytes is larger than the limit of {} bytes",
-                                             line.size(), k_max_request_bytes));
+        return make_error(E2BIG,
+                          fmt::format("request of {} bytes is larger than the limit of {} bytes",
+                                      line.size(), k_max_request_bytes));
     }
     if (nesting_depth(line, k_max_request_depth) > k_max_request_depth) {
-        return make_error(EINVAL, fmt::format("request nested deeper than {} levels", k_max_request_depth));
+        return make_error(EINVAL,
+                          fmt::format("request nested deeper than {} levels", k_max_request_depth));
     }
     nlohmann::json doc = nlohmann::json::parse(line, nullptr, false);
     if (doc.is_discarded()) {
         return make_error(EINVAL, "request is not valid JSON (one JSON object per line expected)");
     }
     if (!doc.is_object()) {
-        return make_error(EINVAL, fmt::format("request must be a JSON object, not {}", doc.type_name()));
+        return make_error(EINVAL,
+                          fmt::format("request must be a JSON object, not {}", doc.type_name()));
     }
     if (auto it = doc.find("id"); it != doc.end()) {
         if (!valid_id(*it)) {
-            return make_error(EINVAL, fmt::format("\"id\" must be a number, a string or null, not {}",
-                                                  it->type_name()));
+            return make_error(
+                EINVAL,
+                fmt::format("\"id\" must be a number, a string or null, not {}", it->type_name()));
         }
         if (it->is_string() && it->get_ref<const std::string&>().size() > k_max_string_bytes) {
-            return make_error(EINVAL, fmt::format("\"id\" is longer than {} bytes", k_max_string_bytes));
+            return make_error(EINVAL,
+                              fmt::format("\"id\" is longer than {} bytes", k_max_string_bytes));
         }
         id = *it;
     }
@@ -90,7 +95,8 @@ result<request> parse_request(std::string_view line, nlohmann::json& id)
     req.method = method->get<std::string>();
     if (auto params = doc.find("params"); params != doc.end() && !params->is_null()) {
         if (!params->is_object()) {
-            return make_error(EINVAL, fmt::format("\"params\" must be an object, not {}", params->type_name()));
+            return make_error(
+                EINVAL, fmt::format("\"params\" must be an object, not {}", params->type_name()));
         }
         req.params = std::move(*params);
     }
@@ -134,11 +140,13 @@ result<std::string> param_string(const nlohmann::json& params, std::string_view 
         return fallback;
     }
     if (!it->is_string()) {
-        return make_error(EINVAL, fmt::format("parameter \"{}\" must be a string, not {}", key, it->type_name()));
+        return make_error(
+            EINVAL, fmt::format("parameter \"{}\" must be a string, not {}", key, it->type_name()));
     }
     const auto& s = it->get_ref<const std::string&>();
     if (s.size() > k_max_string_bytes) {
-        return make_error(EINVAL, fmt::format("parameter \"{}\" is longer than {} bytes", key, k_max_string_bytes));
+        return make_error(EINVAL, fmt::format("parameter \"{}\" is longer than {} bytes", key,
+                                              k_max_string_bytes));
     }
     return s;
 }
@@ -164,22 +172,27 @@ result<std::vector<std::string>> param_strings(const nlohmann::json& params, std
         return out;
     }
     if (!it->is_array()) {
-        return make_error(EINVAL, fmt::format("parameter \"{}\" must be an array of \"key=value\" strings, not {}",
-                                              key, it->type_name()));
+        return make_error(
+            EINVAL,
+            fmt::format("parameter \"{}\" must be an array of \"key=value\" strings, not {}", key,
+                        it->type_name()));
     }
     if (it->size() > k_max_array_items) {
-        return make_error(EINVAL, fmt::format("parameter \"{}\" has {} items, more than the limit of {}", key,
-                                              it->size(), k_max_array_items));
+        return make_error(
+            EINVAL, fmt::format("parameter \"{}\" has {} items, more than the limit of {}", key,
+                                it->size(), k_max_array_items));
     }
     for (const auto& item : *it) {
         if (!item.is_string()) {
-            return make_error(EINVAL, fmt::format("parameter \"{}\" must hold strings only, found {}", key,
-                                                  item.type_name()));
+            return make_error(EINVAL,
+                              fmt::format("parameter \"{}\" must hold strings only, found {}", key,
+                                          item.type_name()));
         }
         const auto& s = item.get_ref<const std::string&>();
         if (s.size() > k_max_string_bytes) {
-            return make_error(EINVAL, fmt::format("parameter \"{}\": an item is longer than {} bytes", key,
-                                                  k_max_string_bytes));
+            return make_error(EINVAL,
+                              fmt::format("parameter \"{}\": an item is longer than {} bytes", key,
+                                          k_max_string_bytes));
         }
         out.push_back(s);
     }
@@ -191,7 +204,8 @@ bool valid_device_name(std::string_view name)
     if (name.empty() || name.size() > 64 || name[0] == '.') {
         return false;
     }
-    return name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.") ==
+    return name.find_first_not_of(
+               "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.") ==
            std::string_view::npos;
 }
 

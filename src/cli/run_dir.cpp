@@ -35,18 +35,20 @@ result<run_paths> resolve_run_paths()
     } else if (const char* xdg = std::getenv("XDG_RUNTIME_DIR"); xdg != nullptr && xdg[0] != '\0') {
         dir = std::string(xdg) + "/softblk";
     } else {
-        return make_error(ENOENT, "no run directory: XDG_RUNTIME_DIR is not set and softblk is not run as "
-                                  "root; set SOFTBLK_RUN_DIR to a directory of your own");
+        return make_error(ENOENT,
+                          "no run directory: XDG_RUNTIME_DIR is not set and softblk is not run as "
+                          "root; set SOFTBLK_RUN_DIR to a directory of your own");
     }
     if (dir[0] != '/') {
         return make_error(EINVAL, fmt::format("run directory '{}' must be an absolute path", dir));
     }
     // sockaddr_un::sun_path holds 108 bytes including the terminator.
     if (dir.size() + std::strlen("/control.sock") >= 108) {
-        return make_error(ENAMETOOLONG,
-                          fmt::format("run directory '{}' is too long for a unix socket path (at most {} "
-                                      "characters)",
-                                      dir, 107 - std::strlen("/control.sock")));
+        return make_error(
+            ENAMETOOLONG,
+            fmt::format("run directory '{}' is too long for a unix socket path (at most {} "
+                        "characters)",
+                        dir, 107 - std::strlen("/control.sock")));
     }
     return run_paths_in(std::move(dir));
 }
@@ -59,7 +61,8 @@ result<void> make_directories(const std::string& path, unsigned mode)
         }
         const std::string part = path.substr(0, pos);
         if (::mkdir(part.c_str(), mode) != 0 && errno != EEXIST) {
-            return make_error(errno, fmt::format("cannot create directory {}: {}", part, std::strerror(errno)));
+            return make_error(
+                errno, fmt::format("cannot create directory {}: {}", part, std::strerror(errno)));
         }
     }
     struct stat st {};

@@ -11,12 +11,12 @@
 namespace softblk::cli {
 
 struct run_paths {
-    std::string dir;          // the run directory itself
-    std::string socket;       // dir/control.sock: the control socket (mode 0600)
-    std::string devices;      // dir/devices: one NAME.json state file per device
-    std::string log;          // dir/daemon.log
-    std::string pid;          // dir/daemon.pid: the running daemon's pid
-    std::string lock;         // dir/daemon.lock: held (flock) by the running daemon
+    std::string dir;      // the run directory itself
+    std::string socket;   // dir/control.sock: the control socket (mode 0600)
+    std::string devices;  // dir/devices: one NAME.json state file per device
+    std::string log;      // dir/daemon.log
+    std::string pid;      // dir/daemon.pid: the running daemon's pid
+    std::string lock;     // dir/daemon.lock: held (flock) by the running daemon
 };
 
 // The paths for this process (environment and effective uid). Returns an

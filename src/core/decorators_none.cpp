@@ -4,7 +4,10 @@
 
 namespace softblk::core {
 
-std::span<const option_def> decorator_options() { return {}; }
+std::span<const option_def> decorator_options()
+{
+    return {};
+}
 
 result<std::unique_ptr<target>> apply_decorators(std::unique_ptr<target> inner, const option_set&,
                                                  const queue_config&)

@@ -17,28 +17,62 @@ namespace {
 // The queue settings that every target type shares. Names, units and
 // defaults are null_blk's configfs attributes (Linux 6.12).
 constexpr option_def k_core_options[] = {
-    {.name = "submit_queues", .kind = option_kind::integer, .default_value = "1", .unit = "",
+    {.name = "submit_queues",
+     .kind = option_kind::integer,
+     .default_value = "1",
+     .unit = "",
      .help = "number of submission queues; each is driven by its own thread",
-     .min = 1, .max = 256},
-    {.name = "poll_queues", .kind = option_kind::integer, .default_value = "1", .unit = "",
+     .min = 1,
+     .max = 256},
+    {.name = "poll_queues",
+     .kind = option_kind::integer,
+     .default_value = "1",
+     .unit = "",
      .help = "number of poll queues (after the submission queues): completions only when polled",
-     .min = 0, .max = 256},
-    {.name = "hw_queue_depth", .kind = option_kind::integer, .default_value = "64", .unit = "",
-     .help = "tags per queue (requests in flight per queue)", .min = 1, .max = 4096},
-    {.name = "irqmode", .kind = option_kind::integer, .default_value = "1", .unit = "",
+     .min = 0,
+     .max = 256},
+    {.name = "hw_queue_depth",
+     .kind = option_kind::integer,
+     .default_value = "64",
+     .unit = "",
+     .help = "tags per queue (requests in flight per queue)",
+     .min = 1,
+     .max = 4096},
+    {.name = "irqmode",
+     .kind = option_kind::integer,
+     .default_value = "1",
+     .unit = "",
      .help = "completion mode: 0 inline, 1 deferred to the queue's loop (softirq), 2 timer",
-     .min = 0, .max = 2},
-    {.name = "completion_nsec", .kind = option_kind::integer, .default_value = "10000", .unit = "ns",
-     .help = "irqmode=2: time from the target's completion to the callback", .min = 0,
+     .min = 0,
+     .max = 2},
+    {.name = "completion_nsec",
+     .kind = option_kind::integer,
+     .default_value = "10000",
+     .unit = "ns",
+     .help = "irqmode=2: time from the target's completion to the callback",
+     .min = 0,
      .max = 60'000'000'000ull},
-    {.name = "shared_tags", .kind = option_kind::boolean, .default_value = "0", .unit = "",
+    {.name = "shared_tags",
+     .kind = option_kind::boolean,
+     .default_value = "0",
+     .unit = "",
      .help = "share one tag set among all devices with shared_tags=1 (per queue index)"},
-    {.name = "shared_tag_bitmap", .kind = option_kind::boolean, .default_value = "0", .unit = "",
+    {.name = "shared_tag_bitmap",
+     .kind = option_kind::boolean,
+     .default_value = "0",
+     .unit = "",
      .help = "one tag bitmap of hw_queue_depth tags for all queues of the device"},
-    {.name = "blocking", .kind = option_kind::boolean, .default_value = "0", .unit = "",
+    {.name = "blocking",
+     .kind = option_kind::boolean,
+     .default_value = "0",
+     .unit = "",
      .help = "the target may sleep while submitting (BLK_MQ_F_BLOCKING); see docs/null.md"},
-    {.name = "io_timeout", .kind = option_kind::integer, .default_value = "30000", .unit = "ms",
-     .help = "request timeout of the core (the block layer's queue/io_timeout)", .min = 1,
+    {.name = "io_timeout",
+     .kind = option_kind::integer,
+     .default_value = "30000",
+     .unit = "ms",
+     .help = "request timeout of the core (the block layer's queue/io_timeout)",
+     .min = 1,
      .max = 3'600'000},
 };
 
@@ -60,7 +94,10 @@ std::shared_ptr<core::shared_tag_pool> global_shared_tags(unsigned queue_index, 
 
 }  // namespace
 
-std::span<const option_def> core_options() { return k_core_options; }
+std::span<const option_def> core_options()
+{
+    return k_core_options;
+}
 
 std::vector<option_def> options_for(std::string_view type)
 {
@@ -77,7 +114,8 @@ result<std::unique_ptr<device>> device::create(std::string name, std::string_vie
                                                std::span<const std::string> args)
 {
     if (name.empty() || name.size() > 64 ||
-        name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.") !=
+        name.find_first_not_of(
+            "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.") !=
             std::string::npos ||
         name[0] == '.') {
         return make_error(EINVAL, fmt::format("{}: a device name is 1 to 64 characters of letters, "
@@ -112,8 +150,8 @@ result<std::unique_ptr<device>> device::create(std::string name, std::string_vie
     if (!decorated) {
         return std::unexpected(decorated.error());
     }
-    auto dev = std::make_unique<core::device_impl>(std::move(name), std::string(type),
-                                                   std::move(*options), queues, std::move(*decorated));
+    auto dev = std::make_unique<core::device_impl>(
+        std::move(name), std::string(type), std::move(*options), queues, std::move(*decorated));
     if (auto r = dev->start(); !r) {
         return std::unexpected(r.error());
     }
@@ -137,8 +175,8 @@ queue_config queue_config_from(const option_set& o)
     return q;
 }
 
-device_impl::device_impl(std::string name, std::string type, option_set options, queue_config queues,
-                         std::unique_ptr<target> t)
+device_impl::device_impl(std::string name, std::string type, option_set options,
+                         queue_config queues, std::unique_ptr<target> t)
     : _options(std::move(options)), _target(std::move(t))
 {
     _info.name = std::move(name);
@@ -166,7 +204,8 @@ result<void> device_impl::start()
         if (q.shared_tags) {
             pool = global_shared_tags(q.shared_tag_bitmap ? 0 : i, q.queue_depth);
         }
-        auto queue = std::make_unique<queue_impl>(*this, i, i >= q.submit_queues, q.queue_depth, pool);
+        auto queue =
+            std::make_unique<queue_impl>(*this, i, i >= q.submit_queues, q.queue_depth, pool);
         if (auto r = queue->open(*_target); !r) {
             return make_error(r.error().code.value(),
                               fmt::format("queue {}: {}", i, r.error().message));
@@ -192,8 +231,8 @@ void on_sync_complete(io_request& r, int result)
 
 }  // namespace
 
-int device_impl::execute_one(queue_impl& q, io_op op, uint64_t offset, uint32_t length, void* buffer,
-                             uint32_t flags)
+int device_impl::execute_one(queue_impl& q, io_op op, uint64_t offset, uint32_t length,
+                             void* buffer, uint32_t flags)
 {
     io_request* r = q.get_request();
     while (r == nullptr) {
@@ -273,8 +312,8 @@ result<void> device_impl::set_power(bool on)
 {
     for (const auto& q : _queues) {
         if (q->in_flight() != 0) {
-            return make_error(EBUSY, fmt::format("{}: power={}: I/O in flight on queue {}", _info.name,
-                                                 on ? 1 : 0, q->index()));
+            return make_error(EBUSY, fmt::format("{}: power={}: I/O in flight on queue {}",
+                                                 _info.name, on ? 1 : 0, q->index()));
         }
     }
     if (on == powered()) {
@@ -317,9 +356,12 @@ void device_impl::describe(nlohmann::json& out) const
         total.bytes_written += s.bytes_written;
         total.timeouts += s.timeouts;
     }
-    out["stats"] = {{"submitted", total.submitted},       {"completed", total.completed},
-                    {"errors", total.errors},             {"bytes_read", total.bytes_read},
-                    {"bytes_written", total.bytes_written}, {"timeouts", total.timeouts}};
+    out["stats"] = {{"submitted", total.submitted},
+                    {"completed", total.completed},
+                    {"errors", total.errors},
+                    {"bytes_read", total.bytes_read},
+                    {"bytes_written", total.bytes_written},
+                    {"timeouts", total.timeouts}};
     nlohmann::json t = nlohmann::json::object();
     _target->describe(t);
     out["target"] = std::move(t);

@@ -14,7 +14,10 @@ namespace softblk::core {
 
 namespace {
 
-inline void cpu_relax() { __builtin_ia32_pause(); }
+inline void cpu_relax()
+{
+    __builtin_ia32_pause();
+}
 
 constexpr unsigned k_mpol_preferred = 1;  // <linux/mempolicy.h> MPOL_PREFERRED
 
@@ -22,7 +25,10 @@ constexpr unsigned k_mpol_preferred = 1;  // <linux/mempolicy.h> MPOL_PREFERRED
 
 // ---------------------------------------------------------------- page pool
 
-memory_store::page_pool::~page_pool() { release_all(); }
+memory_store::page_pool::~page_pool()
+{
+    release_all();
+}
 
 void* memory_store::page_pool::allocate()
 {
@@ -49,7 +55,8 @@ void* memory_store::page_pool::allocate()
             if (_numa_node < static_cast<int>(sizeof(mask) * 8)) {
                 mask[_numa_node / 64] = 1ul << (_numa_node % 64);
                 // Best effort: a kernel without NUMA support fails with ENOSYS.
-                syscall(SYS_mbind, chunk, k_chunk_bytes, k_mpol_preferred, mask, sizeof(mask) * 8, 0);
+                syscall(SYS_mbind, chunk, k_chunk_bytes, k_mpol_preferred, mask, sizeof(mask) * 8,
+                        0);
             }
         }
         // Populate the whole chunk in one go: one page fault per chunk
@@ -89,8 +96,8 @@ void memory_store::page_pool::flush_locked()
     size_t i = 0;
     while (i < _pending_count) {
         size_t j = i + 1;
-        while (j < _pending_count &&
-               static_cast<char*>(_pending[j]) == static_cast<char*>(_pending[j - 1]) + k_page_size) {
+        while (j < _pending_count && static_cast<char*>(_pending[j]) ==
+                                         static_cast<char*>(_pending[j - 1]) + k_page_size) {
             ++j;
         }
         madvise(_pending[i], (j - i) * k_page_size, MADV_DONTNEED);
@@ -357,7 +364,8 @@ void memory_store::map_extents(uint64_t offset, uint64_t length, std::vector<ext
         uint64_t skip_to = 0;
         for (unsigned level = 0; level + 1 < _levels; ++level) {
             const unsigned shift = k_fanout_bits * (_levels - 1 - level);
-            uintptr_t v = n->slot[(index >> shift) & (k_fanout - 1)].load(std::memory_order_acquire);
+            uintptr_t v =
+                n->slot[(index >> shift) & (k_fanout - 1)].load(std::memory_order_acquire);
             if (v == 0) {
                 skip_to = ((index >> shift) + 1) << shift;
                 n = nullptr;
@@ -376,7 +384,8 @@ void memory_store::map_extents(uint64_t offset, uint64_t length, std::vector<ext
         while (pos < page_end) {
             const unsigned bit = static_cast<unsigned>((pos % k_page_size) >> _block_shift);
             const bool allocated = ((v >> bit) & 1) != 0;
-            const uint64_t block_end = std::min(page_end, (pos & ~uint64_t{_block_size - 1}) + _block_size);
+            const uint64_t block_end =
+                std::min(page_end, (pos & ~uint64_t{_block_size - 1}) + _block_size);
             emit(pos, block_end, allocated);
             pos = block_end;
         }

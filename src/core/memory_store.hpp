@@ -122,10 +122,10 @@ private:
         int _numa_node;
         mutable std::mutex _lock;
         std::vector<void*> _chunks;
-        std::vector<void*> _free;          // released, ready to reuse
-        void* _pending[k_batch] = {};      // freed, not yet released
+        std::vector<void*> _free;      // released, ready to reuse
+        void* _pending[k_batch] = {};  // freed, not yet released
         size_t _pending_count = 0;
-        char* _bump = nullptr;             // unused rest of the newest chunk
+        char* _bump = nullptr;  // unused rest of the newest chunk
         char* _bump_end = nullptr;
         std::atomic<uint64_t> _resident{0};
     };

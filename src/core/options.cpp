@@ -59,10 +59,12 @@ result<int64_t> parse_signed(std::string_view text)
 
 result<bool> parse_bool(std::string_view text)
 {
-    if (text == "1" || text == "y" || text == "Y" || text == "yes" || text == "true" || text == "on") {
+    if (text == "1" || text == "y" || text == "Y" || text == "yes" || text == "true" ||
+        text == "on") {
         return true;
     }
-    if (text == "0" || text == "n" || text == "N" || text == "no" || text == "false" || text == "off") {
+    if (text == "0" || text == "n" || text == "N" || text == "no" || text == "false" ||
+        text == "off") {
         return false;
     }
     return make_error(EINVAL, "not a boolean");
@@ -83,17 +85,18 @@ result<option_set> option_set::parse(std::span<const option_def> defs,
         case option_kind::integer: {
             auto n = parse_unsigned(text);
             if (!n) {
-                return make_error(EINVAL, fmt::format("{}={}: not a number; {} must be {}{}", def.name,
-                                                      text, def.name, range_text(def), unit_suffix(def)));
+                return make_error(
+                    EINVAL, fmt::format("{}={}: not a number; {} must be {}{}", def.name, text,
+                                        def.name, range_text(def), unit_suffix(def)));
             }
             uint64_t x = *n;
             if (x < def.min || x > def.max) {
                 if (def.range == option_range::clamp) {
                     x = x < def.min ? def.min : def.max;
                 } else {
-                    return make_error(EINVAL, fmt::format("{}={}: out of range; {} must be {}{}", def.name,
-                                                          text, def.name, range_text(def),
-                                                          unit_suffix(def)));
+                    return make_error(
+                        EINVAL, fmt::format("{}={}: out of range; {} must be {}{}", def.name, text,
+                                            def.name, range_text(def), unit_suffix(def)));
                 }
             }
             v.u = x;
@@ -116,7 +119,8 @@ result<option_set> option_set::parse(std::span<const option_def> defs,
         case option_kind::boolean: {
             auto b = parse_bool(text);
             if (!b) {
-                return make_error(EINVAL, fmt::format("{}={}: {} must be 0 or 1", def.name, text, def.name));
+                return make_error(
+                    EINVAL, fmt::format("{}={}: {} must be 0 or 1", def.name, text, def.name));
             }
             v.u = *b ? 1 : 0;
             v.s = static_cast<int64_t>(v.u);
@@ -139,7 +143,8 @@ result<option_set> option_set::parse(std::span<const option_def> defs,
         }
         auto r = assign(def, def.default_value, false);
         if (!r) {
-            return make_error(EINVAL, fmt::format("bad default for {}: {}", def.name, r.error().message));
+            return make_error(EINVAL,
+                              fmt::format("bad default for {}: {}", def.name, r.error().message));
         }
     }
 
@@ -158,7 +163,8 @@ result<option_set> option_set::parse(std::span<const option_def> defs,
             }
         }
         if (found == nullptr) {
-            return make_error(EINVAL, fmt::format("{}: unknown option (`softblk features` lists them)", key));
+            return make_error(
+                EINVAL, fmt::format("{}: unknown option (`softblk features` lists them)", key));
         }
         auto r = assign(*found, text, true);
         if (!r) {
@@ -175,10 +181,22 @@ const option_set::value& option_set::find(std::string_view name) const
     return it->second;
 }
 
-uint64_t option_set::u64(std::string_view name) const { return find(name).u; }
-int64_t option_set::i64(std::string_view name) const { return find(name).s; }
-bool option_set::flag(std::string_view name) const { return find(name).u != 0; }
-const std::string& option_set::text(std::string_view name) const { return find(name).text; }
+uint64_t option_set::u64(std::string_view name) const
+{
+    return find(name).u;
+}
+int64_t option_set::i64(std::string_view name) const
+{
+    return find(name).s;
+}
+bool option_set::flag(std::string_view name) const
+{
+    return find(name).u != 0;
+}
+const std::string& option_set::text(std::string_view name) const
+{
+    return find(name).text;
+}
 const std::vector<std::string>& option_set::texts(std::string_view name) const
 {
     return find(name).texts;
@@ -223,17 +241,34 @@ result<uint64_t> parse_size(std::string_view text)
     unsigned shift = 0;
     if (!suffix.empty()) {
         switch (suffix[0]) {
-        case 'k': case 'K': shift = 10; break;
-        case 'm': case 'M': shift = 20; break;
-        case 'g': case 'G': shift = 30; break;
-        case 't': case 'T': shift = 40; break;
-        case 'b': case 'B': shift = 0; break;
+        case 'k':
+        case 'K':
+            shift = 10;
+            break;
+        case 'm':
+        case 'M':
+            shift = 20;
+            break;
+        case 'g':
+        case 'G':
+            shift = 30;
+            break;
+        case 't':
+        case 'T':
+            shift = 40;
+            break;
+        case 'b':
+        case 'B':
+            shift = 0;
+            break;
         default:
-            return make_error(EINVAL, fmt::format("{}: unknown size suffix (use K, M, G or T)", text));
+            return make_error(EINVAL,
+                              fmt::format("{}: unknown size suffix (use K, M, G or T)", text));
         }
         std::string_view rest = suffix.substr(1);
         if (!(rest.empty() || rest == "iB" || rest == "B" || (shift == 0 && rest.empty()))) {
-            return make_error(EINVAL, fmt::format("{}: unknown size suffix (use K, M, G or T)", text));
+            return make_error(EINVAL,
+                              fmt::format("{}: unknown size suffix (use K, M, G or T)", text));
         }
     }
     if (shift != 0 && *number > (UINT64_MAX >> shift)) {

@@ -26,7 +26,10 @@ inline void bump(std::atomic<uint64_t>& counter, uint64_t by = 1)
     counter.store(counter.load(std::memory_order_relaxed) + by, std::memory_order_relaxed);
 }
 
-inline void cpu_relax() { __builtin_ia32_pause(); }
+inline void cpu_relax()
+{
+    __builtin_ia32_pause();
+}
 
 // Short sleeps are the point of the timer completion mode: ask the kernel
 // for no timer slack on threads that run queues (default slack is 50 us).
@@ -45,20 +48,24 @@ uint64_t monotonic_ns()
 {
     timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
-    return static_cast<uint64_t>(ts.tv_sec) * uint64_t{1'000'000'000} + static_cast<uint64_t>(ts.tv_nsec);
+    return static_cast<uint64_t>(ts.tv_sec) * uint64_t{1'000'000'000} +
+           static_cast<uint64_t>(ts.tv_nsec);
 }
 
 uint64_t coarse_monotonic_ns()
 {
     timespec ts;
     clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-    return static_cast<uint64_t>(ts.tv_sec) * uint64_t{1'000'000'000} + static_cast<uint64_t>(ts.tv_nsec);
+    return static_cast<uint64_t>(ts.tv_sec) * uint64_t{1'000'000'000} +
+           static_cast<uint64_t>(ts.tv_nsec);
 }
 
 // ---------------------------------------------------------------- shared tags
 
 shared_tag_pool::shared_tag_pool(unsigned depth)
-    : _depth(depth), _words(new std::atomic<uint64_t>[(depth + 63) / 64]), _word_count((depth + 63) / 64)
+    : _depth(depth),
+      _words(new std::atomic<uint64_t>[(depth + 63) / 64]),
+      _word_count((depth + 63) / 64)
 {
     for (unsigned i = 0; i < _word_count; ++i) {
         _words[i].store(0, std::memory_order_relaxed);
@@ -79,7 +86,8 @@ int shared_tag_pool::get()
                 break;
             }
             const unsigned bit = static_cast<unsigned>(__builtin_ctzll(free_bits));
-            if (_words[w].compare_exchange_weak(bits, bits | (1ull << bit), std::memory_order_acquire,
+            if (_words[w].compare_exchange_weak(bits, bits | (1ull << bit),
+                                                std::memory_order_acquire,
                                                 std::memory_order_relaxed)) {
                 _hint.store(w, std::memory_order_relaxed);
                 return static_cast<int>(w * 64 + bit);
@@ -390,7 +398,8 @@ unsigned queue_impl::process()
         const uint64_t now = coarse_monotonic_ns();
         if (now >= _next_timeout_scan) {
             check_timeouts(now);
-            _next_timeout_scan = now + std::min<uint64_t>(_timeout_ns / 4 + 1, uint64_t{100'000'000});
+            _next_timeout_scan =
+                now + std::min<uint64_t>(_timeout_ns / 4 + 1, uint64_t{100'000'000});
         }
     }
     return _delivered - before;
@@ -422,13 +431,17 @@ uint64_t queue_impl::next_event_ns() const
     return wake;
 }
 
-int queue_impl::event_fd() const { return _tq->wait_fd(); }
+int queue_impl::event_fd() const
+{
+    return _tq->wait_fd();
+}
 
 unsigned queue_impl::wait(unsigned min_completions, int64_t timeout_ns)
 {
     lower_timer_slack();
     const uint64_t start = monotonic_ns();
-    const uint64_t give_up = timeout_ns < 0 ? UINT64_MAX : start + static_cast<uint64_t>(timeout_ns);
+    const uint64_t give_up =
+        timeout_ns < 0 ? UINT64_MAX : start + static_cast<uint64_t>(timeout_ns);
     unsigned done = 0;
     for (;;) {
         done += process();
@@ -454,7 +467,8 @@ unsigned queue_impl::wait(unsigned min_completions, int64_t timeout_ns)
         if (_in_target > 0 && _timeout_ns != 0) {
             // Timed-out requests must be noticed even when nothing else
             // happens; coarse clock granularity is a few ms.
-            wake = std::min(wake, now + std::min<uint64_t>(_timeout_ns / 4 + 1, uint64_t{100'000'000}));
+            wake = std::min(wake,
+                            now + std::min<uint64_t>(_timeout_ns / 4 + 1, uint64_t{100'000'000}));
         }
         if (wake <= now) {
             continue;

@@ -113,9 +113,9 @@ private:
     std::vector<uint32_t> _free_tags;  // local tag stack (no shared pool)
     std::shared_ptr<shared_tag_pool> _shared_tags;
 
-    fifo _deferred;         // irqmode=1 and poll queues
-    fifo _timer;            // irqmode=2, ordered by deadline (constant delay)
-    fifo _inline_backlog;   // inline completions raised while a callback runs
+    fifo _deferred;        // irqmode=1 and poll queues
+    fifo _timer;           // irqmode=2, ordered by deadline (constant delay)
+    fifo _inline_backlog;  // inline completions raised while a callback runs
     bool _delivering = false;
     unsigned _delivered = 0;  // callbacks run, for process/wait accounting
     unsigned _in_flight = 0;

@@ -69,13 +69,31 @@ registry<export_type>& exports()
 
 }  // namespace
 
-bool register_target_type(const target_type& type) { return targets().add(type); }
-const target_type* find_target_type(std::string_view name) { return targets().find(name); }
-std::vector<const target_type*> target_types() { return targets().all(); }
+bool register_target_type(const target_type& type)
+{
+    return targets().add(type);
+}
+const target_type* find_target_type(std::string_view name)
+{
+    return targets().find(name);
+}
+std::vector<const target_type*> target_types()
+{
+    return targets().all();
+}
 
-bool register_export_type(const export_type& type) { return exports().add(type); }
-const export_type* find_export_type(std::string_view name) { return exports().find(name); }
-std::vector<const export_type*> export_types() { return exports().all(); }
+bool register_export_type(const export_type& type)
+{
+    return exports().add(type);
+}
+const export_type* find_export_type(std::string_view name)
+{
+    return exports().find(name);
+}
+std::vector<const export_type*> export_types()
+{
+    return exports().all();
+}
 
 int target::map_extents(uint64_t offset, uint64_t length, std::vector<extent>& out)
 {
@@ -93,18 +111,30 @@ int target::map_extents(uint64_t offset, uint64_t length, std::vector<extent>& o
 const char* to_string(io_op op)
 {
     switch (op) {
-    case io_op::read: return "read";
-    case io_op::write: return "write";
-    case io_op::flush: return "flush";
-    case io_op::discard: return "discard";
-    case io_op::write_zeroes: return "write_zeroes";
-    case io_op::zone_open: return "zone_open";
-    case io_op::zone_close: return "zone_close";
-    case io_op::zone_finish: return "zone_finish";
-    case io_op::zone_reset: return "zone_reset";
-    case io_op::zone_reset_all: return "zone_reset_all";
-    case io_op::zone_append: return "zone_append";
-    case io_op::report_zones: return "report_zones";
+    case io_op::read:
+        return "read";
+    case io_op::write:
+        return "write";
+    case io_op::flush:
+        return "flush";
+    case io_op::discard:
+        return "discard";
+    case io_op::write_zeroes:
+        return "write_zeroes";
+    case io_op::zone_open:
+        return "zone_open";
+    case io_op::zone_close:
+        return "zone_close";
+    case io_op::zone_finish:
+        return "zone_finish";
+    case io_op::zone_reset:
+        return "zone_reset";
+    case io_op::zone_reset_all:
+        return "zone_reset_all";
+    case io_op::zone_append:
+        return "zone_append";
+    case io_op::report_zones:
+        return "report_zones";
     }
     return "unknown";
 }

@@ -16,8 +16,9 @@ TEST(add_flags, size_and_block_size_become_null_blk_options)
     flags.depth = "32";
     auto options = apply_add_flags("null", {"irqmode=0"}, flags);
     ASSERT_TRUE(options) << options.error().message;
-    const std::vector<std::string> expected = {"irqmode=0",       "size=4096",        "blocksize=4096",
-                                               "memory_backed=1", "submit_queues=2", "hw_queue_depth=32"};
+    const std::vector<std::string> expected = {"irqmode=0",       "size=4096",
+                                               "blocksize=4096",  "memory_backed=1",
+                                               "submit_queues=2", "hw_queue_depth=32"};
     EXPECT_EQ(*options, expected);
 }
 

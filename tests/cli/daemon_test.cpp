@@ -92,8 +92,8 @@ public:
                 _buffer.erase(0, nl + 1);
                 return reply;
             }
-            const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline -
-                                                                                     std::chrono::steady_clock::now());
+            const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                deadline - std::chrono::steady_clock::now());
             if (left.count() <= 0) {
                 return json(json::value_t::discarded);
             }
@@ -201,7 +201,8 @@ protected:
         bool out_open = true;
         bool err_open = true;
         while ((out_open || err_open) && std::chrono::steady_clock::now() < deadline) {
-            pollfd p[2] = {{out_open ? out_pipe[0] : -1, POLLIN, 0}, {err_open ? err_pipe[0] : -1, POLLIN, 0}};
+            pollfd p[2] = {{out_open ? out_pipe[0] : -1, POLLIN, 0},
+                           {err_open ? err_pipe[0] : -1, POLLIN, 0}};
             if (::poll(p, 2, 200) <= 0) {
                 continue;
             }
@@ -222,7 +223,8 @@ protected:
         ::close(err_pipe[0]);
         if (out_open || err_open) {
             ::kill(pid, SIGKILL);
-            ADD_FAILURE() << "softblk did not finish within " << timeout.count() << " s (or left its output open)";
+            ADD_FAILURE() << "softblk did not finish within " << timeout.count()
+                          << " s (or left its output open)";
         }
         int status = 0;
         ::waitpid(pid, &status, 0);
@@ -401,11 +403,15 @@ TEST_F(daemon_test, concurrent_first_commands_start_exactly_one_daemon)
 
 TEST_F(daemon_test, adds_lists_and_deletes_several_devices)
 {
-    run_result a = softblk({"add", "null", "memory_backed=1", "size=64", "bs=4096", "--export", "none", "--name", "a"});
+    run_result a = softblk({"add", "null", "memory_backed=1", "size=64", "bs=4096", "--export",
+                            "none", "--name", "a"});
     ASSERT_EQ(a.status, 0) << a.err;
     EXPECT_EQ(a.out.substr(0, a.out.find('\n')), "a");
     ASSERT_EQ(softblk({"add", "null", "size=32", "--export", "none"}).status, 0);
-    ASSERT_EQ(softblk({"add", "null", "size=16", "submit_queues=2", "hw_queue_depth=8", "--export", "none"}).status, 0);
+    ASSERT_EQ(softblk({"add", "null", "size=16", "submit_queues=2", "hw_queue_depth=8", "--export",
+                       "none"})
+                  .status,
+              0);
 
     json devices = list();
     ASSERT_TRUE(devices.is_array());
@@ -468,7 +474,8 @@ TEST_F(daemon_test, bad_options_name_the_attribute_and_the_daemon_stays_up)
     for (const bad_case& c : cases) {
         run_result r = softblk(c.args);
         EXPECT_EQ(r.status, 1) << c.args[2];
-        EXPECT_NE(r.err.find(c.named), std::string::npos) << "error does not name " << c.named << ": " << r.err;
+        EXPECT_NE(r.err.find(c.named), std::string::npos)
+            << "error does not name " << c.named << ": " << r.err;
     }
     EXPECT_EQ(daemon_pid(), pid);
     EXPECT_FALSE(gone(pid));
@@ -476,13 +483,14 @@ TEST_F(daemon_test, bad_options_name_the_attribute_and_the_daemon_stays_up)
     ASSERT_EQ(devices.size(), 1u);
     EXPECT_EQ(devices[0]["name"], "keep");
     EXPECT_FALSE(fs::exists(_dir + "/escape.json"));
-    EXPECT_EQ(std::distance(fs::directory_iterator(_dir + "/devices"), fs::directory_iterator{}), 1);
+    EXPECT_EQ(std::distance(fs::directory_iterator(_dir + "/devices"), fs::directory_iterator{}),
+              1);
 }
 
 TEST_F(daemon_test, friendly_flags_mean_the_same_as_key_value_options)
 {
-    ASSERT_EQ(softblk({"add", "null", "--size", "1G", "--bs", "4096", "--memory-backed", "--queues", "2", "--depth",
-                       "16", "--export", "none", "--name", "f"})
+    ASSERT_EQ(softblk({"add", "null", "--size", "1G", "--bs", "4096", "--memory-backed", "--queues",
+                       "2", "--depth", "16", "--export", "none", "--name", "f"})
                   .status,
               0);
     ASSERT_EQ(softblk({"add", "null", "size=1024", "bs=4096", "memory_backed=1", "submit_queues=2",
@@ -491,7 +499,8 @@ TEST_F(daemon_test, friendly_flags_mean_the_same_as_key_value_options)
               0);
     json devices = list();
     ASSERT_EQ(devices.size(), 2u);
-    for (const char* key : {"capacity_bytes", "logical_block_size", "submit_queues", "queue_depth"}) {
+    for (const char* key :
+         {"capacity_bytes", "logical_block_size", "submit_queues", "queue_depth"}) {
         EXPECT_EQ(devices[0][key], devices[1][key]) << key;
     }
     EXPECT_EQ(devices[0]["capacity_bytes"], 1ull << 30);
@@ -564,8 +573,10 @@ TEST_F(daemon_test, malformed_requests_get_error_replies_and_harm_nothing)
         R"({"id": 9, "method": "del", "params": {"name": "keep", "all": true}})",
         R"({"id": 10, "method": "del", "params": {"all": "yes"}})",
         R"({"id": 11, "method": "features", "params": {"type": ["null"]}})",
-        "{\"id\": 12, \"method\": \"add\", \"params\": {\"type\": \"null\", \"name\": \"\xff\xfe\"}}",
-        R"({"method": "list", "params": {"x": )" + std::string(5000, '[') + std::string(5000, ']') + "}}",
+        "{\"id\": 12, \"method\": \"add\", \"params\": {\"type\": \"null\", \"name\": "
+        "\"\xff\xfe\"}}",
+        R"({"method": "list", "params": {"x": )" + std::string(5000, '[') + std::string(5000, ']') +
+            "}}",
         std::string("{\"method\": \"li\0st\"}", 18),
     };
     for (const std::string& line : bad_lines) {
@@ -621,14 +632,16 @@ TEST_F(daemon_test, truncated_huge_and_vanishing_clients_leave_the_daemon_servin
     }
     {  // a client that sends a request and disconnects before the reply
         raw_client c(socket_path());
-        ASSERT_TRUE(c.send("{\"id\": 3, \"method\": \"add\", \"params\": {\"type\": \"null\", \"options\": "
-                           "[\"size=8\"], \"export\": \"none\", \"name\": \"orphan\"}}\n"));
+        ASSERT_TRUE(
+            c.send("{\"id\": 3, \"method\": \"add\", \"params\": {\"type\": \"null\", \"options\": "
+                   "[\"size=8\"], \"export\": \"none\", \"name\": \"orphan\"}}\n"));
     }
     {  // many requests at once, never reading the replies
         raw_client c(socket_path());
         std::string burst;
         for (int i = 0; i < 2000; ++i) {
-            burst += R"({"method": "list"})" "\n";
+            burst += R"({"method": "list"})"
+                     "\n";
         }
         ASSERT_TRUE(c.send(burst));
     }
@@ -728,8 +741,8 @@ TEST_F(daemon_test, other_users_are_refused)
     int status = 0;
     ::waitpid(child, &status, 0);
     ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
-        << "child: " << (WIFEXITED(status) ? "exit " : "signal ") << (WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status))
-        << " " << answer;
+        << "child: " << (WIFEXITED(status) ? "exit " : "signal ")
+        << (WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status)) << " " << answer;
     json reply = json::parse(answer, nullptr, false);
     ASSERT_TRUE(reply.is_object()) << answer;
     EXPECT_EQ(error_code(reply), -EACCES) << answer;
@@ -740,11 +753,14 @@ TEST_F(daemon_test, other_users_are_refused)
 
 TEST_F(daemon_test, a_killed_daemon_is_replaced_and_its_devices_recovered)
 {
-    ASSERT_EQ(softblk({"add", "null", "memory_backed=1", "size=64", "bs=4096", "hw_queue_depth=32", "--export", "none",
-                       "--name", "one"})
+    ASSERT_EQ(softblk({"add", "null", "memory_backed=1", "size=64", "bs=4096", "hw_queue_depth=32",
+                       "--export", "none", "--name", "one"})
                   .status,
               0);
-    ASSERT_EQ(softblk({"add", "null", "gb=1", "submit_queues=2", "--export", "none", "--name", "two"}).status, 0);
+    ASSERT_EQ(
+        softblk({"add", "null", "gb=1", "submit_queues=2", "--export", "none", "--name", "two"})
+            .status,
+        0);
     json before = list();
     const pid_t old_pid = daemon_pid();
     ASSERT_GT(old_pid, 0);
@@ -757,8 +773,8 @@ TEST_F(daemon_test, a_killed_daemon_is_replaced_and_its_devices_recovered)
     EXPECT_FALSE(gone(new_pid));
     ASSERT_EQ(after.size(), 2u);
     for (size_t i = 0; i < 2; ++i) {
-        for (const char* key : {"name", "capacity_bytes", "logical_block_size", "submit_queues", "queue_depth",
-                                "options", "state"}) {
+        for (const char* key : {"name", "capacity_bytes", "logical_block_size", "submit_queues",
+                                "queue_depth", "options", "state"}) {
             EXPECT_EQ(after[i][key], before[i][key]) << key;
         }
     }
@@ -772,7 +788,8 @@ TEST_F(daemon_test, a_killed_daemon_is_replaced_and_its_devices_recovered)
 TEST_F(daemon_test, broken_state_files_show_as_failed_and_can_be_deleted)
 {
     fs::create_directories(_dir + "/devices");
-    std::ofstream(_dir + "/devices/broken.json") << "{\"name\": \"broken\", \"type\": \"null\", \"options\": [\"size=0\"]}";
+    std::ofstream(_dir + "/devices/broken.json")
+        << "{\"name\": \"broken\", \"type\": \"null\", \"options\": [\"size=0\"]}";
     std::ofstream(_dir + "/devices/junk.json") << "\x01\x02 not json";
     json devices = list();
     ASSERT_EQ(devices.size(), 2u);
@@ -814,14 +831,19 @@ TEST_F(daemon_test, shutdown_stops_the_daemon_and_leaves_no_process)
 
 TEST_F(daemon_test, devices_come_and_go_without_disturbing_the_others)
 {
-    ASSERT_EQ(softblk({"add", "null", "memory_backed=1", "size=16", "--export", "none", "--name", "stay"}).status, 0);
+    ASSERT_EQ(
+        softblk({"add", "null", "memory_backed=1", "size=16", "--export", "none", "--name", "stay"})
+            .status,
+        0);
     raw_client c(socket_path());
     ASSERT_TRUE(c.connected());
     for (int i = 0; i < 25; ++i) {
         const std::string name = "tmp" + std::to_string(i % 5);
-        json added = c.call({{"id", i},
-                             {"method", "add"},
-                             {"params", {{"type", "null"}, {"name", name}, {"options", {"size=8"}}, {"export", "none"}}}});
+        json added = c.call(
+            {{"id", i},
+             {"method", "add"},
+             {"params",
+              {{"type", "null"}, {"name", name}, {"options", {"size=8"}}, {"export", "none"}}}});
         ASSERT_TRUE(added.contains("result")) << added.dump();
         if (i % 2 == 0) {
             json removed = c.call({{"method", "del"}, {"params", {{"name", name}}}});

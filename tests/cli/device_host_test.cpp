@@ -29,14 +29,21 @@ protected:
 
     std::unique_ptr<device_host> make_host()
     {
-        return std::make_unique<device_host>(softblk::export_context{.run_dir = _dir, .privileged = false}, _state);
+        return std::make_unique<device_host>(
+            softblk::export_context{.run_dir = _dir, .privileged = false}, _state);
     }
     static add_request null_request(std::string name, std::vector<std::string> options)
     {
-        return add_request{.type = "null", .name = std::move(name), .options = std::move(options), .export_type = "none",
+        return add_request{.type = "null",
+                           .name = std::move(name),
+                           .options = std::move(options),
+                           .export_type = "none",
                            .export_options = {}};
     }
-    bool state_file(const std::string& name) const { return fs::exists(_state + "/" + name + ".json"); }
+    bool state_file(const std::string& name) const
+    {
+        return fs::exists(_state + "/" + name + ".json");
+    }
 
     std::string _dir;
     std::string _state;
@@ -107,7 +114,8 @@ TEST_F(device_host_test, a_new_host_recovers_the_devices_from_their_state_files)
 {
     {
         auto host = make_host();
-        ASSERT_TRUE(host->add(null_request("first", {"size=64", "bs=4096", "memory_backed=1", "hw_queue_depth=16"})));
+        ASSERT_TRUE(host->add(
+            null_request("first", {"size=64", "bs=4096", "memory_backed=1", "hw_queue_depth=16"})));
         // null_blk's gb= instead of size=: only what was given is replayed.
         ASSERT_TRUE(host->add(null_request("second", {"gb=1", "submit_queues=2"})));
         ASSERT_TRUE(host->add(null_request("third", {})));
@@ -136,7 +144,8 @@ TEST_F(device_host_test, broken_state_files_are_listed_as_failed_until_deleted)
 {
     std::ofstream(_state + "/garbage.json") << "{ not json";
     std::ofstream(_state + "/liar.json") << R"({"name": "other", "type": "null", "options": []})";
-    std::ofstream(_state + "/badopt.json") << R"({"name": "badopt", "type": "null", "options": ["size=0"]})";
+    std::ofstream(_state + "/badopt.json")
+        << R"({"name": "badopt", "type": "null", "options": ["size=0"]})";
     std::ofstream(_state + "/good.json")
         << R"({"name": "good", "type": "null", "options": ["size=8"], "export": {"type": "none"}})";
     std::ofstream(_state + "/half.json.tmp") << "{";

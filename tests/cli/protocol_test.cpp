@@ -74,9 +74,11 @@ TEST(protocol, an_id_must_be_a_number_a_string_or_null)
 
 TEST(protocol, rejects_deep_nesting_before_parsing)
 {
-    std::string deep = R"({"method": "list", "params": {"x": )" + std::string(10000, '[') + std::string(10000, ']') + "}}";
+    std::string deep = R"({"method": "list", "params": {"x": )" + std::string(10000, '[') +
+                       std::string(10000, ']') + "}}";
     EXPECT_EQ(parse_error_code(deep), EINVAL);
-    EXPECT_EQ(nesting_depth(R"({"a": "[[[[[[[[[[[[[[[[[[[[[[[[["})", 16), 1);  // brackets in strings do not count
+    EXPECT_EQ(nesting_depth(R"({"a": "[[[[[[[[[[[[[[[[[[[[[[[[["})", 16),
+              1);  // brackets in strings do not count
     EXPECT_EQ(nesting_depth(R"({"a": "\"[[["})", 16), 1);
     EXPECT_EQ(nesting_depth("[[[]]]", 16), 3);
     EXPECT_EQ(nesting_depth("[[[]]]", 2), 3);
@@ -84,14 +86,16 @@ TEST(protocol, rejects_deep_nesting_before_parsing)
 
 TEST(protocol, rejects_requests_over_the_size_limit)
 {
-    std::string huge = R"({"method": "list", "params": {"x": ")" + std::string(k_max_request_bytes, 'a') + "\"}}";
+    std::string huge =
+        R"({"method": "list", "params": {"x": ")" + std::string(k_max_request_bytes, 'a') + "\"}}";
     EXPECT_EQ(parse_error_code(huge), E2BIG);
 }
 
 TEST(protocol, error_replies_carry_a_negative_errno_and_never_throw_on_bad_utf8)
 {
-    const std::string reply =
-        format_error(json(3), softblk::error{std::error_code(EINVAL, std::generic_category()), "bad \xff value"});
+    const std::string reply = format_error(
+        json(3),
+        softblk::error{std::error_code(EINVAL, std::generic_category()), "bad \xff value"});
     ASSERT_EQ(reply.back(), '\n');
     json parsed = json::parse(reply);
     EXPECT_EQ(parsed["id"], 3);

@@ -118,7 +118,10 @@ io_request* prepare(io_queue& q, counter& c, io_op op, uint64_t off, uint32_t le
 
 }  // namespace
 
-TEST(queue, registered) { EXPECT_TRUE(k_registered); }
+TEST(queue, registered)
+{
+    EXPECT_TRUE(k_registered);
+}
 
 TEST(queue, inline_mode_completes_inside_submit)
 {
@@ -160,9 +163,9 @@ TEST(queue, timer_mode_waits_completion_nsec)
         q.submit(*prepare(q, c, io_op::read, 0, 512, buf.data()));
         EXPECT_EQ(q.process(), 0u);
         q.wait(1);
-        const auto us =
-            std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0)
-                .count();
+        const auto us = std::chrono::duration_cast<std::chrono::microseconds>(
+                            std::chrono::steady_clock::now() - t0)
+                            .count();
         EXPECT_EQ(c.calls, 1);
         EXPECT_GE(us, 2000);
         EXPECT_LT(us, 50000);
@@ -183,7 +186,8 @@ TEST(queue, timer_mode_keeps_requests_concurrent)
     }
     q.wait(32);
     const auto ms =
-        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
+            .count();
     EXPECT_EQ(c.calls, 32);
     EXPECT_GE(ms, 5);
     EXPECT_LT(ms, 80);
@@ -311,7 +315,8 @@ TEST(queue, timeout_completes_a_lost_request_with_etimedout)
     EXPECT_EQ(c.calls, 0);
     q.wait(1, 2'000'000'000);
     const auto ms =
-        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
+            .count();
     EXPECT_EQ(c.calls, 1);
     EXPECT_EQ(c.last, -ETIMEDOUT);
     EXPECT_GE(ms, 45);
@@ -321,7 +326,8 @@ TEST(queue, timeout_completes_a_lost_request_with_etimedout)
 
 TEST(queue, shared_tag_bitmap_is_one_budget_for_all_queues)
 {
-    auto dev = make({"submit_queues=2", "poll_queues=0", "hw_queue_depth=3", "shared_tag_bitmap=1"});
+    auto dev =
+        make({"submit_queues=2", "poll_queues=0", "hw_queue_depth=3", "shared_tag_bitmap=1"});
     ASSERT_TRUE(dev);
     int got = 0;
     while (dev->queue(0).get_request() != nullptr) {

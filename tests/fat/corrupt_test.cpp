@@ -152,9 +152,17 @@ TEST(FatCorrupt, BadBootSectorsGiveActionableMessages)
         {[](auto& i) { i[510] = 0; }, "no boot signature"},
         {[](auto& i) { put16(&i[11], 384); }, "bytes per sector"},
         {[](auto& i) { i[13] = 3; }, "power of two"},
-        {[](auto& i) { put16(&i[19], 0); put32(&i[32], 0x7FFFFFFF); }, "truncated"},
+        {[](auto& i) {
+             put16(&i[19], 0);
+             put32(&i[32], 0x7FFFFFFF);
+         },
+         "truncated"},
         {[](auto& i) { i[16] = 0; }, "FATs"},
-        {[](auto& i) { put16(&i[22], 0); put32(&i[36], 0); }, "FAT size is 0"},
+        {[](auto& i) {
+             put16(&i[22], 0);
+             put32(&i[36], 0);
+         },
+         "FAT size is 0"},
     };
     for (auto& c : cases) {
         img = original;
@@ -214,7 +222,8 @@ TEST(FatCorrupt, RandomDamageNeverCrashes)
             dev->bytes() = pristine;
             int flips = 1 + static_cast<int>(rng() % 40);
             for (int i = 0; i < flips; ++i) {
-                dev->bytes()[rng() % std::min<uint64_t>(meta_end, pristine.size())] = static_cast<uint8_t>(rng());
+                dev->bytes()[rng() % std::min<uint64_t>(meta_end, pristine.size())] =
+                    static_cast<uint8_t>(rng());
             }
             auto v = volume::mount(*dev, {.read_only = (round % 2) == 0});
             if (!v) {

@@ -35,16 +35,16 @@ inline bool have_tool(const std::string& name)
     return false;
 }
 
-#define FAT_REQUIRE_TOOL(name)                                                      \
-    do {                                                                            \
-        if (!::fat_test::have_tool(name)) {                                         \
-            GTEST_SKIP() << "SKIP: " << name << " is not installed (apt-get install " \
-                         << (std::string(name).find("fsck") != std::string::npos || \
+#define FAT_REQUIRE_TOOL(name)                                                           \
+    do {                                                                                 \
+        if (!::fat_test::have_tool(name)) {                                              \
+            GTEST_SKIP() << "SKIP: " << name << " is not installed (apt-get install "    \
+                         << (std::string(name).find("fsck") != std::string::npos ||      \
                                      std::string(name).find("mkfs") != std::string::npos \
-                                 ? "dosfstools"                                     \
-                                 : "mtools")                                        \
-                         << ")";                                                    \
-        }                                                                           \
+                                 ? "dosfstools"                                          \
+                                 : "mtools")                                             \
+                         << ")";                                                         \
+        }                                                                                \
     } while (0)
 
 struct command_result {
@@ -70,7 +70,10 @@ inline command_result run(const std::string& cmd)
     return r;
 }
 
-inline std::string quote(const std::string& s) { return "'" + s + "'"; }
+inline std::string quote(const std::string& s)
+{
+    return "'" + s + "'";
+}
 
 class temp_dir {
 public:
@@ -95,13 +98,15 @@ private:
 inline void save_image(const memory_block_device& dev, const std::string& path)
 {
     std::ofstream out(path, std::ios::binary);
-    out.write(reinterpret_cast<const char*>(dev.bytes().data()), static_cast<std::streamsize>(dev.bytes().size()));
+    out.write(reinterpret_cast<const char*>(dev.bytes().data()),
+              static_cast<std::streamsize>(dev.bytes().size()));
 }
 
 inline std::vector<uint8_t> load_file(const std::string& path)
 {
     std::ifstream in(path, std::ios::binary);
-    return std::vector<uint8_t>((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    return std::vector<uint8_t>((std::istreambuf_iterator<char>(in)),
+                                std::istreambuf_iterator<char>());
 }
 
 inline void write_file(const std::string& path, const std::string& data)
@@ -115,7 +120,8 @@ inline ::testing::AssertionResult fsck_clean(const std::string& image)
 {
     auto r = run("fsck.fat -n " + quote(image));
     if (r.status != 0) {
-        return ::testing::AssertionFailure() << "fsck.fat -n exit " << r.status << ":\n" << r.output;
+        return ::testing::AssertionFailure() << "fsck.fat -n exit " << r.status << ":\n"
+                                             << r.output;
     }
     return ::testing::AssertionSuccess();
 }

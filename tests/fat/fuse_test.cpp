@@ -32,7 +32,8 @@ public:
         _pid = fork();
         if (_pid == 0) {
             std::string bin = SOFTBLK_FAT_BIN;
-            execl(bin.c_str(), bin.c_str(), "mount", image.c_str(), dir.c_str(), "-f", static_cast<char*>(nullptr));
+            execl(bin.c_str(), bin.c_str(), "mount", image.c_str(), dir.c_str(), "-f",
+                  static_cast<char*>(nullptr));
             _exit(127);
         }
         for (int i = 0; i < 100 && !is_mounted(dir); ++i) {

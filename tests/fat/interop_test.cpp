@@ -16,9 +16,17 @@ host_tree make_tree(const std::string& root, uint64_t seed)
 {
     std::mt19937_64 rng(seed);
     host_tree t;
-    const std::vector<std::string> names = {"readme.txt", "Hello World.txt", "MiXeD.TxT", "a", "UPPER.TXT",
-                                            "long name with spaces and more than thirteen chars.data",
-                                            "\xC3\xA4rger \xE2\x82\xAC.txt", "x.y.z", "empty", ".hidden"};
+    const std::vector<std::string> names = {
+        "readme.txt",
+        "Hello World.txt",
+        "MiXeD.TxT",
+        "a",
+        "UPPER.TXT",
+        "long name with spaces and more than thirteen chars.data",
+        "\xC3\xA4rger \xE2\x82\xAC.txt",
+        "x.y.z",
+        "empty",
+        ".hidden"};
     t.dirs = {"sub", "sub/Deeper Dir", "sub/Deeper Dir/leaf"};
     for (auto& d : t.dirs) {
         fs::create_directories(root + "/" + d);
@@ -27,7 +35,8 @@ host_tree make_tree(const std::string& root, uint64_t seed)
     for (auto& d : dirs) {
         for (size_t i = 0; i < names.size(); ++i) {
             std::string rel = d.empty() ? names[i] : d + "/" + names[i];
-            size_t size = names[i] == "empty" ? 0 : static_cast<size_t>(rng() % (i == 5 ? 200000 : 9000));
+            size_t size =
+                names[i] == "empty" ? 0 : static_cast<size_t>(rng() % (i == 5 ? 200000 : 9000));
             std::string data = random_bytes(rng, size);
             write_file(root + "/" + rel, data);
             t.files[rel] = data;

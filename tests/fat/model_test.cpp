@@ -34,16 +34,32 @@ struct model {
     }
 };
 
-const std::vector<std::string> k_names = {"a",          "b.txt",     "Long Name.data", "MiXeD.Case",
-                                          "x.y.z",      "lower.txt", "UPPER.TXT",      "spaces in name",
-                                          "\xC3\xA4.txt", "n1",        "n2",             "a very long file name that needs several slots.bin"};
+const std::vector<std::string> k_names = {"a",
+                                          "b.txt",
+                                          "Long Name.data",
+                                          "MiXeD.Case",
+                                          "x.y.z",
+                                          "lower.txt",
+                                          "UPPER.TXT",
+                                          "spaces in name",
+                                          "\xC3\xA4.txt",
+                                          "n1",
+                                          "n2",
+                                          "a very long file name that needs several slots.bin"};
 
-std::string pick(std::mt19937_64& rng, const std::vector<std::string>& v) { return v[rng() % v.size()]; }
-std::string join(const std::string& d, const std::string& n) { return d.empty() ? n : d + "/" + n; }
+std::string pick(std::mt19937_64& rng, const std::vector<std::string>& v)
+{
+    return v[rng() % v.size()];
+}
+std::string join(const std::string& d, const std::string& n)
+{
+    return d.empty() ? n : d + "/" + n;
+}
 
 class runner {
 public:
-    runner(memory_block_device& dev, uint64_t seed, mount_options opts) : _dev(dev), _rng(seed), _opts(opts)
+    runner(memory_block_device& dev, uint64_t seed, mount_options opts)
+        : _dev(dev), _rng(seed), _opts(opts)
     {
         mount();
     }
@@ -106,7 +122,8 @@ public:
             touched(path);
         } else if (op < 50) {  // read back
             if (!_m.files.count(path)) {
-                EXPECT_FALSE(_m.dirs.count(path) == 0 && _vol->stat(abs).has_value()) << abs << " should not exist";
+                EXPECT_FALSE(_m.dirs.count(path) == 0 && _vol->stat(abs).has_value())
+                    << abs << " should not exist";
                 return;
             }
             ASSERT_EQ(read_all(*_vol, abs), _m.files[path]) << abs;
@@ -207,15 +224,21 @@ public:
             // A crash may leave the dirty bit set (and so the boot sector
             // differing from its backup in exactly that byte); nothing else.
             static const char* const k_allowed[] = {
-                "fsck.fat ", "Dirty bit is set", "Automatically removing dirty bit", "Leaving filesystem unchanged",
-                " files, ", "There are differences between boot sector and its backup",
-                "This is mostly harmless. Differences: (offset:original/backup)", "  65:01/00",
+                "fsck.fat ",
+                "Dirty bit is set",
+                "Automatically removing dirty bit",
+                "Leaving filesystem unchanged",
+                " files, ",
+                "There are differences between boot sector and its backup",
+                "This is mostly harmless. Differences: (offset:original/backup)",
+                "  65:01/00",
                 "Not automatically fixing this"};
             bool allowed = line.empty();
             for (const char* a : k_allowed) {
                 allowed = allowed || line.find(a) != std::string::npos;
             }
-            EXPECT_TRUE(allowed) << "fsck.fat after a crash: " << line << "\nfull output:\n" << r.output;
+            EXPECT_TRUE(allowed) << "fsck.fat after a crash: " << line << "\nfull output:\n"
+                                 << r.output;
         }
         mount();
         for (auto& [p, content] : _durable) {
@@ -248,7 +271,11 @@ public:
     }
 
     volume& vol() { return *_vol; }
-    void finish() { ASSERT_TRUE(_vol->unmount().has_value()); _vol.reset(); }
+    void finish()
+    {
+        ASSERT_TRUE(_vol->unmount().has_value());
+        _vol.reset();
+    }
 
 private:
     static std::string parent(const std::string& p)
@@ -331,7 +358,9 @@ class FatModel : public ::testing::TestWithParam<fat_type> {};
 TEST_P(FatModel, RandomOperationsMatchTheModelAcrossRemounts)
 {
     FAT_REQUIRE_TOOL("fsck.fat");
-    uint64_t size = GetParam() == fat_type::fat12 ? 3u << 20 : GetParam() == fat_type::fat16 ? 12u << 20 : 36u << 20;
+    uint64_t size = GetParam() == fat_type::fat12   ? 3u << 20
+                    : GetParam() == fat_type::fat16 ? 12u << 20
+                                                    : 36u << 20;
     auto dev = formatted(size, GetParam(), GetParam() == fat_type::fat32 ? 512 : 1024);
     ASSERT_TRUE(dev->bytes()[510] == 0x55);
     // Small caches and a low write-back limit exercise eviction and runs.
@@ -357,7 +386,9 @@ TEST_P(FatModel, RandomOperationsMatchTheModelAcrossRemounts)
 TEST_P(FatModel, CrashesLoseNothingFsynced)
 {
     FAT_REQUIRE_TOOL("fsck.fat");
-    uint64_t size = GetParam() == fat_type::fat12 ? 3u << 20 : GetParam() == fat_type::fat16 ? 12u << 20 : 36u << 20;
+    uint64_t size = GetParam() == fat_type::fat12   ? 3u << 20
+                    : GetParam() == fat_type::fat16 ? 12u << 20
+                                                    : 36u << 20;
     auto dev = formatted(size, GetParam(), GetParam() == fat_type::fat32 ? 512 : 2048);
     ASSERT_TRUE(dev->bytes()[510] == 0x55);
     temp_dir tmp;
@@ -379,7 +410,10 @@ TEST_P(FatModel, CrashesLoseNothingFsynced)
     EXPECT_TRUE(fsck_clean(tmp / "final.img"));
 }
 
-INSTANTIATE_TEST_SUITE_P(Types, FatModel, ::testing::Values(fat_type::fat12, fat_type::fat16, fat_type::fat32),
-                         [](const auto& info) { return "FAT" + std::to_string(static_cast<int>(info.param)); });
+INSTANTIATE_TEST_SUITE_P(Types, FatModel,
+                         ::testing::Values(fat_type::fat12, fat_type::fat16, fat_type::fat32),
+                         [](const auto& info) {
+                             return "FAT" + std::to_string(static_cast<int>(info.param));
+                         });
 
 }  // namespace

@@ -10,7 +10,10 @@ using namespace softblk::fat::detail;
 
 namespace {
 
-std::string s11(const short_name& n) { return std::string(reinterpret_cast<const char*>(n.data()), 11); }
+std::string s11(const short_name& n)
+{
+    return std::string(reinterpret_cast<const char*>(n.data()), 11);
+}
 
 TEST(FatNames, ExactShortNamesUseCaseBitsInsteadOfLongEntries)
 {

@@ -27,10 +27,12 @@ TEST(FatThreads, ConcurrentCreatorsNeverLoseAFile)
             std::mt19937_64 rng(t);
             for (int i = 0; i < k_files; ++i) {
                 std::string dir = (i % 2) ? "/shared" : "/shared/deeper";
-                std::string path = dir + "/thread " + std::to_string(t) + " file " + std::to_string(i) + ".bin";
+                std::string path =
+                    dir + "/thread " + std::to_string(t) + " file " + std::to_string(i) + ".bin";
                 std::string data = random_bytes(rng, rng() % 20000);
                 auto f = vol.open(path, k_open_write | k_open_create | k_open_exclusive);
-                if (!f || f->pwrite(data.data(), data.size(), 0) != static_cast<int64_t>(data.size())) {
+                if (!f ||
+                    f->pwrite(data.data(), data.size(), 0) != static_cast<int64_t>(data.size())) {
                     ++failures;
                     continue;
                 }

@@ -17,7 +17,9 @@ class FatVolume : public ::testing::TestWithParam<fat_type> {
 protected:
     void SetUp() override
     {
-        uint64_t size = GetParam() == fat_type::fat12 ? 4u << 20 : GetParam() == fat_type::fat16 ? 16u << 20 : 40u << 20;
+        uint64_t size = GetParam() == fat_type::fat12   ? 4u << 20
+                        : GetParam() == fat_type::fat16 ? 16u << 20
+                                                        : 40u << 20;
         dev = formatted(size, GetParam(), GetParam() == fat_type::fat32 ? 512 : 2048);
         remount();
     }
@@ -131,7 +133,9 @@ TEST_P(FatVolume, DotEntriesAsTheSpecWants)
     uint32_t root_entries = le16(&img[17]);
     uint32_t fat_size = le16(&img[22]) != 0 ? le16(&img[22]) : le32(&img[36]);
     uint64_t data = reserved + uint64_t{fats} * fat_size + (root_entries * 32 + bps - 1) / bps;
-    auto entry = [&](uint32_t cluster, int i) { return &img[(data + uint64_t{cluster - 2} * spc) * bps + i * 32]; };
+    auto entry = [&](uint32_t cluster, int i) {
+        return &img[(data + uint64_t{cluster - 2} * spc) * bps + i * 32];
+    };
     auto cluster_of = [&](const uint8_t* e) {
         return (GetParam() == fat_type::fat32 ? uint32_t{le16(e + 20)} << 16 : 0) | le16(e + 26);
     };
@@ -161,8 +165,8 @@ TEST_P(FatVolume, DirtyBitWhileMountedAndFatCopiesInStep)
     uint32_t bps = le16(&img[11]);
     uint32_t reserved = le16(&img[14]);
     uint32_t fat_size = le16(&img[22]) != 0 ? le16(&img[22]) : le32(&img[36]);
-    EXPECT_EQ(0, std::memcmp(&img[uint64_t{reserved} * bps], &img[uint64_t{reserved + fat_size} * bps],
-                             uint64_t{fat_size} * bps));
+    EXPECT_EQ(0, std::memcmp(&img[uint64_t{reserved} * bps],
+                             &img[uint64_t{reserved + fat_size} * bps], uint64_t{fat_size} * bps));
     auto v = volume::mount(*dev, {.read_only = true});
     ASSERT_TRUE(v.has_value());
     EXPECT_FALSE((*v)->statfs()->was_dirty);
@@ -176,7 +180,8 @@ TEST_P(FatVolume, LimitsEfbigAndEnospcLeaveNothingHalfWritten)
     auto f = vol->create("/big");
     ASSERT_TRUE(f.has_value());
     EXPECT_EQ(f->pwrite("x", 1, 0xFFFFFFFFull), -EFBIG);
-    EXPECT_EQ(f->pwrite("x", 1, 0xFFFFFFFEull) == -EFBIG, false);  // -ENOSPC here (too small a volume)
+    EXPECT_EQ(f->pwrite("x", 1, 0xFFFFFFFEull) == -EFBIG,
+              false);  // -ENOSPC here (too small a volume)
     EXPECT_EQ(f->truncate(0x100000000ull), -EFBIG);
     EXPECT_EQ(f->size(), 0u);
     auto before = vol->statfs();
@@ -246,8 +251,11 @@ TEST_P(FatVolume, TimestampsAreSet)
     EXPECT_EQ(vol->stat("/ts")->modified, 1000000000);
 }
 
-INSTANTIATE_TEST_SUITE_P(Types, FatVolume, ::testing::Values(fat_type::fat12, fat_type::fat16, fat_type::fat32),
-                         [](const auto& info) { return "FAT" + std::to_string(static_cast<int>(info.param)); });
+INSTANTIATE_TEST_SUITE_P(Types, FatVolume,
+                         ::testing::Values(fat_type::fat12, fat_type::fat16, fat_type::fat32),
+                         [](const auto& info) {
+                             return "FAT" + std::to_string(static_cast<int>(info.param));
+                         });
 
 TEST(FatFormat, ClusterSizesLikeMkfsFatAndNever4085)
 {
@@ -257,9 +265,10 @@ TEST(FatFormat, ClusterSizesLikeMkfsFatAndNever4085)
         uint32_t cluster;
     };
     // Measured with mkfs.fat 4.2 (dosfstools) on images of these sizes.
-    for (auto e : {expectation{1, fat_type::fat12, 2048}, expectation{8, fat_type::fat12, 2048},
-                   expectation{16, fat_type::fat16, 2048}, expectation{128, fat_type::fat16, 2048},
-                   expectation{256, fat_type::fat16, 4096}, expectation{511, fat_type::fat16, 8192}}) {
+    for (auto e :
+         {expectation{1, fat_type::fat12, 2048}, expectation{8, fat_type::fat12, 2048},
+          expectation{16, fat_type::fat16, 2048}, expectation{128, fat_type::fat16, 2048},
+          expectation{256, fat_type::fat16, 4096}, expectation{511, fat_type::fat16, 8192}}) {
         memory_block_device dev(e.mib << 20);
         ASSERT_TRUE(format(dev).has_value());
         auto v = volume::mount(dev, {.read_only = true});
@@ -315,14 +324,16 @@ TEST(FatMirror, Fat32WithMirroringOffWritesOnlyTheActiveFat)
     put16(&img[40], 0x80 | 1);  // mirroring off, FAT 1 active
     uint32_t reserved = le16(&img[14]);
     uint32_t fat_size = le32(&img[36]);
-    std::vector<uint8_t> fat0(img.begin() + reserved * 512, img.begin() + (reserved + fat_size) * 512);
+    std::vector<uint8_t> fat0(img.begin() + reserved * 512,
+                              img.begin() + (reserved + fat_size) * 512);
     {
         auto v = volume::mount(dev);
         ASSERT_TRUE(v.has_value());
         write_all(**v, "/file", std::string(100000, 'm'));
         ASSERT_TRUE((*v)->unmount().has_value());
     }
-    EXPECT_TRUE(std::equal(fat0.begin(), fat0.end(), img.begin() + reserved * 512)) << "FAT 0 must not change";
+    EXPECT_TRUE(std::equal(fat0.begin(), fat0.end(), img.begin() + reserved * 512))
+        << "FAT 0 must not change";
     EXPECT_NE(le32(&img[(reserved + fat_size) * 512 + 3 * 4]), 0u) << "FAT 1 holds the new chain";
     auto v = volume::mount(dev, {.read_only = true});
     ASSERT_TRUE(v.has_value());

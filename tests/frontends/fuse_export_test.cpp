@@ -71,7 +71,8 @@ const softblk::export_type& fuse_type()
     return *t;
 }
 
-std::unique_ptr<softblk::device> make_device(const std::string& name, std::vector<std::string> options)
+std::unique_ptr<softblk::device> make_device(const std::string& name,
+                                             std::vector<std::string> options)
 {
     auto dev = softblk::device::create(name, "null", options);
     EXPECT_TRUE(dev) << (dev ? "" : dev.error().message);
@@ -96,7 +97,8 @@ TEST(fuse_export_options, unknown_and_out_of_range_options_are_errors)
     r = fuse_type().start(*dev, ctx, std::vector<std::string>{"threads=65"});
     ASSERT_FALSE(r);
     EXPECT_NE(r.error().message.find("threads"), std::string::npos) << r.error().message;
-    r = fuse_type().start(*dev, softblk::export_context{.run_dir = "relative"}, std::vector<std::string>{"loop=0"});
+    r = fuse_type().start(*dev, softblk::export_context{.run_dir = "relative"},
+                          std::vector<std::string>{"loop=0"});
     ASSERT_FALSE(r);
 }
 
@@ -140,14 +142,16 @@ protected:
     std::vector<char> read_at(uint64_t offset, size_t length)
     {
         std::vector<char> out(length);
-        EXPECT_EQ(::pread(_fd, out.data(), length, static_cast<off_t>(offset)), static_cast<ssize_t>(length));
+        EXPECT_EQ(::pread(_fd, out.data(), length, static_cast<off_t>(offset)),
+                  static_cast<ssize_t>(length));
         return out;
     }
 
     void fill(uint64_t offset, size_t length, char value)
     {
         std::vector<char> data(length, value);
-        ASSERT_EQ(::pwrite(_fd, data.data(), length, static_cast<off_t>(offset)), static_cast<ssize_t>(length));
+        ASSERT_EQ(::pwrite(_fd, data.data(), length, static_cast<off_t>(offset)),
+                  static_cast<ssize_t>(length));
     }
 
     static bool all(const std::vector<char>& data, char value)
@@ -223,7 +227,8 @@ TEST_F(fuse_export_test, punch_hole_reads_zeros_and_shows_in_seek_hole)
 {
     fill(0, 4 * k_mib, 'x');
     // Unaligned: the edges are zeroed, the aligned middle is discarded.
-    ASSERT_EQ(::fallocate(_fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, k_mib - 100, k_mib + 200), 0)
+    ASSERT_EQ(
+        ::fallocate(_fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, k_mib - 100, k_mib + 200), 0)
         << std::strerror(errno);
     EXPECT_TRUE(all(read_at(0, k_mib - 100), 'x'));
     EXPECT_TRUE(all(read_at(k_mib - 100, k_mib + 200), 0));
@@ -245,7 +250,8 @@ TEST_F(fuse_export_test, punch_hole_reads_zeros_and_shows_in_seek_hole)
 TEST_F(fuse_export_test, zero_range_reads_zeros)
 {
     fill(0, 2 * k_mib, 'z');
-    ASSERT_EQ(::fallocate(_fd, FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE, 5000, 70000), 0) << std::strerror(errno);
+    ASSERT_EQ(::fallocate(_fd, FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE, 5000, 70000), 0)
+        << std::strerror(errno);
     EXPECT_TRUE(all(read_at(0, 5000), 'z'));
     EXPECT_TRUE(all(read_at(5000, 70000), 0));
     EXPECT_TRUE(all(read_at(75000, 10000), 'z'));
@@ -339,7 +345,8 @@ TEST(fuse_export_stale, cleanup_removes_the_mount_of_a_dead_process)
             std::_Exit(2);
         }
         softblk::export_context ctx{.run_dir = run_dir, .privileged = true};
-        auto exp = softblk::find_export_type("fuse")->start(**dev, ctx, std::vector<std::string>{"loop=0"});
+        auto exp = softblk::find_export_type("fuse")->start(**dev, ctx,
+                                                            std::vector<std::string>{"loop=0"});
         std::_Exit(exp ? 0 : 3);
     }
     int status = 0;

@@ -55,7 +55,8 @@ int main(int argc, char** argv)
         } else if (arg == "--export" && i + 1 < argc) {
             export_type = argv[++i];
         } else {
-            std::cerr << "usage: " << argv[0] << " [--run-dir DIR] [--export TYPE]  (commands on stdin)\n";
+            std::cerr << "usage: " << argv[0]
+                      << " [--run-dir DIR] [--export TYPE]  (commands on stdin)\n";
             return 2;
         }
     }

@@ -190,7 +190,8 @@ TEST(nbd_handshake, info_unknown_export_and_malformed)
 {
     session s;
     s.feed(bytes().u32(k_flag_c_fixed_newstyle));
-    EXPECT_EQ(s.feed(bytes().option(k_opt_info, go(k_opt_info, "nope"))).action, handshake_action::need_more);
+    EXPECT_EQ(s.feed(bytes().option(k_opt_info, go(k_opt_info, "nope"))).action,
+              handshake_action::need_more);
     auto r = replies(s.out, 0);
     ASSERT_EQ(r.size(), 1u);
     EXPECT_EQ(r[0].type, k_rep_err_unknown);
@@ -207,7 +208,10 @@ TEST(nbd_handshake, list_and_unknown_option)
 {
     session s;
     s.feed(bytes().u32(k_flag_c_fixed_newstyle));
-    s.feed(bytes().option(k_opt_list, {}).option(99, bytes().str("xyz")).option(k_opt_extended_headers, {}));
+    s.feed(bytes()
+               .option(k_opt_list, {})
+               .option(99, bytes().str("xyz"))
+               .option(k_opt_extended_headers, {}));
     auto r = replies(s.out, 0);
     ASSERT_EQ(r.size(), 5u);
     EXPECT_EQ(r[0].type, k_rep_server);
@@ -241,7 +245,8 @@ TEST(nbd_handshake, meta_context)
     EXPECT_EQ(r[1].type, k_rep_meta_context);
     EXPECT_EQ(load_be32(r[1].data.data()), k_base_allocation_id);
     EXPECT_EQ(r[2].type, k_rep_ack);
-    EXPECT_EQ(s.feed(bytes().option(k_opt_go, go(k_opt_go, "d0"))).action, handshake_action::transmission);
+    EXPECT_EQ(s.feed(bytes().option(k_opt_go, go(k_opt_go, "d0"))).action,
+              handshake_action::transmission);
     EXPECT_TRUE(s.hs.result().base_allocation);
 }
 
@@ -252,7 +257,8 @@ TEST(nbd_handshake, meta_context_for_other_export_does_not_apply)
     bytes q;
     q.u32(2).str("ro").u32(1).u32(15).str("base:allocation");
     s.feed(bytes().option(k_opt_structured_reply, {}).option(k_opt_set_meta_context, q));
-    EXPECT_EQ(s.feed(bytes().option(k_opt_go, go(k_opt_go, "d0"))).action, handshake_action::transmission);
+    EXPECT_EQ(s.feed(bytes().option(k_opt_go, go(k_opt_go, "d0"))).action,
+              handshake_action::transmission);
     EXPECT_FALSE(s.hs.result().base_allocation);
 }
 
@@ -260,13 +266,15 @@ TEST(nbd_handshake, export_name_old_style)
 {
     session s;
     s.feed(bytes().u32(k_flag_c_fixed_newstyle));
-    EXPECT_EQ(s.feed(bytes().option(k_opt_export_name, bytes().str("ro"))).action, handshake_action::transmission);
+    EXPECT_EQ(s.feed(bytes().option(k_opt_export_name, bytes().str("ro"))).action,
+              handshake_action::transmission);
     ASSERT_EQ(s.out.size(), 10u + 124u);  // no NO_ZEROES from this client
     EXPECT_EQ(load_be64(s.out.data()), 1u << 20);
     EXPECT_TRUE(load_be16(&s.out[8]) & k_tflag_read_only);
     session t;
     t.feed(bytes().u32(k_flag_c_fixed_newstyle));
-    EXPECT_EQ(t.feed(bytes().option(k_opt_export_name, bytes().str("nope"))).action, handshake_action::close);
+    EXPECT_EQ(t.feed(bytes().option(k_opt_export_name, bytes().str("nope"))).action,
+              handshake_action::close);
 }
 
 TEST(nbd_handshake, oversized_option_is_skipped)
@@ -299,11 +307,13 @@ TEST(nbd_handshake, tls_require)
     s.hs.tls_established();
     EXPECT_EQ(s.feed(bytes().option(k_opt_starttls, {})).action, handshake_action::need_more);
     EXPECT_EQ(replies(s.out, 0).at(0).type, k_rep_err_invalid);
-    EXPECT_EQ(s.feed(bytes().option(k_opt_go, go(k_opt_go, "d0"))).action, handshake_action::transmission);
+    EXPECT_EQ(s.feed(bytes().option(k_opt_go, go(k_opt_go, "d0"))).action,
+              handshake_action::transmission);
 
     session e(tls_mode::require);
     e.feed(bytes().u32(k_flag_c_fixed_newstyle));
-    EXPECT_EQ(e.feed(bytes().option(k_opt_export_name, bytes().str("d0"))).action, handshake_action::close);
+    EXPECT_EQ(e.feed(bytes().option(k_opt_export_name, bytes().str("d0"))).action,
+              handshake_action::close);
 
     session off(tls_mode::off);
     off.feed(bytes().u32(k_flag_c_fixed_newstyle));
@@ -360,24 +370,29 @@ TEST(nbd_requests, validation)
 {
     const auto n = params();
     EXPECT_EQ(check_request(req(k_cmd_read, 0, 4096), n).disposition, request_disposition::execute);
-    EXPECT_EQ(check_request(req(k_cmd_read, 0, 4096, k_cmd_flag_df), n).disposition, request_disposition::execute);
-    EXPECT_EQ(check_request(req(k_cmd_read, 1 << 20, 512), n).error, k_einval);       // past the end
+    EXPECT_EQ(check_request(req(k_cmd_read, 0, 4096, k_cmd_flag_df), n).disposition,
+              request_disposition::execute);
+    EXPECT_EQ(check_request(req(k_cmd_read, 1 << 20, 512), n).error, k_einval);  // past the end
     EXPECT_EQ(check_request(req(k_cmd_read, UINT64_MAX - 511, 512), n).error, k_einval);  // wraps
-    EXPECT_EQ(check_request(req(k_cmd_read, 100, 512), n).error, k_einval);           // misaligned
+    EXPECT_EQ(check_request(req(k_cmd_read, 100, 512), n).error, k_einval);  // misaligned
     EXPECT_EQ(check_request(req(k_cmd_read, 0, 0), n).error, k_einval);
     EXPECT_EQ(check_request(req(k_cmd_read, 0, 512, k_cmd_flag_no_hole), n).error, k_einval);
-    EXPECT_EQ(check_request(req(k_cmd_read, 0, 512, 1u << 9), n).error, k_einval);    // unknown flag
+    EXPECT_EQ(check_request(req(k_cmd_read, 0, 512, 1u << 9), n).error, k_einval);  // unknown flag
     const auto w = check_request(req(k_cmd_write, (1 << 20) - 512, 1024), n);
     EXPECT_EQ(w.error, k_enospc);
     EXPECT_EQ(w.payload, 1024u);  // still consumed
-    EXPECT_EQ(check_request(req(k_cmd_write, 0, 64u << 20), n).disposition, request_disposition::disconnect);
-    EXPECT_EQ(check_request(req(k_cmd_write_zeroes, 0, 4096, k_cmd_flag_no_hole | k_cmd_flag_fast_zero), n)
+    EXPECT_EQ(check_request(req(k_cmd_write, 0, 64u << 20), n).disposition,
+              request_disposition::disconnect);
+    EXPECT_EQ(check_request(
+                  req(k_cmd_write_zeroes, 0, 4096, k_cmd_flag_no_hole | k_cmd_flag_fast_zero), n)
                   .disposition,
               request_disposition::execute);
-    EXPECT_EQ(check_request(req(k_cmd_trim, 0, 4096, k_cmd_flag_fua), n).disposition, request_disposition::execute);
+    EXPECT_EQ(check_request(req(k_cmd_trim, 0, 4096, k_cmd_flag_fua), n).disposition,
+              request_disposition::execute);
     EXPECT_EQ(check_request(req(k_cmd_flush, 0, 0), n).disposition, request_disposition::execute);
     EXPECT_EQ(check_request(req(k_cmd_flush, 0, 512), n).error, k_einval);
-    EXPECT_EQ(check_request(req(k_cmd_cache, 0, 4096), n).disposition, request_disposition::execute);
+    EXPECT_EQ(check_request(req(k_cmd_cache, 0, 4096), n).disposition,
+              request_disposition::execute);
     EXPECT_EQ(check_request(req(k_cmd_block_status, 0, 1 << 20, k_cmd_flag_req_one), n).disposition,
               request_disposition::execute);
     EXPECT_EQ(check_request(req(k_cmd_disc, 0, 0), n).disposition, request_disposition::disconnect);
@@ -393,7 +408,8 @@ TEST(nbd_requests, read_only_and_simple_replies)
     EXPECT_EQ(w.payload, 4096u);
     EXPECT_EQ(check_request(req(k_cmd_trim, 0, 4096), ro).error, k_eperm);
     EXPECT_EQ(check_request(req(k_cmd_write_zeroes, 0, 4096), ro).error, k_eperm);
-    EXPECT_EQ(check_request(req(k_cmd_read, 0, 512, k_cmd_flag_df), ro).error, k_einval);  // DF needs structured
+    EXPECT_EQ(check_request(req(k_cmd_read, 0, 512, k_cmd_flag_df), ro).error,
+              k_einval);  // DF needs structured
     EXPECT_EQ(check_request(req(k_cmd_block_status, 0, 512), ro).error, k_einval);  // no context
 }
 

@@ -45,7 +45,9 @@ public:
                 result = static_cast<int>(r->length);
                 break;
             case io_op::write:
-                result = _store.write(r->offset, r->buffer, r->length) < 0 ? -ENOSPC : static_cast<int>(r->length);
+                result = _store.write(r->offset, r->buffer, r->length) < 0
+                             ? -ENOSPC
+                             : static_cast<int>(r->length);
                 g_inner_writes.fetch_add(1);
                 break;
             case io_op::flush:
@@ -94,7 +96,9 @@ private:
     .name = "async_test",
     .description = "test target that completes only from poll()",
     .options = {},
-    .create = [](const option_set&) -> result<std::unique_ptr<target>> { return std::make_unique<async_target>(); },
+    .create = [](const option_set&) -> result<std::unique_ptr<target>> {
+        return std::make_unique<async_target>();
+    },
     .submit_queues = {},
 });
 
@@ -121,7 +125,8 @@ TEST(cache_over_async_target, write_back_flush_and_power_cycle)
     EXPECT_GE(g_inner_writes.load() - writes_before, 768u);  // at least 3 MiB written back
     std::vector<char> back(4 << 20);
     for (uint32_t off = 0; off < (4u << 20); off += 64 << 10) {
-        ASSERT_EQ(run_one(d->queue(0), io_op::read, off, 64 << 10, back.data() + off).result, 64 << 10);
+        ASSERT_EQ(run_one(d->queue(0), io_op::read, off, 64 << 10, back.data() + off).result,
+                  64 << 10);
     }
     EXPECT_EQ(back, data);
     const uint64_t flushes_before = g_inner_flushes.load();
@@ -167,7 +172,9 @@ TEST(mbps_over_async_target, throttled_requests_complete)
     std::vector<char> buf(128 << 10, 'm');
     const uint64_t start = now_ns();
     for (int i = 0; i < 32; ++i) {  // 4 MiB at 100 MiB/s
-        ASSERT_EQ(run_one(d->queue(0), io_op::write, uint64_t(i) << 17, 128 << 10, buf.data()).result, 128 << 10);
+        ASSERT_EQ(
+            run_one(d->queue(0), io_op::write, uint64_t(i) << 17, 128 << 10, buf.data()).result,
+            128 << 10);
     }
     EXPECT_GE(now_ns() - start, 20'000'000u);
 }

@@ -158,7 +158,8 @@ TEST(cache_size, queues_share_the_cache_under_write_back)
     // may wait for the other's write-back; every read must see the latest
     // data of its thread's pages, and all of it must survive FLUSH and a
     // power cycle.
-    auto d = make_null({"memory_backed=1", "size=8", "cache_size=1", "bs=4096", "submit_queues=2", "irqmode=0"});
+    auto d = make_null(
+        {"memory_backed=1", "size=8", "cache_size=1", "bs=4096", "submit_queues=2", "irqmode=0"});
     ASSERT_TRUE(d);
     std::atomic<bool> bad{false};
     auto worker = [&](unsigned qi) {
@@ -166,11 +167,13 @@ TEST(cache_size, queues_share_the_cache_under_write_back)
         for (unsigned round = 0; round < 3 && !bad; ++round) {
             for (unsigned p = qi; p < 1024; p += 2) {
                 auto data = pattern(4096, p * 7 + round);
-                if (run_one(q, io_op::write, uint64_t{p} * 4096, 4096, data.data()).result != 4096) {
+                if (run_one(q, io_op::write, uint64_t{p} * 4096, 4096, data.data()).result !=
+                    4096) {
                     bad = true;
                 }
                 std::vector<char> b(4096);
-                if (run_one(q, io_op::read, uint64_t{p} * 4096, 4096, b.data()).result != 4096 || b != data) {
+                if (run_one(q, io_op::read, uint64_t{p} * 4096, 4096, b.data()).result != 4096 ||
+                    b != data) {
                     bad = true;
                 }
             }
@@ -259,7 +262,8 @@ TEST(mbps, is_shared_by_the_queues)
         io_queue& q = d->queue(1);
         const uint64_t start = now_ns();
         for (int i = 0; i < 32; ++i) {
-            ASSERT_EQ(run_one(q, io_op::write, uint64_t(i) << 16, 64 << 10, buf.data()).result, 64 << 10);
+            ASSERT_EQ(run_one(q, io_op::write, uint64_t(i) << 16, 64 << 10, buf.data()).result,
+                      64 << 10);
         }
         b = now_ns() - start;
     });
@@ -283,11 +287,11 @@ TEST(badblocks, requests_touching_a_bad_sector_fail)
     auto d = make_null({"size=1", "badblocks=+8-15"});
     ASSERT_TRUE(d);
     char buf[4096];
-    EXPECT_EQ(d->execute(io_op::read, 0, 4096, buf), 4096);       // sectors 0-7
-    EXPECT_EQ(d->execute(io_op::read, 4096, 512, buf), -EIO);      // sector 8
-    EXPECT_EQ(d->execute(io_op::write, 2048, 4096, buf), -EIO);    // 4-11
-    EXPECT_EQ(d->execute(io_op::read, 8192, 512, buf), 512);       // 16
-    EXPECT_EQ(d->execute(io_op::read, 4096, 512, buf), -EIO);      // still bad
+    EXPECT_EQ(d->execute(io_op::read, 0, 4096, buf), 4096);      // sectors 0-7
+    EXPECT_EQ(d->execute(io_op::read, 4096, 512, buf), -EIO);    // sector 8
+    EXPECT_EQ(d->execute(io_op::write, 2048, 4096, buf), -EIO);  // 4-11
+    EXPECT_EQ(d->execute(io_op::read, 8192, 512, buf), 512);     // 16
+    EXPECT_EQ(d->execute(io_op::read, 4096, 512, buf), -EIO);    // still bad
 }
 
 TEST(badblocks, minus_clears_and_list_is_reported)
@@ -316,7 +320,8 @@ TEST(badblocks, once_fails_then_succeeds)
 
 TEST(badblocks, partial_io_transfers_up_to_the_first_bad_block)
 {
-    auto d = make_null({"size=1", "bs=4096", "memory_backed=1", "badblocks=+18-18", "badblocks_partial_io=1"});
+    auto d = make_null(
+        {"size=1", "bs=4096", "memory_backed=1", "badblocks=+18-18", "badblocks_partial_io=1"});
     ASSERT_TRUE(d);
     auto data = pattern(16384, 11);
     // Sector 18 is in block 2 (sectors 16-23): blocks 0 and 1 are written.
@@ -326,7 +331,7 @@ TEST(badblocks, partial_io_transfers_up_to_the_first_bad_block)
     auto b = read_back(*d, 0, 8192);
     EXPECT_TRUE(std::equal(b.begin(), b.end(), data.begin()));
     std::vector<char> rest(8192);
-    EXPECT_EQ(d->execute(io_op::read, 8192, 4096, rest.data()), -EIO);  // the bad block
+    EXPECT_EQ(d->execute(io_op::read, 8192, 4096, rest.data()), -EIO);   // the bad block
     EXPECT_EQ(d->execute(io_op::read, 12288, 4096, rest.data()), 4096);  // after it: never written
     EXPECT_TRUE(all_zero(std::vector<char>(rest.begin(), rest.begin() + 4096)));
     // Starting on the bad block: nothing is transferred.
@@ -337,7 +342,8 @@ TEST(badblocks, partial_io_transfers_up_to_the_first_bad_block)
 
 TEST(badblocks, malformed_ranges_are_errors)
 {
-    for (const char* bad : {"badblocks=8-15", "badblocks=+15-8", "badblocks=+x-9", "badblocks=+8"}) {
+    for (const char* bad :
+         {"badblocks=8-15", "badblocks=+15-8", "badblocks=+x-9", "badblocks=+8"}) {
         const std::string e = create_error({bad});
         EXPECT_NE(e.find("badblocks="), std::string::npos) << e;
         EXPECT_NE(e.find("+start-end"), std::string::npos) << e;
@@ -353,7 +359,8 @@ TEST(fault_injection, timeout_leaves_the_request_to_the_io_timeout)
     ASSERT_TRUE(d);
     char buf[512];
     uint64_t start = 0;
-    completion c = run_one(d->queue(0), io_op::read, 0, 512, buf, 0, 5'000'000'000, nullptr, &start);
+    completion c =
+        run_one(d->queue(0), io_op::read, 0, 512, buf, 0, 5'000'000'000, nullptr, &start);
     EXPECT_EQ(c.result, -ETIMEDOUT);
     EXPECT_GE(c.at_ns - start, 100'000'000u);
     EXPECT_LT(c.at_ns - start, 2'000'000'000u);
@@ -372,7 +379,8 @@ TEST(fault_injection, timeout_interval_picks_every_nth_request)
     for (int i = 0; i < 6; ++i) {
         completion c = run_one(d->queue(0), io_op::read, 0, 512, buf);
         timeouts += c.result == -ETIMEDOUT ? 1 : 0;
-        EXPECT_TRUE(c.result == 512 || ((i % 3 == 2) && c.result == -ETIMEDOUT)) << i << " " << c.result;
+        EXPECT_TRUE(c.result == 512 || ((i % 3 == 2) && c.result == -ETIMEDOUT))
+            << i << " " << c.result;
     }
     EXPECT_EQ(timeouts, 2);
 }
@@ -418,15 +426,18 @@ TEST(fault_injection, init_hctx_fails_device_creation)
     EXPECT_EQ(code, EFAULT);
     EXPECT_NE(e.find("init_hctx"), std::string::npos) << e;
     // space=3: the first two queues open, the third fails.
-    EXPECT_FALSE(device::create("x", "null", std::vector<std::string>{"init_hctx_fault_inject=1,100,3,-1",
-                                                                       "submit_queues=2", "poll_queues=1"}));
-    EXPECT_TRUE(device::create("x", "null", std::vector<std::string>{"init_hctx_fault_inject=1,100,3,-1",
-                                                                      "submit_queues=1", "poll_queues=1"}));
+    EXPECT_FALSE(device::create("x", "null",
+                                std::vector<std::string>{"init_hctx_fault_inject=1,100,3,-1",
+                                                         "submit_queues=2", "poll_queues=1"}));
+    EXPECT_TRUE(device::create("x", "null",
+                               std::vector<std::string>{"init_hctx_fault_inject=1,100,3,-1",
+                                                        "submit_queues=1", "poll_queues=1"}));
 }
 
 TEST(fault_injection, malformed_specs_are_errors)
 {
-    for (const char* bad : {"timeout=1,100,0", "requeue=a,b,c,d", "timeout=1,101,0,-1", "init_hctx=1,50,0,-5"}) {
+    for (const char* bad :
+         {"timeout=1,100,0", "requeue=a,b,c,d", "timeout=1,101,0,-1", "init_hctx=1,50,0,-5"}) {
         const std::string e = create_error({bad});
         const std::string key(bad, std::string_view(bad).find('='));
         EXPECT_NE(e.find(key + "="), std::string::npos) << e;

@@ -51,9 +51,9 @@ TEST(memory_store, blocks_of_a_page_are_independent)
     s.read(0, page.data(), 4096);
     for (int b = 0; b < 8; ++b) {
         const char want = b == 2 ? 'a' : 0;
-        EXPECT_TRUE(std::all_of(page.begin() + b * 512, page.begin() + (b + 1) * 512,
-                                [&](char c) { return c == want; }))
-            << b;
+        EXPECT_TRUE(std::all_of(page.begin() + b * 512, page.begin() + (b + 1) * 512, [&](char c) {
+            return c == want;
+        })) << b;
     }
     ASSERT_EQ(s.write(0, page.data(), 4096), 0);  // zeros and 'a': the whole page now
     s.discard(1024, 512);

@@ -23,7 +23,7 @@ TEST(null_target, defaults_are_null_blks)
     EXPECT_EQ(l.capacity_bytes, 256000ull << 20);  // gb=250
     EXPECT_EQ(l.logical_block_size, 512u);
     EXPECT_EQ(l.physical_block_size, 512u);
-    EXPECT_EQ(l.max_transfer_bytes, 255u * 512);   // BLK_SAFE_MAX_SECTORS
+    EXPECT_EQ(l.max_transfer_bytes, 255u * 512);  // BLK_SAFE_MAX_SECTORS
     EXPECT_EQ(l.max_discard_bytes, 0u);
     EXPECT_EQ(l.max_write_zeroes_bytes, 0u);
     EXPECT_FALSE(l.rotational);
@@ -247,7 +247,10 @@ TEST(null_target, use_per_node_hctx_sets_one_queue_per_node)
     unsigned nodes = 0;
     for (const auto& e : std::filesystem::directory_iterator("/sys/devices/system/node")) {
         const std::string n = e.path().filename().string();
-        nodes += n.size() > 4 && n.starts_with("node") && std::isdigit(static_cast<unsigned char>(n[4])) ? 1 : 0;
+        nodes +=
+            n.size() > 4 && n.starts_with("node") && std::isdigit(static_cast<unsigned char>(n[4]))
+                ? 1
+                : 0;
     }
     nodes = std::max(nodes, 1u);
     for (const char* given : {"submit_queues=1", "submit_queues=7"}) {
@@ -319,12 +322,36 @@ TEST(null_target, features_name_every_null_blk_attribute)
 {
     // null_blk's configfs attributes (Linux 6.12) that are not zoned, plus
     // the module parameters gb and bs and the fault injection groups.
-    const std::set<std::string> expected = {
-        "badblocks", "badblocks_once", "badblocks_partial_io", "blocking", "blocksize", "cache_size",
-        "completion_nsec", "discard", "fua", "home_node", "hw_queue_depth", "index", "irqmode",
-        "max_sectors", "mbps", "memory_backed", "no_sched", "poll_queues", "power", "rotational",
-        "shared_tag_bitmap", "shared_tags", "size", "submit_queues", "use_per_node_hctx",
-        "virt_boundary", "gb", "timeout", "requeue", "init_hctx"};
+    const std::set<std::string> expected = {"badblocks",
+                                            "badblocks_once",
+                                            "badblocks_partial_io",
+                                            "blocking",
+                                            "blocksize",
+                                            "cache_size",
+                                            "completion_nsec",
+                                            "discard",
+                                            "fua",
+                                            "home_node",
+                                            "hw_queue_depth",
+                                            "index",
+                                            "irqmode",
+                                            "max_sectors",
+                                            "mbps",
+                                            "memory_backed",
+                                            "no_sched",
+                                            "poll_queues",
+                                            "power",
+                                            "rotational",
+                                            "shared_tag_bitmap",
+                                            "shared_tags",
+                                            "size",
+                                            "submit_queues",
+                                            "use_per_node_hctx",
+                                            "virt_boundary",
+                                            "gb",
+                                            "timeout",
+                                            "requeue",
+                                            "init_hctx"};
     std::set<std::string> names;
     std::set<std::string> aliases;
     for (const option_def& o : options_for("null")) {
@@ -381,7 +408,8 @@ TEST(null_target, irqmode_2_waits_completion_nsec)
     for (int i = 0; i < 3; ++i) {
         uint64_t start = 0;
         bool inside = true;
-        completion c = run_one(d->queue(0), io_op::read, 0, 512, buf, 0, 1'000'000'000, &inside, &start);
+        completion c =
+            run_one(d->queue(0), io_op::read, 0, 512, buf, 0, 1'000'000'000, &inside, &start);
         EXPECT_FALSE(inside);
         EXPECT_EQ(c.result, 512);
         EXPECT_GE(c.at_ns - start, 2'000'000u);

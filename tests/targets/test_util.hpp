@@ -25,7 +25,8 @@ inline uint64_t now_ns()
 }
 
 // A device that must be created; fails the test otherwise.
-inline std::unique_ptr<device> make_null(std::vector<std::string> options, std::string name = "nulltest")
+inline std::unique_ptr<device> make_null(std::vector<std::string> options,
+                                         std::string name = "nulltest")
 {
     auto d = device::create(std::move(name), "null", options);
     EXPECT_TRUE(d.has_value()) << (d ? "" : d.error().message);

@@ -49,8 +49,8 @@ TEST(ublk_abi, descriptor_arrays_are_spaced_by_the_largest_queue)
     EXPECT_EQ(cmd_buf_offset(0, 4096), 0u);
     EXPECT_EQ(cmd_buf_offset(1, 4096), 98304u);
     EXPECT_EQ(cmd_buf_offset(3, 4096), 3u * 98304u);
-    EXPECT_EQ(cmd_buf_length(128, 4096), 4096u);   // 3072 bytes, one page
-    EXPECT_EQ(cmd_buf_length(256, 4096), 8192u);   // 6144 bytes
+    EXPECT_EQ(cmd_buf_length(128, 4096), 4096u);  // 3072 bytes, one page
+    EXPECT_EQ(cmd_buf_length(256, 4096), 8192u);  // 6144 bytes
     EXPECT_EQ(cmd_buf_length(4096, 4096), 98304u);
 }
 

@@ -41,7 +41,8 @@ TEST(ublk_params, attributes)
     l.virt_boundary_bytes = 4096;
     auto p = make_params(l, 1 << 20, 4096);
     ASSERT_TRUE(p);
-    EXPECT_EQ(p->basic.attrs, k_attr_rotational | k_attr_read_only | k_attr_volatile_cache | k_attr_fua);
+    EXPECT_EQ(p->basic.attrs,
+              k_attr_rotational | k_attr_read_only | k_attr_volatile_cache | k_attr_fua);
     EXPECT_EQ(p->basic.virt_boundary_mask, 4095u);
 }
 

@@ -49,7 +49,8 @@ struct args {
 args parse(int argc, char** argv)
 {
     if (argc < 2) {
-        die("usage: softblk-ublk-driver serve|recover|features|list|cleanup ... (see the source's header)");
+        die("usage: softblk-ublk-driver serve|recover|features|list|cleanup ... (see the source's "
+            "header)");
     }
     args a;
     a.command = argv[1];
@@ -170,8 +171,11 @@ int main(int argc, char** argv)
         }
         nlohmann::json out = nlohmann::json::array();
         for (const auto& d : *list) {
-            out.push_back({{"device", d.device}, {"dev_id", d.dev_id}, {"state", d.state},
-                           {"daemon_pid", d.daemon_pid}, {"recoverable", d.recoverable}});
+            out.push_back({{"device", d.device},
+                           {"dev_id", d.dev_id},
+                           {"state", d.state},
+                           {"daemon_pid", d.daemon_pid},
+                           {"recoverable", d.recoverable}});
         }
         std::cout << out.dump() << std::endl;
         return 0;

@@ -111,10 +111,13 @@ public:
     // the file refuses O_DIRECT) use the buffered descriptor, which the
     // kernel keeps coherent with direct I/O. Errors name the path and the
     // reason.
-    static result<std::unique_ptr<file_block_device>> open(const std::string& path, bool read_only = false,
-                                                           uint32_t sector_size = 512, bool direct = false);
+    static result<std::unique_ptr<file_block_device>> open(const std::string& path,
+                                                           bool read_only = false,
+                                                           uint32_t sector_size = 512,
+                                                           bool direct = false);
     // Creates (or truncates to) `size_bytes` a sparse image file.
-    static result<std::unique_ptr<file_block_device>> create(const std::string& path, uint64_t size_bytes,
+    static result<std::unique_ptr<file_block_device>> create(const std::string& path,
+                                                             uint64_t size_bytes,
                                                              uint32_t sector_size = 512);
     ~file_block_device() override;
 

@@ -33,8 +33,8 @@ protected:
     int do_flush() override;
 
 private:
-    nbd_block_device(nbd_handle* h, uint64_t sectors, uint32_t sector_size, bool read_only, uint64_t max_request,
-                     bool can_flush);
+    nbd_block_device(nbd_handle* h, uint64_t sectors, uint32_t sector_size, bool read_only,
+                     uint64_t max_request, bool can_flush);
     template <typename Byte, typename Io>
     int in_pieces(uint64_t lba, uint32_t count, Byte* p, Io io);
 

@@ -20,8 +20,8 @@ public:
     explicit softblk_block_device(softblk::device& device);
     // Creates a device of `type` from null_blk-style options
     // ("memory_backed=1", "size=1024") and owns it.
-    static result<std::unique_ptr<softblk_block_device>> create(std::string name, std::string_view type,
-                                                                std::span<const std::string> options);
+    static result<std::unique_ptr<softblk_block_device>> create(
+        std::string name, std::string_view type, std::span<const std::string> options);
 
     uint32_t sector_size() const override;
     uint64_t sector_count() const override;

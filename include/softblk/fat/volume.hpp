@@ -38,8 +38,8 @@ struct format_options {
     std::string label = "NO NAME";  // up to 11 characters
     uint32_t volume_id = 0;         // 0: derived from the clock
     unsigned fat_count = 2;
-    uint32_t root_entries = 512;    // FAT12/16 fixed root directory
-    uint64_t size_bytes = 0;        // 0: the whole device
+    uint32_t root_entries = 512;  // FAT12/16 fixed root directory
+    uint64_t size_bytes = 0;      // 0: the whole device
 };
 
 // Writes an empty file system on `device`. Errors explain which option to
@@ -85,12 +85,12 @@ inline constexpr uint8_t k_attr_directory = 0x10;
 inline constexpr uint8_t k_attr_archive = 0x20;
 
 struct file_stat {
-    uint64_t size = 0;            // 0 for directories
-    uint64_t allocated = 0;       // bytes in clusters, as the size implies
+    uint64_t size = 0;       // 0 for directories
+    uint64_t allocated = 0;  // bytes in clusters, as the size implies
     bool is_directory = false;
     uint8_t attributes = 0;
     uint32_t first_cluster = 0;
-    std::time_t modified = 0;     // local time stored by FAT, as time_t
+    std::time_t modified = 0;  // local time stored by FAT, as time_t
     std::time_t created = 0;
     std::time_t accessed = 0;
 };
@@ -171,7 +171,8 @@ public:
     // Mounts the FAT on `device`. A read-write mount sets the dirty bits
     // (boot sector and FAT[1]) until unmount(). Errors say what is wrong
     // with the image ("boot sector: bytes per sector is 384, must be ...").
-    static result<std::unique_ptr<volume>> mount(block_device& device, const mount_options& options = {});
+    static result<std::unique_ptr<volume>> mount(block_device& device,
+                                                 const mount_options& options = {});
 
     // Unmounts if still mounted (errors then only logged to problems()).
     ~volume();
@@ -188,7 +189,10 @@ public:
     // Paths are absolute or relative to the root, '/'-separated UTF-8;
     // names compare without regard to ASCII case, as FAT does.
     result<file> open(std::string_view path, unsigned flags);
-    result<file> create(std::string_view path) { return open(path, k_open_read | k_open_write | k_open_create | k_open_truncate); }
+    result<file> create(std::string_view path)
+    {
+        return open(path, k_open_read | k_open_write | k_open_create | k_open_truncate);
+    }
     result<void> mkdir(std::string_view path);
     result<void> rmdir(std::string_view path);
     result<void> unlink(std::string_view path);

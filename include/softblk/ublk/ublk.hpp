@@ -43,8 +43,8 @@ struct recoverable_device {
     std::vector<std::string> device_options;
     std::vector<std::string> export_options;
     uint32_t dev_id = 0;
-    std::string state;       // LIVE, QUIESCED, FAIL_IO, DEAD (the kernel's view)
-    int32_t daemon_pid = 0;  // the pid the kernel has (dead if recoverable)
+    std::string state;         // LIVE, QUIESCED, FAIL_IO, DEAD (the kernel's view)
+    int32_t daemon_pid = 0;    // the pid the kernel has (dead if recoverable)
     bool recoverable = false;  // USER_RECOVERY device whose daemon is gone
 };
 

@@ -39,7 +39,8 @@ class bad_blocks_target;
 
 class bad_blocks_queue final : public target_queue, public completion_sink {
 public:
-    bad_blocks_queue(bad_blocks_target& t, completion_sink& sink, unsigned pool_size, uint16_t index)
+    bad_blocks_queue(bad_blocks_target& t, completion_sink& sink, unsigned pool_size,
+                     uint16_t index)
         : _target(t), _sink(sink), _pool(pool_size, index)
     {
     }
@@ -121,8 +122,8 @@ private:
 
 class bad_blocks_target final : public target_decorator {
 public:
-    bad_blocks_target(std::unique_ptr<target> inner, std::shared_ptr<bad_block_table> table, bool once,
-                      bool partial_io, unsigned pool_size)
+    bad_blocks_target(std::unique_ptr<target> inner, std::shared_ptr<bad_block_table> table,
+                      bool once, bool partial_io, unsigned pool_size)
         : target_decorator(std::move(inner)),
           _table(std::move(table)),
           _once(once),
@@ -137,7 +138,8 @@ public:
                                                     static_cast<uint16_t>(index));
         // With partial I/O the inner queue completes to us, so that we can
         // fail the shortened request; otherwise straight to the core.
-        auto inner = _inner->open_queue(index, _partial_io ? static_cast<completion_sink&>(*q) : sink);
+        auto inner =
+            _inner->open_queue(index, _partial_io ? static_cast<completion_sink&>(*q) : sink);
         if (!inner) {
             return std::unexpected(inner.error());
         }
@@ -226,8 +228,9 @@ void bad_blocks_queue::start_partial(io_request& r, uint32_t bytes)
 
 }  // namespace
 
-std::unique_ptr<target> make_bad_blocks(std::unique_ptr<target> inner, std::shared_ptr<bad_block_table> table,
-                                        bool once, bool partial_io, const queue_config& queues)
+std::unique_ptr<target> make_bad_blocks(std::unique_ptr<target> inner,
+                                        std::shared_ptr<bad_block_table> table, bool once,
+                                        bool partial_io, const queue_config& queues)
 {
     return std::make_unique<bad_blocks_target>(std::move(inner), std::move(table), once, partial_io,
                                                queues.queue_depth);

@@ -188,8 +188,8 @@ private:
 
 // ---------------------------------------------------------------- factories
 
-std::unique_ptr<target> make_write_cache(std::unique_ptr<target> inner, uint64_t cache_bytes, bool fua,
-                                         const queue_config& queues);
+std::unique_ptr<target> make_write_cache(std::unique_ptr<target> inner, uint64_t cache_bytes,
+                                         bool fua, const queue_config& queues);
 std::unique_ptr<target> make_bad_blocks(std::unique_ptr<target> inner,
                                         std::shared_ptr<bad_block_table> table, bool once,
                                         bool partial_io, const queue_config& queues);
@@ -201,6 +201,7 @@ std::unique_ptr<target> make_fault_injection(std::unique_ptr<target> inner,
 
 // Merges `ranges` (sorted, disjoint [start, end) byte ranges that hold data)
 // into `extents` (sorted, gap-free), marking them allocated.
-void overlay_allocated(std::vector<extent>& extents, const std::vector<std::pair<uint64_t, uint64_t>>& ranges);
+void overlay_allocated(std::vector<extent>& extents,
+                       const std::vector<std::pair<uint64_t, uint64_t>>& ranges);
 
 }  // namespace softblk::core

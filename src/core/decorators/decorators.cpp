@@ -20,32 +20,66 @@ constexpr uint64_t k_max_mbps = 1024 * 40;
 constexpr uint64_t k_max_cache_mib = UINT64_MAX / 1024 / 1024;
 
 constexpr option_def k_decorator_options[] = {
-    {.name = "mbps", .kind = option_kind::integer, .default_value = "0", .unit = "MiB/s",
+    {.name = "mbps",
+     .kind = option_kind::integer,
+     .default_value = "0",
+     .unit = "MiB/s",
      .help = "bandwidth limit of the device's data transfers, shared by its queues; 0: none "
              "(clamped to 40960 as null_blk does)",
-     .min = 0, .max = k_max_mbps, .range = option_range::clamp},
-    {.name = "cache_size", .kind = option_kind::integer, .default_value = "0", .unit = "MiB",
-     .help = "volatile write-back cache in front of the target; written back when full or on FLUSH, "
-             "lost on power-off; 0: none",
-     .min = 0, .max = k_max_cache_mib, .range = option_range::clamp},
-    {.name = "fua", .kind = option_kind::boolean, .default_value = "1", .unit = "",
+     .min = 0,
+     .max = k_max_mbps,
+     .range = option_range::clamp},
+    {.name = "cache_size",
+     .kind = option_kind::integer,
+     .default_value = "0",
+     .unit = "MiB",
+     .help =
+         "volatile write-back cache in front of the target; written back when full or on FLUSH, "
+         "lost on power-off; 0: none",
+     .min = 0,
+     .max = k_max_cache_mib,
+     .range = option_range::clamp},
+    {.name = "fua",
+     .kind = option_kind::boolean,
+     .default_value = "1",
+     .unit = "",
      .help = "with cache_size: advertise FUA (FUA writes bypass the cache); 0: no FUA support"},
-    {.name = "badblocks", .kind = option_kind::text, .default_value = "", .unit = "512-byte sectors",
+    {.name = "badblocks",
+     .kind = option_kind::text,
+     .default_value = "",
+     .unit = "512-byte sectors",
      .help = "+start-end marks sectors bad, -start-end clears them (inclusive); may repeat",
      .repeatable = true},
-    {.name = "badblocks_once", .kind = option_kind::boolean, .default_value = "0", .unit = "",
+    {.name = "badblocks_once",
+     .kind = option_kind::boolean,
+     .default_value = "0",
+     .unit = "",
      .help = "a bad block fails once, then is cleared"},
-    {.name = "badblocks_partial_io", .kind = option_kind::boolean, .default_value = "0", .unit = "",
+    {.name = "badblocks_partial_io",
+     .kind = option_kind::boolean,
+     .default_value = "0",
+     .unit = "",
      .help = "transfer up to the first bad block, then fail with -EIO (bytes done in transferred)"},
-    {.name = "timeout", .kind = option_kind::text, .default_value = "", .unit = "",
-     .help = "fault injection interval,probability,space,times: chosen requests are never completed "
-             "(the core's io_timeout ends them with -ETIMEDOUT)",
+    {.name = "timeout",
+     .kind = option_kind::text,
+     .default_value = "",
+     .unit = "",
+     .help =
+         "fault injection interval,probability,space,times: chosen requests are never completed "
+         "(the core's io_timeout ends them with -ETIMEDOUT)",
      .alias = "timeout_inject"},
-    {.name = "requeue", .kind = option_kind::text, .default_value = "", .unit = "",
-     .help = "fault injection interval,probability,space,times: chosen requests are requeued and run "
-             "again",
+    {.name = "requeue",
+     .kind = option_kind::text,
+     .default_value = "",
+     .unit = "",
+     .help =
+         "fault injection interval,probability,space,times: chosen requests are requeued and run "
+         "again",
      .alias = "requeue_inject"},
-    {.name = "init_hctx", .kind = option_kind::text, .default_value = "", .unit = "",
+    {.name = "init_hctx",
+     .kind = option_kind::text,
+     .default_value = "",
+     .unit = "",
      .help = "fault injection interval,probability,space,times: opening a chosen queue fails with "
              "-EFAULT",
      .alias = "init_hctx_fault_inject"},
@@ -79,17 +113,21 @@ std::string_view trim(std::string_view s)
 
 }  // namespace
 
-std::span<const option_def> decorator_options() { return k_decorator_options; }
+std::span<const option_def> decorator_options()
+{
+    return k_decorator_options;
+}
 
 // ---------------------------------------------------------------- fault specs
 
 result<fault_spec> parse_fault_spec(std::string_view attribute, std::string_view text)
 {
     auto bad = [&](std::string_view why) {
-        return make_error(EINVAL, fmt::format("{}={}: {}; {} takes interval,probability,space,times "
-                                              "(probability 0 to 100 percent, times -1 for no limit), "
-                                              "e.g. {}=1,100,0,-1",
-                                              attribute, text, why, attribute, attribute));
+        return make_error(EINVAL,
+                          fmt::format("{}={}: {}; {} takes interval,probability,space,times "
+                                      "(probability 0 to 100 percent, times -1 for no limit), "
+                                      "e.g. {}=1,100,0,-1",
+                                      attribute, text, why, attribute, attribute));
     };
     std::string_view fields[4];
     std::string_view rest = trim(text);
@@ -115,8 +153,10 @@ result<fault_spec> parse_fault_spec(std::string_view attribute, std::string_view
         return bad("space out of range");
     }
     int64_t times = 0;
-    auto [end, ec] = std::from_chars(fields[3].data(), fields[3].data() + fields[3].size(), times, 10);
-    if (fields[3].empty() || ec != std::errc() || end != fields[3].data() + fields[3].size() || times < -1) {
+    auto [end, ec] =
+        std::from_chars(fields[3].data(), fields[3].data() + fields[3].size(), times, 10);
+    if (fields[3].empty() || ec != std::errc() || end != fields[3].data() + fields[3].size() ||
+        times < -1) {
         return bad("times must be -1 (no limit) or a count");
     }
     spec.interval = *interval;
@@ -183,10 +223,11 @@ result<void> bad_block_table::apply(std::string_view spec)
 {
     const std::string_view s = trim(spec);
     auto bad = [&](std::string_view why) -> result<void> {
-        return make_error(EINVAL, fmt::format("badblocks={}: {}; badblocks takes +start-end to mark "
-                                              "512-byte sectors start..end bad or -start-end to clear "
-                                              "them, e.g. badblocks=+8-15",
-                                              spec, why));
+        return make_error(EINVAL,
+                          fmt::format("badblocks={}: {}; badblocks takes +start-end to mark "
+                                      "512-byte sectors start..end bad or -start-end to clear "
+                                      "them, e.g. badblocks=+8-15",
+                                      spec, why));
     };
     if (s.size() < 2 || (s[0] != '+' && s[0] != '-')) {
         return bad("must start with + or -");
@@ -255,7 +296,8 @@ void bad_block_table::clear(uint64_t start, uint64_t count)
     _ranges_count.store(_ranges.size(), std::memory_order_release);
 }
 
-bool bad_block_table::check(uint64_t sector, uint64_t count, uint64_t& first_bad, uint64_t& bad_count) const
+bool bad_block_table::check(uint64_t sector, uint64_t count, uint64_t& first_bad,
+                            uint64_t& bad_count) const
 {
     std::lock_guard guard(_lock);
     const uint64_t end = sector + count;
@@ -287,7 +329,8 @@ std::vector<std::string> bad_block_table::list() const
 
 // ---------------------------------------------------------------- extents
 
-void overlay_allocated(std::vector<extent>& extents, const std::vector<std::pair<uint64_t, uint64_t>>& ranges)
+void overlay_allocated(std::vector<extent>& extents,
+                       const std::vector<std::pair<uint64_t, uint64_t>>& ranges)
 {
     if (ranges.empty() || extents.empty()) {
         return;
@@ -331,7 +374,8 @@ void overlay_allocated(std::vector<extent>& extents, const std::vector<std::pair
 
 // ---------------------------------------------------------------- assembly
 
-result<std::unique_ptr<target>> apply_decorators(std::unique_ptr<target> inner, const option_set& options,
+result<std::unique_ptr<target>> apply_decorators(std::unique_ptr<target> inner,
+                                                 const option_set& options,
                                                  const queue_config& queues)
 {
     // Validate everything before building anything.
@@ -359,11 +403,13 @@ result<std::unique_ptr<target>> apply_decorators(std::unique_ptr<target> inner, 
     const uint64_t cache_mib = options.u64("cache_size");
     if (cache_mib > 0) {
         if (inner->limits().zoned) {
-            return make_error(EINVAL, fmt::format("cache_size={}: the write-back cache is not available on "
-                                                  "zoned devices (null_blk has none there either)",
-                                                  cache_mib));
+            return make_error(EINVAL,
+                              fmt::format("cache_size={}: the write-back cache is not available on "
+                                          "zoned devices (null_blk has none there either)",
+                                          cache_mib));
         }
-        inner = make_write_cache(std::move(inner), cache_mib * 1024 * 1024, options.flag("fua"), queues);
+        inner = make_write_cache(std::move(inner), cache_mib * 1024 * 1024, options.flag("fua"),
+                                 queues);
     }
     // The bad-block decorator stays even with an empty list when the user
     // asked for it, so that the list can be edited at run time later.

@@ -20,7 +20,10 @@ class fault_target;
 
 class fault_queue final : public target_queue {
 public:
-    fault_queue(fault_target& t, std::unique_ptr<target_queue> inner) : _target(t), _inner(std::move(inner)) {}
+    fault_queue(fault_target& t, std::unique_ptr<target_queue> inner)
+        : _target(t), _inner(std::move(inner))
+    {
+    }
 
     void submit(io_request& r) override;
 
@@ -137,7 +140,8 @@ void fault_queue::submit(io_request& r)
 
 }  // namespace
 
-std::unique_ptr<target> make_fault_injection(std::unique_ptr<target> inner, std::unique_ptr<fault_attr> timeout,
+std::unique_ptr<target> make_fault_injection(std::unique_ptr<target> inner,
+                                             std::unique_ptr<fault_attr> timeout,
                                              std::unique_ptr<fault_attr> requeue,
                                              std::unique_ptr<fault_attr> init_hctx)
 {

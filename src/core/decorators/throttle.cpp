@@ -36,7 +36,8 @@ public:
         refill(now);
         int64_t t = _tokens.load(std::memory_order_relaxed);
         while (t > 0) {
-            if (_tokens.compare_exchange_weak(t, t - static_cast<int64_t>(bytes), std::memory_order_relaxed)) {
+            if (_tokens.compare_exchange_weak(t, t - static_cast<int64_t>(bytes),
+                                              std::memory_order_relaxed)) {
                 _admitted.fetch_add(bytes, std::memory_order_relaxed);
                 return true;
             }
@@ -44,7 +45,10 @@ public:
         return false;
     }
 
-    uint64_t next_refill_ns() const { return _tick_start.load(std::memory_order_relaxed) + k_tick_ns; }
+    uint64_t next_refill_ns() const
+    {
+        return _tick_start.load(std::memory_order_relaxed) + k_tick_ns;
+    }
     uint64_t admitted_bytes() const { return _admitted.load(std::memory_order_relaxed); }
     int64_t per_tick() const { return _per_tick; }
 
@@ -56,7 +60,8 @@ private:
             return;
         }
         const uint64_t ticks = (now - start) / k_tick_ns;
-        if (!_tick_start.compare_exchange_strong(start, start + ticks * k_tick_ns, std::memory_order_relaxed)) {
+        if (!_tick_start.compare_exchange_strong(start, start + ticks * k_tick_ns,
+                                                 std::memory_order_relaxed)) {
             return;  // another queue refilled
         }
         // Add what the elapsed ticks bring, capped at one tick's worth (the
@@ -155,7 +160,8 @@ public:
     void describe(nlohmann::json& out) const override
     {
         _inner->describe(out);
-        out["throttle"] = {{"mbps", _mbps}, {"bytes_per_tick", _bucket.per_tick()},
+        out["throttle"] = {{"mbps", _mbps},
+                           {"bytes_per_tick", _bucket.per_tick()},
                            {"admitted_bytes", _bucket.admitted_bytes()}};
     }
 

@@ -31,8 +31,8 @@ namespace softblk::core {
 namespace {
 
 constexpr uint32_t k_page = 4096;
-constexpr unsigned k_batch = 16;          // null_blk's FREE_BATCH
-constexpr unsigned k_slot_chunk = 1024;   // cache pages allocated at a time
+constexpr unsigned k_batch = 16;         // null_blk's FREE_BATCH
+constexpr unsigned k_slot_chunk = 1024;  // cache pages allocated at a time
 
 enum page_state : uint8_t { k_free = 0, k_dirty, k_writeback, k_clean };
 
@@ -119,7 +119,9 @@ struct internal_extra {
 class cache_state {
 public:
     cache_state(uint64_t max_pages, uint32_t block_size)
-        : max_pages(max_pages), block_shift(static_cast<unsigned>(__builtin_ctz(block_size))), block_size(block_size)
+        : max_pages(max_pages),
+          block_shift(static_cast<unsigned>(__builtin_ctz(block_size))),
+          block_size(block_size)
     {
         table.assign(1024, 0);
     }
@@ -304,7 +306,8 @@ public:
         for (auto& chunk : chunks) {
             for (unsigned i = 0; i < k_slot_chunk; ++i) {
                 cache_page& p = chunk[i];
-                if (p.state != k_free && p.index >= first && p.index <= last && p.slot < allocated_slots) {
+                if (p.state != k_free && p.index >= first && p.index <= last &&
+                    p.slot < allocated_slots) {
                     fn(&p);
                 }
             }
@@ -511,7 +514,8 @@ private:
                 p->redirty_seq = ++_st.seq;
             }
             const uint32_t in_page = static_cast<uint32_t>(pos % k_page);
-            const uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(end - pos, k_page - in_page));
+            const uint32_t n =
+                static_cast<uint32_t>(std::min<uint64_t>(end - pos, k_page - in_page));
             std::memcpy(p->data.get() + in_page, src, n);
             p->valid |= _st.mask(in_page, n);
             src += n;
@@ -669,7 +673,8 @@ private:
             std::lock_guard guard(_st.lock);
             if (_st.used > 0) {
                 bool busy = false;
-                _st.for_each_in_range(first, last, [&](cache_page* p) { busy = busy || p->state == k_writeback; });
+                _st.for_each_in_range(
+                    first, last, [&](cache_page* p) { busy = busy || p->state == k_writeback; });
                 if (busy) {
                     return false;
                 }
@@ -705,7 +710,8 @@ private:
                 const uint64_t end = r.offset + r.length;
                 for (uint64_t i = first; i <= last; ++i) {
                     const uint32_t in_page = static_cast<uint32_t>(pos % k_page);
-                    const uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(end - pos, k_page - in_page));
+                    const uint32_t n =
+                        static_cast<uint32_t>(std::min<uint64_t>(end - pos, k_page - in_page));
                     const uint8_t m = _st.mask(in_page, n);
                     const cache_page* p = _st.find(i);
                     any = any || p != nullptr;
@@ -765,11 +771,13 @@ private:
         const uint64_t end = r.offset + r.length;
         while (pos < end) {
             const uint32_t in_page = static_cast<uint32_t>(pos % k_page);
-            const uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(end - pos, k_page - in_page));
+            const uint32_t n =
+                static_cast<uint32_t>(std::min<uint64_t>(end - pos, k_page - in_page));
             if (const cache_page* p = _st.find(pos / k_page)) {
                 for (uint32_t b = in_page; b < in_page + n; b += _st.block_size) {
                     if ((p->valid >> (b >> _st.block_shift)) & 1) {
-                        std::memcpy(dst + (pos - r.offset) + (b - in_page), p->data.get() + b, _st.block_size);
+                        std::memcpy(dst + (pos - r.offset) + (b - in_page), p->data.get() + b,
+                                    _st.block_size);
                     }
                 }
             }
@@ -803,7 +811,8 @@ private:
 
 class cache_target final : public target_decorator {
 public:
-    cache_target(std::unique_ptr<target> inner, uint64_t cache_bytes, bool fua, const queue_config& queues)
+    cache_target(std::unique_ptr<target> inner, uint64_t cache_bytes, bool fua,
+                 const queue_config& queues)
         : target_decorator(std::move(inner)),
           _cache_bytes(cache_bytes),
           _limits(_inner->limits()),
@@ -820,7 +829,8 @@ public:
 
     result<std::unique_ptr<target_queue>> open_queue(unsigned index, completion_sink& sink) override
     {
-        auto q = std::make_unique<cache_queue>(_state, sink, _pool_size, static_cast<uint16_t>(index));
+        auto q =
+            std::make_unique<cache_queue>(_state, sink, _pool_size, static_cast<uint16_t>(index));
         auto inner = _inner->open_queue(index, *q);
         if (!inner) {
             return std::unexpected(inner.error());
@@ -844,7 +854,8 @@ public:
                     for (uint32_t b = 0; b < k_page; b += _state.block_size) {
                         if ((p->valid >> (b >> _state.block_shift)) & 1) {
                             const uint64_t from = std::max(offset, p->index * k_page + b);
-                            const uint64_t to = std::min(end, p->index * k_page + b + _state.block_size);
+                            const uint64_t to =
+                                std::min(end, p->index * k_page + b + _state.block_size);
                             if (from < to) {
                                 cached.emplace_back(from, to);
                             }
@@ -907,8 +918,8 @@ private:
 
 }  // namespace
 
-std::unique_ptr<target> make_write_cache(std::unique_ptr<target> inner, uint64_t cache_bytes, bool fua,
-                                         const queue_config& queues)
+std::unique_ptr<target> make_write_cache(std::unique_ptr<target> inner, uint64_t cache_bytes,
+                                         bool fua, const queue_config& queues)
 {
     return std::make_unique<cache_target>(std::move(inner), cache_bytes, fua, queues);
 }

@@ -50,25 +50,43 @@ constexpr uint32_t k_max_range_op = 1u << 30;
 constexpr std::chrono::milliseconds k_join_timeout{10'000};
 
 constexpr option_def k_options[] = {
-    {.name = "loop", .kind = option_kind::boolean, .default_value = "1", .unit = "",
-     .help = "attach the file to a loop device with direct I/O (needs root; a daemon that is not root "
-             "defaults to 0); 0: the file only"},
-    {.name = "threads", .kind = option_kind::integer, .default_value = "0", .unit = "",
-     .help = "FUSE worker threads; 0: one per submit queue of the device. A single worker that owns its "
-             "queue keeps many requests in flight (it replies as the device completes them); several "
-             "workers each wait for their own request", .min = 0,
+    {.name = "loop",
+     .kind = option_kind::boolean,
+     .default_value = "1",
+     .unit = "",
+     .help =
+         "attach the file to a loop device with direct I/O (needs root; a daemon that is not root "
+         "defaults to 0); 0: the file only"},
+    {.name = "threads",
+     .kind = option_kind::integer,
+     .default_value = "0",
+     .unit = "",
+     .help =
+         "FUSE worker threads; 0: one per submit queue of the device. A single worker that owns "
+         "its "
+         "queue keeps many requests in flight (it replies as the device completes them); several "
+         "workers each wait for their own request",
+     .min = 0,
      .max = 64},
-    {.name = "poll_us", .kind = option_kind::integer, .default_value = "50", .unit = "us",
-     .help = "after a request, one worker at a time busy-polls /dev/fuse (yielding the CPU to any "
-             "other ready thread) for up to this long before sleeping; the window adapts to the gap "
-             "between requests (0 when they come further apart); 0: never poll. Not given: 50 with "
-             "one worker, 0 with several (polling does not help them)",
-     .min = 0, .max = 1000},
+    {.name = "poll_us",
+     .kind = option_kind::integer,
+     .default_value = "50",
+     .unit = "us",
+     .help =
+         "after a request, one worker at a time busy-polls /dev/fuse (yielding the CPU to any "
+         "other ready thread) for up to this long before sleeping; the window adapts to the gap "
+         "between requests (0 when they come further apart); 0: never poll. Not given: 50 with "
+         "one worker, 0 with several (polling does not help them)",
+     .min = 0,
+     .max = 1000},
 };
 
 // Interrupts a worker blocked in read(/dev/fuse) during stop(). The handler
 // does nothing: the point is the EINTR.
-int wake_signal() { return SIGRTMIN + 3; }
+int wake_signal()
+{
+    return SIGRTMIN + 3;
+}
 
 void install_wake_handler()
 {
@@ -88,8 +106,14 @@ using core::monotonic_ns;
 // polling starts (then doubled up to poll_us).
 constexpr uint64_t k_poll_start_ns = 4'000;
 
-uint64_t align_down(uint64_t value, uint64_t block) { return value - value % block; }
-uint64_t align_up(uint64_t value, uint64_t block) { return align_down(value + block - 1, block); }
+uint64_t align_down(uint64_t value, uint64_t block)
+{
+    return value - value % block;
+}
+uint64_t align_up(uint64_t value, uint64_t block)
+{
+    return align_down(value + block - 1, block);
+}
 
 class fuse_export;
 struct pending_io;
@@ -149,7 +173,10 @@ struct worker {
     // A read buffer of at least `length` bytes (4 KiB aligned) and its
     // class, or nullptr. Worker thread.
     char* get_buffer(size_t length, unsigned& size_class);
-    void put_buffer(char* buffer, unsigned size_class) { buffer_free[size_class].push_back(buffer); }
+    void put_buffer(char* buffer, unsigned size_class)
+    {
+        buffer_free[size_class].push_back(buffer);
+    }
     pending_io* take_pending();
     // Waits for the first free tag of the worker's queue.
     io_request* get_request();
@@ -347,14 +374,18 @@ private:
     static void op_release(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi);
     static void op_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, fuse_file_info* fi);
     static void op_opendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi);
-    static void op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi);
+    static void op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+                           fuse_file_info* fi);
     static void op_releasedir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi);
     static void op_statfs(fuse_req_t req, fuse_ino_t ino);
     static void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t offset, off_t length,
                              fuse_file_info* fi);
     static void op_lseek(fuse_req_t req, fuse_ino_t ino, off_t off, int whence, fuse_file_info* fi);
 
-    static fuse_export& self(fuse_req_t req) { return *static_cast<fuse_export*>(fuse_req_userdata(req)); }
+    static fuse_export& self(fuse_req_t req)
+    {
+        return *static_cast<fuse_export*>(fuse_req_userdata(req));
+    }
     static const fuse_lowlevel_ops& operations();
 
     void run_worker(worker& w);
@@ -446,7 +477,10 @@ fuse_export::fuse_export(device& dev, const export_context& ctx, const option_se
     ::clock_gettime(CLOCK_REALTIME, &_created);
 }
 
-fuse_export::~fuse_export() { (void)stop_impl(true); }
+fuse_export::~fuse_export()
+{
+    (void)stop_impl(true);
+}
 
 const fuse_lowlevel_ops& fuse_export::operations()
 {
@@ -476,9 +510,10 @@ const fuse_lowlevel_ops& fuse_export::operations()
 result<void> fuse_export::start()
 {
     if (_want_loop && !_privileged) {
-        return make_error(EPERM, fmt::format("{}: loop=1 needs root (the daemon is not privileged); "
-                                             "use loop=0 to export the file only",
-                                             _name));
+        return make_error(EPERM,
+                          fmt::format("{}: loop=1 needs root (the daemon is not privileged); "
+                                      "use loop=0 to export the file only",
+                                      _name));
     }
     const std::string fuse_dir = _mount_point.substr(0, _mount_point.rfind('/'));
     for (const mount_entry& entry : read_mounts()) {
@@ -486,36 +521,40 @@ result<void> fuse_export::start()
             continue;
         }
         if (entry.fstype != k_fstype || !is_stale(entry)) {
-            return make_error(EEXIST, fmt::format("{}: already mounted ({} {}); delete that export first",
-                                                  _mount_point, entry.fstype, entry.source));
+            return make_error(EEXIST,
+                              fmt::format("{}: already mounted ({} {}); delete that export first",
+                                          _mount_point, entry.fstype, entry.source));
         }
         if (!remove_stale_mount(_mount_point)) {
-            return make_error(EBUSY, fmt::format("{}: a stale mount of a dead daemon is still in use "
-                                                 "(its loop device is mounted?)",
-                                                 _mount_point));
+            return make_error(EBUSY,
+                              fmt::format("{}: a stale mount of a dead daemon is still in use "
+                                          "(its loop device is mounted?)",
+                                          _mount_point));
         }
     }
     // Registered before the directory exists, so that cleanup_stale never
     // takes it for a leftover.
     register_live_mount(_mount_point);
     _registered = true;
-    for (const std::string& dir : {fuse_dir.substr(0, fuse_dir.rfind('/')), fuse_dir, _mount_point}) {
+    for (const std::string& dir :
+         {fuse_dir.substr(0, fuse_dir.rfind('/')), fuse_dir, _mount_point}) {
         if (::mkdir(dir.c_str(), 0755) < 0 && errno != EEXIST) {
             const int e = errno;
-            return make_error(e, fmt::format("{}: cannot create the mount point: {}", dir, std::strerror(e)));
+            return make_error(
+                e, fmt::format("{}: cannot create the mount point: {}", dir, std::strerror(e)));
         }
     }
 
     // libfuse parses its options from an argv.
     const std::string mount_options =
-        fmt::format("fsname={}:{}:{},subtype={},default_permissions,max_read={}{}", k_subtype, ::getpid(),
-                    _name, k_subtype, k_max_io, _privileged ? ",allow_other" : "");
+        fmt::format("fsname={}:{}:{},subtype={},default_permissions,max_read={}{}", k_subtype,
+                    ::getpid(), _name, k_subtype, k_max_io, _privileged ? ",allow_other" : "");
     const char* argv[] = {"softblk", "-o", mount_options.c_str()};
     fuse_args args = FUSE_ARGS_INIT(3, const_cast<char**>(argv));
     _session = fuse_session_new(&args, &operations(), sizeof(fuse_lowlevel_ops), this);
     if (_session == nullptr) {
-        return make_error(EINVAL, fmt::format("{}: libfuse rejected the session options '{}'", _name,
-                                              mount_options));
+        return make_error(EINVAL, fmt::format("{}: libfuse rejected the session options '{}'",
+                                              _name, mount_options));
     }
     if (fuse_session_mount(_session, _mount_point.c_str()) != 0) {
         return make_error(EIO, fmt::format("{}: FUSE mount failed (is /dev/fuse usable? as a user, "
@@ -674,8 +713,8 @@ bool fuse_export::async_fits(const worker& w, uint64_t length) const
     return w.async && (max == 0 || length <= max);
 }
 
-void fuse_export::submit_async(worker& w, fuse_req_t req, io_op op, uint64_t offset, uint32_t length,
-                               const char* data, uint64_t skip, size_t size)
+void fuse_export::submit_async(worker& w, fuse_req_t req, io_op op, uint64_t offset,
+                               uint32_t length, const char* data, uint64_t skip, size_t size)
 {
     io_request* request = w.get_request();
     pending_io* p = w.take_pending();
@@ -775,7 +814,10 @@ nlohmann::json fuse_export::describe() const
     return out;
 }
 
-result<void> fuse_export::stop() { return stop_impl(false); }
+result<void> fuse_export::stop()
+{
+    return stop_impl(false);
+}
 
 void fuse_export::join_workers()
 {
@@ -789,7 +831,8 @@ void fuse_export::join_workers()
         }
         // A worker blocked in read(/dev/fuse) leaves it on EINTR; a signal
         // sent just before it blocks is lost, so keep sending.
-        while (!w->done.load(std::memory_order_acquire) && std::chrono::steady_clock::now() < deadline) {
+        while (!w->done.load(std::memory_order_acquire) &&
+               std::chrono::steady_clock::now() < deadline) {
             pthread_kill(w->handle, wake_signal());
             std::this_thread::sleep_for(std::chrono::milliseconds(1));
         }
@@ -844,7 +887,8 @@ struct stat fuse_export::file_attr() const
     st.st_uid = _uid;
     st.st_gid = _gid;
     st.st_size = static_cast<off_t>(_limits.capacity_bytes);
-    st.st_blksize = static_cast<blksize_t>(std::max(_limits.physical_block_size, _limits.logical_block_size));
+    st.st_blksize =
+        static_cast<blksize_t>(std::max(_limits.physical_block_size, _limits.logical_block_size));
     st.st_blocks = static_cast<blkcnt_t>(_limits.capacity_bytes / 512);
     st.st_atim = st.st_mtim = st.st_ctim = _created;
     return st;
@@ -914,7 +958,8 @@ void fuse_export::op_getattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*)
     }
 }
 
-void fuse_export::op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set, fuse_file_info*)
+void fuse_export::op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set,
+                             fuse_file_info*)
 {
     fuse_export& e = self(req);
     if (ino != k_file_ino) {
@@ -929,7 +974,8 @@ void fuse_export::op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, 
         fuse_reply_err(req, EPERM);
         return;
     }
-    if ((to_set & FUSE_SET_ATTR_SIZE) != 0 && static_cast<uint64_t>(attr->st_size) != e._limits.capacity_bytes) {
+    if ((to_set & FUSE_SET_ATTR_SIZE) != 0 &&
+        static_cast<uint64_t>(attr->st_size) != e._limits.capacity_bytes) {
         fuse_reply_err(req, EPERM);
         return;
     }
@@ -958,7 +1004,10 @@ void fuse_export::op_flush(fuse_req_t req, fuse_ino_t, fuse_file_info*)
     fuse_reply_err(req, 0);
 }
 
-void fuse_export::op_release(fuse_req_t req, fuse_ino_t, fuse_file_info*) { fuse_reply_err(req, 0); }
+void fuse_export::op_release(fuse_req_t req, fuse_ino_t, fuse_file_info*)
+{
+    fuse_reply_err(req, 0);
+}
 
 void fuse_export::op_opendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi)
 {
@@ -969,7 +1018,8 @@ void fuse_export::op_opendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi)
     fuse_reply_open(req, fi);
 }
 
-void fuse_export::op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info*)
+void fuse_export::op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+                             fuse_file_info*)
 {
     fuse_export& e = self(req);
     if (ino != FUSE_ROOT_ID) {
@@ -986,7 +1036,8 @@ void fuse_export::op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t 
     } entries[] = {{".", &dir}, {"..", &dir}, {e._name.c_str(), &file}};
     const size_t limit = std::min(size, sizeof buf);
     for (off_t i = off; i < 3; ++i) {
-        const size_t need = fuse_add_direntry(req, buf + used, limit - used, entries[i].name, entries[i].st, i + 1);
+        const size_t need =
+            fuse_add_direntry(req, buf + used, limit - used, entries[i].name, entries[i].st, i + 1);
         if (need > limit - used) {
             break;
         }
@@ -995,7 +1046,10 @@ void fuse_export::op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t 
     fuse_reply_buf(req, buf, used);
 }
 
-void fuse_export::op_releasedir(fuse_req_t req, fuse_ino_t, fuse_file_info*) { fuse_reply_err(req, 0); }
+void fuse_export::op_releasedir(fuse_req_t req, fuse_ino_t, fuse_file_info*)
+{
+    fuse_reply_err(req, 0);
+}
 
 void fuse_export::op_statfs(fuse_req_t req, fuse_ino_t)
 {
@@ -1016,7 +1070,8 @@ int fuse_export::device_io(io_op op, uint64_t offset, uint64_t length, void* buf
 {
     uint64_t done = 0;
     do {
-        const uint32_t chunk = static_cast<uint32_t>(std::min<uint64_t>(length - done, k_max_range_op));
+        const uint32_t chunk =
+            static_cast<uint32_t>(std::min<uint64_t>(length - done, k_max_range_op));
         void* at = buffer != nullptr ? static_cast<char*>(buffer) + done : nullptr;
         const int rc = t_worker->execute(op, offset + done, chunk, at, flags);
         if (rc < 0) {
@@ -1050,8 +1105,8 @@ void fuse_export::op_read(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fu
         return;
     }
     if (e.async_fits(w, end - start)) {
-        submit_async(w, req, io_op::read, start, static_cast<uint32_t>(end - start), nullptr, offset - start,
-                     size);
+        submit_async(w, req, io_op::read, start, static_cast<uint32_t>(end - start), nullptr,
+                     offset - start, size);
         return;
     }
     const int rc = w.execute(io_op::read, start, static_cast<uint32_t>(end - start), w.scratch);
@@ -1081,7 +1136,8 @@ int fuse_export::write_unaligned(worker& w, uint64_t offset, size_t length, cons
     }
     const uint64_t last = end - block;
     if (end != offset + length && (last != start || start == offset)) {
-        const int rc = w.execute(io_op::read, last, static_cast<uint32_t>(block), w.scratch + (last - start));
+        const int rc =
+            w.execute(io_op::read, last, static_cast<uint32_t>(block), w.scratch + (last - start));
         if (rc < 0) {
             return rc;
         }
@@ -1094,7 +1150,8 @@ int fuse_export::write_unaligned(worker& w, uint64_t offset, size_t length, cons
     return w.execute(io_op::write, start, static_cast<uint32_t>(end - start), w.scratch);
 }
 
-void fuse_export::op_write(fuse_req_t req, fuse_ino_t, const char* buf, size_t size, off_t off, fuse_file_info*)
+void fuse_export::op_write(fuse_req_t req, fuse_ino_t, const char* buf, size_t size, off_t off,
+                           fuse_file_info*)
 {
     fuse_export& e = self(req);
     worker& w = *t_worker;
@@ -1155,7 +1212,8 @@ int fuse_export::write_zero_buffers(worker& w, uint64_t offset, uint64_t length)
     std::memset(w.scratch, 0, chunk_max);
     for (uint64_t done = 0; done < length;) {
         const uint64_t chunk = std::min(chunk_max, length - done);
-        const int rc = w.execute(io_op::write, offset + done, static_cast<uint32_t>(chunk), w.scratch);
+        const int rc =
+            w.execute(io_op::write, offset + done, static_cast<uint32_t>(chunk), w.scratch);
         if (rc < 0) {
             return rc;
         }
@@ -1177,7 +1235,8 @@ int fuse_export::zero_range(worker& w, uint64_t offset, uint64_t length, bool pu
             rc = device_io(io_op::discard, inner_start, inner, nullptr);
         } else if (_limits.max_write_zeroes_bytes != 0) {
             // A hole may be unmapped; a zeroed range stays allocated.
-            rc = device_io(io_op::write_zeroes, inner_start, inner, nullptr, punch ? 0u : uint32_t{k_io_no_unmap});
+            rc = device_io(io_op::write_zeroes, inner_start, inner, nullptr,
+                           punch ? 0u : uint32_t{k_io_no_unmap});
         } else if (!punch) {
             rc = write_zero_buffers(w, inner_start, inner);
         } else {
@@ -1205,13 +1264,15 @@ int fuse_export::zero_range(worker& w, uint64_t offset, uint64_t length, bool pu
     return 0;
 }
 
-void fuse_export::op_fallocate(fuse_req_t req, fuse_ino_t, int mode, off_t off, off_t len, fuse_file_info*)
+void fuse_export::op_fallocate(fuse_req_t req, fuse_ino_t, int mode, off_t off, off_t len,
+                               fuse_file_info*)
 {
     fuse_export& e = self(req);
     worker& w = *t_worker;
     const uint64_t capacity = e._limits.capacity_bytes;
     const int known = FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE;
-    if ((mode & ~known) != 0 || ((mode & FALLOC_FL_PUNCH_HOLE) != 0 && (mode & FALLOC_FL_ZERO_RANGE) != 0)) {
+    if ((mode & ~known) != 0 ||
+        ((mode & FALLOC_FL_PUNCH_HOLE) != 0 && (mode & FALLOC_FL_ZERO_RANGE) != 0)) {
         fuse_reply_err(req, EOPNOTSUPP);
         return;
     }
@@ -1299,7 +1360,10 @@ void fuse_export::op_lseek(fuse_req_t req, fuse_ino_t, off_t off, int whence, fu
 
 }  // namespace
 
-std::span<const option_def> export_options() { return k_options; }
+std::span<const option_def> export_options()
+{
+    return k_options;
+}
 
 result<std::unique_ptr<device_export>> start_export(device& dev, const export_context& ctx,
                                                     std::span<const std::string> options)
@@ -1309,17 +1373,20 @@ result<std::unique_ptr<device_export>> start_export(device& dev, const export_co
         return std::unexpected(parsed.error());
     }
     if (ctx.run_dir.empty() || ctx.run_dir[0] != '/') {
-        return make_error(EINVAL, fmt::format("run directory '{}' must be an absolute path", ctx.run_dir));
+        return make_error(EINVAL,
+                          fmt::format("run directory '{}' must be an absolute path", ctx.run_dir));
     }
     const block_limits& l = dev.limits();
     if (l.logical_block_size == 0 || l.capacity_bytes % l.logical_block_size != 0) {
-        return make_error(EINVAL, fmt::format("{}: capacity {} is not a multiple of the block size {}",
-                                              dev.name(), l.capacity_bytes, l.logical_block_size));
+        return make_error(EINVAL,
+                          fmt::format("{}: capacity {} is not a multiple of the block size {}",
+                                      dev.name(), l.capacity_bytes, l.logical_block_size));
     }
     if (l.zoned) {
-        return make_error(EOPNOTSUPP, fmt::format("{}: a zoned device cannot be exported as a regular file "
-                                                  "(use the ublk or NBD export)",
-                                                  dev.name()));
+        return make_error(EOPNOTSUPP,
+                          fmt::format("{}: a zoned device cannot be exported as a regular file "
+                                      "(use the ublk or NBD export)",
+                                      dev.name()));
     }
     auto exported = std::make_unique<fuse_export>(dev, ctx, *parsed);
     if (auto started = exported->start(); !started) {

@@ -38,7 +38,10 @@ std::string read_sysfs_line(const std::string& path)
     return line;
 }
 
-std::string sysfs_dir(unsigned number) { return fmt::format("/sys/block/loop{}/loop", number); }
+std::string sysfs_dir(unsigned number)
+{
+    return fmt::format("/sys/block/loop{}/loop", number);
+}
 
 }  // namespace
 
@@ -52,14 +55,16 @@ result<loop_attachment> attach_loop(const std::string& file, uint32_t block_size
     fd_guard backing{::open(file.c_str(), (read_only ? O_RDONLY : O_RDWR) | O_CLOEXEC)};
     if (backing.fd < 0) {
         const int e = errno;
-        return make_error(e, fmt::format("{}: cannot open for the loop device: {}", file, std::strerror(e)));
+        return make_error(
+            e, fmt::format("{}: cannot open for the loop device: {}", file, std::strerror(e)));
     }
     fd_guard control{::open("/dev/loop-control", O_RDWR | O_CLOEXEC)};
     if (control.fd < 0) {
         const int e = errno;
-        return make_error(e, fmt::format("/dev/loop-control: {} (loop=1 needs root and the loop driver; "
-                                         "use loop=0 to export the file only)",
-                                         std::strerror(e)));
+        return make_error(
+            e, fmt::format("/dev/loop-control: {} (loop=1 needs root and the loop driver; "
+                           "use loop=0 to export the file only)",
+                           std::strerror(e)));
     }
     // Another process may take the free device between GET_FREE and
     // CONFIGURE (EBUSY): ask again.
@@ -67,7 +72,8 @@ result<loop_attachment> attach_loop(const std::string& file, uint32_t block_size
         const int number = ::ioctl(control.fd, LOOP_CTL_GET_FREE);
         if (number < 0) {
             const int e = errno;
-            return make_error(e, fmt::format("/dev/loop-control: no free loop device: {}", std::strerror(e)));
+            return make_error(
+                e, fmt::format("/dev/loop-control: no free loop device: {}", std::strerror(e)));
         }
         const std::string path = fmt::format("/dev/loop{}", number);
         fd_guard loop{::open(path.c_str(), O_RDWR | O_CLOEXEC)};
@@ -79,14 +85,15 @@ result<loop_attachment> attach_loop(const std::string& file, uint32_t block_size
         config.fd = static_cast<uint32_t>(backing.fd);
         config.block_size = block_size;
         config.info.lo_flags = LO_FLAGS_DIRECT_IO | (read_only ? LO_FLAGS_READ_ONLY : 0);
-        std::strncpy(reinterpret_cast<char*>(config.info.lo_file_name), file.c_str(), LO_NAME_SIZE - 1);
+        std::strncpy(reinterpret_cast<char*>(config.info.lo_file_name), file.c_str(),
+                     LO_NAME_SIZE - 1);
         if (::ioctl(loop.fd, LOOP_CONFIGURE, &config) < 0) {
             const int e = errno;
             if (e == EBUSY) {
                 continue;
             }
-            return make_error(e, fmt::format("{}: LOOP_CONFIGURE with {} (block size {}): {}", path, file,
-                                             block_size, std::strerror(e)));
+            return make_error(e, fmt::format("{}: LOOP_CONFIGURE with {} (block size {}): {}", path,
+                                             file, block_size, std::strerror(e)));
         }
         loop_attachment out;
         out.path = path;
@@ -94,8 +101,9 @@ result<loop_attachment> attach_loop(const std::string& file, uint32_t block_size
         out.direct_io = read_sysfs_line(sysfs_dir(out.number) + "/dio") == "1";
         return out;
     }
-    return make_error(EBUSY, "/dev/loop-control: every free loop device was taken by another process "
-                             "before it could be configured (16 attempts)");
+    return make_error(EBUSY,
+                      "/dev/loop-control: every free loop device was taken by another process "
+                      "before it could be configured (16 attempts)");
 }
 
 result<void> detach_loop(unsigned number, unsigned timeout_ms)
@@ -109,8 +117,9 @@ result<void> detach_loop(unsigned number, unsigned timeout_ms)
         // than leave a detach pending behind the user's back.
         fd_guard probe{::open(path.c_str(), O_RDONLY | O_EXCL | O_CLOEXEC)};
         if (probe.fd < 0 && errno == EBUSY) {
-            return make_error(EBUSY, fmt::format("{} is in use (mounted or held exclusively); unmount it first",
-                                                 path));
+            return make_error(
+                EBUSY,
+                fmt::format("{} is in use (mounted or held exclusively); unmount it first", path));
         }
     }
     {
@@ -128,9 +137,10 @@ result<void> detach_loop(unsigned number, unsigned timeout_ms)
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
     while (!loop_backing_file(number).empty()) {
         if (std::chrono::steady_clock::now() >= deadline) {
-            return make_error(EBUSY, fmt::format("{} is still open after {} ms; it detaches itself when the "
-                                                 "last user closes it",
-                                                 path, timeout_ms));
+            return make_error(
+                EBUSY, fmt::format("{} is still open after {} ms; it detaches itself when the "
+                                   "last user closes it",
+                                   path, timeout_ms));
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }

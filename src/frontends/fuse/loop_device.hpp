@@ -13,8 +13,8 @@
 namespace softblk::fuse {
 
 struct loop_attachment {
-    std::string path;    // "/dev/loop3"
-    unsigned number = 0; // 3
+    std::string path;        // "/dev/loop3"
+    unsigned number = 0;     // 3
     bool direct_io = false;  // /sys/block/loopN/loop/dio reads 1
 };
 

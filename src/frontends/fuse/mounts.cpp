@@ -46,7 +46,8 @@ std::string unescape(const std::string& text)
 
 bool starts_with_dir(const std::string& path, const std::string& dir)
 {
-    return path.size() > dir.size() && path.compare(0, dir.size(), dir) == 0 && path[dir.size()] == '/';
+    return path.size() > dir.size() && path.compare(0, dir.size(), dir) == 0 &&
+           path[dir.size()] == '/';
 }
 
 }  // namespace
@@ -163,7 +164,8 @@ void cleanup_stale_under(const std::string& fuse_dir)
     for (unsigned number : loops_backed_under(fuse_dir + "/")) {
         const std::string backing = loop_backing_file(number);
         const size_t slash = backing.find('/', fuse_dir.size() + 1);
-        const std::string mount_point = slash == std::string::npos ? backing : backing.substr(0, slash);
+        const std::string mount_point =
+            slash == std::string::npos ? backing : backing.substr(0, slash);
         if (!mounted.contains(mount_point) && !is_live_mount(mount_point)) {
             (void)detach_loop(number, 2000);
         }

@@ -6,8 +6,9 @@ namespace {
 
 const bool g_registered = softblk::register_export_type(softblk::export_type{
     .name = "fuse",
-    .description = "one regular file per device in a FUSE mount under the run directory; as root also a "
-                   "loop device with direct I/O over it",
+    .description =
+        "one regular file per device in a FUSE mount under the run directory; as root also a "
+        "loop device with direct I/O over it",
     .start = softblk::fuse::start_export,
     .cleanup_stale = softblk::fuse::cleanup_stale,
     .available = softblk::fuse::available,

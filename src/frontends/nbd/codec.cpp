@@ -94,8 +94,9 @@ void handshake::reply(std::vector<uint8_t>& out, uint32_t option, uint32_t type,
 void handshake::reply_error(std::vector<uint8_t>& out, uint32_t option, uint32_t type,
                             std::string_view message)
 {
-    reply(out, option, type,
-          std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(message.data()), message.size()));
+    reply(
+        out, option, type,
+        std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(message.data()), message.size()));
 }
 
 handshake_step handshake::close(std::string reason, size_t consumed)
@@ -128,7 +129,8 @@ uint16_t handshake::transmission_flags(const export_details& e) const
     return f;
 }
 
-void handshake::reply_info_export(std::vector<uint8_t>& out, uint32_t option, const export_details& e)
+void handshake::reply_info_export(std::vector<uint8_t>& out, uint32_t option,
+                                  const export_details& e)
 {
     uint8_t b[12];
     store_be16(b, k_info_export);
@@ -214,12 +216,14 @@ handshake_step handshake::process_option(uint32_t option, std::span<const uint8_
                                          std::vector<uint8_t>& out)
 {
     const handshake_step more{handshake_action::need_more, 0};
-    if (_tls == tls_mode::require && !_tls_active && option != k_opt_starttls && option != k_opt_abort) {
+    if (_tls == tls_mode::require && !_tls_active && option != k_opt_starttls &&
+        option != k_opt_abort) {
         if (option == k_opt_export_name) {
             // No way to send an error to NBD_OPT_EXPORT_NAME.
             return close("NBD_OPT_EXPORT_NAME before TLS, which the server requires", 0);
         }
-        reply_error(out, option, k_rep_err_tls_reqd, "TLS is required: send NBD_OPT_STARTTLS first");
+        reply_error(out, option, k_rep_err_tls_reqd,
+                    "TLS is required: send NBD_OPT_STARTTLS first");
         return more;
     }
 
@@ -364,7 +368,8 @@ handshake_step handshake::process_option(uint32_t option, std::span<const uint8_
     }
 }
 
-bool handshake::do_meta_context(uint32_t option, std::span<const uint8_t> data, std::vector<uint8_t>& out)
+bool handshake::do_meta_context(uint32_t option, std::span<const uint8_t> data,
+                                std::vector<uint8_t>& out)
 {
     const bool set = option == k_opt_set_meta_context;
     reader r{data};
@@ -456,7 +461,8 @@ request_check check_request(const request_header& h, const negotiated& n)
         if (n.structured_replies) {
             allowed |= k_cmd_flag_df;
         }
-        if ((h.flags & ~allowed) != 0 || h.length == 0 || h.length > e.max_block || !aligned || !in_range) {
+        if ((h.flags & ~allowed) != 0 || h.length == 0 || h.length > e.max_block || !aligned ||
+            !in_range) {
             return fail(h.length > e.max_block ? k_eoverflow : k_einval);
         }
         return {};
@@ -519,8 +525,8 @@ request_check check_request(const request_header& h, const negotiated& n)
 
     case k_cmd_block_status:
         allowed |= k_cmd_flag_req_one;
-        if ((h.flags & ~allowed) != 0 || !n.structured_replies || !n.base_allocation || h.length == 0 ||
-            !aligned || !in_range) {
+        if ((h.flags & ~allowed) != 0 || !n.structured_replies || !n.base_allocation ||
+            h.length == 0 || !aligned || !in_range) {
             return fail(k_einval);
         }
         return {};
@@ -540,7 +546,8 @@ size_t encode_simple_reply(uint8_t* p, uint64_t cookie, uint32_t error)
     return k_simple_reply_size;
 }
 
-size_t encode_chunk_header(uint8_t* p, uint16_t flags, uint16_t type, uint64_t cookie, uint32_t length)
+size_t encode_chunk_header(uint8_t* p, uint16_t flags, uint16_t type, uint64_t cookie,
+                           uint32_t length)
 {
     store_be32(p, k_structured_reply_magic);
     store_be16(p + 4, flags);
@@ -552,7 +559,8 @@ size_t encode_chunk_header(uint8_t* p, uint16_t flags, uint16_t type, uint64_t c
 
 size_t encode_read_chunk(uint8_t* p, uint64_t cookie, uint64_t offset, uint32_t length, bool done)
 {
-    encode_chunk_header(p, done ? k_reply_flag_done : 0, k_reply_type_offset_data, cookie, 8 + length);
+    encode_chunk_header(p, done ? k_reply_flag_done : 0, k_reply_type_offset_data, cookie,
+                        8 + length);
     store_be64(p + k_chunk_header_size, offset);
     return k_read_chunk_size;
 }

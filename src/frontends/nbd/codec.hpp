@@ -23,7 +23,7 @@ struct export_details {
     std::string name;
     std::string description;
     uint64_t size = 0;
-    uint32_t min_block = 512;       // requests must be aligned to this
+    uint32_t min_block = 512;  // requests must be aligned to this
     uint32_t preferred_block = 4096;
     uint32_t max_block = 32u << 20;  // largest payload of one request
     bool read_only = false;
@@ -105,7 +105,8 @@ private:
                                   std::vector<uint8_t>& out);
     void reply(std::vector<uint8_t>& out, uint32_t option, uint32_t type,
                std::span<const uint8_t> data = {});
-    void reply_error(std::vector<uint8_t>& out, uint32_t option, uint32_t type, std::string_view message);
+    void reply_error(std::vector<uint8_t>& out, uint32_t option, uint32_t type,
+                     std::string_view message);
     void reply_info_export(std::vector<uint8_t>& out, uint32_t option, const export_details& e);
     uint16_t transmission_flags(const export_details& e) const;
     bool do_meta_context(uint32_t option, std::span<const uint8_t> data, std::vector<uint8_t>& out);
@@ -149,8 +150,8 @@ enum class request_disposition : uint8_t {
 
 struct request_check {
     request_disposition disposition = request_disposition::execute;
-    uint32_t error = 0;         // NBD errno when disposition == error
-    uint32_t payload = 0;       // bytes following the header that belong to it
+    uint32_t error = 0;    // NBD errno when disposition == error
+    uint32_t payload = 0;  // bytes following the header that belong to it
 };
 
 // Validates `h` against the negotiated parameters: command known and

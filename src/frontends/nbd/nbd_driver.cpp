@@ -36,7 +36,8 @@ struct served {
 int usage(const char* self)
 {
     std::cerr << "usage: " << self
-              << " [--run-dir DIR] [--commands] [-o KEY=VALUE]... NAME TYPE [OPTION...] [, NAME TYPE [OPTION...]]...\n";
+              << " [--run-dir DIR] [--commands] [-o KEY=VALUE]... NAME TYPE [OPTION...] [, NAME "
+                 "TYPE [OPTION...]]...\n";
     return 2;
 }
 

@@ -21,43 +21,98 @@ namespace softblk::nbd {
 namespace {
 
 constexpr option_def k_options[] = {
-    {.name = "socket", .kind = option_kind::text, .default_value = "", .unit = "path",
-     .help = "unix socket to listen on (default: RUN_DIR/nbd.sock, shared by every device exported there); "
+    {.name = "socket",
+     .kind = option_kind::text,
+     .default_value = "",
+     .unit = "path",
+     .help = "unix socket to listen on (default: RUN_DIR/nbd.sock, shared by every device exported "
+             "there); "
              "none: TCP only"},
-    {.name = "tcp", .kind = option_kind::text, .default_value = "", .unit = "",
-     .help = "also listen on TCP: PORT (on 127.0.0.1) or HOST:PORT ([::1]:PORT); port 0 picks a free one"},
-    {.name = "tls", .kind = option_kind::text, .default_value = "off", .unit = "",
+    {.name = "tcp",
+     .kind = option_kind::text,
+     .default_value = "",
+     .unit = "",
+     .help = "also listen on TCP: PORT (on 127.0.0.1) or HOST:PORT ([::1]:PORT); port 0 picks a "
+             "free one"},
+    {.name = "tls",
+     .kind = option_kind::text,
+     .default_value = "off",
+     .unit = "",
      .help = "off: no TLS; on: clients may upgrade with STARTTLS; require: clients must (GnuTLS)"},
-    {.name = "tls-certs", .kind = option_kind::text, .default_value = "", .unit = "path",
+    {.name = "tls-certs",
+     .kind = option_kind::text,
+     .default_value = "",
+     .unit = "path",
      .help = "directory with server-cert.pem and server-key.pem (X.509)"},
-    {.name = "tls-psk", .kind = option_kind::text, .default_value = "", .unit = "path",
+    {.name = "tls-psk",
+     .kind = option_kind::text,
+     .default_value = "",
+     .unit = "path",
      .help = "pre-shared keys file, lines identity:hexkey (psktool's format)"},
-    {.name = "tls-verify-peer", .kind = option_kind::boolean, .default_value = "0", .unit = "",
-     .help = "TLS clients must present a certificate signed by TLS-CERTS/ca-cert.pem and not revoked in "
-             "TLS-CERTS/ca-crl.pem (when present), or be disconnected; PSK clients are not asked (the key "
+    {.name = "tls-verify-peer",
+     .kind = option_kind::boolean,
+     .default_value = "0",
+     .unit = "",
+     .help = "TLS clients must present a certificate signed by TLS-CERTS/ca-cert.pem and not "
+             "revoked in "
+             "TLS-CERTS/ca-crl.pem (when present), or be disconnected; PSK clients are not asked "
+             "(the key "
              "authenticates them)"},
-    {.name = "readonly", .kind = option_kind::boolean, .default_value = "0", .unit = "",
+    {.name = "readonly",
+     .kind = option_kind::boolean,
+     .default_value = "0",
+     .unit = "",
      .help = "export read-only: writes, trims and write zeroes fail with EPERM"},
-    {.name = "max-connections", .kind = option_kind::integer, .default_value = "256", .unit = "",
-     .help = "connections the server accepts at once (all exports of the socket); more are closed at once",
-     .min = 1, .max = 65536},
-    {.name = "threads", .kind = option_kind::integer, .default_value = "0", .unit = "",
-     .help = "io_uring loop threads of the server; 0: one per device submit queue, at most one per CPU",
-     .min = 0, .max = 256},
-    {.name = "handshake-timeout", .kind = option_kind::integer, .default_value = "10", .unit = "s",
-     .help = "a client still in the handshake this long after connecting is disconnected (frees its "
-             "connection slot); 0: never",
-     .min = 0, .max = 86400},
-    {.name = "poll-us", .kind = option_kind::integer, .default_value = "0", .unit = "us",
-     .help = "before a loop thread sleeps it polls for the next request for up to this long, adapting the "
-             "window to how soon requests come (QEMU's poll-max-ns); lowers latency, costs CPU; 0: never poll",
-     .min = 0, .max = 1000},
-    {.name = "coalesce-us", .kind = option_kind::integer, .default_value = "50", .unit = "us",
-     .help = "a connection that pipelines requests may have its next receive held back this long so that "
-             "one wake-up takes several requests; each connection measures its request rate with and "
-             "without and keeps the better (docs/nbd.md); 0: never",
-     .min = 0, .max = 1000},
-    {.name = "description", .kind = option_kind::text, .default_value = "", .unit = "",
+    {.name = "max-connections",
+     .kind = option_kind::integer,
+     .default_value = "256",
+     .unit = "",
+     .help = "connections the server accepts at once (all exports of the socket); more are closed "
+             "at once",
+     .min = 1,
+     .max = 65536},
+    {.name = "threads",
+     .kind = option_kind::integer,
+     .default_value = "0",
+     .unit = "",
+     .help =
+         "io_uring loop threads of the server; 0: one per device submit queue, at most one per CPU",
+     .min = 0,
+     .max = 256},
+    {.name = "handshake-timeout",
+     .kind = option_kind::integer,
+     .default_value = "10",
+     .unit = "s",
+     .help =
+         "a client still in the handshake this long after connecting is disconnected (frees its "
+         "connection slot); 0: never",
+     .min = 0,
+     .max = 86400},
+    {.name = "poll-us",
+     .kind = option_kind::integer,
+     .default_value = "0",
+     .unit = "us",
+     .help = "before a loop thread sleeps it polls for the next request for up to this long, "
+             "adapting the "
+             "window to how soon requests come (QEMU's poll-max-ns); lowers latency, costs CPU; 0: "
+             "never poll",
+     .min = 0,
+     .max = 1000},
+    {.name = "coalesce-us",
+     .kind = option_kind::integer,
+     .default_value = "50",
+     .unit = "us",
+     .help =
+         "a connection that pipelines requests may have its next receive held back this long so "
+         "that "
+         "one wake-up takes several requests; each connection measures its request rate with and "
+         "without and keeps the better (docs/nbd.md); 0: never",
+     .min = 0,
+     .max = 1000},
+    {.name = "description",
+     .kind = option_kind::text,
+     .default_value = "",
+     .unit = "",
      .help = "what NBD_INFO_DESCRIPTION and NBD_OPT_LIST tell clients"},
 };
 
@@ -115,9 +170,12 @@ result<void> parse_tcp(const std::string& v, std::string& host, uint16_t& port)
         port_text = v.substr(colon + 1);
     }
     unsigned value = 0;
-    const auto [end, ec] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), value);
-    if (ec != std::errc() || end != port_text.data() + port_text.size() || value > 65535 || host.empty()) {
-        return make_error(EINVAL, fmt::format("tcp={}: expected PORT or HOST:PORT with PORT 0..65535", v));
+    const auto [end, ec] =
+        std::from_chars(port_text.data(), port_text.data() + port_text.size(), value);
+    if (ec != std::errc() || end != port_text.data() + port_text.size() || value > 65535 ||
+        host.empty()) {
+        return make_error(EINVAL,
+                          fmt::format("tcp={}: expected PORT or HOST:PORT with PORT 0..65535", v));
     }
     port = static_cast<uint16_t>(value);
     return {};
@@ -139,7 +197,8 @@ std::string uri_host(const std::string& host)
 
 class nbd_device_export final : public device_export {
 public:
-    nbd_device_export(std::shared_ptr<server> srv, std::string key, std::string name, bool read_only)
+    nbd_device_export(std::shared_ptr<server> srv, std::string key, std::string name,
+                      bool read_only)
         : _srv(std::move(srv)), _key(std::move(key)), _name(std::move(name)), _read_only(read_only)
     {
     }
@@ -218,15 +277,19 @@ result<std::unique_ptr<device_export>> start_export(device& dev, const export_co
     cfg.tls_psk_file = o.text("tls-psk");
     cfg.tls_verify_peer = o.flag("tls-verify-peer");
     if (cfg.tls == tls_mode::off && (!cfg.tls_certs_dir.empty() || !cfg.tls_psk_file.empty())) {
-        return make_error(EINVAL, "tls-certs/tls-psk given with tls=off: say tls=on or tls=require");
+        return make_error(EINVAL,
+                          "tls-certs/tls-psk given with tls=off: say tls=on or tls=require");
     }
     if (cfg.tls_verify_peer && cfg.tls == tls_mode::off) {
-        return make_error(EINVAL, "tls-verify-peer=1 given with tls=off: say tls=require (or tls=on) and "
-                                  "tls-certs=DIR with ca-cert.pem");
+        return make_error(EINVAL,
+                          "tls-verify-peer=1 given with tls=off: say tls=require (or tls=on) and "
+                          "tls-certs=DIR with ca-cert.pem");
     }
     if (cfg.tls_verify_peer && cfg.tls_certs_dir.empty()) {
-        return make_error(EINVAL, "tls-verify-peer=1 needs tls-certs=DIR with server-cert.pem, server-key.pem "
-                                  "and ca-cert.pem (the CA that signs client certificates)");
+        return make_error(
+            EINVAL,
+            "tls-verify-peer=1 needs tls-certs=DIR with server-cert.pem, server-key.pem "
+            "and ca-cert.pem (the CA that signs client certificates)");
     }
     const std::string socket = o.text("socket");
     if (socket == "none") {
@@ -250,36 +313,42 @@ result<std::unique_ptr<device_export>> start_export(device& dev, const export_co
     cfg.poll_us = static_cast<uint32_t>(o.u64("poll-us"));
     cfg.coalesce_us = static_cast<uint32_t>(o.u64("coalesce-us"));
     if (cfg.threads == 0) {
-        cfg.threads = std::max(1u, std::min(dev.info().queues.submit_queues, std::thread::hardware_concurrency()));
+        cfg.threads = std::max(
+            1u, std::min(dev.info().queues.submit_queues, std::thread::hardware_concurrency()));
     }
     const bool read_only = o.flag("readonly");
 
-    const std::string key =
-        !cfg.socket_path.empty() ? cfg.socket_path : fmt::format("tcp:{}:{}", cfg.tcp_host, cfg.tcp_port);
+    const std::string key = !cfg.socket_path.empty()
+                                ? cfg.socket_path
+                                : fmt::format("tcp:{}:{}", cfg.tcp_host, cfg.tcp_port);
     registry& r = servers();
     std::lock_guard lock(r.mutex);
     std::shared_ptr<server> srv;
     if (auto it = r.servers.find(key); it != r.servers.end()) {
         srv = it->second;
         const server_config& run = srv->config();
-        const bool same = run.tls == cfg.tls && run.tls_certs_dir == cfg.tls_certs_dir &&
-                          run.tls_psk_file == cfg.tls_psk_file && run.tls_verify_peer == cfg.tls_verify_peer &&
-                          (!o.given("tcp") || (run.tcp_host == cfg.tcp_host && run.tcp_port == cfg.tcp_port)) &&
-                          (!o.given("max-connections") || run.max_connections == cfg.max_connections) &&
-                          (!o.given("threads") || run.threads == cfg.threads) &&
-                          (!o.given("handshake-timeout") || run.handshake_timeout_ms == cfg.handshake_timeout_ms) &&
-                          (!o.given("poll-us") || run.poll_us == cfg.poll_us) &&
-                          (!o.given("coalesce-us") || run.coalesce_us == cfg.coalesce_us);
+        const bool same =
+            run.tls == cfg.tls && run.tls_certs_dir == cfg.tls_certs_dir &&
+            run.tls_psk_file == cfg.tls_psk_file && run.tls_verify_peer == cfg.tls_verify_peer &&
+            (!o.given("tcp") || (run.tcp_host == cfg.tcp_host && run.tcp_port == cfg.tcp_port)) &&
+            (!o.given("max-connections") || run.max_connections == cfg.max_connections) &&
+            (!o.given("threads") || run.threads == cfg.threads) &&
+            (!o.given("handshake-timeout") ||
+             run.handshake_timeout_ms == cfg.handshake_timeout_ms) &&
+            (!o.given("poll-us") || run.poll_us == cfg.poll_us) &&
+            (!o.given("coalesce-us") || run.coalesce_us == cfg.coalesce_us);
         if (!same) {
-            return make_error(EBUSY, fmt::format("nbd: a server on {} already runs with tls={} tls-verify-peer={} tcp={} "
-                                                 "max-connections={} threads={} handshake-timeout={} poll-us={} coalesce-us={}; "
-                                                 "export there with the same settings, or choose another socket=",
-                                                 key, to_string(run.tls), run.tls_verify_peer ? 1 : 0,
-                                                 run.tcp_host.empty() ? std::string("off")
-                                                                      : fmt::format("{}:{}", run.tcp_host,
-                                                                                    srv->tcp_port()),
-                                                 run.max_connections, run.threads, run.handshake_timeout_ms / 1000, run.poll_us,
-                                                 run.coalesce_us));
+            return make_error(
+                EBUSY,
+                fmt::format(
+                    "nbd: a server on {} already runs with tls={} tls-verify-peer={} tcp={} "
+                    "max-connections={} threads={} handshake-timeout={} poll-us={} coalesce-us={}; "
+                    "export there with the same settings, or choose another socket=",
+                    key, to_string(run.tls), run.tls_verify_peer ? 1 : 0,
+                    run.tcp_host.empty() ? std::string("off")
+                                         : fmt::format("{}:{}", run.tcp_host, srv->tcp_port()),
+                    run.max_connections, run.threads, run.handshake_timeout_ms / 1000, run.poll_us,
+                    run.coalesce_us));
         }
     } else {
         if (!cfg.socket_path.empty()) {
@@ -302,7 +371,8 @@ result<std::unique_ptr<device_export>> start_export(device& dev, const export_co
         }
         return std::unexpected(rc.error());
     }
-    return std::make_unique<nbd_device_export>(srv, key, dev.name(), read_only || dev.limits().read_only);
+    return std::make_unique<nbd_device_export>(srv, key, dev.name(),
+                                               read_only || dev.limits().read_only);
 }
 
 void cleanup_stale(const export_context& ctx)
@@ -325,7 +395,8 @@ void cleanup_stale(const export_context& ctx)
     addr.sun_family = AF_UNIX;
     std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
     const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    const bool alive = fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+    const bool alive =
+        fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
     if (fd >= 0) {
         ::close(fd);
     }

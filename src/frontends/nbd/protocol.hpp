@@ -11,8 +11,8 @@ namespace softblk::nbd {
 
 // ---------------------------------------------------------------- handshake
 
-constexpr uint64_t k_nbd_magic = 0x4e42444d41474943ull;      // "NBDMAGIC"
-constexpr uint64_t k_ihaveopt = 0x49484156454f5054ull;       // "IHAVEOPT"
+constexpr uint64_t k_nbd_magic = 0x4e42444d41474943ull;  // "NBDMAGIC"
+constexpr uint64_t k_ihaveopt = 0x49484156454f5054ull;   // "IHAVEOPT"
 constexpr uint64_t k_option_reply_magic = 0x0003e889045565a9ull;
 
 // Handshake flags (server, 16 bits) and client flags (32 bits).

@@ -6,8 +6,9 @@ namespace {
 
 const bool g_registered = softblk::register_export_type(softblk::export_type{
     .name = "nbd",
-    .description = "NBD server (fixed newstyle, structured replies, base:allocation, TLS) on a unix socket "
-                   "under the run directory and optionally TCP; export name = device name",
+    .description =
+        "NBD server (fixed newstyle, structured replies, base:allocation, TLS) on a unix socket "
+        "under the run directory and optionally TCP; export name = device name",
     .start = softblk::nbd::start_export,
     .cleanup_stale = softblk::nbd::cleanup_stale,
     .available = {},

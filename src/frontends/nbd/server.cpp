@@ -101,7 +101,8 @@ std::string peer_name(int fd)
 
 const uint8_t* zero_buffer()
 {
-    static const uint8_t* zeros = static_cast<const uint8_t*>(std::aligned_alloc(4096, k_zero_buffer));
+    static const uint8_t* zeros =
+        static_cast<const uint8_t*>(std::aligned_alloc(4096, k_zero_buffer));
     static const bool cleared = [] {
         std::memset(const_cast<uint8_t*>(zeros), 0, k_zero_buffer);
         return true;
@@ -168,13 +169,13 @@ struct nbd_op {
     request_header h;
     uint8_t* buf = nullptr;  // read data / write payload
     unsigned buf_class = 0;
-    uint64_t next_offset = 0;   // next device chunk
+    uint64_t next_offset = 0;  // next device chunk
     uint64_t left_to_submit = 0;
-    unsigned pending = 0;       // device requests in flight
-    int error = 0;              // first negative errno
+    unsigned pending = 0;  // device requests in flight
+    int error = 0;         // first negative errno
     bool submitting = false;
-    bool in_device = false;     // counted in connection::ops_in_device
-    bool waiting = false;       // on its queue_binding's waiting list
+    bool in_device = false;  // counted in connection::ops_in_device
+    bool waiting = false;    // on its queue_binding's waiting list
     io_op dev_op = io_op::read;
     uint32_t dev_flags = 0;
     uint32_t chunk_max = 0;
@@ -292,9 +293,9 @@ struct alignas(8) connection {
     uint64_t buffered = 0;
     bool closing = false;
     bool close_after_send = false;  // close once the pending output is sent
-    bool handoff = false;  // move to `handoff_to` once no I/O is posted
+    bool handoff = false;           // move to `handoff_to` once no I/O is posted
     unsigned handoff_to = 0;
-    bool counted = false;  // counted in exp->connections
+    bool counted = false;                // counted in exp->connections
     uint64_t handshake_deadline_ns = 0;  // CLOCK_MONOTONIC; 0: none
 
     connection* next_dirty = nullptr;
@@ -303,7 +304,9 @@ struct alignas(8) connection {
 class event_loop {
 public:
     event_loop(server& srv, unsigned index)
-        : _srv(srv), _index(index), _poll_max_ns(uint64_t{srv.config().poll_us} * 1000),
+        : _srv(srv),
+          _index(index),
+          _poll_max_ns(uint64_t{srv.config().poll_us} * 1000),
           _coalesce_ns(uint64_t{srv.config().coalesce_us} * 1000)
     {
     }
@@ -455,7 +458,8 @@ void event_loop::post_accept(unsigned listener)
 {
     io_uring_sqe* s = sqe();
     _accept_len[listener] = sizeof(sockaddr_storage);
-    io_uring_prep_accept(s, _srv.listen_fds()[listener], reinterpret_cast<sockaddr*>(&_accept_addr[listener]),
+    io_uring_prep_accept(s, _srv.listen_fds()[listener],
+                         reinterpret_cast<sockaddr*>(&_accept_addr[listener]),
                          &_accept_len[listener], SOCK_CLOEXEC);
     // Listener index in the pointer bits: &_accept_len[listener] is 4-aligned,
     // so use the index shifted instead.
@@ -509,9 +513,10 @@ void event_loop::run()
     // where the kernel has it; older kernels get COOP_TASKRUN or nothing.
     io_uring_params p{};
     // TASKRUN_FLAG tells a polling loop that a completion waits to be run.
-    const unsigned tries[] = {IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN | IORING_SETUP_TASKRUN_FLAG,
-                              IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN,
-                              IORING_SETUP_COOP_TASKRUN | IORING_SETUP_TASKRUN_FLAG, IORING_SETUP_COOP_TASKRUN, 0};
+    const unsigned tries[] = {
+        IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN | IORING_SETUP_TASKRUN_FLAG,
+        IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN,
+        IORING_SETUP_COOP_TASKRUN | IORING_SETUP_TASKRUN_FLAG, IORING_SETUP_COOP_TASKRUN, 0};
     int rc = -EINVAL;
     for (unsigned flags : tries) {
         p = {};
@@ -659,8 +664,9 @@ void event_loop::run()
                 if (res >= 0) {
                     on_accept(static_cast<int>(listener), res);
                 }
-                if (!_stopping && (res >= 0 || res == -EINTR || res == -ECONNABORTED || res == -EMFILE ||
-                                   res == -ENFILE || res == -ENOBUFS || res == -ENOMEM)) {
+                if (!_stopping &&
+                    (res >= 0 || res == -EINTR || res == -ECONNABORTED || res == -EMFILE ||
+                     res == -ENFILE || res == -ENOBUFS || res == -ENOMEM)) {
                     post_accept(listener);
                 }
                 break;
@@ -733,7 +739,8 @@ void event_loop::on_accept(int listener, int fd)
     }
     count.fetch_add(1);
     const int one = 1;
-    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);  // fails harmlessly on unix sockets
+    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one,
+                 sizeof one);  // fails harmlessly on unix sockets
     auto* c = new connection();
     c->loop = this;
     c->fd = fd;
@@ -801,7 +808,8 @@ void event_loop::wait_polling(unsigned wait_nr)
             _poll_ns = 0;
         }
     } else if (_poll_ns < _poll_max_ns) {
-        _poll_ns = std::min(_poll_max_ns, _poll_ns == 0 ? std::max<uint64_t>(_poll_max_ns / 8, 1000) : _poll_ns * 2);
+        _poll_ns = std::min(_poll_max_ns, _poll_ns == 0 ? std::max<uint64_t>(_poll_max_ns / 8, 1000)
+                                                        : _poll_ns * 2);
     }
 }
 
@@ -835,9 +843,10 @@ void event_loop::on_handshake_timer()
         }
     }
     for (connection* c : expired) {
-        log_client(*c, fmt::format("dropped: still in the {} {} ms after it connected (handshake-timeout)",
-                                   c->ph == phase::tls_handshake ? "TLS handshake" : "NBD handshake",
-                                   _srv.config().handshake_timeout_ms));
+        log_client(
+            *c, fmt::format("dropped: still in the {} {} ms after it connected (handshake-timeout)",
+                            c->ph == phase::tls_handshake ? "TLS handshake" : "NBD handshake",
+                            _srv.config().handshake_timeout_ms));
         begin_close(*c);
         maybe_free(*c);
     }
@@ -857,8 +866,8 @@ void event_loop::mark_dirty(connection& c)
 
 bool event_loop::coalesce_receive(connection& c)
 {
-    if (_coalesce_ns == 0 || c.ph != phase::transmission || c.recv_posted || c.recv_deferred || c.read_eof ||
-        c.closing) {
+    if (_coalesce_ns == 0 || c.ph != phase::transmission || c.recv_posted || c.recv_deferred ||
+        c.read_eof || c.closing) {
         return false;
     }
     if (c.payload_left > 0) {
@@ -897,8 +906,9 @@ bool event_loop::coalesce_receive(connection& c)
         case coalesce_phase::off:
             if (--c.exploit_left == 0) {
                 // Measure again, or stop if the client no longer pipelines.
-                c.coalesce = c.epoch_requests < k_coalesce_idle_requests ? coalesce_phase::off
-                                                                         : coalesce_phase::measure_plain;
+                c.coalesce = c.epoch_requests < k_coalesce_idle_requests
+                                 ? coalesce_phase::off
+                                 : coalesce_phase::measure_plain;
             }
             break;
         }
@@ -1029,7 +1039,8 @@ bool event_loop::parse_input(connection& c)
 bool event_loop::parse_handshake(connection& c)
 {
     std::vector<uint8_t> plain;
-    const handshake_step step = c.hs->feed({c.rbuf + c.rstart, c.rend - c.rstart}, c.tls ? plain : c.out_bytes);
+    const handshake_step step =
+        c.hs->feed({c.rbuf + c.rstart, c.rend - c.rstart}, c.tls ? plain : c.out_bytes);
     c.rstart += step.consumed;
     if (c.tls && !plain.empty()) {
         // Options after STARTTLS are answered inside the session.
@@ -1134,7 +1145,8 @@ void event_loop::run_tls_handshake(connection& c)
         return;
     }
     // Tell the client why (an alert), then hang up once that is sent.
-    log_client(c, fmt::format("TLS handshake failed: {}", tls_credentials::describe_failure(c.session, rc)));
+    log_client(c, fmt::format("TLS handshake failed: {}",
+                              tls_credentials::describe_failure(c.session, rc)));
     gnutls_alert_send_appropriate(c.session, rc);
     begin_close(c, true);
 }
@@ -1176,7 +1188,8 @@ queue_binding* event_loop::bind(server_export& exp)
     // Keep the export alive while this loop holds its queue.
     {
         auto shared = _srv.find(exp.name);
-        b->exp = std::const_pointer_cast<server_export>(std::static_pointer_cast<const server_export>(shared));
+        b->exp = std::const_pointer_cast<server_export>(
+            std::static_pointer_cast<const server_export>(shared));
     }
     if (!b->exp || b->exp.get() != &exp) {
         return nullptr;
@@ -1391,8 +1404,9 @@ void event_loop::post_send(connection& c)
 // the loop through its posted recv.
 bool event_loop::send_needs_no_wake(const connection& c)
 {
-    return c.ph == phase::transmission && !c.tls && c.send_bytes <= k_inline_send && c.recv_posted && !c.input_blocked && !c.close_after_send &&
-           !c.handoff && !c.disc && !c.closing && c.replies.empty() && c.out_bytes.empty();
+    return c.ph == phase::transmission && !c.tls && c.send_bytes <= k_inline_send &&
+           c.recv_posted && !c.input_blocked && !c.close_after_send && !c.handoff && !c.disc &&
+           !c.closing && c.replies.empty() && c.out_bytes.empty();
 }
 
 void event_loop::on_send(connection& c, int res)
@@ -1630,8 +1644,9 @@ void event_loop::start_op(nbd_op& o)
             // The device has no write zeroes: write zeros (which also
             // keeps the blocks allocated, as NO_HOLE asks).
             o.dev_op = io_op::write;
-            o.chunk_max = std::min(lim.max_transfer_bytes != 0 ? lim.max_transfer_bytes : k_zero_buffer,
-                                   k_zero_buffer);
+            o.chunk_max =
+                std::min(lim.max_transfer_bytes != 0 ? lim.max_transfer_bytes : k_zero_buffer,
+                         k_zero_buffer);
         }
         break;
     case k_cmd_cache:
@@ -1670,8 +1685,9 @@ bool event_loop::fill_chunk(nbd_op& o, io_request& r)
         len = 0;
         o.left_to_submit = 0;
     } else {
-        len = static_cast<uint32_t>(
-            o.chunk_max != 0 ? std::min<uint64_t>(o.left_to_submit, o.chunk_max) : o.left_to_submit);
+        len = static_cast<uint32_t>(o.chunk_max != 0
+                                        ? std::min<uint64_t>(o.left_to_submit, o.chunk_max)
+                                        : o.left_to_submit);
         o.left_to_submit -= len;
     }
     r.op = o.dev_op;
@@ -1777,7 +1793,8 @@ void event_loop::finish_op(nbd_op& o)
         }
     } else if (h.type == k_cmd_read) {
         if (c.neg.structured_replies) {
-            o.hdr_len = static_cast<uint8_t>(encode_read_chunk(o.hdr, h.cookie, h.offset, h.length, true));
+            o.hdr_len =
+                static_cast<uint8_t>(encode_read_chunk(o.hdr, h.cookie, h.offset, h.length, true));
         } else {
             o.hdr_len = static_cast<uint8_t>(encode_simple_reply(o.hdr, h.cookie, 0));
         }
@@ -1881,11 +1898,13 @@ result<int> listen_unix(const std::string& path)
         ::close(probe);
         if (alive) {
             ::close(fd);
-            return make_error(EADDRINUSE, fmt::format("socket={}: another server listens there", path));
+            return make_error(EADDRINUSE,
+                              fmt::format("socket={}: another server listens there", path));
         }
         ::unlink(path.c_str());
     }
-    if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || ::listen(fd, 1024) != 0) {
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+        ::listen(fd, 1024) != 0) {
         const int e = errno;
         ::close(fd);
         return make_error(e, fmt::format("socket={}: {}", path, std::strerror(e)));
@@ -1936,7 +1955,9 @@ result<int> listen_tcp(const std::string& host, uint16_t port, uint16_t& bound)
 
 }  // namespace
 
-server::server(const server_config& config) : _config(config) {}
+server::server(const server_config& config) : _config(config)
+{
+}
 
 server::~server()
 {
@@ -1950,7 +1971,8 @@ result<std::shared_ptr<server>> server::start(const server_config& config)
         return make_error(EINVAL, "threads=0: need at least one loop thread");
     }
     if (config.tls != tls_mode::off) {
-        auto creds = tls_credentials::load(config.tls_certs_dir, config.tls_psk_file, config.tls_verify_peer);
+        auto creds = tls_credentials::load(config.tls_certs_dir, config.tls_psk_file,
+                                           config.tls_verify_peer);
         if (!creds) {
             return std::unexpected(creds.error());
         }
@@ -2022,9 +2044,10 @@ result<void> server::add_export(device& dev, bool read_only, std::string descrip
     const device_info& info = dev.info();
     const block_limits& lim = info.limits;
     if (lim.zoned) {
-        return make_error(EOPNOTSUPP, fmt::format("{}: zoned devices cannot be exported over NBD, which has "
-                                                  "no zone commands",
-                                                  info.name));
+        return make_error(EOPNOTSUPP,
+                          fmt::format("{}: zoned devices cannot be exported over NBD, which has "
+                                      "no zone commands",
+                                      info.name));
     }
     auto e = std::make_shared<server_export>();
     e->name = info.name;

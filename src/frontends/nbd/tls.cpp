@@ -105,24 +105,29 @@ tls_credentials::~tls_credentials()
 }
 
 result<std::shared_ptr<tls_credentials>> tls_credentials::load(const std::string& certs_dir,
-                                                              const std::string& psk_file, bool verify_peer)
+                                                               const std::string& psk_file,
+                                                               bool verify_peer)
 {
     if (certs_dir.empty() && psk_file.empty()) {
-        return make_error(EINVAL, "tls: give tls-certs=DIR (server-cert.pem, server-key.pem) and/or "
-                                  "tls-psk=FILE (from psktool)");
+        return make_error(EINVAL,
+                          "tls: give tls-certs=DIR (server-cert.pem, server-key.pem) and/or "
+                          "tls-psk=FILE (from psktool)");
     }
     if (verify_peer && certs_dir.empty()) {
-        return make_error(EINVAL, "tls-verify-peer=1 needs tls-certs=DIR with ca-cert.pem, the CA that signs "
-                                  "client certificates");
+        return make_error(
+            EINVAL,
+            "tls-verify-peer=1 needs tls-certs=DIR with ca-cert.pem, the CA that signs "
+            "client certificates");
     }
     std::shared_ptr<tls_credentials> c(new tls_credentials());
     if (!certs_dir.empty()) {
         const std::string cert = certs_dir + "/server-cert.pem";
         const std::string key = certs_dir + "/server-key.pem";
         if (!readable(cert) || !readable(key)) {
-            return make_error(ENOENT, fmt::format("tls-certs={}: needs server-cert.pem and server-key.pem "
-                                                  "in that directory",
-                                                  certs_dir));
+            return make_error(ENOENT,
+                              fmt::format("tls-certs={}: needs server-cert.pem and server-key.pem "
+                                          "in that directory",
+                                          certs_dir));
         }
         if (gnutls_certificate_allocate_credentials(&c->_x509) != GNUTLS_E_SUCCESS) {
             return make_error(ENOMEM, "tls: cannot allocate certificate credentials");
@@ -130,28 +135,34 @@ result<std::shared_ptr<tls_credentials>> tls_credentials::load(const std::string
         const int rc = gnutls_certificate_set_x509_key_file(c->_x509, cert.c_str(), key.c_str(),
                                                             GNUTLS_X509_FMT_PEM);
         if (rc < 0) {
-            return make_error(EINVAL, fmt::format("tls-certs={}: cannot load the key pair: {}", certs_dir,
-                                                  gnutls_strerror(rc)));
+            return make_error(EINVAL, fmt::format("tls-certs={}: cannot load the key pair: {}",
+                                                  certs_dir, gnutls_strerror(rc)));
         }
         gnutls_certificate_set_known_dh_params(c->_x509, GNUTLS_SEC_PARAM_MEDIUM);
     }
     if (verify_peer) {
         const std::string ca = certs_dir + "/ca-cert.pem";
         if (!readable(ca)) {
-            return make_error(ENOENT, fmt::format("tls-verify-peer=1: {} is missing (the PEM certificate of the CA "
-                                                  "that client certificates must be signed by)",
-                                                  ca));
+            return make_error(
+                ENOENT,
+                fmt::format("tls-verify-peer=1: {} is missing (the PEM certificate of the CA "
+                            "that client certificates must be signed by)",
+                            ca));
         }
-        const int n = gnutls_certificate_set_x509_trust_file(c->_x509, ca.c_str(), GNUTLS_X509_FMT_PEM);
+        const int n =
+            gnutls_certificate_set_x509_trust_file(c->_x509, ca.c_str(), GNUTLS_X509_FMT_PEM);
         if (n < 0) {
-            return make_error(EINVAL, fmt::format("tls-verify-peer=1: cannot load {}: {}", ca, gnutls_strerror(n)));
+            return make_error(EINVAL, fmt::format("tls-verify-peer=1: cannot load {}: {}", ca,
+                                                  gnutls_strerror(n)));
         }
         if (n == 0) {
-            return make_error(EINVAL, fmt::format("tls-verify-peer=1: {} holds no certificate", ca));
+            return make_error(EINVAL,
+                              fmt::format("tls-verify-peer=1: {} holds no certificate", ca));
         }
         const std::string crl = certs_dir + "/ca-crl.pem";
         if (readable(crl)) {
-            const int rc = gnutls_certificate_set_x509_crl_file(c->_x509, crl.c_str(), GNUTLS_X509_FMT_PEM);
+            const int rc =
+                gnutls_certificate_set_x509_crl_file(c->_x509, crl.c_str(), GNUTLS_X509_FMT_PEM);
             if (rc < 0) {
                 return make_error(EINVAL, fmt::format("tls-verify-peer=1: cannot load {}: {}", crl,
                                                       gnutls_strerror(rc)));
@@ -161,9 +172,10 @@ result<std::shared_ptr<tls_credentials>> tls_credentials::load(const std::string
     }
     if (!psk_file.empty()) {
         if (!readable(psk_file)) {
-            return make_error(ENOENT, fmt::format("tls-psk={}: no such file (make one with psktool -p FILE "
-                                                  "-u IDENTITY)",
-                                                  psk_file));
+            return make_error(ENOENT,
+                              fmt::format("tls-psk={}: no such file (make one with psktool -p FILE "
+                                          "-u IDENTITY)",
+                                          psk_file));
         }
         if (gnutls_psk_allocate_server_credentials(&c->_psk) != GNUTLS_E_SUCCESS) {
             return make_error(ENOMEM, "tls: cannot allocate PSK credentials");
@@ -177,7 +189,8 @@ result<std::shared_ptr<tls_credentials>> tls_credentials::load(const std::string
     const char* priority = c->_psk != nullptr ? "NORMAL:+ECDHE-PSK:+DHE-PSK:+PSK" : "NORMAL";
     const int rc = gnutls_priority_init(&c->_priority, priority, nullptr);
     if (rc < 0) {
-        return make_error(EINVAL, fmt::format("tls: priority {}: {}", priority, gnutls_strerror(rc)));
+        return make_error(EINVAL,
+                          fmt::format("tls: priority {}: {}", priority, gnutls_strerror(rc)));
     }
     return c;
 }
@@ -220,10 +233,12 @@ std::string tls_credentials::check_peer(gnutls_session_t session) const
     unsigned status = 0;
     const int rc = gnutls_certificate_verify_peers(session, &g_client_purpose, 1, &status);
     if (rc < 0) {
-        return fmt::format("its certificate {} cannot be verified: {}", peer_subject(session), gnutls_strerror(rc));
+        return fmt::format("its certificate {} cannot be verified: {}", peer_subject(session),
+                           gnutls_strerror(rc));
     }
     if (status != 0) {
-        return fmt::format("its certificate {} is refused: {}", peer_subject(session), status_text(status));
+        return fmt::format("its certificate {} is refused: {}", peer_subject(session),
+                           status_text(status));
     }
     return {};
 }
@@ -235,9 +250,10 @@ std::string tls_credentials::describe_failure(gnutls_session_t session, int rc)
                            status_text(gnutls_session_get_verify_cert_status(session)));
     }
     if (rc == GNUTLS_E_NO_CERTIFICATE_FOUND || rc == GNUTLS_E_CERTIFICATE_REQUIRED) {
-        return fmt::format("it sent no client certificate (tls-verify-peer=1; a GnuTLS client sends none when "
-                           "it has none signed by the server's CA): {}",
-                           gnutls_strerror(rc));
+        return fmt::format(
+            "it sent no client certificate (tls-verify-peer=1; a GnuTLS client sends none when "
+            "it has none signed by the server's CA): {}",
+            gnutls_strerror(rc));
     }
     return gnutls_strerror(rc);
 }

@@ -39,7 +39,8 @@ public:
     // verify_peer needs certs_dir. Clients that authenticate with a PSK are
     // not asked for a certificate. Control thread.
     static result<std::shared_ptr<tls_credentials>> load(const std::string& certs_dir,
-                                                         const std::string& psk_file, bool verify_peer);
+                                                         const std::string& psk_file,
+                                                         bool verify_peer);
 
     // A server session over `pipe`, which must outlive it. Any thread.
     // Returns nullptr when GnuTLS fails to allocate it.

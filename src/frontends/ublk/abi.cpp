@@ -23,11 +23,26 @@ bool read_only_ctrl(uint8_t nr)
 }
 
 constexpr const char* k_feature_names[] = {
-    "SUPPORT_ZERO_COPY", "URING_CMD_COMP_IN_TASK", "NEED_GET_DATA", "USER_RECOVERY",
-    "USER_RECOVERY_REISSUE", "UNPRIVILEGED_DEV", "CMD_IOCTL_ENCODE", "USER_COPY",
-    "ZONED", "USER_RECOVERY_FAIL_IO", "UPDATE_SIZE", "AUTO_BUF_REG",
-    "QUIESCE", "PER_IO_DAEMON", "BUF_REG_OFF_DAEMON", "BATCH_IO",
-    "INTEGRITY", "SAFE_STOP_DEV", "NO_AUTO_PART_SCAN", "SHMEM_ZC",
+    "SUPPORT_ZERO_COPY",
+    "URING_CMD_COMP_IN_TASK",
+    "NEED_GET_DATA",
+    "USER_RECOVERY",
+    "USER_RECOVERY_REISSUE",
+    "UNPRIVILEGED_DEV",
+    "CMD_IOCTL_ENCODE",
+    "USER_COPY",
+    "ZONED",
+    "USER_RECOVERY_FAIL_IO",
+    "UPDATE_SIZE",
+    "AUTO_BUF_REG",
+    "QUIESCE",
+    "PER_IO_DAEMON",
+    "BUF_REG_OFF_DAEMON",
+    "BATCH_IO",
+    "INTEGRITY",
+    "SAFE_STOP_DEV",
+    "NO_AUTO_PART_SCAN",
+    "SHMEM_ZC",
 };
 
 }  // namespace
@@ -37,7 +52,10 @@ uint32_t ctrl_op(uint8_t nr, bool ioctl_encode)
     return ioctl_encode ? encode_ctrl(nr, read_only_ctrl(nr)) : nr;
 }
 
-uint32_t io_op_code(uint8_t nr, bool ioctl_encode) { return ioctl_encode ? encode_io(nr) : nr; }
+uint32_t io_op_code(uint8_t nr, bool ioctl_encode)
+{
+    return ioctl_encode ? encode_io(nr) : nr;
+}
 
 uint64_t cmd_buf_offset(unsigned q_id, size_t page_size)
 {

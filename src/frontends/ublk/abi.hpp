@@ -41,8 +41,8 @@ enum ctrl_nr : uint8_t {
     k_cmd_start_user_recovery = 0x10,
     k_cmd_end_user_recovery = 0x11,
     k_cmd_get_dev_info2 = 0x12,
-    k_cmd_get_features = 0x13,  // ioctl-encoded only (Linux 6.5+)
-    k_cmd_del_dev_async = 0x14, // ioctl-encoded only (Linux 6.10+)
+    k_cmd_get_features = 0x13,   // ioctl-encoded only (Linux 6.5+)
+    k_cmd_del_dev_async = 0x14,  // ioctl-encoded only (Linux 6.10+)
 };
 
 enum io_nr : uint8_t {
@@ -110,7 +110,10 @@ constexpr uint32_t encode_ctrl(uint8_t nr, bool read_only)
     return read_only ? static_cast<uint32_t>(_IOR('u', nr, ctrl_cmd))
                      : static_cast<uint32_t>(_IOWR('u', nr, ctrl_cmd));
 }
-constexpr uint32_t encode_io(uint8_t nr) { return static_cast<uint32_t>(_IOWR('u', nr, io_cmd)); }
+constexpr uint32_t encode_io(uint8_t nr)
+{
+    return static_cast<uint32_t>(_IOWR('u', nr, io_cmd));
+}
 
 // The cmd_op a control command is sent with: ioctl-encoded when the kernel
 // has UBLK_F_CMD_IOCTL_ENCODE, else the legacy bare number. The encodings
@@ -120,10 +123,10 @@ uint32_t io_op_code(uint8_t nr, bool ioctl_encode);
 
 // ---------------------------------------------------------------- offsets
 
-constexpr uint64_t k_cmd_buf_offset = 0;            // UBLKSRV_CMD_BUF_OFFSET
-constexpr uint64_t k_io_buf_offset = 0x80000000ull; // UBLKSRV_IO_BUF_OFFSET
-constexpr unsigned k_max_queue_depth = 4096;        // UBLK_MAX_QUEUE_DEPTH
-constexpr unsigned k_io_buf_bits = 25;              // UBLK_IO_BUF_BITS: 32 MiB per I/O
+constexpr uint64_t k_cmd_buf_offset = 0;             // UBLKSRV_CMD_BUF_OFFSET
+constexpr uint64_t k_io_buf_offset = 0x80000000ull;  // UBLKSRV_IO_BUF_OFFSET
+constexpr unsigned k_max_queue_depth = 4096;         // UBLK_MAX_QUEUE_DEPTH
+constexpr unsigned k_io_buf_bits = 25;               // UBLK_IO_BUF_BITS: 32 MiB per I/O
 constexpr unsigned k_tag_off = k_io_buf_bits;
 constexpr unsigned k_tag_bits = 16;
 constexpr unsigned k_qid_off = k_tag_off + k_tag_bits;

@@ -13,7 +13,10 @@ namespace softblk::ublk {
 
 namespace {
 
-std::string errno_text(int e) { return std::strerror(e < 0 ? -e : e); }
+std::string errno_text(int e)
+{
+    return std::strerror(e < 0 ? -e : e);
+}
 
 // Runs `modprobe ublk_drv` (no shell). Returns its exit status.
 int run_modprobe()
@@ -59,23 +62,31 @@ bool control_available()
     return ::access(k_control_path, R_OK | W_OK) == 0;
 }
 
-std::string char_path(uint32_t dev_id) { return fmt::format("/dev/ublkc{}", dev_id); }
-std::string block_path(uint32_t dev_id) { return fmt::format("/dev/ublkb{}", dev_id); }
+std::string char_path(uint32_t dev_id)
+{
+    return fmt::format("/dev/ublkc{}", dev_id);
+}
+std::string block_path(uint32_t dev_id)
+{
+    return fmt::format("/dev/ublkb{}", dev_id);
+}
 
 result<std::unique_ptr<control>> control::open()
 {
     if (!control_available()) {
-        return make_error(ENODEV, fmt::format("{}: not there (the kernel has no ublk_drv, or it could not be "
-                                              "loaded: modprobe ublk_drv as root)",
-                                              k_control_path));
+        return make_error(
+            ENODEV, fmt::format("{}: not there (the kernel has no ublk_drv, or it could not be "
+                                "loaded: modprobe ublk_drv as root)",
+                                k_control_path));
     }
     std::unique_ptr<control> c(new control());
     c->_fd = ::open(k_control_path, O_RDWR | O_CLOEXEC);
     if (c->_fd < 0) {
         const int e = errno;
-        return make_error(e, fmt::format("{}: {} (root, or a udev rule that opens it to your user, is "
-                                         "needed)",
-                                         k_control_path, errno_text(e)));
+        return make_error(e,
+                          fmt::format("{}: {} (root, or a udev rule that opens it to your user, is "
+                                      "needed)",
+                                      k_control_path, errno_text(e)));
     }
     if (auto r = c->reopen_ring(); !r) {
         return std::unexpected(r.error());
@@ -119,9 +130,10 @@ result<void> control::reopen_ring()
     p.flags = IORING_SETUP_SQE128;
     const int r = io_uring_queue_init_params(4, &_ring, &p);
     if (r < 0) {
-        return make_error(-r, fmt::format("io_uring with 128-byte SQEs for {}: {} (ublk needs Linux 6.0+ "
-                                          "with io_uring enabled: sysctl kernel.io_uring_disabled=0)",
-                                          k_control_path, errno_text(r)));
+        return make_error(
+            -r, fmt::format("io_uring with 128-byte SQEs for {}: {} (ublk needs Linux 6.0+ "
+                            "with io_uring enabled: sysctl kernel.io_uring_disabled=0)",
+                            k_control_path, errno_text(r)));
     }
     _ring_ok = true;
     return {};
@@ -153,7 +165,8 @@ int control::run(uint8_t nr, ctrl_cmd cmd, int timeout_ms)
         if (timeout_ms < 0) {
             r = io_uring_wait_cqe(&_ring, &cqe);
         } else {
-            __kernel_timespec ts{.tv_sec = timeout_ms / 1000, .tv_nsec = (timeout_ms % 1000) * 1'000'000LL};
+            __kernel_timespec ts{.tv_sec = timeout_ms / 1000,
+                                 .tv_nsec = (timeout_ms % 1000) * 1'000'000LL};
             r = io_uring_wait_cqe_timeout(&_ring, &cqe, &ts);
         }
         if (r == -EINTR) {
@@ -176,8 +189,8 @@ int control::run(uint8_t nr, ctrl_cmd cmd, int timeout_ms)
     return res;
 }
 
-int control::run_with_payload(uint8_t nr, uint32_t dev_id, void* payload, uint16_t len, bool with_path,
-                              uint64_t data0, int timeout_ms)
+int control::run_with_payload(uint8_t nr, uint32_t dev_id, void* payload, uint16_t len,
+                              bool with_path, uint64_t data0, int timeout_ms)
 {
     ctrl_cmd cmd{};
     cmd.dev_id = dev_id;
@@ -216,21 +229,25 @@ result<dev_info> control::add_dev(const dev_info& in, int timeout_ms)
     cmd.len = sizeof(info);
     const int r = run(k_cmd_add_dev, cmd, timeout_ms);
     if (r == -ETIMEDOUT) {
-        return make_error(ETIMEDOUT, fmt::format("ublk ADD_DEV did not answer within {} ms (a known hang of "
-                                                 "some kernels); raise add_timeout or update the kernel",
-                                                 timeout_ms));
+        return make_error(ETIMEDOUT,
+                          fmt::format("ublk ADD_DEV did not answer within {} ms (a known hang of "
+                                      "some kernels); raise add_timeout or update the kernel",
+                                      timeout_ms));
     }
     if (r == -EEXIST) {
-        return make_error(EEXIST, fmt::format("ublk ADD_DEV: device id {} is taken (/dev/ublkc{} exists)",
-                                              in.dev_id, in.dev_id));
+        return make_error(EEXIST,
+                          fmt::format("ublk ADD_DEV: device id {} is taken (/dev/ublkc{} exists)",
+                                      in.dev_id, in.dev_id));
     }
     if (r == -EPERM) {
-        return make_error(EPERM, "ublk ADD_DEV: permission denied (run as root, or the kernel must allow "
-                                 "unprivileged ublk devices: UBLK_F_UNPRIVILEGED_DEV, Linux 6.5+)");
+        return make_error(EPERM,
+                          "ublk ADD_DEV: permission denied (run as root, or the kernel must allow "
+                          "unprivileged ublk devices: UBLK_F_UNPRIVILEGED_DEV, Linux 6.5+)");
     }
     if (r < 0) {
-        return make_error(-r, fmt::format("ublk ADD_DEV (queues {}, depth {}, flags {:#x}): {}", in.nr_hw_queues,
-                                          in.queue_depth, in.flags, errno_text(r)));
+        return make_error(
+            -r, fmt::format("ublk ADD_DEV (queues {}, depth {}, flags {:#x}): {}", in.nr_hw_queues,
+                            in.queue_depth, in.flags, errno_text(r)));
     }
     if (!_features) {
         // Kernels without GET_FEATURES: what ADD_DEV granted is all we know.
@@ -244,10 +261,11 @@ result<void> control::set_params(uint32_t dev_id, const params& p)
     params copy = p;
     const int r = run_with_payload(k_cmd_set_params, dev_id, &copy, sizeof(copy), _unprivileged);
     if (r < 0) {
-        return make_error(-r, fmt::format("ublk SET_PARAMS on device {} (block size {}, {} sectors, "
-                                          "max_sectors {}): {}",
-                                          dev_id, 1u << p.basic.logical_bs_shift, p.basic.dev_sectors,
-                                          p.basic.max_sectors, errno_text(r)));
+        return make_error(-r,
+                          fmt::format("ublk SET_PARAMS on device {} (block size {}, {} sectors, "
+                                      "max_sectors {}): {}",
+                                      dev_id, 1u << p.basic.logical_bs_shift, p.basic.dev_sectors,
+                                      p.basic.max_sectors, errno_text(r)));
     }
     return {};
 }
@@ -257,7 +275,8 @@ result<void> control::start_dev(uint32_t dev_id, int32_t daemon_pid)
     const int r = run_with_payload(k_cmd_start_dev, dev_id, nullptr, 0, _unprivileged,
                                    static_cast<uint64_t>(daemon_pid));
     if (r < 0) {
-        return make_error(-r, fmt::format("ublk START_DEV on device {}: {}", dev_id, errno_text(r)));
+        return make_error(-r,
+                          fmt::format("ublk START_DEV on device {}: {}", dev_id, errno_text(r)));
     }
     return {};
 }
@@ -290,7 +309,8 @@ result<dev_info> control::get_dev_info(uint32_t dev_id)
         r = run_with_payload(k_cmd_get_dev_info, dev_id, &info, sizeof(info), false);
     }
     if (r < 0) {
-        return make_error(-r, fmt::format("ublk GET_DEV_INFO on device {}: {}", dev_id, errno_text(r)));
+        return make_error(-r,
+                          fmt::format("ublk GET_DEV_INFO on device {}: {}", dev_id, errno_text(r)));
     }
     return info;
 }
@@ -299,7 +319,8 @@ result<void> control::start_user_recovery(uint32_t dev_id)
 {
     const int r = run_with_payload(k_cmd_start_user_recovery, dev_id, nullptr, 0, _unprivileged);
     if (r < 0) {
-        return make_error(-r, fmt::format("ublk START_USER_RECOVERY on device {}: {}", dev_id, errno_text(r)));
+        return make_error(
+            -r, fmt::format("ublk START_USER_RECOVERY on device {}: {}", dev_id, errno_text(r)));
     }
     return {};
 }
@@ -309,7 +330,8 @@ result<void> control::end_user_recovery(uint32_t dev_id, int32_t daemon_pid)
     const int r = run_with_payload(k_cmd_end_user_recovery, dev_id, nullptr, 0, _unprivileged,
                                    static_cast<uint64_t>(daemon_pid));
     if (r < 0) {
-        return make_error(-r, fmt::format("ublk END_USER_RECOVERY on device {}: {}", dev_id, errno_text(r)));
+        return make_error(
+            -r, fmt::format("ublk END_USER_RECOVERY on device {}: {}", dev_id, errno_text(r)));
     }
     return {};
 }

@@ -12,7 +12,10 @@ namespace {
 
 constexpr uint32_t k_default_io_buf = 512 * 1024;
 
-uint8_t shift_of(uint32_t value) { return static_cast<uint8_t>(std::countr_zero(value)); }
+uint8_t shift_of(uint32_t value)
+{
+    return static_cast<uint8_t>(std::countr_zero(value));
+}
 
 }  // namespace
 
@@ -28,22 +31,26 @@ result<params> make_params(const block_limits& limits, uint32_t max_io_buf_bytes
     const uint32_t lbs = limits.logical_block_size;
     const uint32_t pbs = std::max(limits.physical_block_size, lbs);
     if (!std::has_single_bit(lbs) || lbs < 512 || lbs > page_size) {
-        return make_error(EINVAL, fmt::format("logical block size {}: ublk takes a power of two from 512 "
-                                              "to the page size ({})",
-                                              lbs, page_size));
+        return make_error(EINVAL,
+                          fmt::format("logical block size {}: ublk takes a power of two from 512 "
+                                      "to the page size ({})",
+                                      lbs, page_size));
     }
     if (!std::has_single_bit(pbs)) {
-        return make_error(EINVAL, fmt::format("physical block size {}: must be a power of two", pbs));
+        return make_error(EINVAL,
+                          fmt::format("physical block size {}: must be a power of two", pbs));
     }
     if (limits.capacity_bytes == 0 || limits.capacity_bytes % lbs != 0) {
-        return make_error(EINVAL, fmt::format("capacity {} bytes: must be a non-zero multiple of the "
-                                              "logical block size {}",
-                                              limits.capacity_bytes, lbs));
+        return make_error(EINVAL,
+                          fmt::format("capacity {} bytes: must be a non-zero multiple of the "
+                                      "logical block size {}",
+                                      limits.capacity_bytes, lbs));
     }
     if (limits.zoned) {
-        return make_error(EOPNOTSUPP, "zoned devices: the ublk export does not yet pass zone geometry "
-                                      "(zone size, open/active limits) to the kernel; use the fuse or "
-                                      "nbd export for zoned targets");
+        return make_error(EOPNOTSUPP,
+                          "zoned devices: the ublk export does not yet pass zone geometry "
+                          "(zone size, open/active limits) to the kernel; use the fuse or "
+                          "nbd export for zoned targets");
     }
     if (max_io_buf_bytes < lbs) {
         return make_error(EINVAL, fmt::format("max_io_buf_bytes {}: smaller than one block ({})",
@@ -60,7 +67,8 @@ result<params> make_params(const block_limits& limits, uint32_t max_io_buf_bytes
     b.physical_bs_shift = shift_of(pbs);
     b.io_min_shift = shift_of(pbs);
     b.io_opt_shift = shift_of(pbs);
-    uint64_t max_bytes = limits.max_transfer_bytes != 0 ? limits.max_transfer_bytes : max_io_buf_bytes;
+    uint64_t max_bytes =
+        limits.max_transfer_bytes != 0 ? limits.max_transfer_bytes : max_io_buf_bytes;
     max_bytes = std::min<uint64_t>(max_bytes, max_io_buf_bytes);
     max_bytes -= max_bytes % lbs;
     b.max_sectors = static_cast<uint32_t>(max_bytes >> 9);

@@ -43,7 +43,9 @@ unsigned ring_entries(unsigned depth)
 
 }  // namespace
 
-queue_runner::queue_runner(io_queue& dq, const queue_config& cfg) : _dq(dq), _cfg(cfg) {}
+queue_runner::queue_runner(io_queue& dq, const queue_config& cfg) : _dq(dq), _cfg(cfg)
+{
+}
 
 queue_runner::~queue_runner()
 {
@@ -110,8 +112,8 @@ result<void> queue_runner::setup()
                          static_cast<off_t>(cmd_buf_offset(_cfg.q_id, page)));
     if (descs == MAP_FAILED) {
         const int e = errno;
-        return make_error(e, fmt::format("ublk queue {}: mmap of the request descriptors: {}", _cfg.q_id,
-                                         std::strerror(e)));
+        return make_error(e, fmt::format("ublk queue {}: mmap of the request descriptors: {}",
+                                         _cfg.q_id, std::strerror(e)));
     }
     _descs = static_cast<const io_desc*>(descs);
 
@@ -136,7 +138,8 @@ result<void> queue_runner::setup()
     _wake_fd = ::eventfd(0, EFD_CLOEXEC);
     if (_wake_fd < 0) {
         const int e = errno;
-        return make_error(e, fmt::format("ublk queue {}: eventfd: {}", _cfg.q_id, std::strerror(e)));
+        return make_error(e,
+                          fmt::format("ublk queue {}: eventfd: {}", _cfg.q_id, std::strerror(e)));
     }
 
     // The ring belongs to this thread: SINGLE_ISSUER + DEFER_TASKRUN run the
@@ -158,7 +161,8 @@ result<void> queue_runner::setup()
         }
     }
     if (r < 0) {
-        return make_error(-r, fmt::format("ublk queue {}: io_uring setup: {}", _cfg.q_id, std::strerror(-r)));
+        return make_error(
+            -r, fmt::format("ublk queue {}: io_uring setup: {}", _cfg.q_id, std::strerror(-r)));
     }
     _ring_ok = true;
     // Best effort: a registered file saves a lookup per command.
@@ -182,8 +186,8 @@ result<void> queue_runner::setup()
         const uint64_t data = cqe->user_data;
         if (data != k_wake_data && res < 0) {
             io_uring_cqe_seen(&_ring, cqe);
-            return make_error(-res, fmt::format("ublk queue {}: FETCH_REQ for tag {}: {}", _cfg.q_id, data,
-                                                std::strerror(-res)));
+            return make_error(-res, fmt::format("ublk queue {}: FETCH_REQ for tag {}: {}",
+                                                _cfg.q_id, data, std::strerror(-res)));
         }
         // A request already (the device is being recovered and I/O was
         // queued): handle it in the loop.
@@ -243,7 +247,9 @@ void queue_runner::prep_fetch(tag_slot& slot)
     sqe->opcode = IORING_OP_URING_CMD;
     set_target(sqe);
     sqe->cmd_op = io_op_code(k_io_fetch_req, _cfg.ioctl_encode);
-    io_cmd cmd{.q_id = static_cast<uint16_t>(_cfg.q_id), .tag = slot.tag, .result = -1,
+    io_cmd cmd{.q_id = static_cast<uint16_t>(_cfg.q_id),
+               .tag = slot.tag,
+               .result = -1,
                .addr = _cfg.user_copy ? 0 : reinterpret_cast<uint64_t>(slot.buffer)};
     std::memcpy(sqe->cmd, &cmd, sizeof(cmd));
     io_uring_sqe_set_data64(sqe, slot.tag);
@@ -256,7 +262,8 @@ void queue_runner::prep_commit(tag_slot& slot, int result, uint64_t addr)
     sqe->opcode = IORING_OP_URING_CMD;
     set_target(sqe);
     sqe->cmd_op = io_op_code(k_io_commit_and_fetch_req, _cfg.ioctl_encode);
-    io_cmd cmd{.q_id = static_cast<uint16_t>(_cfg.q_id), .tag = slot.tag, .result = result, .addr = addr};
+    io_cmd cmd{
+        .q_id = static_cast<uint16_t>(_cfg.q_id), .tag = slot.tag, .result = result, .addr = addr};
     std::memcpy(sqe->cmd, &cmd, sizeof(cmd));
     io_uring_sqe_set_data64(sqe, slot.tag);
 }
@@ -277,8 +284,9 @@ void queue_runner::on_complete(io_request& request, int result)
         switch (slot.kernel_op) {
         case k_op_read:
             if (self._cfg.user_copy) {
-                const ssize_t n = ::pwrite(self._cfg.char_fd, slot.buffer, static_cast<size_t>(res),
-                                           static_cast<off_t>(user_copy_offset(self._cfg.q_id, slot.tag)));
+                const ssize_t n =
+                    ::pwrite(self._cfg.char_fd, slot.buffer, static_cast<size_t>(res),
+                             static_cast<off_t>(user_copy_offset(self._cfg.q_id, slot.tag)));
                 if (n != res) {
                     res = n < 0 ? -errno : -EIO;
                 }
@@ -326,7 +334,8 @@ bool queue_runner::dispatch(tag_slot& slot)
         // WRITE_SAME (never sent by 6.x kernels) and zone operations (this
         // export does not set up zoned devices).
         _errors.fetch_add(1, std::memory_order_relaxed);
-        prep_commit(slot, -EOPNOTSUPP, _cfg.user_copy ? 0 : reinterpret_cast<uint64_t>(slot.buffer));
+        prep_commit(slot, -EOPNOTSUPP,
+                    _cfg.user_copy ? 0 : reinterpret_cast<uint64_t>(slot.buffer));
         return true;
     }
     const bool moves_data = dop == io_op::read || dop == io_op::write;

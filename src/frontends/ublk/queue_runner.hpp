@@ -29,7 +29,7 @@ struct queue_config {
     uint32_t buf_bytes = 0;  // per tag
     bool user_copy = false;
     bool ioctl_encode = true;
-    int char_fd = -1;        // /dev/ublkcN, owned by the export
+    int char_fd = -1;  // /dev/ublkcN, owned by the export
 };
 
 struct queue_counters {

@@ -8,8 +8,9 @@ namespace {
 
 const bool g_registered = softblk::register_export_type(softblk::export_type{
     .name = "ublk",
-    .description = "a kernel block device /dev/ublkbN served over ublk_drv (io_uring); devices with "
-                   "recovery= outlive a killed daemon and are re-attached by `softblk recover`",
+    .description =
+        "a kernel block device /dev/ublkbN served over ublk_drv (io_uring); devices with "
+        "recovery= outlive a killed daemon and are re-attached by `softblk recover`",
     .start = softblk::ublk::start_export,
     .cleanup_stale = softblk::ublk::cleanup_stale,
     .available = softblk::ublk::available,

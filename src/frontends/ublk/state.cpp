@@ -37,8 +37,8 @@ result<export_state> state_from_json(const nlohmann::json& j)
     try {
         const int version = j.at("version").get<int>();
         if (version != k_state_version) {
-            return make_error(EINVAL, fmt::format("ublk state: version {} (this build reads {})", version,
-                                                  k_state_version));
+            return make_error(EINVAL, fmt::format("ublk state: version {} (this build reads {})",
+                                                  version, k_state_version));
         }
         s.device = j.at("device").get<std::string>();
         s.target_type = j.at("target_type").get<std::string>();
@@ -54,7 +54,8 @@ result<export_state> state_from_json(const nlohmann::json& j)
         return make_error(EINVAL, fmt::format("ublk state: {}", e.what()));
     }
     if (s.device.empty() || s.nr_queues == 0 || s.depth == 0 || s.max_io_buf_bytes == 0) {
-        return make_error(EINVAL, "ublk state: device, nr_queues, depth and max_io_buf_bytes must be set");
+        return make_error(EINVAL,
+                          "ublk state: device, nr_queues, depth and max_io_buf_bytes must be set");
     }
     return s;
 }
@@ -72,8 +73,8 @@ result<void> write_state(const std::string& path, const export_state& state)
         std::error_code ec;
         std::filesystem::create_directories(dir, ec);
         if (ec) {
-            return make_error(ec.value(), fmt::format("{}: cannot create the state directory: {}", dir,
-                                                      ec.message()));
+            return make_error(ec.value(), fmt::format("{}: cannot create the state directory: {}",
+                                                      dir, ec.message()));
         }
     }
     const std::string tmp = path + ".tmp";
@@ -88,7 +89,8 @@ result<void> write_state(const std::string& path, const export_state& state)
     if (std::rename(tmp.c_str(), path.c_str()) != 0) {
         const int e = errno;
         ::unlink(tmp.c_str());
-        return make_error(e, fmt::format("{}: cannot rename into place: {}", path, std::strerror(e)));
+        return make_error(e,
+                          fmt::format("{}: cannot rename into place: {}", path, std::strerror(e)));
     }
     return {};
 }

@@ -29,7 +29,7 @@ struct export_state {
     unsigned nr_queues = 0;
     unsigned depth = 0;
     uint32_t max_io_buf_bytes = 0;
-    int32_t daemon_pid = 0;                   // the daemon that serves it
+    int32_t daemon_pid = 0;  // the daemon that serves it
 };
 
 constexpr int k_state_version = 1;

@@ -26,20 +26,41 @@ namespace softblk::ublk {
 namespace {
 
 constexpr option_def k_export_options[] = {
-    {.name = "id", .kind = option_kind::signed_integer, .default_value = "-1", .unit = "",
-     .help = "ublk device id N (/dev/ublkbN); -1 takes the lowest free one", .smin = -1, .smax = 1'048'575},
-    {.name = "recovery", .kind = option_kind::text, .default_value = "none", .unit = "",
-     .help = "what a killed daemon leaves: none (the device goes away), recover (UBLK_F_USER_RECOVERY: "
-             "in-flight I/O fails, new I/O waits for `softblk recover`), reissue (USER_RECOVERY_REISSUE: "
-             "in-flight I/O is reissued), fail_io (USER_RECOVERY_FAIL_IO, Linux 6.13+: I/O fails until "
-             "recovered)"},
-    {.name = "user_copy", .kind = option_kind::boolean, .default_value = "0", .unit = "",
-     .help = "UBLK_F_USER_COPY: the queue threads copy data with pread/pwrite on /dev/ublkcN instead of "
+    {.name = "id",
+     .kind = option_kind::signed_integer,
+     .default_value = "-1",
+     .unit = "",
+     .help = "ublk device id N (/dev/ublkbN); -1 takes the lowest free one",
+     .smin = -1,
+     .smax = 1'048'575},
+    {.name = "recovery",
+     .kind = option_kind::text,
+     .default_value = "none",
+     .unit = "",
+     .help =
+         "what a killed daemon leaves: none (the device goes away), recover (UBLK_F_USER_RECOVERY: "
+         "in-flight I/O fails, new I/O waits for `softblk recover`), reissue "
+         "(USER_RECOVERY_REISSUE: "
+         "in-flight I/O is reissued), fail_io (USER_RECOVERY_FAIL_IO, Linux 6.13+: I/O fails until "
+         "recovered)"},
+    {.name = "user_copy",
+     .kind = option_kind::boolean,
+     .default_value = "0",
+     .unit = "",
+     .help = "UBLK_F_USER_COPY: the queue threads copy data with pread/pwrite on /dev/ublkcN "
+             "instead of "
              "the kernel copying into per-tag buffers (Linux 6.5+; not for unprivileged devices)"},
-    {.name = "unprivileged", .kind = option_kind::boolean, .default_value = "0", .unit = "",
+    {.name = "unprivileged",
+     .kind = option_kind::boolean,
+     .default_value = "0",
+     .unit = "",
      .help = "UBLK_F_UNPRIVILEGED_DEV (Linux 6.5+); default: 1 when the daemon is not root"},
-    {.name = "add_timeout", .kind = option_kind::integer, .default_value = "10000", .unit = "ms",
-     .help = "give up on ADD_DEV and START_DEV after this long (some kernels hang there)", .min = 100,
+    {.name = "add_timeout",
+     .kind = option_kind::integer,
+     .default_value = "10000",
+     .unit = "ms",
+     .help = "give up on ADD_DEV and START_DEV after this long (some kernels hang there)",
+     .min = 100,
      .max = 600'000},
 };
 
@@ -71,24 +92,30 @@ result<export_config> parse_config(const export_context& ctx, std::span<const st
     } else if (c.recovery == "fail_io") {
         c.recovery_flags = k_f_user_recovery | k_f_user_recovery_fail_io;
     } else {
-        return make_error(EINVAL, fmt::format("recovery={}: one of none, recover, reissue, fail_io", c.recovery));
+        return make_error(
+            EINVAL, fmt::format("recovery={}: one of none, recover, reissue, fail_io", c.recovery));
     }
     c.user_copy = o->flag("user_copy");
     c.unprivileged = o->given("unprivileged") ? o->flag("unprivileged") : !ctx.privileged;
     c.add_timeout_ms = static_cast<int>(o->u64("add_timeout"));
     c.args.assign(args.begin(), args.end());
     if (c.unprivileged && c.recovery_flags != 0) {
-        return make_error(EINVAL, fmt::format("recovery={}: the kernel allows recovery only for devices "
-                                              "of a privileged daemon (unprivileged=1)",
-                                              c.recovery));
+        return make_error(EINVAL,
+                          fmt::format("recovery={}: the kernel allows recovery only for devices "
+                                      "of a privileged daemon (unprivileged=1)",
+                                      c.recovery));
     }
     if (c.unprivileged && c.user_copy) {
-        return make_error(EINVAL, "user_copy=1: the kernel refuses USER_COPY for unprivileged devices");
+        return make_error(EINVAL,
+                          "user_copy=1: the kernel refuses USER_COPY for unprivileged devices");
     }
     return c;
 }
 
-bool pid_alive(int32_t pid) { return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM); }
+bool pid_alive(int32_t pid)
+{
+    return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM);
+}
 
 // Opens /dev/ublkcN, waiting for devtmpfs/udev to create it (and, for an
 // unprivileged device, to give it to us) and for a previous owner to close it.
@@ -102,11 +129,13 @@ result<int> open_char_device(uint32_t dev_id, int timeout_ms)
             return fd;
         }
         const int e = errno;
-        if ((e != ENOENT && e != EACCES && e != EBUSY) || std::chrono::steady_clock::now() >= until) {
-            return make_error(e, fmt::format("{}: {}{}", path, std::strerror(e),
-                                             e == EACCES ? " (an unprivileged device needs a udev rule "
-                                                           "that gives /dev/ublkcN to its owner)"
-                                                         : ""));
+        if ((e != ENOENT && e != EACCES && e != EBUSY) ||
+            std::chrono::steady_clock::now() >= until) {
+            return make_error(
+                e, fmt::format("{}: {}{}", path, std::strerror(e),
+                               e == EACCES ? " (an unprivileged device needs a udev rule "
+                                             "that gives /dev/ublkcN to its owner)"
+                                           : ""));
         }
         ::usleep(10'000);
     }
@@ -124,11 +153,12 @@ result<void> wait_char_device_access(uint32_t dev_id, int timeout_ms)
         }
         const int e = errno;
         if ((e != ENOENT && e != EACCES) || std::chrono::steady_clock::now() >= until) {
-            return make_error(e, fmt::format("{}: {} after {} ms{}", path, std::strerror(e), timeout_ms,
-                                             e == EACCES ? " (an unprivileged ublk device needs a udev rule "
-                                                           "that gives /dev/ublkcN and /dev/ublkbN to their "
-                                                           "owner, as ublksrv's ublk_dev.rules does)"
-                                                         : ""));
+            return make_error(
+                e, fmt::format("{}: {} after {} ms{}", path, std::strerror(e), timeout_ms,
+                               e == EACCES ? " (an unprivileged ublk device needs a udev rule "
+                                             "that gives /dev/ublkcN and /dev/ublkbN to their "
+                                             "owner, as ublksrv's ublk_dev.rules does)"
+                                           : ""));
         }
         ::usleep(10'000);
     }
@@ -152,8 +182,12 @@ std::string kernel_requirement(uint64_t flag)
 
 class ublk_export final : public device_export {
 public:
-    ublk_export(device& dev, const export_context& ctx, export_config cfg, std::unique_ptr<control> ctl)
-        : _dev(dev), _ctx(ctx), _cfg(std::move(cfg)), _ctl(std::move(ctl)),
+    ublk_export(device& dev, const export_context& ctx, export_config cfg,
+                std::unique_ptr<control> ctl)
+        : _dev(dev),
+          _ctx(ctx),
+          _cfg(std::move(cfg)),
+          _ctl(std::move(ctl)),
           _state_path(state_path(ctx.run_dir, dev.name()))
     {
     }
@@ -167,7 +201,8 @@ public:
     result<void> stop() override;
 
 private:
-    result<void> start_queues(unsigned nr_queues, unsigned depth, uint32_t buf_bytes, uint64_t flags);
+    result<void> start_queues(unsigned nr_queues, unsigned depth, uint32_t buf_bytes,
+                              uint64_t flags);
     void stop_queues(int timeout_ms);
     // Undoes a start that failed after ADD_DEV.
     void abandon();
@@ -186,13 +221,15 @@ private:
     std::vector<std::unique_ptr<queue_runner>> _queues;
 };
 
-result<void> ublk_export::start_queues(unsigned nr_queues, unsigned depth, uint32_t buf_bytes, uint64_t flags)
+result<void> ublk_export::start_queues(unsigned nr_queues, unsigned depth, uint32_t buf_bytes,
+                                       uint64_t flags)
 {
     if (nr_queues > _dev.info().queues.submit_queues) {
-        return make_error(EINVAL, fmt::format("ublk device {} has {} queues, the softblk device {} only {} "
-                                              "submit queues",
-                                              _info.dev_id, nr_queues, _dev.name(),
-                                              _dev.info().queues.submit_queues));
+        return make_error(
+            EINVAL,
+            fmt::format("ublk device {} has {} queues, the softblk device {} only {} "
+                        "submit queues",
+                        _info.dev_id, nr_queues, _dev.name(), _dev.info().queues.submit_queues));
     }
     auto fd = open_char_device(_info.dev_id, 5000);
     if (!fd) {
@@ -202,8 +239,8 @@ result<void> ublk_export::start_queues(unsigned nr_queues, unsigned depth, uint3
     for (unsigned q = 0; q < nr_queues; ++q) {
         io_queue& dq = _dev.queue(q);
         if (dq.depth() < depth) {
-            return make_error(EINVAL, fmt::format("device queue {} has {} tags, ublk needs {}", q, dq.depth(),
-                                                  depth));
+            return make_error(EINVAL, fmt::format("device queue {} has {} tags, ublk needs {}", q,
+                                                  dq.depth(), depth));
         }
         queue_config qc{.q_id = q,
                         .depth = depth,
@@ -293,17 +330,18 @@ result<void> ublk_export::start_new()
         for (unsigned bit = 0; bit < 64; ++bit) {
             const uint64_t f = uint64_t{1} << bit;
             if ((want & f) != 0 && (*features & f) == 0) {
-                return make_error(EOPNOTSUPP, fmt::format("this kernel's ublk driver lacks UBLK_F_{}{} "
-                                                          "(it offers: {})",
-                                                          feature_name(bit), kernel_requirement(f),
-                                                          fmt::join(feature_names(*features), ", ")));
+                return make_error(EOPNOTSUPP,
+                                  fmt::format("this kernel's ublk driver lacks UBLK_F_{}{} "
+                                              "(it offers: {})",
+                                              feature_name(bit), kernel_requirement(f),
+                                              fmt::join(feature_names(*features), ", ")));
             }
         }
         want |= *features & k_f_cmd_ioctl_encode;
     }
     if (q.queue_depth > k_max_queue_depth) {
-        return make_error(EINVAL, fmt::format("hw_queue_depth={}: ublk allows at most {}", q.queue_depth,
-                                              k_max_queue_depth));
+        return make_error(EINVAL, fmt::format("hw_queue_depth={}: ublk allows at most {}",
+                                              q.queue_depth, k_max_queue_depth));
     }
     // Check what SET_PARAMS would refuse before creating anything.
     const uint32_t buf_bytes = io_buf_bytes_for(lim, page);
@@ -358,7 +396,9 @@ result<void> ublk_export::start_new()
         abandon();  // takes the control lock itself
         return params_set;
     }
-    if (auto r = start_queues(_info.nr_hw_queues, _info.queue_depth, _info.max_io_buf_bytes, _info.flags); !r) {
+    if (auto r = start_queues(_info.nr_hw_queues, _info.queue_depth, _info.max_io_buf_bytes,
+                              _info.flags);
+        !r) {
         abandon();
         return r;
     }
@@ -400,13 +440,16 @@ result<void> ublk_export::start_recovery(const export_state& st, const dev_info&
         }
         if (r.error().code.value() != EBUSY || std::chrono::steady_clock::now() >= deadline) {
             _added = false;  // not ours to delete: leave it for another try
-            return make_error(r.error().code.value(),
-                              fmt::format("{} (device {} is {}, daemon pid {})", r.error().message, _info.dev_id,
-                                          state_name(_info.state), _info.ublksrv_pid));
+            return make_error(
+                r.error().code.value(),
+                fmt::format("{} (device {} is {}, daemon pid {})", r.error().message, _info.dev_id,
+                            state_name(_info.state), _info.ublksrv_pid));
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
-    if (auto r = start_queues(_info.nr_hw_queues, _info.queue_depth, _info.max_io_buf_bytes, _info.flags); !r) {
+    if (auto r = start_queues(_info.nr_hw_queues, _info.queue_depth, _info.max_io_buf_bytes,
+                              _info.flags);
+        !r) {
         // The device stays quiesced for a later attempt.
         stop_queues(0);
         _added = false;
@@ -493,9 +536,15 @@ result<void> ublk_export::stop()
 
 }  // namespace
 
-std::span<const option_def> export_options() { return k_export_options; }
+std::span<const option_def> export_options()
+{
+    return k_export_options;
+}
 
-bool available() { return control_available(); }
+bool available()
+{
+    return control_available();
+}
 
 result<std::unique_ptr<device_export>> start_export(device& dev, const export_context& ctx,
                                                     std::span<const std::string> options)
@@ -517,10 +566,11 @@ result<std::unique_ptr<device_export>> start_export(device& dev, const export_co
         auto info = (*ctl)->get_dev_info(st->dev_id);
         if (info) {
             const bool recoverable_flags = (info->flags & k_f_user_recovery) != 0;
-            const bool owner_alive = pid_alive(info->ublksrv_pid) && info->ublksrv_pid != ::getpid();
+            const bool owner_alive =
+                pid_alive(info->ublksrv_pid) && info->ublksrv_pid != ::getpid();
             if (info->state == k_state_live && owner_alive) {
-                return make_error(EBUSY, fmt::format("{}: ublk device {} is live, served by pid {}", dev.name(),
-                                                     st->dev_id, info->ublksrv_pid));
+                return make_error(EBUSY, fmt::format("{}: ublk device {} is live, served by pid {}",
+                                                     dev.name(), st->dev_id, info->ublksrv_pid));
             }
             if (recoverable_flags && info->state != k_state_dead) {
                 recover_from = *info;
@@ -624,8 +674,8 @@ result<std::vector<recoverable_device>> list_state(const export_context& ctx)
             if (auto info = (*ctl)->get_dev_info(st->dev_id)) {
                 r.state = state_name(info->state);
                 r.daemon_pid = info->ublksrv_pid;
-                r.recoverable = (info->flags & k_f_user_recovery) != 0 && info->state != k_state_dead &&
-                                !pid_alive(info->ublksrv_pid);
+                r.recoverable = (info->flags & k_f_user_recovery) != 0 &&
+                                info->state != k_state_dead && !pid_alive(info->ublksrv_pid);
             }
         }
         out.push_back(std::move(r));

@@ -122,18 +122,22 @@ int file_block_device::fd_for(uint64_t offset, uint64_t length, const void* buff
         return _fd;
     }
     uint64_t mask = _direct_align - 1;
-    if ((offset & mask) != 0 || (length & mask) != 0 || (reinterpret_cast<uintptr_t>(buffer) & mask) != 0) {
+    if ((offset & mask) != 0 || (length & mask) != 0 ||
+        (reinterpret_cast<uintptr_t>(buffer) & mask) != 0) {
         return _fd;
     }
     return _direct_fd;
 }
 
-result<std::unique_ptr<file_block_device>> file_block_device::open(const std::string& path, bool read_only,
-                                                                   uint32_t sector_size, bool direct)
+result<std::unique_ptr<file_block_device>> file_block_device::open(const std::string& path,
+                                                                   bool read_only,
+                                                                   uint32_t sector_size,
+                                                                   bool direct)
 {
     int fd = ::open(path.c_str(), (read_only ? O_RDONLY : O_RDWR) | O_CLOEXEC);
     if (fd < 0 && !read_only && (errno == EROFS || errno == EACCES)) {
-        return make_error(errno, fmt::format("{}: {} (try a read-only mount)", path, std::strerror(errno)));
+        return make_error(
+            errno, fmt::format("{}: {} (try a read-only mount)", path, std::strerror(errno)));
     }
     if (fd < 0) {
         return make_error(errno, fmt::format("{}: {}", path, std::strerror(errno)));
@@ -159,10 +163,11 @@ result<std::unique_ptr<file_block_device>> file_block_device::open(const std::st
     }
     if (bytes < sector_size) {
         ::close(fd);
-        return make_error(EINVAL, fmt::format("{}: {} bytes is smaller than one {}-byte sector", path, bytes,
-                                              sector_size));
+        return make_error(EINVAL, fmt::format("{}: {} bytes is smaller than one {}-byte sector",
+                                              path, bytes, sector_size));
     }
-    std::unique_ptr<file_block_device> dev(new file_block_device(fd, bytes / sector_size, sector_size, read_only));
+    std::unique_ptr<file_block_device> dev(
+        new file_block_device(fd, bytes / sector_size, sector_size, read_only));
     if (direct) {
         uint32_t align = 4096;
         int logical = 0;
@@ -180,7 +185,8 @@ result<std::unique_ptr<file_block_device>> file_block_device::open(const std::st
     return dev;
 }
 
-result<std::unique_ptr<file_block_device>> file_block_device::create(const std::string& path, uint64_t size_bytes,
+result<std::unique_ptr<file_block_device>> file_block_device::create(const std::string& path,
+                                                                     uint64_t size_bytes,
                                                                      uint32_t sector_size)
 {
     int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -190,7 +196,8 @@ result<std::unique_ptr<file_block_device>> file_block_device::create(const std::
     if (ftruncate(fd, static_cast<off_t>(size_bytes)) != 0) {
         int e = errno;
         ::close(fd);
-        return make_error(e, fmt::format("{}: resize to {} bytes: {}", path, size_bytes, std::strerror(e)));
+        return make_error(
+            e, fmt::format("{}: resize to {} bytes: {}", path, size_bytes, std::strerror(e)));
     }
     return std::unique_ptr<file_block_device>(
         new file_block_device(fd, size_bytes / sector_size, sector_size, false));
@@ -203,7 +210,8 @@ int file_block_device::do_read(uint64_t lba, uint32_t count, void* buffer)
     auto* p = static_cast<uint8_t*>(buffer);
     int fd = fd_for(lba * _sector_size, length, buffer);
     while (done < length) {
-        ssize_t n = ::pread(fd, p + done, length - done, static_cast<off_t>(lba * _sector_size + done));
+        ssize_t n =
+            ::pread(fd, p + done, length - done, static_cast<off_t>(lba * _sector_size + done));
         if (n < 0) {
             if (errno == EINTR) {
                 continue;
@@ -227,7 +235,8 @@ int file_block_device::do_write(uint64_t lba, uint32_t count, const void* buffer
     const auto* p = static_cast<const uint8_t*>(buffer);
     int fd = fd_for(lba * _sector_size, length, buffer);
     while (done < length) {
-        ssize_t n = ::pwrite(fd, p + done, length - done, static_cast<off_t>(lba * _sector_size + done));
+        ssize_t n =
+            ::pwrite(fd, p + done, length - done, static_cast<off_t>(lba * _sector_size + done));
         if (n < 0) {
             if (errno == EINTR) {
                 continue;

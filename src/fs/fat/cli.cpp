@@ -77,7 +77,8 @@ uint64_t parse_size(const std::string& text)
     } else if (unit == "G" || unit == "g" || unit == "GiB") {
         mult = 1ull << 30;
     } else {
-        throw cli_error(fmt::format("size \"{}\": use a number with an optional K, M or G suffix", text));
+        throw cli_error(
+            fmt::format("size \"{}\": use a number with an optional K, M or G suffix", text));
     }
     return value * mult;
 }
@@ -96,9 +97,10 @@ std::unique_ptr<block_device> open_daemon_device(const std::string& name, bool r
     }
     auto client = softblk::cli::control_client::connect(*paths, false);
     if (!client) {
-        throw cli_error(fmt::format("{}: no softblk daemon answers at {} ({}); `softblk list` starts one (it brings "
-                                    "back the devices it kept) and shows the devices, `softblk add` creates one",
-                                    spec, paths->socket, client.error().message));
+        throw cli_error(fmt::format(
+            "{}: no softblk daemon answers at {} ({}); `softblk list` starts one (it brings "
+            "back the devices it kept) and shows the devices, `softblk add` creates one",
+            spec, paths->socket, client.error().message));
     }
     auto list = check(client->call("list", nlohmann::json::object()));
     const nlohmann::json* found = nullptr;
@@ -111,21 +113,25 @@ std::unique_ptr<block_device> open_daemon_device(const std::string& name, bool r
         names += names.empty() ? n : ", " + n;
     }
     if (found == nullptr) {
-        throw cli_error(fmt::format(
-            "{}: the daemon at {} has no device \"{}\" (its devices: {}); create it with `softblk add null "
-            "memory_backed=1 size=1024 --name {} --export nbd`, or write softblk:TYPE:OPTIONS for a device that "
-            "lives only in this process",
-            spec, paths->dir, name, names.empty() ? "none" : names, name));
+        throw cli_error(
+            fmt::format("{}: the daemon at {} has no device \"{}\" (its devices: {}); create it "
+                        "with `softblk add null "
+                        "memory_backed=1 size=1024 --name {} --export nbd`, or write "
+                        "softblk:TYPE:OPTIONS for a device that "
+                        "lives only in this process",
+                        spec, paths->dir, name, names.empty() ? "none" : names, name));
     }
     const nlohmann::json& d = *found;
     if (d.value("state", std::string()) != "running") {
-        throw cli_error(fmt::format("{}: the device is {} in the daemon: {} (see `softblk list`)", spec,
-                                    d.value("state", std::string("?")), d.value("error", std::string("no reason"))));
+        throw cli_error(fmt::format("{}: the device is {} in the daemon: {} (see `softblk list`)",
+                                    spec, d.value("state", std::string("?")),
+                                    d.value("error", std::string("no reason"))));
     }
     const uint32_t block_size = d.value("logical_block_size", 512u);
     const nlohmann::json exp = d.value("export", nlohmann::json::object());
     const std::string type = exp.value("type", std::string("none"));
-    std::string recreate = fmt::format("softblk del {0} && softblk add {1}", name, d.value("type", std::string("TYPE")));
+    std::string recreate = fmt::format("softblk del {0} && softblk add {1}", name,
+                                       d.value("type", std::string("TYPE")));
     for (const auto& o : d.value("options", nlohmann::json::array())) {
         recreate += " " + o.get<std::string>();
     }
@@ -145,9 +151,10 @@ std::unique_ptr<block_device> open_daemon_device(const std::string& name, bool r
     if (type == "ublk") {
         auto dev = open_path("block");
         if (!dev) {
-            throw cli_error(fmt::format("{}: its ublk block device cannot be opened here: {} (ublk nodes belong to "
-                                        "root unless the export is unprivileged)",
-                                        spec, dev.error().message));
+            throw cli_error(fmt::format(
+                "{}: its ublk block device cannot be opened here: {} (ublk nodes belong to "
+                "root unless the export is unprivileged)",
+                spec, dev.error().message));
         }
         return std::move(*dev);
     }
@@ -159,10 +166,11 @@ std::unique_ptr<block_device> open_daemon_device(const std::string& name, bool r
             dev = open_path("loop");
         }
         if (!dev) {
-            throw cli_error(fmt::format("{}: its FUSE-exported file cannot be opened here: {} (the FUSE mount "
-                                        "admits only the daemon's user; run as that user, or export the device "
-                                        "over NBD: {})",
-                                        spec, dev.error().message, recreate));
+            throw cli_error(
+                fmt::format("{}: its FUSE-exported file cannot be opened here: {} (the FUSE mount "
+                            "admits only the daemon's user; run as that user, or export the device "
+                            "over NBD: {})",
+                            spec, dev.error().message, recreate));
         }
         return std::move(*dev);
     }
@@ -175,29 +183,34 @@ std::unique_ptr<block_device> open_daemon_device(const std::string& name, bool r
         }
         return std::unique_ptr<block_device>(std::move(*dev));
 #else
-        throw cli_error(fmt::format("{}: the device is exported over NBD, and this build has no libnbd (install "
-                                    "libnbd-dev and rebuild)",
-                                    spec));
+        throw cli_error(fmt::format(
+            "{}: the device is exported over NBD, and this build has no libnbd (install "
+            "libnbd-dev and rebuild)",
+            spec));
 #endif
     }
     if (type == "none") {
-        throw cli_error(fmt::format("{}: the device has no export, so only the daemon can reach it; re-create it "
-                                    "with one (this loses its data): {}",
-                                    spec, recreate));
+        throw cli_error(fmt::format(
+            "{}: the device has no export, so only the daemon can reach it; re-create it "
+            "with one (this loses its data): {}",
+            spec, recreate));
     }
-    throw cli_error(fmt::format("{}: its export ({}) cannot be opened by softblk fat; use an nbd, fuse or ublk "
-                                "export: {}",
-                                spec, type, recreate));
+    throw cli_error(
+        fmt::format("{}: its export ({}) cannot be opened by softblk fat; use an nbd, fuse or ublk "
+                    "export: {}",
+                    spec, type, recreate));
 }
 #endif
 
 // `softblk:TYPE:OPTIONS` is a fresh device of this process, `softblk:NAME`
 // a device of the daemon, anything else an image file or block device.
-std::unique_ptr<block_device> open_target(const std::string& spec, bool read_only, uint64_t create_size = 0)
+std::unique_ptr<block_device> open_target(const std::string& spec, bool read_only,
+                                          uint64_t create_size = 0)
 {
     if (spec.rfind("softblk:", 0) == 0) {
         if (create_size != 0) {
-            throw cli_error(fmt::format("{}: --size applies to image files; a softblk device has its own size", spec));
+            throw cli_error(fmt::format(
+                "{}: --size applies to image files; a softblk device has its own size", spec));
         }
         std::string rest = spec.substr(8);
         size_t colon = rest.find(':');
@@ -205,9 +218,10 @@ std::unique_ptr<block_device> open_target(const std::string& spec, bool read_onl
 #if defined(SOFTBLK_FAT_HAVE_DAEMON)
             return open_daemon_device(rest, read_only);
 #else
-            throw cli_error(fmt::format("{}: devices of the softblk daemon are not reachable from this build "
-                                        "(built without src/cli)",
-                                        spec));
+            throw cli_error(
+                fmt::format("{}: devices of the softblk daemon are not reachable from this build "
+                            "(built without src/cli)",
+                            spec));
 #endif
         }
 #if defined(SOFTBLK_FAT_HAVE_DEVICE)
@@ -247,7 +261,10 @@ std::string inner(std::string p)
     return p;
 }
 
-bool is_inner(const std::string& p) { return p.rfind("::", 0) == 0; }
+bool is_inner(const std::string& p)
+{
+    return p.rfind("::", 0) == 0;
+}
 
 std::string join(const std::string& dir, const std::string& name)
 {
@@ -313,7 +330,8 @@ void copy_host_to_image(volume& v, const std::string& host, const std::string& d
             throw cli_error(fmt::format("::{}: not a directory", dst));
         }
         for (auto& entry : std::filesystem::directory_iterator(host)) {
-            copy_host_to_image(v, entry.path().string(), join(dst, entry.path().filename().string()), true);
+            copy_host_to_image(v, entry.path().string(),
+                               join(dst, entry.path().filename().string()), true);
         }
         return;
     }
@@ -445,8 +463,8 @@ void list(volume& v, const std::string& path, bool long_format, bool recursive, 
     auto st = check(v.stat(path));
     if (!st.is_directory) {
         if (long_format) {
-            fmt::print("-{} {:>10} {} {}\n", (st.attributes & k_attr_read_only) ? "r-" : "rw", st.size,
-                       time_text(st.modified), path);
+            fmt::print("-{} {:>10} {} {}\n", (st.attributes & k_attr_read_only) ? "r-" : "rw",
+                       st.size, time_text(st.modified), path);
         } else {
             fmt::print("{}\n", path);
         }
@@ -460,7 +478,8 @@ void list(volume& v, const std::string& path, bool long_format, bool recursive, 
         if (long_format) {
             fmt::print("{}{} {:>10} {} {:<12} {}{}\n", e.stat.is_directory ? 'd' : '-',
                        (e.stat.attributes & k_attr_read_only) ? "r-" : "rw", e.stat.size,
-                       time_text(e.stat.modified), e.short_name, e.name, e.stat.is_directory ? "/" : "");
+                       time_text(e.stat.modified), e.short_name, e.name,
+                       e.stat.is_directory ? "/" : "");
         } else {
             fmt::print("{}{}\n", e.name, e.stat.is_directory ? "/" : "");
         }
@@ -497,7 +516,8 @@ int cli_main(int argc, char** argv)
     std::string cluster_text;
     std::string label = "NO NAME";
     uint32_t sector_size = 0;
-    mkfs->add_option("-s,--size", size_text, "create or resize the image file to this size (e.g. 64M)");
+    mkfs->add_option("-s,--size", size_text,
+                     "create or resize the image file to this size (e.g. 64M)");
     mkfs->add_option("-F,--fat", fat_bits, "FAT type: 12, 16 or 32 (default: as mkfs.fat chooses)")
         ->check(CLI::IsMember({12, 16, 32}));
     mkfs->add_option("-c,--cluster-size", cluster_text, "bytes per cluster (e.g. 4K)");
@@ -518,12 +538,15 @@ int cli_main(int argc, char** argv)
     add_target(cat);
     cat->add_option("path", path, "file inside the image")->required();
 
-    auto* cp = app.add_subcommand("cp", "copy files in, out or within (::/path names a path in the image)");
+    auto* cp = app.add_subcommand(
+        "cp", "copy files in, out or within (::/path names a path in the image)");
     add_target(cp);
     std::vector<std::string> cp_args;
     bool cp_recursive = false;
     cp->add_flag("-r,-R,--recursive", cp_recursive, "copy directories recursively");
-    cp->add_option("paths", cp_args, "SOURCE... DEST; prefix paths inside the image with ::")->required()->expected(2, -1);
+    cp->add_option("paths", cp_args, "SOURCE... DEST; prefix paths inside the image with ::")
+        ->required()
+        ->expected(2, -1);
 
     auto* mkd = app.add_subcommand("mkdir", "create directories");
     add_target(mkd);
@@ -579,17 +602,20 @@ int cli_main(int argc, char** argv)
             if (fat_bits != 0) {
                 o.type = static_cast<fat_type>(fat_bits);
             }
-            o.cluster_size = cluster_text.empty() ? 0 : static_cast<uint32_t>(parse_size(cluster_text));
+            o.cluster_size =
+                cluster_text.empty() ? 0 : static_cast<uint32_t>(parse_size(cluster_text));
             o.label = label;
             o.sector_size = sector_size;
             check(format(*dev, o));
             auto v = check(volume::mount(*dev, mount_options{.read_only = true}));
             auto s = check(v->statfs());
-            fmt::print("{}: {}, {} clusters of {} bytes, {} bytes free\n", target, type_name(s.type),
-                       s.total_clusters, s.cluster_size, uint64_t{s.free_clusters} * s.cluster_size);
+            fmt::print("{}: {}, {} clusters of {} bytes, {} bytes free\n", target,
+                       type_name(s.type), s.total_clusters, s.cluster_size,
+                       uint64_t{s.free_clusters} * s.cluster_size);
             return 0;
         }
-        bool writes = cp->parsed() || mkd->parsed() || rm->parsed() || mv->parsed() || (mount->parsed() && !read_only);
+        bool writes = cp->parsed() || mkd->parsed() || rm->parsed() || mv->parsed() ||
+                      (mount->parsed() && !read_only);
         if (cp->parsed()) {
             bool any_out = false;
             for (size_t i = 0; i + 1 < cp_args.size(); ++i) {
@@ -612,7 +638,8 @@ int cli_main(int argc, char** argv)
             for (;;) {
                 int64_t n = f.pread(buf.data(), buf.size(), off);
                 if (n < 0) {
-                    throw cli_error(fmt::format("{}: {}", path, std::strerror(static_cast<int>(-n))));
+                    throw cli_error(
+                        fmt::format("{}: {}", path, std::strerror(static_cast<int>(-n))));
                 }
                 if (n == 0) {
                     break;
@@ -631,7 +658,8 @@ int cli_main(int argc, char** argv)
                     throw cli_error(fmt::format("{}: not a directory (several sources)", dest));
                 }
                 for (auto& s : sources) {
-                    std::string target_path = into ? join(d, base_name(is_inner(s) ? inner(s) : s)) : d;
+                    std::string target_path =
+                        into ? join(d, base_name(is_inner(s) ? inner(s) : s)) : d;
                     if (is_inner(s)) {
                         copy_image_to_image(*v, inner(s), target_path, cp_recursive);
                     } else {
@@ -645,7 +673,8 @@ int cli_main(int argc, char** argv)
                 }
                 for (auto& s : sources) {
                     if (!is_inner(s)) {
-                        throw cli_error(fmt::format("{}: one side must be inside the image (prefix it with ::)", s));
+                        throw cli_error(fmt::format(
+                            "{}: one side must be inside the image (prefix it with ::)", s));
                     }
                     std::string target_path = into ? join(dest, base_name(inner(s))) : dest;
                     copy_image_to_host(*v, inner(s), target_path, cp_recursive);
@@ -700,23 +729,29 @@ int cli_main(int argc, char** argv)
         } else if (st->parsed()) {
             std::string full = inner(path);
             auto s = check(v->stat(full));
-            fmt::print("  File: {}\n  Type: {}\n  Size: {}\n  Allocated: {}\n  First cluster: {}\n"
-                       "  Attributes: {:#04x}{}{}{}{}\n  Modified: {}\n  Created: {}\n  Accessed: {}\n",
-                       full, s.is_directory ? "directory" : "regular file", s.size, s.allocated, s.first_cluster,
-                       s.attributes, (s.attributes & k_attr_read_only) ? " read-only" : "",
-                       (s.attributes & k_attr_hidden) ? " hidden" : "", (s.attributes & k_attr_system) ? " system" : "",
-                       (s.attributes & k_attr_archive) ? " archive" : "", time_text(s.modified), time_text(s.created),
-                       time_text(s.accessed).substr(0, 10));
+            fmt::print(
+                "  File: {}\n  Type: {}\n  Size: {}\n  Allocated: {}\n  First cluster: {}\n"
+                "  Attributes: {:#04x}{}{}{}{}\n  Modified: {}\n  Created: {}\n  Accessed: {}\n",
+                full, s.is_directory ? "directory" : "regular file", s.size, s.allocated,
+                s.first_cluster, s.attributes,
+                (s.attributes & k_attr_read_only) ? " read-only" : "",
+                (s.attributes & k_attr_hidden) ? " hidden" : "",
+                (s.attributes & k_attr_system) ? " system" : "",
+                (s.attributes & k_attr_archive) ? " archive" : "", time_text(s.modified),
+                time_text(s.created), time_text(s.accessed).substr(0, 10));
         } else if (df->parsed()) {
             auto s = check(v->statfs());
             uint64_t total = uint64_t{s.total_clusters} * s.cluster_size;
             uint64_t free = uint64_t{s.free_clusters} * s.cluster_size;
-            fmt::print("Type: {}\nLabel: {}\nVolume ID: {:04X}-{:04X}\nCluster size: {}\nClusters: {} ({} free)\n"
-                       "Size: {} bytes\nUsed: {} bytes\nFree: {} bytes ({:.1f}%)\n{}",
-                       type_name(s.type), s.label, s.volume_id >> 16, s.volume_id & 0xFFFF, s.cluster_size,
-                       s.total_clusters, s.free_clusters, total, total - free, free,
-                       total != 0 ? 100.0 * static_cast<double>(free) / static_cast<double>(total) : 0.0,
-                       s.was_dirty ? "State: dirty (not cleanly unmounted; run fsck.fat)\n" : "State: clean\n");
+            fmt::print(
+                "Type: {}\nLabel: {}\nVolume ID: {:04X}-{:04X}\nCluster size: {}\nClusters: {} ({} "
+                "free)\n"
+                "Size: {} bytes\nUsed: {} bytes\nFree: {} bytes ({:.1f}%)\n{}",
+                type_name(s.type), s.label, s.volume_id >> 16, s.volume_id & 0xFFFF, s.cluster_size,
+                s.total_clusters, s.free_clusters, total, total - free, free,
+                total != 0 ? 100.0 * static_cast<double>(free) / static_cast<double>(total) : 0.0,
+                s.was_dirty ? "State: dirty (not cleanly unmounted; run fsck.fat)\n"
+                            : "State: clean\n");
         } else if (mount->parsed()) {
             rc = detail::serve_fuse(*v, mountpoint, foreground, read_only, fuse_options);
         }

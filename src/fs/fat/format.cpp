@@ -32,8 +32,8 @@ struct layout {
     bool fits = false;
 };
 
-layout compute(fat_type type, uint64_t total, uint32_t bps, uint32_t spc, uint32_t fats, uint32_t root_entries,
-               bool align)
+layout compute(fat_type type, uint64_t total, uint32_t bps, uint32_t spc, uint32_t fats,
+               uint32_t root_entries, bool align)
 {
     layout l;
     l.root_sectors = type == fat_type::fat32 ? 0 : (root_entries * 32 + bps - 1) / bps;
@@ -96,19 +96,24 @@ result<void> format(block_device& device, const format_options& options)
     uint32_t dss = device.sector_size();
     uint32_t bps = options.sector_size != 0 ? options.sector_size : std::max<uint32_t>(512, dss);
     if (bps != 512 && bps != 1024 && bps != 2048 && bps != 4096) {
-        return make_error(EINVAL, fmt::format("sector size {}: must be 512, 1024, 2048 or 4096", bps));
+        return make_error(EINVAL,
+                          fmt::format("sector size {}: must be 512, 1024, 2048 or 4096", bps));
     }
     if (bps % dss != 0) {
-        return make_error(EINVAL, fmt::format("sector size {}: must be a multiple of the device's {}-byte sectors",
-                                              bps, dss));
+        return make_error(
+            EINVAL,
+            fmt::format("sector size {}: must be a multiple of the device's {}-byte sectors", bps,
+                        dss));
     }
     uint32_t ratio = bps / dss;
     uint64_t device_bytes = device.sector_count() * dss;
-    uint64_t bytes = options.size_bytes != 0 ? std::min(options.size_bytes, device_bytes) : device_bytes;
+    uint64_t bytes =
+        options.size_bytes != 0 ? std::min(options.size_bytes, device_bytes) : device_bytes;
     uint64_t total = std::min<uint64_t>(bytes / bps, 0xFFFFFFFFull);
     if (total < 16) {
-        return make_error(EINVAL, fmt::format("{} bytes is too small for a FAT file system (at least {} bytes)",
-                                              bytes, 16 * bps));
+        return make_error(
+            EINVAL, fmt::format("{} bytes is too small for a FAT file system (at least {} bytes)",
+                                bytes, 16 * bps));
     }
     if (options.fat_count < 1 || options.fat_count > 4) {
         return make_error(EINVAL, fmt::format("fat_count {}: must be 1..4", options.fat_count));
@@ -116,8 +121,9 @@ result<void> format(block_device& device, const format_options& options)
     if (options.cluster_size != 0 &&
         ((options.cluster_size & (options.cluster_size - 1)) != 0 || options.cluster_size < bps ||
          options.cluster_size / bps > 128)) {
-        return make_error(EINVAL, fmt::format("cluster size {}: must be a power of two from {} to {}",
-                                              options.cluster_size, bps, 128 * bps));
+        return make_error(EINVAL,
+                          fmt::format("cluster size {}: must be a power of two from {} to {}",
+                                      options.cluster_size, bps, 128 * bps));
     }
     uint32_t root_entries = options.root_entries != 0 ? options.root_entries : 512;
     root_entries = (root_entries * 32 + bps - 1) / bps * bps / 32;
@@ -134,11 +140,13 @@ result<void> format(block_device& device, const format_options& options)
         }
         for (;;) {
             l = compute(fat_type::fat32, total, bps, cluster / bps, fats, 0, true);
-            if (l.fits && l.clusters < k_min_clusters32 && options.cluster_size == 0 && cluster > bps) {
+            if (l.fits && l.clusters < k_min_clusters32 && options.cluster_size == 0 &&
+                cluster > bps) {
                 cluster /= 2;
                 continue;
             }
-            if (l.fits && l.clusters > k_max_clusters32 && options.cluster_size == 0 && cluster < 128 * bps) {
+            if (l.fits && l.clusters > k_max_clusters32 && options.cluster_size == 0 &&
+                cluster < 128 * bps) {
                 cluster *= 2;
                 continue;
             }
@@ -146,16 +154,21 @@ result<void> format(block_device& device, const format_options& options)
         }
         if (!l.fits || l.clusters < k_min_clusters32) {
             uint64_t need = uint64_t{k_min_clusters32} * cluster + 32ull * bps +
-                            uint64_t{fats} * ((uint64_t{k_min_clusters32} + 2) * 4 + bps) + k_mib - 1;
+                            uint64_t{fats} * ((uint64_t{k_min_clusters32} + 2) * 4 + bps) + k_mib -
+                            1;
             need = need / k_mib * k_mib;
-            return make_error(EINVAL, fmt::format("FAT32 needs at least {} clusters; {} with {}-byte clusters holds "
-                                                  "{}; use FAT16, or a volume of at least {}",
-                                                  k_min_clusters32, size_text(bytes), cluster, l.clusters,
-                                                  size_text(need)));
+            return make_error(
+                EINVAL,
+                fmt::format("FAT32 needs at least {} clusters; {} with {}-byte clusters holds "
+                            "{}; use FAT16, or a volume of at least {}",
+                            k_min_clusters32, size_text(bytes), cluster, l.clusters,
+                            size_text(need)));
         }
         if (l.clusters > k_max_clusters32) {
-            return make_error(EINVAL, fmt::format("{} clusters is more than FAT32 allows; use a larger cluster size",
-                                                  l.clusters));
+            return make_error(
+                EINVAL,
+                fmt::format("{} clusters is more than FAT32 allows; use a larger cluster size",
+                            l.clusters));
         }
     } else {
         if (cluster == 0) {
@@ -170,10 +183,11 @@ result<void> format(block_device& device, const format_options& options)
                 }
                 if (!auto_type) {
                     if (options.cluster_size != 0 || cluster >= 128 * bps) {
-                        return make_error(EINVAL, fmt::format("FAT12 holds at most {} clusters; {} with {}-byte "
-                                                              "clusters has {}; use a larger cluster size or FAT16",
-                                                              k_max_clusters12, size_text(bytes), cluster,
-                                                              l.clusters));
+                        return make_error(
+                            EINVAL,
+                            fmt::format("FAT12 holds at most {} clusters; {} with {}-byte "
+                                        "clusters has {}; use a larger cluster size or FAT16",
+                                        k_max_clusters12, size_text(bytes), cluster, l.clusters));
                     }
                     cluster *= 2;
                     continue;
@@ -199,12 +213,13 @@ result<void> format(block_device& device, const format_options& options)
                     continue;
                 }
             }
-            return make_error(EINVAL, fmt::format("FAT16 needs {}..{} clusters; {} with {}-byte clusters has {}; "
-                                                  "use {}",
-                                                  k_min_clusters16, k_max_clusters16, size_text(bytes), cluster,
-                                                  l.clusters,
-                                                  l.clusters < k_min_clusters16 ? "FAT12 or a bigger volume"
-                                                                                : "FAT32 or larger clusters"));
+            return make_error(
+                EINVAL, fmt::format("FAT16 needs {}..{} clusters; {} with {}-byte clusters has {}; "
+                                    "use {}",
+                                    k_min_clusters16, k_max_clusters16, size_text(bytes), cluster,
+                                    l.clusters,
+                                    l.clusters < k_min_clusters16 ? "FAT12 or a bigger volume"
+                                                                  : "FAT32 or larger clusters"));
         }
     }
     uint32_t spc = cluster / bps;
@@ -223,7 +238,8 @@ result<void> format(block_device& device, const format_options& options)
     for (auto& c : label) {
         c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
         if (static_cast<unsigned char>(c) < 0x20 || std::strchr("*?<>|\"\\/:.", c) != nullptr) {
-            return make_error(EINVAL, fmt::format("label \"{}\": character '{}' is not allowed", options.label, c));
+            return make_error(EINVAL, fmt::format("label \"{}\": character '{}' is not allowed",
+                                                  options.label, c));
         }
     }
     char label11[12];
@@ -263,7 +279,10 @@ result<void> format(block_device& device, const format_options& options)
     b[ext + 2] = 0x29;
     put32(b + ext + 3, volume_id);
     std::memcpy(b + ext + 7, label11, 11);
-    std::memcpy(b + ext + 18, type == fat_type::fat12 ? "FAT12   " : type == fat_type::fat16 ? "FAT16   " : "FAT32   ",
+    std::memcpy(b + ext + 18,
+                type == fat_type::fat12   ? "FAT12   "
+                : type == fat_type::fat16 ? "FAT16   "
+                                          : "FAT32   ",
                 8);
     // Boot code: print nothing, wait forever (this is not a boot disk).
     b[ext + 26] = 0xF4;
@@ -289,7 +308,9 @@ result<void> format(block_device& device, const format_options& options)
         }
         return 0;
     };
-    auto io_error = [&](int rc) { return make_error(-rc, fmt::format("mkfs: writing: {}", std::strerror(-rc))); };
+    auto io_error = [&](int rc) {
+        return make_error(-rc, fmt::format("mkfs: writing: {}", std::strerror(-rc)));
+    };
 
     int rc = zero(0, l.data_start + (type == fat_type::fat32 ? spc : 0));
     if (rc < 0) {
@@ -310,7 +331,8 @@ result<void> format(block_device& device, const format_options& options)
         third[510] = 0x55;
         third[511] = 0xAA;
         if ((rc = write(1, 1, fsi.data())) < 0 || (rc = write(2, 1, third.data())) < 0 ||
-            (rc = write(6, 1, b)) < 0 || (rc = write(7, 1, fsi.data())) < 0 || (rc = write(8, 1, third.data())) < 0) {
+            (rc = write(6, 1, b)) < 0 || (rc = write(7, 1, fsi.data())) < 0 ||
+            (rc = write(8, 1, third.data())) < 0) {
             return io_error(rc);
         }
     }
@@ -344,7 +366,8 @@ result<void> format(block_device& device, const format_options& options)
         fat_time t = to_fat_time(std::time(nullptr));
         put16(root.data() + dirent::wrt_time, t.time);
         put16(root.data() + dirent::wrt_date, t.date);
-        uint64_t root_sector = type == fat_type::fat32 ? l.data_start : l.reserved + uint64_t{fats} * l.fat_sectors;
+        uint64_t root_sector =
+            type == fat_type::fat32 ? l.data_start : l.reserved + uint64_t{fats} * l.fat_sectors;
         rc = write(root_sector, 1, root.data());
         if (rc < 0) {
             return io_error(rc);

@@ -13,7 +13,10 @@ namespace softblk::fat::detail {
 
 namespace {
 
-volume& vol() { return *static_cast<volume*>(fuse_get_context()->private_data); }
+volume& vol()
+{
+    return *static_cast<volume*>(fuse_get_context()->private_data);
+}
 
 template <class T>
 int err(const result<T>& r)
@@ -21,7 +24,10 @@ int err(const result<T>& r)
     return -r.error().code.value();
 }
 
-file* handle(fuse_file_info* fi) { return reinterpret_cast<file*>(fi->fh); }
+file* handle(fuse_file_info* fi)
+{
+    return reinterpret_cast<file*>(fi->fh);
+}
 
 bool g_read_only = false;
 bool g_direct_io = false;
@@ -74,7 +80,8 @@ int op_getattr(const char* path, struct stat* st, fuse_file_info* fi)
     return 0;
 }
 
-int op_readdir(const char* path, void* buf, fuse_fill_dir_t filler, off_t, fuse_file_info*, fuse_readdir_flags)
+int op_readdir(const char* path, void* buf, fuse_fill_dir_t filler, off_t, fuse_file_info*,
+               fuse_readdir_flags)
 {
     auto r = vol().readdir(path);
     if (!r) {
@@ -160,7 +167,10 @@ int op_release(const char*, fuse_file_info* fi)
     return 0;
 }
 
-int op_fsync(const char*, int, fuse_file_info* fi) { return handle(fi)->fsync(); }
+int op_fsync(const char*, int, fuse_file_info* fi)
+{
+    return handle(fi)->fsync();
+}
 
 int op_truncate(const char* path, off_t size, fuse_file_info* fi)
 {
@@ -248,12 +258,16 @@ int op_chmod(const char* path, mode_t mode, fuse_file_info*)
         return 0;
     }
     uint8_t attr = st->attributes;
-    attr = static_cast<uint8_t>((mode & 0222) ? (attr & ~k_attr_read_only) : (attr | k_attr_read_only));
+    attr = static_cast<uint8_t>((mode & 0222) ? (attr & ~k_attr_read_only)
+                                              : (attr | k_attr_read_only));
     auto r = vol().set_attributes(path, attr);
     return r ? 0 : err(r);
 }
 
-int op_chown(const char*, uid_t, gid_t, fuse_file_info*) { return 0; }
+int op_chown(const char*, uid_t, gid_t, fuse_file_info*)
+{
+    return 0;
+}
 
 void* op_init(fuse_conn_info* conn, fuse_config* cfg)
 {
@@ -334,7 +348,8 @@ int serve_fuse(volume& v, const std::string& mountpoint, bool foreground, bool r
     }
     if (fuse_mount(f, mountpoint.c_str()) != 0) {
         fuse_destroy(f);
-        fmt::print(stderr, "softblk fat mount: cannot mount on {} (does it exist? is /dev/fuse usable?)\n",
+        fmt::print(stderr,
+                   "softblk fat mount: cannot mount on {} (does it exist? is /dev/fuse usable?)\n",
                    mountpoint);
         return 1;
     }

@@ -19,9 +19,18 @@ bool short_char_ok(unsigned char c)
     return std::strchr("$%'-_@~`!(){}^#&", c) != nullptr && c != 0;
 }
 
-bool is_lower(unsigned char c) { return c >= 'a' && c <= 'z'; }
-bool is_upper(unsigned char c) { return c >= 'A' && c <= 'Z'; }
-unsigned char to_upper(unsigned char c) { return is_lower(c) ? static_cast<unsigned char>(c - 32) : c; }
+bool is_lower(unsigned char c)
+{
+    return c >= 'a' && c <= 'z';
+}
+bool is_upper(unsigned char c)
+{
+    return c >= 'A' && c <= 'Z';
+}
+unsigned char to_upper(unsigned char c)
+{
+    return is_lower(c) ? static_cast<unsigned char>(c - 32) : c;
+}
 
 void append_utf8(std::string& out, uint32_t cp)
 {
@@ -76,8 +85,8 @@ bool utf8_to_utf16(std::string_view in, std::u16string& out)
             }
             cp = (cp << 6) | (cc & 0x3F);
         }
-        if ((extra == 1 && cp < 0x80) || (extra == 2 && cp < 0x800) || (extra == 3 && cp < 0x10000) ||
-            cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) {
+        if ((extra == 1 && cp < 0x80) || (extra == 2 && cp < 0x800) ||
+            (extra == 3 && cp < 0x10000) || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) {
             return false;
         }
         i += 1 + static_cast<size_t>(extra);
@@ -98,7 +107,8 @@ std::string utf16_to_utf8(std::u16string_view in)
     out.reserve(in.size());
     for (size_t i = 0; i < in.size(); ++i) {
         uint32_t u = in[i];
-        if (u >= 0xD800 && u <= 0xDBFF && i + 1 < in.size() && in[i + 1] >= 0xDC00 && in[i + 1] <= 0xDFFF) {
+        if (u >= 0xD800 && u <= 0xDBFF && i + 1 < in.size() && in[i + 1] >= 0xDC00 &&
+            in[i + 1] <= 0xDFFF) {
             uint32_t cp = 0x10000 + ((u - 0xD800) << 10) + (in[i + 1] - 0xDC00);
             append_utf8(out, cp);
             ++i;
@@ -195,7 +205,8 @@ bool valid_stored_short(const uint8_t* name)
     }
     for (int i = 0; i < 11; ++i) {
         uint8_t c = name[i];
-        if ((c < 0x20 && !(i == 0 && c == 0x05)) || c == 0x7F || std::strchr("*?<>|\"\\/:", c) != nullptr) {
+        if ((c < 0x20 && !(i == 0 && c == 0x05)) || c == 0x7F ||
+            std::strchr("*?<>|\"\\/:", c) != nullptr) {
             return false;
         }
     }
@@ -208,7 +219,8 @@ short_plan plan_short_name(std::string_view name)
     // 1. Does the name fit 8.3 as it is (with one case per part)?
     size_t dot = name.rfind('.');
     std::string_view base = dot == std::string_view::npos ? name : name.substr(0, dot);
-    std::string_view ext = dot == std::string_view::npos ? std::string_view{} : name.substr(dot + 1);
+    std::string_view ext =
+        dot == std::string_view::npos ? std::string_view{} : name.substr(dot + 1);
     auto part_ok = [](std::string_view part, size_t max, bool& lower) {
         if (part.size() > max) {
             return false;
@@ -252,7 +264,8 @@ short_plan plan_short_name(std::string_view name)
     }
     size_t last_dot = body.rfind('.');
     std::string_view b = last_dot == std::string_view::npos ? body : body.substr(0, last_dot);
-    std::string_view e = last_dot == std::string_view::npos ? std::string_view{} : body.substr(last_dot + 1);
+    std::string_view e =
+        last_dot == std::string_view::npos ? std::string_view{} : body.substr(last_dot + 1);
     auto convert = [](std::string_view part, size_t max) {
         std::string out;
         for (size_t i = 0; i < part.size() && out.size() < max; ++i) {
@@ -262,7 +275,8 @@ short_plan plan_short_name(std::string_view name)
             }
             if (c >= 0x80) {
                 // One '_' per code point: skip continuation bytes.
-                while (i + 1 < part.size() && (static_cast<unsigned char>(part[i + 1]) & 0xC0) == 0x80) {
+                while (i + 1 < part.size() &&
+                       (static_cast<unsigned char>(part[i + 1]) & 0xC0) == 0x80) {
                     ++i;
                 }
                 out.push_back('_');
@@ -309,8 +323,10 @@ bool parse_short(std::string_view name, short_name& out)
 {
     size_t dot = name.rfind('.');
     std::string_view base = dot == std::string_view::npos ? name : name.substr(0, dot);
-    std::string_view ext = dot == std::string_view::npos ? std::string_view{} : name.substr(dot + 1);
-    if (base.empty() || base.size() > 8 || ext.size() > 3 || base.find('.') != std::string_view::npos) {
+    std::string_view ext =
+        dot == std::string_view::npos ? std::string_view{} : name.substr(dot + 1);
+    if (base.empty() || base.size() > 8 || ext.size() > 3 ||
+        base.find('.') != std::string_view::npos) {
         return false;
     }
     out.fill(' ');

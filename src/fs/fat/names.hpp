@@ -38,11 +38,11 @@ bool valid_stored_short(const uint8_t* name);
 
 // How a new name is stored.
 struct short_plan {
-    short_name name{};        // the exact 8.3 name when !needs_lfn, else unused
-    uint8_t nt_flags = 0;     // NT lower-case bits when !needs_lfn
+    short_name name{};     // the exact 8.3 name when !needs_lfn, else unused
+    uint8_t nt_flags = 0;  // NT lower-case bits when !needs_lfn
     bool needs_lfn = false;
-    std::string basis_base;   // uppercase, valid chars, up to 8
-    std::string basis_ext;    // up to 3
+    std::string basis_base;  // uppercase, valid chars, up to 8
+    std::string basis_ext;   // up to 3
 };
 short_plan plan_short_name(std::string_view name);
 

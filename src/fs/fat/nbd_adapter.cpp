@@ -21,8 +21,8 @@ int last_errno()
 
 }  // namespace
 
-nbd_block_device::nbd_block_device(nbd_handle* h, uint64_t sectors, uint32_t sector_size, bool read_only,
-                                   uint64_t max_request, bool can_flush)
+nbd_block_device::nbd_block_device(nbd_handle* h, uint64_t sectors, uint32_t sector_size,
+                                   bool read_only, uint64_t max_request, bool can_flush)
     : _h(h),
       _sectors(sectors),
       _sector_size(sector_size),
@@ -40,7 +40,8 @@ nbd_block_device::~nbd_block_device()
     }
 }
 
-result<std::unique_ptr<nbd_block_device>> nbd_block_device::connect(const std::string& uri, bool read_only,
+result<std::unique_ptr<nbd_block_device>> nbd_block_device::connect(const std::string& uri,
+                                                                    bool read_only,
                                                                     uint32_t sector_size)
 {
     nbd_handle* h = nbd_create();
@@ -49,7 +50,8 @@ result<std::unique_ptr<nbd_block_device>> nbd_block_device::connect(const std::s
     }
     auto fail = [&](std::string what) -> std::unexpected<error> {
         int e = nbd_get_errno();
-        std::string msg = fmt::format("{}: {}: {}", uri, what, nbd_get_error() ? nbd_get_error() : "unknown error");
+        std::string msg = fmt::format("{}: {}: {}", uri, what,
+                                      nbd_get_error() ? nbd_get_error() : "unknown error");
         nbd_close(h);
         return make_error(e > 0 ? e : EIO, std::move(msg));
     };
@@ -63,12 +65,13 @@ result<std::unique_ptr<nbd_block_device>> nbd_block_device::connect(const std::s
     int ro = nbd_is_read_only(h);
     if (ro == 1 && !read_only) {
         nbd_close(h);
-        return make_error(EROFS, fmt::format("{}: the export is read-only (try a read-only command)", uri));
+        return make_error(
+            EROFS, fmt::format("{}: the export is read-only (try a read-only command)", uri));
     }
     if (static_cast<uint64_t>(bytes) < sector_size) {
         nbd_close(h);
-        return make_error(EINVAL, fmt::format("{}: {} bytes is smaller than one {}-byte sector", uri, bytes,
-                                              sector_size));
+        return make_error(EINVAL, fmt::format("{}: {} bytes is smaller than one {}-byte sector",
+                                              uri, bytes, sector_size));
     }
     uint64_t max = k_max_request;
     int64_t server_max = nbd_get_block_size(h, LIBNBD_SIZE_MAXIMUM);
@@ -77,8 +80,9 @@ result<std::unique_ptr<nbd_block_device>> nbd_block_device::connect(const std::s
     }
     max = std::max<uint64_t>(max / sector_size * sector_size, sector_size);
     bool can_flush = nbd_can_flush(h) == 1;
-    return std::unique_ptr<nbd_block_device>(new nbd_block_device(
-        h, static_cast<uint64_t>(bytes) / sector_size, sector_size, read_only || ro == 1, max, can_flush));
+    return std::unique_ptr<nbd_block_device>(
+        new nbd_block_device(h, static_cast<uint64_t>(bytes) / sector_size, sector_size,
+                             read_only || ro == 1, max, can_flush));
 }
 
 // Runs `io(pointer, bytes, offset)` over [lba, lba + count) in pieces of at
@@ -102,15 +106,17 @@ int nbd_block_device::in_pieces(uint64_t lba, uint32_t count, Byte* p, Io io)
 
 int nbd_block_device::do_read(uint64_t lba, uint32_t count, void* buffer)
 {
-    return in_pieces(lba, count, static_cast<uint8_t*>(buffer), [this](uint8_t* p, uint64_t n, uint64_t off) {
-        return nbd_pread(_h, p, n, off, 0);
-    });
+    return in_pieces(
+        lba, count, static_cast<uint8_t*>(buffer),
+        [this](uint8_t* p, uint64_t n, uint64_t off) { return nbd_pread(_h, p, n, off, 0); });
 }
 
 int nbd_block_device::do_write(uint64_t lba, uint32_t count, const void* buffer)
 {
     return in_pieces(lba, count, static_cast<const uint8_t*>(buffer),
-                     [this](const uint8_t* p, uint64_t n, uint64_t off) { return nbd_pwrite(_h, p, n, off, 0); });
+                     [this](const uint8_t* p, uint64_t n, uint64_t off) {
+                         return nbd_pwrite(_h, p, n, off, 0);
+                     });
 }
 
 int nbd_block_device::do_flush()

@@ -11,8 +11,8 @@ namespace {
 constexpr uint32_t k_max_run_sectors = 1024;
 }
 
-sector_cache::sector_cache(block_device& device, uint32_t sector_bytes, uint32_t device_ratio, uint32_t capacity,
-                           uint32_t read_ahead, bool pin_dirty)
+sector_cache::sector_cache(block_device& device, uint32_t sector_bytes, uint32_t device_ratio,
+                           uint32_t capacity, uint32_t read_ahead, bool pin_dirty)
     : _device(device),
       _sector_bytes(sector_bytes),
       _ratio(device_ratio),
@@ -139,15 +139,18 @@ int sector_cache::write_back()
     int result = 0;
     while (i < sectors.size()) {
         size_t j = i + 1;
-        while (j < sectors.size() && sectors[j] == sectors[j - 1] + 1 && j - i < k_max_run_sectors) {
+        while (j < sectors.size() && sectors[j] == sectors[j - 1] + 1 &&
+               j - i < k_max_run_sectors) {
             ++j;
         }
         size_t count = j - i;
         _staging.resize(count * _sector_bytes);
         for (size_t k = 0; k < count; ++k) {
-            std::memcpy(_staging.data() + k * _sector_bytes, _index.at(sectors[i + k])->data.get(), _sector_bytes);
+            std::memcpy(_staging.data() + k * _sector_bytes, _index.at(sectors[i + k])->data.get(),
+                        _sector_bytes);
         }
-        int rc = _device.write(sectors[i] * _ratio, static_cast<uint32_t>(count * _ratio), _staging.data());
+        int rc = _device.write(sectors[i] * _ratio, static_cast<uint32_t>(count * _ratio),
+                               _staging.data());
         ++_runs_written;
         if (rc < 0) {
             result = rc;  // keep them dirty; report the first error
@@ -169,7 +172,8 @@ int sector_cache::write_back()
 void sector_cache::overlay_dirty(uint64_t first, uint64_t count, uint8_t* buffer) const
 {
     for (auto it = _dirty.lower_bound(first); it != _dirty.end() && *it < first + count; ++it) {
-        std::memcpy(buffer + (*it - first) * _sector_bytes, _index.at(*it)->data.get(), _sector_bytes);
+        std::memcpy(buffer + (*it - first) * _sector_bytes, _index.at(*it)->data.get(),
+                    _sector_bytes);
     }
 }
 

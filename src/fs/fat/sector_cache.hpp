@@ -28,8 +28,8 @@ namespace softblk::fat::detail {
 
 class sector_cache {
 public:
-    sector_cache(block_device& device, uint32_t sector_bytes, uint32_t device_ratio, uint32_t capacity,
-                 uint32_t read_ahead, bool pin_dirty);
+    sector_cache(block_device& device, uint32_t sector_bytes, uint32_t device_ratio,
+                 uint32_t capacity, uint32_t read_ahead, bool pin_dirty);
 
     enum class fill : uint8_t { read, zero };
 
@@ -75,9 +75,9 @@ private:
     uint32_t _capacity;
     uint32_t _read_ahead;
     bool _pin_dirty;
-    slot_list _lru;    // front = most recent; in pin mode only clean slots
-    slot_list _pinned; // dirty slots in pin mode
-    slot_list _spare;  // evicted slots whose buffers are reused
+    slot_list _lru;     // front = most recent; in pin mode only clean slots
+    slot_list _pinned;  // dirty slots in pin mode
+    slot_list _spare;   // evicted slots whose buffers are reused
     std::unordered_map<uint64_t, slot_list::iterator> _index;
     std::set<uint64_t> _dirty;
     std::vector<uint8_t> _staging;

@@ -5,10 +5,12 @@
 
 namespace softblk::fat {
 
-softblk_block_device::softblk_block_device(softblk::device& device) : _device(&device) {}
+softblk_block_device::softblk_block_device(softblk::device& device) : _device(&device)
+{
+}
 
-result<std::unique_ptr<softblk_block_device>> softblk_block_device::create(std::string name, std::string_view type,
-                                                                           std::span<const std::string> options)
+result<std::unique_ptr<softblk_block_device>> softblk_block_device::create(
+    std::string name, std::string_view type, std::span<const std::string> options)
 {
     auto dev = softblk::device::create(std::move(name), type, options);
     if (!dev) {
@@ -19,14 +21,20 @@ result<std::unique_ptr<softblk_block_device>> softblk_block_device::create(std::
     return adapter;
 }
 
-uint32_t softblk_block_device::sector_size() const { return _device->limits().logical_block_size; }
+uint32_t softblk_block_device::sector_size() const
+{
+    return _device->limits().logical_block_size;
+}
 
 uint64_t softblk_block_device::sector_count() const
 {
     return _device->limits().capacity_bytes / _device->limits().logical_block_size;
 }
 
-bool softblk_block_device::read_only() const { return _device->limits().read_only; }
+bool softblk_block_device::read_only() const
+{
+    return _device->limits().read_only;
+}
 
 uint32_t softblk_block_device::write_gather_bytes() const
 {

@@ -80,7 +80,10 @@ struct dir_index {
     uint32_t free_hint = 0;
 };
 
-std::string short_key(const short_name& n) { return std::string(reinterpret_cast<const char*>(n.data()), 11); }
+std::string short_key(const short_name& n)
+{
+    return std::string(reinterpret_cast<const char*>(n.data()), 11);
+}
 
 struct entry_info {
     uint32_t parent_key = 0;
@@ -190,7 +193,8 @@ struct volume_state {
         } else {
             switch (code) {
             case ENOSPC:
-                detail = fmt::format("no space left ({} free clusters of {} bytes)", free_count, g.cluster_bytes);
+                detail = fmt::format("no space left ({} free clusters of {} bytes)", free_count,
+                                     g.cluster_bytes);
                 break;
             case EFBIG:
                 detail = "FAT files are limited to 4 GiB - 1 bytes";
@@ -202,14 +206,15 @@ struct volume_state {
                 detail = "names are limited to 255 UTF-16 units";
                 break;
             case EINVAL:
-                detail = "invalid argument (a name may not contain \"*/:<>?\\| or control characters)";
+                detail =
+                    "invalid argument (a name may not contain \"*/:<>?\\| or control characters)";
                 break;
             default:
                 detail = std::strerror(code);
             }
         }
-        return std::unexpected<error>(
-            error{std::error_code(code, std::generic_category()), fmt::format("{}: {}", what, detail)});
+        return std::unexpected<error>(error{std::error_code(code, std::generic_category()),
+                                            fmt::format("{}: {}", what, detail)});
     }
     int check_usable(bool write) const
     {
@@ -350,7 +355,8 @@ struct volume_state {
             return corrupt(fmt::format("chain runs into bad cluster after cluster {}", c));
         }
         if (!valid_cluster(v)) {
-            return corrupt(fmt::format("cluster {} points to cluster {}, outside 2..{}", c, v, g.cluster_count + 1));
+            return corrupt(fmt::format("cluster {} points to cluster {}, outside 2..{}", c, v,
+                                       g.cluster_count + 1));
         }
         next = v;
         return 0;
@@ -398,10 +404,12 @@ struct volume_state {
     {
         free_map.assign((uint64_t{g.cluster_count} + 2 + 63) / 64, 0);
         free_count = 0;
-        uint64_t fat_bytes_needed = (g.type == fat_type::fat12)   ? (uint64_t{g.cluster_count} + 2) * 3 / 2 + 1
-                                    : (g.type == fat_type::fat16) ? (uint64_t{g.cluster_count} + 2) * 2
-                                                                  : (uint64_t{g.cluster_count} + 2) * 4;
-        uint64_t sectors = std::min<uint64_t>((fat_bytes_needed + g.bps - 1) / g.bps, g.fat_sectors);
+        uint64_t fat_bytes_needed =
+            (g.type == fat_type::fat12)   ? (uint64_t{g.cluster_count} + 2) * 3 / 2 + 1
+            : (g.type == fat_type::fat16) ? (uint64_t{g.cluster_count} + 2) * 2
+                                          : (uint64_t{g.cluster_count} + 2) * 4;
+        uint64_t sectors =
+            std::min<uint64_t>((fat_bytes_needed + g.bps - 1) / g.bps, g.fat_sectors);
         uint64_t base = g.fat_start + uint64_t{g.active_fat} * g.fat_sectors;
         uint32_t chunk_sectors = std::max<uint32_t>(1, (256 * 1024) / g.bps);
         std::vector<uint8_t> buf;
@@ -499,7 +507,8 @@ struct volume_state {
         uint32_t steps = 0;
         while (c != 0) {
             if (!valid_cluster(c)) {
-                return corrupt(fmt::format("chain points to cluster {}, outside 2..{}", c, g.cluster_count + 1));
+                return corrupt(fmt::format("chain points to cluster {}, outside 2..{}", c,
+                                           g.cluster_count + 1));
             }
             if (++steps > g.cluster_count) {
                 return corrupt(fmt::format("loop in the chain starting at cluster {}", first));
@@ -539,8 +548,9 @@ struct volume_state {
             return rc;
         }
         if (index >= n.mapped) {
-            return corrupt(fmt::format("chain of cluster {} ends after {} clusters, the size needs more",
-                                       n.first_cluster, n.mapped));
+            return corrupt(
+                fmt::format("chain of cluster {} ends after {} clusters, the size needs more",
+                            n.first_cluster, n.mapped));
         }
         auto it = std::upper_bound(n.extents.begin(), n.extents.end(), index,
                                    [](uint32_t i, const extent_run& e) { return i < e.logical; });
@@ -581,7 +591,8 @@ struct volume_state {
                 break;
             }
             if (n.mapped >= g.cluster_count) {
-                return corrupt(fmt::format("loop in the chain starting at cluster {}", n.first_cluster));
+                return corrupt(
+                    fmt::format("loop in the chain starting at cluster {}", n.first_cluster));
             }
             if (next == c + 1) {
                 ++last.count;
@@ -695,7 +706,8 @@ struct volume_state {
         } else {
             uint64_t ci = byte / g.cluster_bytes;
             if (ci >= d.clusters.size()) {
-                return corrupt(fmt::format("directory slot {} beyond the directory's clusters", slot));
+                return corrupt(
+                    fmt::format("directory slot {} beyond the directory's clusters", slot));
             }
             uint64_t cs = cluster_sector(d.clusters[ci]);
             sector = cs + (byte % g.cluster_bytes) / g.bps;
@@ -719,7 +731,8 @@ struct volume_state {
         if (!rec.dot) {
             std::string folded = fold(rec.name);
             if (!d.by_name.emplace(folded, slot).second) {
-                note(fmt::format("duplicate name \"{}\" in directory at cluster {}", rec.name, d.key));
+                note(fmt::format("duplicate name \"{}\" in directory at cluster {}", rec.name,
+                                 d.key));
             }
             d.by_short.emplace(short_key(rec.sname), slot);
         }
@@ -740,13 +753,16 @@ struct volume_state {
             d->capacity = g.root_entries;
         } else {
             if (!valid_cluster(key)) {
-                return corrupt(fmt::format("directory cluster {} is outside 2..{}", key, g.cluster_count + 1));
+                return corrupt(
+                    fmt::format("directory cluster {} is outside 2..{}", key, g.cluster_count + 1));
             }
-            uint32_t max_clusters = std::max<uint32_t>(1, k_max_dir_entries * k_dirent_size / g.cluster_bytes);
+            uint32_t max_clusters =
+                std::max<uint32_t>(1, k_max_dir_entries * k_dirent_size / g.cluster_bytes);
             uint32_t c = key;
             while (c != 0) {
                 if (d->clusters.size() >= max_clusters) {
-                    return corrupt(fmt::format("directory at cluster {} is longer than 65536 entries (a loop?)", key));
+                    return corrupt(fmt::format(
+                        "directory at cluster {} is longer than 65536 entries (a loop?)", key));
                 }
                 d->clusters.push_back(c);
                 uint32_t next = 0;
@@ -756,7 +772,8 @@ struct volume_state {
                 }
                 c = next;
             }
-            d->capacity = static_cast<uint32_t>(d->clusters.size() * (g.cluster_bytes / k_dirent_size));
+            d->capacity =
+                static_cast<uint32_t>(d->clusters.size() * (g.cluster_bytes / k_dirent_size));
         }
         d->used.assign(d->capacity, 0);
         d->end_slot = d->capacity;
@@ -788,7 +805,8 @@ struct volume_state {
                 if (ord & k_lfn_last) {
                     if (k == 0 || k > 20) {
                         expect = -1;
-                        note(fmt::format("directory {}: long-name entry with ordinal {}", key, ord));
+                        note(
+                            fmt::format("directory {}: long-name entry with ordinal {}", key, ord));
                         continue;
                     }
                     total = k;
@@ -797,7 +815,8 @@ struct volume_state {
                     std::fill(lfn.begin(), lfn.end(), u'\0');
                 } else if (expect <= 0 || k != expect || e[13] != sum) {
                     if (expect != -1 || true) {
-                        note(fmt::format("directory {}: long-name entry out of sequence at slot {}", key, slot));
+                        note(fmt::format("directory {}: long-name entry out of sequence at slot {}",
+                                         key, slot));
                     }
                     expect = -1;
                     continue;
@@ -838,12 +857,15 @@ struct volume_state {
                         rec.lfn_slots = static_cast<uint8_t>(total);
                         have_long = true;
                     } else {
-                        note(fmt::format("directory {}: unusable long name at slot {}; using the short name", key,
-                                         slot));
+                        note(fmt::format(
+                            "directory {}: unusable long name at slot {}; using the short name",
+                            key, slot));
                     }
                 } else {
-                    note(fmt::format("directory {}: long name checksum mismatch at slot {}; using the short name",
-                                     key, slot));
+                    note(
+                        fmt::format("directory {}: long name checksum mismatch at slot {}; using "
+                                    "the short name",
+                                    key, slot));
                 }
                 (void)start;
             }
@@ -858,8 +880,8 @@ struct volume_state {
                         }
                     }
                     rec.name = short_to_display(fixed, e[dirent::nt_res]);
-                    note(fmt::format("directory {}: invalid short name at slot {} shown as \"{}\"", key, slot,
-                                     rec.name));
+                    note(fmt::format("directory {}: invalid short name at slot {} shown as \"{}\"",
+                                     key, slot, rec.name));
                 } else {
                     rec.name = short_to_display(e, e[dirent::nt_res]);
                 }
@@ -992,7 +1014,8 @@ struct volume_state {
             static constexpr int offsets[13] = {1, 3, 5, 7, 9, 14, 16, 18, 20, 22, 24, 28, 30};
             for (uint32_t u = 0; u < 13; ++u) {
                 size_t pos = (k - 1) * 13 + u;
-                uint16_t v = pos < units.size() ? units[pos] : (pos == units.size() ? 0x0000 : 0xFFFF);
+                uint16_t v =
+                    pos < units.size() ? units[pos] : (pos == units.size() ? 0x0000 : 0xFFFF);
                 put16(e + offsets[u], v);
             }
         }
@@ -1097,11 +1120,13 @@ struct volume_state {
         info.first_cluster = (hi << 16) | le16(e + dirent::cluster_lo);
         info.size = le32(e + dirent::size);
         if (info.is_dir && info.first_cluster == 0) {
-            return corrupt(fmt::format("directory entry at slot {} of directory {} has no cluster", slot, d.key));
+            return corrupt(fmt::format("directory entry at slot {} of directory {} has no cluster",
+                                       slot, d.key));
         }
         if (info.first_cluster != 0 && !valid_cluster(info.first_cluster)) {
-            return corrupt(fmt::format("entry at slot {} of directory {} starts at cluster {}, outside 2..{}", slot,
-                                       d.key, info.first_cluster, g.cluster_count + 1));
+            return corrupt(
+                fmt::format("entry at slot {} of directory {} starts at cluster {}, outside 2..{}",
+                            slot, d.key, info.first_cluster, g.cluster_count + 1));
         }
         return 0;
     }
@@ -1136,10 +1161,16 @@ struct volume_state {
         return 0;
     }
 
-    uint32_t dir_key_of(const entry_info& info) const { return info.is_root ? root_key() : info.first_cluster; }
+    uint32_t dir_key_of(const entry_info& info) const
+    {
+        return info.is_root ? root_key() : info.first_cluster;
+    }
 
     // ------------------------------------------------------------ nodes
-    static uint64_t node_key(uint32_t parent, uint32_t slot) { return (uint64_t{parent} << 32) | slot; }
+    static uint64_t node_key(uint32_t parent, uint32_t slot)
+    {
+        return (uint64_t{parent} << 32) | slot;
+    }
 
     std::shared_ptr<node> node_for(const entry_info& info)
     {
@@ -1287,8 +1318,9 @@ struct volume_state {
                 const uint8_t* from = src != nullptr ? src : zeros.data();
                 int rc = 0;
                 if (bytes < opts.write_behind_bytes) {
-                    if (pending_bytes != 0 && (sector * g.bps != pending_sector * g.bps + pending_bytes ||
-                                               pending_bytes + bytes > opts.write_behind_bytes)) {
+                    if (pending_bytes != 0 &&
+                        (sector * g.bps != pending_sector * g.bps + pending_bytes ||
+                         pending_bytes + bytes > opts.write_behind_bytes)) {
                         rc = flush_pending();
                         if (rc < 0) {
                             return rc;
@@ -1303,7 +1335,8 @@ struct volume_state {
                 } else {
                     rc = flush_pending();
                     if (rc == 0) {
-                        rc = dev.write(sector * g.ratio, static_cast<uint32_t>(count * g.ratio), from);
+                        rc = dev.write(sector * g.ratio, static_cast<uint32_t>(count * g.ratio),
+                                       from);
                         ++counters.direct_writes;
                     }
                     if (rc < 0) {
@@ -1325,7 +1358,8 @@ struct volume_state {
             }
             uint32_t chunk = static_cast<uint32_t>(std::min<uint64_t>(len, g.bps - in));
             bool whole = chunk == g.bps;
-            auto how = (whole || sector * g.bps >= init_from) ? sector_cache::fill::zero : sector_cache::fill::read;
+            auto how = (whole || sector * g.bps >= init_from) ? sector_cache::fill::zero
+                                                              : sector_cache::fill::read;
             uint8_t* buf = nullptr;
             int rc = data->get(sector, sector + 1, how, buf);
             if (rc < 0) {
@@ -1365,7 +1399,8 @@ struct volume_state {
             uint32_t disk = 0;
             uint32_t run = 0;
             // Map enough of the chain for this transfer in one walk.
-            int rc = extend_map(n, static_cast<uint32_t>((off + total + g.cluster_bytes - 1) / g.cluster_bytes));
+            int rc = extend_map(
+                n, static_cast<uint32_t>((off + total + g.cluster_bytes - 1) / g.cluster_bytes));
             if (rc < 0) {
                 return rc;
             }
@@ -1376,7 +1411,8 @@ struct volume_state {
             uint64_t avail = uint64_t{run} * g.cluster_bytes - in;
             uint64_t chunk = std::min<uint64_t>(total - done, avail);
             uint64_t start = cluster_sector(disk);
-            rc = transfer_read(start * g.bps + in, chunk, out + done, start + uint64_t{run} * g.spc);
+            rc =
+                transfer_read(start * g.bps + in, chunk, out + done, start + uint64_t{run} * g.spc);
             if (rc < 0) {
                 return rc;
             }
@@ -1404,8 +1440,10 @@ struct volume_state {
             uint64_t start_byte = cluster_sector(disk) * g.bps;
             // File offset `old_size` sits at this disk byte (if within the run).
             uint64_t run_file_start = p - in;
-            uint64_t init_from = old_size <= run_file_start ? start_byte : start_byte + (old_size - run_file_start);
-            rc = transfer_write(start_byte + in, chunk, src != nullptr ? src + done : nullptr, init_from);
+            uint64_t init_from =
+                old_size <= run_file_start ? start_byte : start_byte + (old_size - run_file_start);
+            rc = transfer_write(start_byte + in, chunk, src != nullptr ? src + done : nullptr,
+                                init_from);
             if (rc < 0) {
                 return rc;
             }
@@ -1578,31 +1616,40 @@ struct volume_state {
         }
         const uint8_t* b = boot.data();
         if (b[510] != 0x55 || b[511] != 0xAA) {
-            return make_error(EINVAL, "not a FAT file system: no boot signature 55 AA at offset 510");
+            return make_error(EINVAL,
+                              "not a FAT file system: no boot signature 55 AA at offset 510");
         }
         g.bps = le16(b + 11);
         if (g.bps != 512 && g.bps != 1024 && g.bps != 2048 && g.bps != 4096) {
-            return make_error(EINVAL, fmt::format("boot sector: {} bytes per sector; must be 512, 1024, 2048 or 4096",
-                                                  g.bps));
+            return make_error(
+                EINVAL,
+                fmt::format("boot sector: {} bytes per sector; must be 512, 1024, 2048 or 4096",
+                            g.bps));
         }
         if (g.bps < dss || g.bps % dss != 0) {
-            return make_error(EINVAL, fmt::format("the file system uses {}-byte sectors but the device has {}-byte "
-                                                  "sectors; use a device with {}-byte sectors",
-                                                  g.bps, dss, g.bps));
+            return make_error(
+                EINVAL,
+                fmt::format("the file system uses {}-byte sectors but the device has {}-byte "
+                            "sectors; use a device with {}-byte sectors",
+                            g.bps, dss, g.bps));
         }
         g.ratio = g.bps / dss;
         g.spc = b[13];
         if (g.spc == 0 || (g.spc & (g.spc - 1)) != 0) {
-            return make_error(EINVAL, fmt::format("boot sector: {} sectors per cluster; must be a power of two", g.spc));
+            return make_error(
+                EINVAL,
+                fmt::format("boot sector: {} sectors per cluster; must be a power of two", g.spc));
         }
         g.cluster_bytes = g.spc * g.bps;
         g.reserved = le16(b + 14);
         if (g.reserved == 0) {
-            return make_error(EINVAL, "boot sector: 0 reserved sectors; the boot sector itself needs one");
+            return make_error(EINVAL,
+                              "boot sector: 0 reserved sectors; the boot sector itself needs one");
         }
         g.fat_count = b[16];
         if (g.fat_count == 0 || g.fat_count > 16) {
-            return make_error(EINVAL, fmt::format("boot sector: {} FATs; must be 1..16", g.fat_count));
+            return make_error(EINVAL,
+                              fmt::format("boot sector: {} FATs; must be 1..16", g.fat_count));
         }
         g.root_entries = le16(b + 17);
         uint32_t total16 = le16(b + 19);
@@ -1619,9 +1666,11 @@ struct volume_state {
             return make_error(EINVAL, "boot sector: total sector count is 0");
         }
         if (g.total_sectors > dev_sectors) {
-            return make_error(EINVAL, fmt::format("boot sector says {} sectors but the device holds {}; the image is "
-                                                  "truncated or belongs to a bigger device",
-                                                  g.total_sectors, dev_sectors));
+            return make_error(
+                EINVAL,
+                fmt::format("boot sector says {} sectors but the device holds {}; the image is "
+                            "truncated or belongs to a bigger device",
+                            g.total_sectors, dev_sectors));
         }
         if (fat32 && g.root_entries != 0) {
             return make_error(EINVAL, "boot sector: FAT32 with a fixed root directory");
@@ -1634,9 +1683,11 @@ struct volume_state {
         g.root_start = g.fat_start + uint64_t{g.fat_count} * g.fat_sectors;
         g.data_start = g.root_start + g.root_sectors;
         if (g.data_start >= g.total_sectors) {
-            return make_error(EINVAL, fmt::format("boot sector: the data area would start at sector {}, past the end "
-                                                  "({} sectors)",
-                                                  g.data_start, g.total_sectors));
+            return make_error(
+                EINVAL,
+                fmt::format("boot sector: the data area would start at sector {}, past the end "
+                            "({} sectors)",
+                            g.data_start, g.total_sectors));
         }
         uint64_t count = (g.total_sectors - g.data_start) / g.spc;
         if (fat32) {
@@ -1646,9 +1697,11 @@ struct volume_state {
         } else if (count < 65525) {
             g.type = fat_type::fat16;
         } else {
-            return make_error(EINVAL, fmt::format("boot sector: {} clusters is too many for FAT12/16 and the FAT32 "
-                                                  "fields are missing",
-                                                  count));
+            return make_error(
+                EINVAL,
+                fmt::format("boot sector: {} clusters is too many for FAT12/16 and the FAT32 "
+                            "fields are missing",
+                            count));
         }
         uint64_t fat_entries = g.type == fat_type::fat12   ? uint64_t{g.fat_sectors} * g.bps * 2 / 3
                                : g.type == fat_type::fat16 ? uint64_t{g.fat_sectors} * g.bps / 2
@@ -1657,8 +1710,8 @@ struct volume_state {
             return make_error(EINVAL, "boot sector: the FAT is too small for any cluster");
         }
         if (count + 2 > fat_entries) {
-            note(fmt::format("the FAT holds {} entries but the data area has {} clusters; using {}", fat_entries,
-                             count, fat_entries - 2));
+            note(fmt::format("the FAT holds {} entries but the data area has {} clusters; using {}",
+                             fat_entries, count, fat_entries - 2));
             count = fat_entries - 2;
         }
         if (g.type == fat_type::fat32 && count > 0x0FFFFFF5) {
@@ -1690,16 +1743,18 @@ struct volume_state {
             g.mirror = (ext & 0x80) == 0;
             g.active_fat = g.mirror ? 0 : (ext & 0x0F);
             if (g.active_fat >= g.fat_count) {
-                return make_error(EINVAL, fmt::format("boot sector: active FAT {} but only {} FATs", g.active_fat,
-                                                      g.fat_count));
+                return make_error(EINVAL, fmt::format("boot sector: active FAT {} but only {} FATs",
+                                                      g.active_fat, g.fat_count));
             }
             if (le16(b + 42) != 0) {
-                return make_error(EINVAL, fmt::format("boot sector: FAT32 version {:#x} is not 0", le16(b + 42)));
+                return make_error(
+                    EINVAL, fmt::format("boot sector: FAT32 version {:#x} is not 0", le16(b + 42)));
             }
             g.root_cluster = le32(b + 44);
             if (!valid_cluster(g.root_cluster)) {
-                return make_error(EINVAL, fmt::format("boot sector: root directory cluster {} outside 2..{}",
-                                                      g.root_cluster, g.cluster_count + 1));
+                return make_error(
+                    EINVAL, fmt::format("boot sector: root directory cluster {} outside 2..{}",
+                                        g.root_cluster, g.cluster_count + 1));
             }
             g.fsinfo_sector = le16(b + 48);
             if (g.fsinfo_sector == 0 || g.fsinfo_sector >= g.reserved) {
@@ -1754,7 +1809,8 @@ struct volume_state {
                 rc = sync_all();
             }
             if (rc < 0) {
-                return make_error(-rc, fmt::format("setting the dirty bit: {}", std::strerror(-rc)));
+                return make_error(-rc,
+                                  fmt::format("setting the dirty bit: {}", std::strerror(-rc)));
             }
         }
         return {};
@@ -1794,7 +1850,8 @@ struct volume_state {
         st.size = st.is_directory ? 0 : le32(e + dirent::size);
         st.allocated = (st.size + g.cluster_bytes - 1) / g.cluster_bytes * g.cluster_bytes;
         st.modified = from_fat_time(le16(e + dirent::wrt_date), le16(e + dirent::wrt_time));
-        st.created = from_fat_time(le16(e + dirent::crt_date), le16(e + dirent::crt_time), e[dirent::crt_tenth]);
+        st.created = from_fat_time(le16(e + dirent::crt_date), le16(e + dirent::crt_time),
+                                   e[dirent::crt_tenth]);
         st.accessed = from_fat_time(le16(e + dirent::acc_date), 0);
     }
 
@@ -1914,7 +1971,9 @@ struct op_guard {
 
 }  // namespace
 
-volume::volume(std::shared_ptr<volume_state> state) : _impl(std::move(state)) {}
+volume::volume(std::shared_ptr<volume_state> state) : _impl(std::move(state))
+{
+}
 
 volume::~volume()
 {
@@ -1983,7 +2042,10 @@ cache_stats volume::stats() const
     return s;
 }
 
-block_device& volume::device() { return _impl->dev; }
+block_device& volume::device()
+{
+    return _impl->dev;
+}
 
 result<volume_stat> volume::statfs()
 {
@@ -2162,7 +2224,8 @@ result<void> volume::mkdir(std::string_view path)
     buf[32] = '.';
     buf[33] = '.';
     uint32_t up = parent.is_root ? 0 : parent_key;
-    put16(buf + 32 + dirent::cluster_hi, v.g.type == fat_type::fat32 ? static_cast<uint16_t>(up >> 16) : 0);
+    put16(buf + 32 + dirent::cluster_hi,
+          v.g.type == fat_type::fat32 ? static_cast<uint16_t>(up >> 16) : 0);
     put16(buf + 32 + dirent::cluster_lo, static_cast<uint16_t>(up));
     return {};
 }
@@ -2542,15 +2605,18 @@ result<void> volume::set_attributes(std::string_view path, uint8_t attributes)
         return v.fail(rc, path);
     }
     uint8_t keep = e[dirent::attr] & (k_attr_directory | k_attr_volume_id);
-    e[dirent::attr] = static_cast<uint8_t>(keep | (attributes & (k_attr_read_only | k_attr_hidden | k_attr_system |
-                                                                 k_attr_archive)));
+    e[dirent::attr] = static_cast<uint8_t>(
+        keep | (attributes & (k_attr_read_only | k_attr_hidden | k_attr_system | k_attr_archive)));
     return {};
 }
 
 // ============================================================== file
 
 file::file(file&& other) noexcept
-    : _volume(other._volume), _node(std::move(other._node)), _flags(other._flags), _position(other._position)
+    : _volume(other._volume),
+      _node(std::move(other._node)),
+      _flags(other._flags),
+      _position(other._position)
 {
     other._volume = nullptr;
 }
@@ -2568,7 +2634,10 @@ file& file::operator=(file&& other) noexcept
     return *this;
 }
 
-file::~file() { close(); }
+file::~file()
+{
+    close();
+}
 
 int64_t file::pread(void* buffer, size_t length, uint64_t offset)
 {

@@ -38,41 +38,94 @@ constexpr uint32_t k_safe_max_sectors = 255;
 // Names, units and defaults are null_blk's configfs attributes (Linux 6.12,
 // drivers/block/null_blk/main.c). docs/null.md has the full table.
 constexpr option_def k_null_options[] = {
-    {.name = "size", .kind = option_kind::integer, .default_value = "256000", .unit = "MiB",
-     .help = "device size (null_blk's default: gb=250, i.e. 256000 MiB)", .min = 1,
+    {.name = "size",
+     .kind = option_kind::integer,
+     .default_value = "256000",
+     .unit = "MiB",
+     .help = "device size (null_blk's default: gb=250, i.e. 256000 MiB)",
+     .min = 1,
      .max = k_max_size_mib},
-    {.name = "gb", .kind = option_kind::integer, .default_value = "250", .unit = "GiB",
+    {.name = "gb",
+     .kind = option_kind::integer,
+     .default_value = "250",
+     .unit = "GiB",
      .help = "device size, null_blk's module parameter: size = gb * 1024 MiB (give size or gb)",
-     .min = 1, .max = k_max_size_mib / 1024},
-    {.name = "blocksize", .kind = option_kind::integer, .default_value = "512", .unit = "bytes",
-     .help = "logical and physical block size: 512, 1024, 2048 or 4096", .min = 512, .max = 4096,
+     .min = 1,
+     .max = k_max_size_mib / 1024},
+    {.name = "blocksize",
+     .kind = option_kind::integer,
+     .default_value = "512",
+     .unit = "bytes",
+     .help = "logical and physical block size: 512, 1024, 2048 or 4096",
+     .min = 512,
+     .max = 4096,
      .alias = "bs"},
-    {.name = "max_sectors", .kind = option_kind::integer, .default_value = "0", .unit = "512-byte sectors",
-     .help = "largest request; 0: the block layer's default of 255 sectors; else at least 8; rounded "
-             "down to whole blocks",
-     .min = 0, .max = k_max_sectors_limit},
-    {.name = "memory_backed", .kind = option_kind::boolean, .default_value = "0", .unit = "",
+    {.name = "max_sectors",
+     .kind = option_kind::integer,
+     .default_value = "0",
+     .unit = "512-byte sectors",
+     .help =
+         "largest request; 0: the block layer's default of 255 sectors; else at least 8; rounded "
+         "down to whole blocks",
+     .min = 0,
+     .max = k_max_sectors_limit},
+    {.name = "memory_backed",
+     .kind = option_kind::boolean,
+     .default_value = "0",
+     .unit = "",
      .help = "keep written data in RAM (sparse: RAM grows with the data written)"},
-    {.name = "discard", .kind = option_kind::boolean, .default_value = "0", .unit = "",
+    {.name = "discard",
+     .kind = option_kind::boolean,
+     .default_value = "0",
+     .unit = "",
      .help = "support discard, which frees the blocks' memory (needs memory_backed=1)"},
-    {.name = "rotational", .kind = option_kind::boolean, .default_value = "0", .unit = "",
+    {.name = "rotational",
+     .kind = option_kind::boolean,
+     .default_value = "0",
+     .unit = "",
      .help = "report the device as rotational (block_limits::rotational)"},
-    {.name = "virt_boundary", .kind = option_kind::boolean, .default_value = "0", .unit = "",
+    {.name = "virt_boundary",
+     .kind = option_kind::boolean,
+     .default_value = "0",
+     .unit = "",
      .help = "require request buffers not to cross 4 KiB boundaries inside (virt_boundary_mask)"},
-    {.name = "home_node", .kind = option_kind::signed_integer, .default_value = "-1", .unit = "NUMA node",
-     .help = "NUMA node of the data pages (mbind MPOL_PREFERRED); -1: no preference", .smin = -1,
+    {.name = "home_node",
+     .kind = option_kind::signed_integer,
+     .default_value = "-1",
+     .unit = "NUMA node",
+     .help = "NUMA node of the data pages (mbind MPOL_PREFERRED); -1: no preference",
+     .smin = -1,
      .smax = 1023},
-    {.name = "use_per_node_hctx", .kind = option_kind::boolean, .default_value = "0", .unit = "",
-     .help = "one submission queue per NUMA node: submit_queues becomes the number of online nodes (as null_blk)"},
-    {.name = "no_sched", .kind = option_kind::boolean, .default_value = "0", .unit = "",
+    {.name = "use_per_node_hctx",
+     .kind = option_kind::boolean,
+     .default_value = "0",
+     .unit = "",
+     .help = "one submission queue per NUMA node: submit_queues becomes the number of online nodes "
+             "(as null_blk)"},
+    {.name = "no_sched",
+     .kind = option_kind::boolean,
+     .default_value = "0",
+     .unit = "",
      .help = "ask kernel front ends for no I/O scheduler; softblk itself never reorders requests"},
-    {.name = "power", .kind = option_kind::boolean, .default_value = "1", .unit = "",
+    {.name = "power",
+     .kind = option_kind::boolean,
+     .default_value = "1",
+     .unit = "",
      .help = "a device is created powered on (power=1); power it off with device::set_power"},
-    {.name = "queue_mode", .kind = option_kind::integer, .default_value = "2", .unit = "",
-     .help = "0 bio (null_blk maps it to 2), 1 legacy request queue (removed: an error), 2 multi-queue",
-     .min = 0, .max = 2},
-    {.name = "index", .kind = option_kind::signed_integer, .default_value = "-1", .unit = "",
-     .help = "device index: -1 takes the lowest free one (null_blk's ida); N asks for N", .smin = -1,
+    {.name = "queue_mode",
+     .kind = option_kind::integer,
+     .default_value = "2",
+     .unit = "",
+     .help =
+         "0 bio (null_blk maps it to 2), 1 legacy request queue (removed: an error), 2 multi-queue",
+     .min = 0,
+     .max = 2},
+    {.name = "index",
+     .kind = option_kind::signed_integer,
+     .default_value = "-1",
+     .unit = "",
+     .help = "device index: -1 takes the lowest free one (null_blk's ida); N asks for N",
+     .smin = -1,
      .smax = 1'048'575},
 };
 
@@ -115,7 +168,8 @@ unsigned online_numa_nodes()
     unsigned count = 0;
     if (DIR* d = opendir("/sys/devices/system/node")) {
         while (dirent* e = readdir(d)) {
-            if (std::strncmp(e->d_name, "node", 4) == 0 && e->d_name[4] >= '0' && e->d_name[4] <= '9') {
+            if (std::strncmp(e->d_name, "node", 4) == 0 && e->d_name[4] >= '0' &&
+                e->d_name[4] <= '9') {
                 ++count;
             }
         }
@@ -139,8 +193,8 @@ private:
 
 class null_target final : public target {
 public:
-    null_target(const block_limits& limits, bool memory_backed, bool discard, int home_node, int index,
-                bool no_sched, bool use_per_node_hctx)
+    null_target(const block_limits& limits, bool memory_backed, bool discard, int home_node,
+                int index, bool no_sched, bool use_per_node_hctx)
         : _limits(limits),
           _discard(discard),
           _home_node(home_node),
@@ -149,8 +203,8 @@ public:
           _use_per_node_hctx(use_per_node_hctx)
     {
         if (memory_backed) {
-            _store = std::make_unique<core::memory_store>(limits.capacity_bytes, limits.logical_block_size,
-                                                          home_node);
+            _store = std::make_unique<core::memory_store>(limits.capacity_bytes,
+                                                          limits.logical_block_size, home_node);
         }
     }
     ~null_target() override { indexes().give_back(_index); }
@@ -223,7 +277,9 @@ public:
             if (!_store) {
                 return -EOPNOTSUPP;
             }
-            return _store->write_zeroes(r.offset, r.length, (r.flags & k_io_no_unmap) != 0) < 0 ? -ENOSPC : 0;
+            return _store->write_zeroes(r.offset, r.length, (r.flags & k_io_no_unmap) != 0) < 0
+                       ? -ENOSPC
+                       : 0;
         default:
             return -EOPNOTSUPP;  // zone operations: the zoned target's
         }
@@ -239,34 +295,40 @@ private:
     bool _use_per_node_hctx;
 };
 
-void null_queue::submit(io_request& r) { _sink.complete(r, _target.execute(r)); }
+void null_queue::submit(io_request& r)
+{
+    _sink.complete(r, _target.execute(r));
+}
 
 result<std::unique_ptr<target>> create_null(const option_set& o)
 {
     uint64_t size_mib = o.u64("size");
     if (o.given("gb")) {
         if (o.given("size")) {
-            return make_error(EINVAL, fmt::format("gb={} and size={}: give the size once (size in MiB, or "
-                                                  "gb in GiB as null_blk's module parameter)",
-                                                  o.u64("gb"), o.u64("size")));
+            return make_error(EINVAL,
+                              fmt::format("gb={} and size={}: give the size once (size in MiB, or "
+                                          "gb in GiB as null_blk's module parameter)",
+                                          o.u64("gb"), o.u64("size")));
         }
         size_mib = o.u64("gb") * 1024;
     }
 
     const uint64_t bs = o.u64("blocksize");
     if ((bs & (bs - 1)) != 0) {
-        return make_error(EINVAL, fmt::format("blocksize={}: blocksize must be a power of two from 512 to "
-                                              "4096 bytes (512, 1024, 2048 or 4096)",
-                                              bs));
+        return make_error(EINVAL,
+                          fmt::format("blocksize={}: blocksize must be a power of two from 512 to "
+                                      "4096 bytes (512, 1024, 2048 or 4096)",
+                                      bs));
     }
 
     uint64_t max_sectors = o.u64("max_sectors");
     if (max_sectors == 0) {
         max_sectors = k_safe_max_sectors;
     } else if (max_sectors < 8) {
-        return make_error(EINVAL, fmt::format("max_sectors={}: max_sectors must be 0 (the default, 255) or "
-                                              "8 to {} sectors (at least one 4 KiB page)",
-                                              max_sectors, k_max_sectors_limit));
+        return make_error(EINVAL,
+                          fmt::format("max_sectors={}: max_sectors must be 0 (the default, 255) or "
+                                      "8 to {} sectors (at least one 4 KiB page)",
+                                      max_sectors, k_max_sectors_limit));
     }
     // The block layer rounds max_hw_sectors down to whole logical blocks.
     max_sectors -= max_sectors % (bs / 512);
@@ -274,32 +336,37 @@ result<std::unique_ptr<target>> create_null(const option_set& o)
     const bool memory_backed = o.flag("memory_backed");
     const bool discard = o.flag("discard");
     if (discard && !memory_backed) {
-        return make_error(EINVAL, "discard=1: discard needs memory_backed=1 (null_blk ignores it with a "
-                                  "log line; softblk refuses rather than ignore it)");
+        return make_error(EINVAL,
+                          "discard=1: discard needs memory_backed=1 (null_blk ignores it with a "
+                          "log line; softblk refuses rather than ignore it)");
     }
     const auto defs = o.defs();
     const bool has_cache = std::any_of(defs.begin(), defs.end(),
                                        [](const option_def& d) { return d.name == "cache_size"; });
     if (!memory_backed && has_cache && o.u64("cache_size") != 0) {
-        return make_error(EINVAL, fmt::format("cache_size={}: the null target's cache needs memory_backed=1 "
-                                              "(null_blk sets cache_size to 0 without it)",
-                                              o.u64("cache_size")));
+        return make_error(
+            EINVAL, fmt::format("cache_size={}: the null target's cache needs memory_backed=1 "
+                                "(null_blk sets cache_size to 0 without it)",
+                                o.u64("cache_size")));
     }
 
     const unsigned nodes = online_numa_nodes();
     const int64_t home_node = o.i64("home_node");
     if (home_node >= static_cast<int64_t>(nodes)) {
-        return make_error(EINVAL, fmt::format("home_node={}: home_node must be -1 (none) or 0 to {} (this "
-                                              "machine has {} NUMA node{})",
-                                              home_node, nodes - 1, nodes, nodes == 1 ? "" : "s"));
+        return make_error(EINVAL,
+                          fmt::format("home_node={}: home_node must be -1 (none) or 0 to {} (this "
+                                      "machine has {} NUMA node{})",
+                                      home_node, nodes - 1, nodes, nodes == 1 ? "" : "s"));
     }
     if (o.u64("queue_mode") == 1) {
-        return make_error(EINVAL, "queue_mode=1: the legacy request path is no longer available (as in "
-                                  "null_blk); use queue_mode=2");
+        return make_error(EINVAL,
+                          "queue_mode=1: the legacy request path is no longer available (as in "
+                          "null_blk); use queue_mode=2");
     }
     if (!o.flag("power")) {
-        return make_error(EINVAL, "power=0: a device is created powered on (configfs' `echo 1 > power`); "
-                                  "power it off afterwards with device::set_power(false)");
+        return make_error(EINVAL,
+                          "power=0: a device is created powered on (configfs' `echo 1 > power`); "
+                          "power it off afterwards with device::set_power(false)");
     }
 
     const int index = indexes().take(o.i64("index"));
@@ -323,18 +390,20 @@ result<std::unique_ptr<target>> create_null(const option_set& o)
     // volatile_write_cache and fua are the cache decorator's (cache_size).
     lim.volatile_write_cache = false;
     lim.fua = false;
-    return std::make_unique<null_target>(lim, memory_backed, discard, static_cast<int>(home_node), index,
-                                         o.flag("no_sched"), o.flag("use_per_node_hctx"));
+    return std::make_unique<null_target>(lim, memory_backed, discard, static_cast<int>(home_node),
+                                         index, o.flag("no_sched"), o.flag("use_per_node_hctx"));
 }
 
 [[maybe_unused]] const bool k_registered = register_target_type(target_type{
     .name = "null",
-    .description = "null_blk in userspace: completes at once, or keeps data in RAM (memory_backed=1)",
+    .description =
+        "null_blk in userspace: completes at once, or keeps data in RAM (memory_backed=1)",
     .options = k_null_options,
     .create = create_null,
     // null_blk (null_validate_conf): use_per_node_hctx forces submit_queues
     // to the number of online NUMA nodes, whatever was given.
-    .submit_queues = [](const option_set& o) { return o.flag("use_per_node_hctx") ? online_numa_nodes() : 0u; },
+    .submit_queues =
+        [](const option_set& o) { return o.flag("use_per_node_hctx") ? online_numa_nodes() : 0u; },
 });
 
 }  // namespace
