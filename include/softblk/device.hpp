@@ -34,6 +34,59 @@ namespace softblk {
 
 class target;
 
+struct bio;
+class io_queue;
+
+// Called once when a whole bio is done, on the thread that drives its
+// queue, possibly inside io_queue::submit(bio&) (a bio the core refuses at
+// once, or a target that completes inline). `status` is 0 or a negative
+// errno: the error of the first failing piece in offset order.
+using bio_completion_fn = void (*)(bio& b, int status);
+
+// A request of any size (the kernel's bio): the core splits it into
+// io_requests on the device's limits (max_transfer_bytes, max_discard_bytes,
+// max_write_zeroes_bytes, zone boundaries), emulates write_zeroes by writing
+// zeros where the target has no write_zeroes, waits for free tags without
+// blocking the caller, and completes it once. Front ends hand their
+// protocol's requests to the core as bios and never split or emulate.
+// Owned by the consumer, who must keep it alive until its completion.
+struct bio {
+    // ---- filled by the consumer (as io_request; `length` may be any size)
+    io_op op = io_op::read;
+    uint32_t flags = 0;
+    uint64_t offset = 0;
+    uint64_t length = 0;
+    void* buffer = nullptr;
+    uint32_t report_capacity = 0;  // report_zones, report_extents
+    bio_completion_fn on_complete = nullptr;
+    void* user_data = nullptr;
+
+    // ---- results
+    // Data operations: bytes done from `offset` on, in order: `length` on
+    // success; on error, the bytes before the first one that failed.
+    // Report operations: entries filled.
+    uint64_t transferred = 0;
+    // zone_append: byte offset where the data landed.
+    uint64_t result_offset = 0;
+
+    // ---- owned by the core from submit to completion
+    bio* next = nullptr;  // the queue's list of bios waiting for a tag
+    struct split_state {
+        io_op op = io_op::read;  // what the pieces do (write for emulated zeroes)
+        bool emulated_zeroes = false;
+        bool submitting = false;    // inside submit: completions only count
+        bool waiting = false;       // on the queue's wait list
+        bool started = false;       // its first piece went out
+        uint32_t piece_max = 0;     // largest piece (0: one piece)
+        uint64_t next_offset = 0;   // where the next piece starts
+        uint64_t left = 0;          // bytes not submitted yet
+        unsigned pending = 0;       // pieces in the target
+        int status = 0;             // first error in offset order
+        uint64_t failed_at = 0;     // offset of that error (UINT64_MAX: none)
+        io_queue* queue = nullptr;  // the queue it was submitted to
+    } split;
+};
+
 enum class completion_mode : uint8_t {
     inline_completion = 0,  // irqmode=0
     deferred = 1,           // irqmode=1 (null_blk: softirq)
@@ -77,6 +130,8 @@ public:
 
     virtual unsigned index() const = 0;
     virtual bool is_poll_queue() const = 0;
+    // The device's limits (as device::limits()). Any thread.
+    virtual const block_limits& limits() const = 0;
     virtual unsigned depth() const = 0;
 
     // Takes a free tag. Returns nullptr when every tag is in flight (the
@@ -92,6 +147,28 @@ public:
     // complete with a negative errno through the normal completion path.
     virtual void submit(io_request& request) = 0;
 
+    // Submits a bio of any size: the core splits it into this queue's
+    // requests as the device's limits demand, taking tags as they free up
+    // (it never waits inside this call), and calls its on_complete once,
+    // from here (refused at once, or inline completion) or from a later
+    // process()/wait(). in_flight() counts each bio waiting for a tag once,
+    // besides its pieces in the target.
+    // Owner thread.
+    virtual void submit(bio& b) = 0;
+
+    // Submits `b` and runs this queue until `b` completes (other requests'
+    // callbacks run meanwhile): one synchronous request for an owner that
+    // drives the queue. Returns b's status (0 or -errno); `b.transferred`
+    // and `b.result_offset` are filled, `b.on_complete` is not called.
+    // Owner thread.
+    int run(bio& b);
+
+    // The allocation map of [offset, offset+length), clipped to the
+    // capacity, in order and without gaps: report_extents requests for the
+    // whole blocks through run(), cut back to the range. A target without a
+    // map (-EOPNOTSUPP) is all data. Owner thread.
+    result<std::vector<extent>> map(uint64_t offset, uint64_t length);
+
     // Delivers every completion that is due, without sleeping. Returns the
     // number of callbacks run.
     virtual unsigned process() = 0;
@@ -101,7 +178,7 @@ public:
     // due. Returns the number of callbacks run.
     virtual unsigned wait(unsigned min_completions, int64_t timeout_ns = -1) = 0;
 
-    // Requests submitted and not yet completed.
+    // Requests submitted and not yet completed, plus bios waiting for a tag.
     virtual unsigned in_flight() const = 0;
 
     // For owners that sleep in an event loop of their own (ublk, NBD)
@@ -139,14 +216,27 @@ public:
     virtual io_queue& queue(unsigned index) = 0;
 
     // Thread-safe synchronous I/O for callers that own no queue (FUSE
-    // workers, tools, the FAT library): picks a queue for the calling
-    // thread, locks it, submits and waits. Returns bytes done or -errno.
-    // Do not mix with asynchronous use of the same queues.
-    virtual int execute(io_op op, uint64_t offset, uint32_t length, void* buffer,
-                        uint32_t flags = 0) = 0;
+    // workers, tools, the FAT library): picks a submit queue for the calling
+    // thread, locks it, submits `b` as a bio (split by the core) and waits.
+    // Returns `b`'s status (0 or -errno); `b.transferred` and
+    // `b.result_offset` are filled, `b.on_complete` is not called.
+    // Do not mix with asynchronous use of the same queues from other threads.
+    virtual int execute(bio& b) = 0;
 
-    // Allocation map (SEEK_DATA/SEEK_HOLE, NBD base:allocation). Any thread.
+    // The same for the common case. Returns bytes done for read, write and
+    // zone_append (`length`), entries filled for report operations, 0 for
+    // the others, or -errno.
+    int execute(io_op op, uint64_t offset, uint32_t length, void* buffer, uint32_t flags = 0);
+
+    // The allocation map of [offset, offset+length), clipped to the
+    // capacity, in order and without gaps (SEEK_DATA/SEEK_HOLE, NBD
+    // base:allocation). Travels through a submit queue as report_extents
+    // requests, like execute(). Any thread.
     virtual result<std::vector<extent>> map(uint64_t offset, uint64_t length) = 0;
+
+    // Zones from the one that holds `offset` on, at most `max_zones`
+    // (report_zones through execute()). -EOPNOTSUPP if not zoned.
+    result<std::vector<zone_descriptor>> report_zones(uint64_t offset, uint32_t max_zones);
 
     // null_blk's `power`: off drops the volatile cache's unflushed data and
     // fails I/O with -ENODEV until powered on. No I/O may be in flight.

@@ -60,7 +60,19 @@ struct export_type {
     // The export options `start` accepts (`--export-opt key=value`), for
     // `softblk features`. Empty when the type takes none.
     std::span<const option_def> options;
+    // The front end carries zoned devices (zone geometry, report and
+    // management, zone append). start_export refuses a zoned device to one
+    // that does not.
+    bool zoned = false;
 };
+
+// Starts `type` on `dev`: what every caller uses instead of calling
+// type.start directly, so that the checks every front end shares live in
+// one place (a zoned device only to a front end with a zoned model, named
+// in the error with the ones that have it). Control thread.
+result<std::unique_ptr<device_export>> start_export(const export_type& type, device& dev,
+                                                    const export_context& ctx,
+                                                    std::span<const std::string> options);
 
 // Registers an export type (static initialiser in the front end's folder).
 bool register_export_type(const export_type& type);

@@ -34,9 +34,9 @@ enum class option_range : uint8_t {
 struct option_def {
     std::string_view name;
     option_kind kind = option_kind::integer;
-    std::string_view default_value;
-    std::string_view unit;  // "MiB", "ns", "bytes", "" ...
-    std::string_view help;  // one line: meaning, and what softblk does with it
+    std::string_view default_value = {};
+    std::string_view unit = {};  // "MiB", "ns", "bytes", "" ...
+    std::string_view help = {};  // one line: meaning, and what softblk does with it
     uint64_t min = 0;
     uint64_t max = UINT64_MAX;
     int64_t smin = INT64_MIN;

@@ -87,6 +87,8 @@ public:
     // Allocation map of [offset, offset+length), clipped to the capacity,
     // appended to `out` in order with no gaps. Any thread; must be safe
     // against concurrent I/O. The default says everything is data.
+    // Reached through report_extents requests: a target queue answers one
+    // with answer_report_extents(its target, request).
     virtual int map_extents(uint64_t offset, uint64_t length, std::vector<extent>& out);
 
     // power=0 / power=1 (null_blk's `power` attribute). Powering off drops
@@ -101,6 +103,11 @@ public:
     // State for `softblk list --json`: counters, cache fill, bad blocks...
     virtual void describe(nlohmann::json& out) const {}
 };
+
+// The answer to a report_extents request from `t.map_extents`: fills the
+// request's buffer (at most report_capacity extents). Returns the number of
+// extents filled or -errno. The queue's thread.
+int answer_report_extents(target& t, io_request& request);
 
 // Wraps a target to add one concern (throttle, bad blocks, fault injection,
 // write-back cache) without the wrapped target knowing. Forwards everything

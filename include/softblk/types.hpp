@@ -32,8 +32,28 @@ inline std::unexpected<error> make_error(int errno_value, std::string message)
 
 // ---------------------------------------------------------------- requests
 
-// What a request asks for. Zone operations belong to the zoned targets; a
-// target that is not zoned completes them with -EOPNOTSUPP.
+// What a request asks for.
+//   read, write          `length` bytes at `offset` to/from `buffer`
+//   flush                make every completed write durable (offset, length 0)
+//   discard              forget [offset, offset+length); reads then give zeros
+//                        or old data, as the device's limits say
+//   write_zeroes         make [offset, offset+length) read as zeros (flags
+//                        k_io_no_unmap, k_io_fast_zero)
+//   zone_open/close/finish/reset
+//                        act on the zone that starts at `offset` (length 0)
+//   zone_reset_all       reset every sequential zone (offset, length 0)
+//   zone_append          write `length` bytes at the write pointer of the
+//                        zone that starts at `offset`; where it landed comes
+//                        back in `result_offset`
+//   report_zones         fill `buffer` (an array of `report_capacity`
+//                        zone_descriptor) with the zones from the one that
+//                        holds `offset` on; the result is the number filled
+//   report_extents       fill `buffer` (an array of `report_capacity` extent)
+//                        with the allocation map of [offset, offset+length)
+//                        from `offset` on, in order and without gaps; the
+//                        result is the number filled (at least 1 when
+//                        length > 0), which may cover less than the range
+// Zone operations on a device that is not zoned complete with -EOPNOTSUPP.
 enum class io_op : uint8_t {
     read,
     write,
@@ -47,6 +67,7 @@ enum class io_op : uint8_t {
     zone_reset_all,
     zone_append,
     report_zones,
+    report_extents,
 };
 
 const char* to_string(io_op op);
@@ -81,15 +102,18 @@ struct io_request {
     uint32_t flags = 0;
     uint64_t offset = 0;
     uint32_t length = 0;
+    // report_zones, report_extents: how many entries `buffer` holds.
+    uint32_t report_capacity = 0;
     // Data buffer of `length` bytes for read, write and zone_append; the
-    // report buffer for report_zones. Owned by the consumer.
+    // entries of report_zones and report_extents. Owned by the consumer.
     void* buffer = nullptr;
     io_completion_fn on_complete = nullptr;
     void* user_data = nullptr;
 
     // ---- filled by the target on completion
     // Bytes transferred before an error (partial I/O, e.g.
-    // badblocks_partial_io); equals the result on success.
+    // badblocks_partial_io); equals the result on success. Report
+    // operations: entries filled.
     uint32_t transferred = 0;
     // zone_append: byte offset where the data landed.
     uint64_t result_offset = 0;
@@ -129,7 +153,66 @@ struct block_limits {
     // FUA is honoured (as opposed to emulated with a flush by the kernel).
     bool fua = false;
     bool read_only = false;
+
+    // ---- zoned devices (the kernel's zoned block device model)
     bool zoned = false;
+    // Size of every zone but possibly the last, which may be smaller; a
+    // multiple of the logical block size.
+    uint64_t zone_size_bytes = 0;
+    // Writable bytes of a sequential zone (<= zone_size_bytes; the last zone
+    // may have less). Conventional zones are writable in full.
+    uint64_t zone_capacity_bytes = 0;
+    // Zones at the start of the device that are conventional (random writes).
+    uint32_t conventional_zones = 0;
+    // Most zones open (implicitly or explicitly) / active (open or closed) at
+    // once; 0: no limit.
+    uint32_t max_open_zones = 0;
+    uint32_t max_active_zones = 0;
+    // Largest zone_append (0: zone append unsupported).
+    uint32_t max_zone_append_bytes = 0;
+};
+
+// Number of zones of a zoned device (0 for one that is not zoned).
+inline uint64_t zone_count(const block_limits& l)
+{
+    if (!l.zoned || l.zone_size_bytes == 0) {
+        return 0;
+    }
+    return (l.capacity_bytes + l.zone_size_bytes - 1) / l.zone_size_bytes;
+}
+
+// Zone types and conditions with the kernel's values (BLK_ZONE_TYPE_*,
+// BLK_ZONE_COND_* in <linux/blkzoned.h>), so front ends pass them through.
+enum class zone_type : uint8_t {
+    conventional = 0x1,
+    sequential_write_required = 0x2,
+    sequential_write_preferred = 0x3,
+};
+
+enum class zone_condition : uint8_t {
+    not_write_pointer = 0x0,  // conventional zones
+    empty = 0x1,
+    implicit_open = 0x2,
+    explicit_open = 0x3,
+    closed = 0x4,
+    read_only = 0xd,
+    full = 0xe,
+    offline = 0xf,
+};
+
+const char* to_string(zone_type type);
+const char* to_string(zone_condition condition);
+
+// One zone as report_zones gives it. Offsets and sizes in bytes.
+struct zone_descriptor {
+    uint64_t start = 0;
+    uint64_t length = 0;    // the zone's size
+    uint64_t capacity = 0;  // writable bytes from `start`
+    // Absolute byte offset of the next write; for conventional zones and
+    // zones without a write pointer (offline, read-only), start + length.
+    uint64_t write_pointer = 0;
+    zone_type type = zone_type::sequential_write_required;
+    zone_condition condition = zone_condition::empty;
 };
 
 // An extent of the allocation map: `allocated` false means a hole that

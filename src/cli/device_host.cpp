@@ -282,7 +282,7 @@ result<void> device_host::create(hosted_device& entry)
                               fmt::format("export type '{}' is not available on this machine ({})",
                                           entry.export_type, type->description));
         }
-        auto started = type->start(**dev, _ctx, entry.export_options);
+        auto started = start_export(*type, **dev, _ctx, entry.export_options);
         if (!started) {
             error err = started.error();
             err.message = fmt::format("export {}: {}", entry.export_type, err.message);

@@ -3,6 +3,7 @@
 #include "decorators.hpp"
 
 #include <cerrno>
+#include <cstring>
 #include <fmt/core.h>
 #include <functional>
 #include <map>
@@ -97,6 +98,46 @@ std::shared_ptr<core::shared_tag_pool> global_shared_tags(unsigned queue_index, 
 std::span<const option_def> core_options()
 {
     return k_core_options;
+}
+
+int device::execute(io_op op, uint64_t offset, uint32_t length, void* buffer, uint32_t flags)
+{
+    bio b;
+    b.op = op;
+    b.flags = flags;
+    b.offset = offset;
+    b.length = length;
+    b.buffer = buffer;
+    const int rc = execute(b);
+    if (rc < 0) {
+        return rc;
+    }
+    switch (op) {
+    case io_op::read:
+    case io_op::write:
+    case io_op::zone_append:
+    case io_op::report_zones:
+    case io_op::report_extents:
+        return static_cast<int>(b.transferred);
+    default:
+        return 0;
+    }
+}
+
+result<std::vector<zone_descriptor>> device::report_zones(uint64_t offset, uint32_t max_zones)
+{
+    std::vector<zone_descriptor> zones(max_zones);
+    bio b;
+    b.op = io_op::report_zones;
+    b.offset = offset;
+    b.buffer = zones.data();
+    b.report_capacity = max_zones;
+    if (const int rc = execute(b); rc < 0) {
+        return make_error(-rc, fmt::format("{}: report zones at offset {}: {}", name(), offset,
+                                           std::strerror(-rc)));
+    }
+    zones.resize(std::min<uint64_t>(b.transferred, max_zones));
+    return zones;
 }
 
 std::vector<option_def> options_for(std::string_view type)
@@ -215,97 +256,32 @@ result<void> device_impl::start()
     return {};
 }
 
-namespace {
-
-struct sync_completion {
-    int result = 0;
-    bool done = false;
-};
-
-void on_sync_complete(io_request& r, int result)
+int device_impl::execute(bio& b)
 {
-    auto* c = static_cast<sync_completion*>(r.user_data);
-    c->result = result;
-    c->done = true;
+    queue_impl& q = caller_queue();
+    std::lock_guard guard(q.sync_lock());
+    return q.run(b);
 }
 
-}  // namespace
-
-int device_impl::execute_one(queue_impl& q, io_op op, uint64_t offset, uint32_t length,
-                             void* buffer, uint32_t flags)
-{
-    io_request* r = q.get_request();
-    while (r == nullptr) {
-        q.wait(1, 1'000'000);
-        r = q.get_request();
-    }
-    sync_completion c;
-    r->op = op;
-    r->flags = flags;
-    r->offset = offset;
-    r->length = length;
-    r->buffer = buffer;
-    r->on_complete = on_sync_complete;
-    r->user_data = &c;
-    q.submit(*r);
-    while (!c.done) {
-        q.wait(1, -1);
-    }
-    return c.result;
-}
-
-int device_impl::execute(io_op op, uint64_t offset, uint32_t length, void* buffer, uint32_t flags)
+queue_impl& device_impl::caller_queue()
 {
     // One submission queue per calling thread, handed out round robin the
     // first time a thread calls (thread ids are aligned addresses and hash
     // badly onto a few queues).
     static std::atomic<unsigned> next_slot{0};
     thread_local const unsigned slot = next_slot.fetch_add(1, std::memory_order_relaxed);
-    const unsigned qcount = _info.queues.submit_queues;
-    queue_impl& q = *_queues[slot % qcount];
-    std::lock_guard guard(q.sync_lock());
-
-    // Split on the device's limits so callers need not know them.
-    uint32_t max = 0;
-    switch (op) {
-    case io_op::read:
-    case io_op::write:
-        max = _info.limits.max_transfer_bytes;
-        break;
-    case io_op::discard:
-        max = _info.limits.max_discard_bytes;
-        break;
-    case io_op::write_zeroes:
-        max = _info.limits.max_write_zeroes_bytes;
-        break;
-    default:
-        return execute_one(q, op, offset, length, buffer, flags);
-    }
-    if (max == 0 || length <= max) {
-        return execute_one(q, op, offset, length, buffer, flags);
-    }
-    max -= max % _info.limits.logical_block_size;
-    uint32_t done = 0;
-    while (done < length) {
-        const uint32_t chunk = std::min(max, length - done);
-        void* buf = buffer != nullptr ? static_cast<char*>(buffer) + done : nullptr;
-        const int rc = execute_one(q, op, offset + done, chunk, buf, flags);
-        if (rc < 0) {
-            return rc;
-        }
-        done += chunk;
-    }
-    return static_cast<int>(done);
+    return *_queues[slot % _info.queues.submit_queues];
 }
 
 result<std::vector<extent>> device_impl::map(uint64_t offset, uint64_t length)
 {
-    std::vector<extent> out;
-    const int rc = _target->map_extents(offset, length, out);
-    if (rc < 0) {
-        return make_error(-rc, fmt::format("{}: cannot read the allocation map", _info.name));
+    queue_impl& q = caller_queue();
+    std::lock_guard guard(q.sync_lock());
+    auto map = q.map(offset, length);
+    if (!map) {
+        map.error().message = _info.name + ": " + map.error().message;
     }
-    return out;
+    return map;
 }
 
 result<void> device_impl::set_power(bool on)

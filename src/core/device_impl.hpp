@@ -25,7 +25,8 @@ public:
     const device_info& info() const override { return _info; }
     unsigned queue_count() const override { return static_cast<unsigned>(_queues.size()); }
     io_queue& queue(unsigned index) override { return *_queues.at(index); }
-    int execute(io_op op, uint64_t offset, uint32_t length, void* buffer, uint32_t flags) override;
+    using device::execute;
+    int execute(bio& b) override;
     result<std::vector<extent>> map(uint64_t offset, uint64_t length) override;
     result<void> set_power(bool on) override;
     bool powered() const override { return _powered.load(std::memory_order_relaxed); }
@@ -34,8 +35,8 @@ public:
     uint64_t memory_bytes() const override { return _target->memory_bytes(); }
 
 private:
-    int execute_one(queue_impl& q, io_op op, uint64_t offset, uint32_t length, void* buffer,
-                    uint32_t flags);
+    // The submit queue that synchronous calls of this thread use.
+    queue_impl& caller_queue();
 
     device_info _info;
     option_set _options;

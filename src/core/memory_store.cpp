@@ -10,14 +10,11 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <softblk/support/cpu_relax.hpp>
+
 namespace softblk::core {
 
 namespace {
-
-inline void cpu_relax()
-{
-    __builtin_ia32_pause();
-}
 
 constexpr unsigned k_mpol_preferred = 1;  // <linux/mempolicy.h> MPOL_PREFERRED
 

@@ -8,27 +8,20 @@
 #include <poll.h>
 #include <sys/prctl.h>
 
+#include <softblk/support/cpu_relax.hpp>
+
 namespace softblk::core {
 
 namespace {
 
-enum request_state : uint8_t {
-    k_free = 0,
-    k_owned = 1,        // taken by the consumer, not submitted
-    k_in_target = 2,    // submitted, the target holds it
-    k_pending = 3,      // completed by the target, waiting for delivery
-    k_in_callback = 4,  // its completion callback is running
-};
+// How soon a queue looks again for a free tag of a shared pool when bios
+// wait for one and nothing of its own is in flight.
+constexpr uint64_t k_shared_tag_retry_ns = 50'000;
 
 inline void bump(std::atomic<uint64_t>& counter, uint64_t by = 1)
 {
     // Single writer (the queue thread): no locked instruction needed.
     counter.store(counter.load(std::memory_order_relaxed) + by, std::memory_order_relaxed);
-}
-
-inline void cpu_relax()
-{
-    __builtin_ia32_pause();
 }
 
 // Short sleeps are the point of the timer completion mode: ask the kernel
@@ -43,22 +36,6 @@ void lower_timer_slack()
 }
 
 }  // namespace
-
-uint64_t monotonic_ns()
-{
-    timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return static_cast<uint64_t>(ts.tv_sec) * uint64_t{1'000'000'000} +
-           static_cast<uint64_t>(ts.tv_nsec);
-}
-
-uint64_t coarse_monotonic_ns()
-{
-    timespec ts;
-    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-    return static_cast<uint64_t>(ts.tv_sec) * uint64_t{1'000'000'000} +
-           static_cast<uint64_t>(ts.tv_nsec);
-}
 
 // ---------------------------------------------------------------- shared tags
 
@@ -140,6 +117,11 @@ result<void> queue_impl::open(target& t)
     return {};
 }
 
+const block_limits& queue_impl::limits() const
+{
+    return _dev.info().limits;
+}
+
 io_request* queue_impl::get_request()
 {
     int tag;
@@ -171,6 +153,15 @@ io_request* queue_impl::get_request()
 }
 
 void queue_impl::release_tag(io_request& r)
+{
+    // A bio waiting for a tag takes this one as it is.
+    if (!_bios_waiting.empty() && give_tag_to_waiting(r)) {
+        return;
+    }
+    free_tag(r);
+}
+
+void queue_impl::free_tag(io_request& r)
 {
     r.state = k_free;
     if (_shared_tags) {
@@ -239,6 +230,11 @@ int queue_impl::validate(const io_request& r) const
             return -EINVAL;
         }
         return check_range();
+    case io_op::report_extents:
+        if (r.buffer == nullptr || r.report_capacity == 0 || r.length == 0) {
+            return -EINVAL;
+        }
+        return check_range();
     case io_op::zone_open:
     case io_op::zone_close:
     case io_op::zone_finish:
@@ -249,15 +245,28 @@ int queue_impl::validate(const io_request& r) const
         if (!lim.zoned) {
             return -EOPNOTSUPP;
         }
-        if (r.op == io_op::zone_append || r.op == io_op::report_zones) {
-            if (r.buffer == nullptr || r.length == 0) {
+        if (r.op == io_op::report_zones) {
+            if (r.buffer == nullptr || r.report_capacity == 0) {
                 return -EINVAL;
             }
-        }
-        if (r.op == io_op::report_zones || r.op == io_op::zone_reset_all) {
             return r.offset < lim.capacity_bytes ? 0 : -EIO;
         }
-        return check_range();
+        if (r.op == io_op::zone_append) {
+            if (lim.max_zone_append_bytes == 0) {
+                return -EOPNOTSUPP;
+            }
+            if (lim.read_only) {
+                return -EPERM;
+            }
+            if (r.buffer == nullptr || r.length == 0 || r.length > lim.max_zone_append_bytes) {
+                return -EINVAL;
+            }
+            return check_range();
+        }
+        if (r.offset >= lim.capacity_bytes) {
+            return -EIO;
+        }
+        return r.op == io_op::zone_reset_all ? 0 : check_range();
     }
     return -EOPNOTSUPP;
 }
@@ -362,6 +371,9 @@ unsigned queue_impl::check_timeouts(uint64_t now)
 unsigned queue_impl::process()
 {
     const unsigned before = _delivered;
+    if (!_bios_waiting.empty()) {
+        serve_waiting();
+    }
     if (_tq->busy()) {
         _tq->poll();
     }
@@ -382,7 +394,7 @@ unsigned queue_impl::process()
     if (!_timer.empty()) {
         const uint64_t now = monotonic_ns();
         fifo due;
-        while (!_timer.empty() && _timer.head->deadline_ns <= now) {
+        while (!_timer.empty() && _timer.front()->deadline_ns <= now) {
             due.push(*_timer.pop());
         }
         _delivering = true;
@@ -408,14 +420,16 @@ unsigned queue_impl::process()
 uint64_t queue_impl::next_event_ns() const
 {
     if (_in_flight == 0) {
-        return UINT64_MAX;
+        // Bios can wait with nothing of ours in flight only for a tag of a
+        // shared pool, which another queue frees: look again soon.
+        return _bios_waiting.empty() ? UINT64_MAX : monotonic_ns() + k_shared_tag_retry_ns;
     }
     if (!_deferred.empty() || !_inline_backlog.empty()) {
         return 0;
     }
     uint64_t wake = _tq->next_wakeup_ns();
     if (!_timer.empty()) {
-        wake = std::min(wake, _timer.head->deadline_ns);
+        wake = std::min(wake, _timer.front()->deadline_ns);
     }
     if (_tq->busy() && _tq->wait_fd() < 0) {
         // The target holds requests and named neither a time nor a
@@ -445,8 +459,20 @@ unsigned queue_impl::wait(unsigned min_completions, int64_t timeout_ns)
     unsigned done = 0;
     for (;;) {
         done += process();
-        if (done >= min_completions || _in_flight == 0) {
+        if (done >= min_completions || in_flight() == 0) {
             return done;
+        }
+        if (_in_flight == 0) {
+            // Only bios waiting for a shared tag that another queue holds.
+            const uint64_t now = monotonic_ns();
+            if (now >= give_up) {
+                return done;
+            }
+            const uint64_t wake = std::min(give_up, now + k_shared_tag_retry_ns);
+            timespec ts{static_cast<time_t>(wake / uint64_t{1'000'000'000}),
+                        static_cast<long>(wake % uint64_t{1'000'000'000})};
+            clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, nullptr);
+            continue;
         }
         if (!_deferred.empty()) {
             continue;
@@ -457,7 +483,7 @@ unsigned queue_impl::wait(unsigned min_completions, int64_t timeout_ns)
         }
         uint64_t wake = give_up;
         if (!_timer.empty()) {
-            wake = std::min(wake, _timer.head->deadline_ns);
+            wake = std::min(wake, _timer.front()->deadline_ns);
         }
         wake = std::min(wake, _tq->next_wakeup_ns());
         if (_tq->busy() && _tq->wait_fd() < 0) {

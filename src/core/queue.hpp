@@ -2,14 +2,14 @@
 // Internal to src/core; front ends see io_queue from device.hpp.
 #pragma once
 
-#include "core/clock.hpp"
-
 #include <atomic>
 #include <memory>
 #include <mutex>
 #include <vector>
 
 #include <softblk/device.hpp>
+#include <softblk/support/clock.hpp>
+#include <softblk/support/intrusive_fifo.hpp>
 #include <softblk/target.hpp>
 
 namespace softblk::core {
@@ -33,6 +33,15 @@ private:
 
 class device_impl;
 
+// Where a request of a queue is (io_request::state).
+enum request_state : uint8_t {
+    k_free = 0,
+    k_owned = 1,        // taken by the consumer, not submitted
+    k_in_target = 2,    // submitted, the target holds it
+    k_pending = 3,      // completed by the target, waiting for delivery
+    k_in_callback = 4,  // its completion callback is running
+};
+
 class queue_impl final : public io_queue, public completion_sink {
 public:
     queue_impl(device_impl& dev, unsigned index, bool poll_queue, unsigned depth,
@@ -44,13 +53,15 @@ public:
 
     unsigned index() const override { return _index; }
     bool is_poll_queue() const override { return _poll_queue; }
+    const block_limits& limits() const override;
     unsigned depth() const override { return _depth; }
     io_request* get_request() override;
     void put_request(io_request& request) override;
     void submit(io_request& request) override;
+    void submit(bio& b) override;
     unsigned process() override;
     unsigned wait(unsigned min_completions, int64_t timeout_ns) override;
-    unsigned in_flight() const override { return _in_flight; }
+    unsigned in_flight() const override { return _in_flight + _bios_waiting.size(); }
     uint64_t next_event_ns() const override;
     int event_fd() const override;
     queue_stats stats() const override;
@@ -62,44 +73,29 @@ public:
     std::mutex& sync_lock() { return _sync_lock; }
 
 private:
-    struct fifo {
-        io_request* head = nullptr;
-        io_request* tail = nullptr;
-        bool empty() const { return head == nullptr; }
-        void push(io_request& r)
-        {
-            r.next = nullptr;
-            if (tail != nullptr) {
-                tail->next = &r;
-            } else {
-                head = &r;
-            }
-            tail = &r;
-        }
-        io_request* take_all()
-        {
-            io_request* h = head;
-            head = tail = nullptr;
-            return h;
-        }
-        io_request* pop()
-        {
-            io_request* h = head;
-            if (h != nullptr) {
-                head = h->next;
-                if (head == nullptr) {
-                    tail = nullptr;
-                }
-            }
-            return h;
-        }
-    };
+    using fifo = intrusive_fifo<io_request>;
 
     int validate(const io_request& r) const;
     void deliver(io_request& r, int result);
     void deliver_now(io_request& r, int result);
     void release_tag(io_request& r);
+    void free_tag(io_request& r);
     unsigned check_timeouts(uint64_t coarse_now);
+
+    // ---- bios (bio.cpp): splitting, emulation, waiting for tags
+    int plan(bio& b) const;
+    void fill_piece(bio& b, io_request& r);
+    // Submits `b`'s next pieces, the first one into `reuse` if given (a tag
+    // the caller holds), then as long as tags are free.
+    void submit_pieces(bio& b, io_request* reuse);
+    void finish(bio& b);
+    // Hands a tag the caller holds to the oldest waiting bio that still
+    // has pieces to send; false if there is none.
+    bool give_tag_to_waiting(io_request& r);
+    // Gives free tags to bios that wait for one (shared tag pools free them
+    // on other queues).
+    void serve_waiting();
+    static void piece_done(io_request& r, int result);
 
     device_impl& _dev;
     completion_mode _mode;
@@ -113,9 +109,10 @@ private:
     std::vector<uint32_t> _free_tags;  // local tag stack (no shared pool)
     std::shared_ptr<shared_tag_pool> _shared_tags;
 
-    fifo _deferred;        // irqmode=1 and poll queues
-    fifo _timer;           // irqmode=2, ordered by deadline (constant delay)
-    fifo _inline_backlog;  // inline completions raised while a callback runs
+    fifo _deferred;                     // irqmode=1 and poll queues
+    fifo _timer;                        // irqmode=2, ordered by deadline (constant delay)
+    fifo _inline_backlog;               // inline completions raised while a callback runs
+    intrusive_fifo<bio> _bios_waiting;  // bios that want a tag, in submission order
     bool _delivering = false;
     unsigned _delivered = 0;  // callbacks run, for process/wait accounting
     unsigned _in_flight = 0;

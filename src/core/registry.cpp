@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include <fmt/core.h>
+
 namespace softblk {
 
 namespace {
@@ -95,6 +97,32 @@ std::vector<const export_type*> export_types()
     return exports().all();
 }
 
+result<std::unique_ptr<device_export>> start_export(const export_type& type, device& dev,
+                                                    const export_context& ctx,
+                                                    std::span<const std::string> options)
+{
+    if (dev.limits().zoned && !type.zoned) {
+        std::string able;
+        for (const export_type* t : export_types()) {
+            if (t->zoned) {
+                able += able.empty() ? "" : ", ";
+                able += t->name;
+            }
+        }
+        return make_error(
+            EOPNOTSUPP,
+            fmt::format("{}: a zoned device cannot be exported through {}, which has no zoned "
+                        "model; {}",
+                        dev.name(), type.name,
+                        able.empty() ? std::string("no front end built here carries zoned devices "
+                                                   "yet; use --export none for in-process use")
+                                     : fmt::format("zoned devices are exported by: {} (or "
+                                                   "--export none for in-process use)",
+                                                   able)));
+    }
+    return type.start(dev, ctx, options);
+}
+
 int target::map_extents(uint64_t offset, uint64_t length, std::vector<extent>& out)
 {
     const uint64_t capacity = limits().capacity_bytes;
@@ -135,8 +163,69 @@ const char* to_string(io_op op)
         return "zone_append";
     case io_op::report_zones:
         return "report_zones";
+    case io_op::report_extents:
+        return "report_extents";
     }
     return "unknown";
+}
+
+const char* to_string(zone_type type)
+{
+    switch (type) {
+    case zone_type::conventional:
+        return "conventional";
+    case zone_type::sequential_write_required:
+        return "seq-write-required";
+    case zone_type::sequential_write_preferred:
+        return "seq-write-preferred";
+    }
+    return "unknown";
+}
+
+const char* to_string(zone_condition condition)
+{
+    switch (condition) {
+    case zone_condition::not_write_pointer:
+        return "not-write-pointer";
+    case zone_condition::empty:
+        return "empty";
+    case zone_condition::implicit_open:
+        return "implicit-open";
+    case zone_condition::explicit_open:
+        return "explicit-open";
+    case zone_condition::closed:
+        return "closed";
+    case zone_condition::read_only:
+        return "read-only";
+    case zone_condition::full:
+        return "full";
+    case zone_condition::offline:
+        return "offline";
+    }
+    return "unknown";
+}
+
+int answer_report_extents(target& t, io_request& r)
+{
+    // The target builds its map in a vector; keep one per thread so that
+    // steady state allocates nothing.
+    thread_local std::vector<extent> map;
+    map.clear();
+    if (const int rc = t.map_extents(r.offset, r.length, map); rc < 0) {
+        return rc;
+    }
+    auto* out = static_cast<extent*>(r.buffer);
+    uint32_t n = 0;
+    for (const extent& e : map) {
+        if (n == r.report_capacity) {
+            break;
+        }
+        out[n++] = e;
+    }
+    if (n == 0) {
+        return -EIO;  // a map with nothing for a range inside the capacity
+    }
+    return static_cast<int>(n);
 }
 
 }  // namespace softblk

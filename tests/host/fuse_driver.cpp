@@ -100,7 +100,7 @@ int main(int argc, char** argv)
                 answer("error " + dev.error().message);
                 continue;
             }
-            auto exp = type->start(**dev, ctx, export_options);
+            auto exp = start_export(*type, **dev, ctx, export_options);
             if (!exp) {
                 answer("error " + exp.error().message);
                 continue;

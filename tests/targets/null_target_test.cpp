@@ -179,6 +179,46 @@ TEST(null_target, memory_backed_allocation_map)
     EXPECT_FALSE((*m)[2].allocated);
 }
 
+// The map travels through the queues as report_extents requests: a
+// powered-off device refuses it like any I/O, a fragmented map longer than
+// one reply's 64 entries comes back whole, and unaligned ranges are cut
+// from whole blocks.
+TEST(null_target, allocation_map_goes_through_the_queues)
+{
+    auto d = make_null({"size=4", "memory_backed=1", "blocksize=512"});
+    ASSERT_TRUE(d);
+    std::vector<char> data(512, 'a');
+    for (uint64_t at = 0; at < 200 * 1024; at += 1024) {
+        ASSERT_EQ(d->execute(io_op::write, at, 512, data.data()), 512);
+    }
+    auto m = d->map(0, 200 * 1024);
+    ASSERT_TRUE(m) << m.error().message;
+    ASSERT_EQ(m->size(), 400u);
+    for (size_t i = 0; i < m->size(); ++i) {
+        EXPECT_EQ((*m)[i].offset, i * 512);
+        EXPECT_EQ((*m)[i].allocated, i % 2 == 0) << i;
+    }
+    auto part = d->map(100, 1000);
+    ASSERT_TRUE(part);
+    ASSERT_EQ(part->size(), 3u);
+    EXPECT_EQ((*part)[0].offset, 100u);
+    EXPECT_EQ((*part)[0].length, 412u);
+    EXPECT_TRUE((*part)[0].allocated);
+    EXPECT_EQ((*part)[2].offset + (*part)[2].length, 1100u);
+    // Past the end: clipped.
+    auto tail = d->map((4 << 20) - 512, 1 << 20);
+    ASSERT_TRUE(tail);
+    ASSERT_EQ(tail->size(), 1u);
+    EXPECT_EQ(tail->front().length, 512u);
+
+    ASSERT_TRUE(d->set_power(false));
+    auto off = d->map(0, 4096);
+    ASSERT_FALSE(off);
+    EXPECT_EQ(off.error().code.value(), ENODEV);
+    ASSERT_TRUE(d->set_power(true));
+    EXPECT_TRUE(d->map(0, 4096));
+}
+
 TEST(null_target, discard_frees_memory_at_block_granularity)
 {
     auto d = make_null({"size=16", "memory_backed=1", "discard=1"});

@@ -103,7 +103,7 @@ int serve(const args& a, const std::string& type, const std::vector<std::string>
         die("export type ublk is not linked in");
     }
     softblk::export_context ctx{.run_dir = a.run_dir, .privileged = ::geteuid() == 0};
-    auto exp = ublk->start(**dev, ctx, export_options);
+    auto exp = start_export(*ublk, **dev, ctx, export_options);
     if (!exp) {
         die(exp.error().message);
     }

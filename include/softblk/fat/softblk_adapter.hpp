@@ -1,6 +1,6 @@
 // fat::block_device over a softblk device, through the in-process consumer
-// API (device::execute). Requests larger than the device's
-// max_transfer_bytes are split. FLUSH goes to the device only when it has
+// API (device::execute, which splits requests on the device's limits).
+// FLUSH goes to the device only when it has
 // a volatile write cache; -EOPNOTSUPP from a flush counts as success.
 #pragma once
 

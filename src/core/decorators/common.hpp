@@ -10,65 +10,17 @@
 #include <string_view>
 #include <vector>
 
-#include "core/clock.hpp"
+#include <softblk/support/clock.hpp>
 
 #include <softblk/device.hpp>
+#include <softblk/support/intrusive_fifo.hpp>
 #include <softblk/target.hpp>
 
 namespace softblk::core {
 
-// An intrusive FIFO of requests through io_request::next (which is free for
-// whoever holds the request).
-struct request_fifo {
-    io_request* head = nullptr;
-    io_request* tail = nullptr;
-    unsigned size = 0;
-
-    bool empty() const { return head == nullptr; }
-    void push(io_request& r)
-    {
-        r.next = nullptr;
-        if (tail != nullptr) {
-            tail->next = &r;
-        } else {
-            head = &r;
-        }
-        tail = &r;
-        ++size;
-    }
-    io_request* pop()
-    {
-        io_request* h = head;
-        if (h != nullptr) {
-            head = h->next;
-            if (head == nullptr) {
-                tail = nullptr;
-            }
-            --size;
-        }
-        return h;
-    }
-    // Unlinks `r` if present; true if it was.
-    bool remove(io_request& r)
-    {
-        io_request* prev = nullptr;
-        for (io_request* p = head; p != nullptr; prev = p, p = p->next) {
-            if (p == &r) {
-                if (prev != nullptr) {
-                    prev->next = p->next;
-                } else {
-                    head = p->next;
-                }
-                if (tail == p) {
-                    tail = prev;
-                }
-                --size;
-                return true;
-            }
-        }
-        return false;
-    }
-};
+// A FIFO of requests through io_request::next (which is free for whoever
+// holds the request).
+using request_fifo = intrusive_fifo<io_request>;
 
 // Requests a decorator sends to its inner target on its own behalf (cache
 // write-back, partial I/O, read proxies). Preallocated per queue; the

@@ -119,7 +119,7 @@ public:
     {
         if (!_waiting.empty()) {
             const uint64_t now = monotonic_ns();
-            while (!_waiting.empty() && _bucket.take(data_bytes(*_waiting.head), now)) {
+            while (!_waiting.empty() && _bucket.take(data_bytes(*_waiting.front()), now)) {
                 _inner->submit(*_waiting.pop());
             }
         }

@@ -339,8 +339,9 @@ class cache_target;
 
 class cache_queue final : public target_queue, public completion_sink {
 public:
-    cache_queue(cache_state& st, completion_sink& sink, unsigned pool_size, uint16_t index)
-        : _st(st), _sink(sink), _pool(pool_size, index)
+    cache_queue(target& cache, cache_state& st, completion_sink& sink, unsigned pool_size,
+                uint16_t index)
+        : _cache(cache), _st(st), _sink(sink), _pool(pool_size, index)
     {
         for (unsigned i = 0; i < _pool.count(); ++i) {
             _pool.at(i).extra.buffer.reset(new char[k_page]);
@@ -444,6 +445,10 @@ private:
         case io_op::discard:
         case io_op::write_zeroes:
             return bypass(r);
+        case io_op::report_extents:
+            // Cached blocks are data even where the target below has a hole.
+            _sink.complete(r, answer_report_extents(_cache, r));
+            return true;
         default:
             _inner->submit(r);
             return true;
@@ -802,6 +807,7 @@ private:
         _pool.give_back(e);
     }
 
+    target& _cache;
     cache_state& _st;
     completion_sink& _sink;
     std::unique_ptr<target_queue> _inner;
@@ -829,8 +835,8 @@ public:
 
     result<std::unique_ptr<target_queue>> open_queue(unsigned index, completion_sink& sink) override
     {
-        auto q =
-            std::make_unique<cache_queue>(_state, sink, _pool_size, static_cast<uint16_t>(index));
+        auto q = std::make_unique<cache_queue>(*this, _state, sink, _pool_size,
+                                               static_cast<uint16_t>(index));
         auto inner = _inner->open_queue(index, *q);
         if (!inner) {
             return std::unexpected(inner.error());

@@ -6,7 +6,8 @@
 #include "mounts.hpp"
 #include "open_reply.hpp"
 
-#include "core/clock.hpp"
+#include <softblk/support/buffer_pool.hpp>
+#include <softblk/support/clock.hpp>
 
 #include <algorithm>
 #include <array>
@@ -44,9 +45,6 @@ constexpr uint32_t k_max_io = 1u << 20;
 constexpr unsigned k_max_background = 128;
 // lseek(SEEK_DATA/SEEK_HOLE) reads the allocation map in windows this big.
 constexpr uint64_t k_map_window = 256ull << 20;
-// Largest discard or write-zeroes handed to the device at once (io lengths
-// are 32 bits; the device splits further on its own limits).
-constexpr uint32_t k_max_range_op = 1u << 30;
 constexpr std::chrono::milliseconds k_join_timeout{10'000};
 
 constexpr option_def k_options[] = {
@@ -100,8 +98,6 @@ void install_wake_handler()
     });
 }
 
-using core::monotonic_ns;
-
 // The first busy-poll window after a short sleep, as QEMU's adaptive
 // polling starts (then doubled up to poll_us).
 constexpr uint64_t k_poll_start_ns = 4'000;
@@ -117,10 +113,6 @@ uint64_t align_up(uint64_t value, uint64_t block)
 
 class fuse_export;
 struct pending_io;
-
-// Read buffers of async mode come in sizes 4 KiB << 0..9 (up to 2 MiB,
-// which holds k_max_io plus a block at each edge).
-constexpr unsigned k_buffer_classes = 10;
 
 // One FUSE worker thread and what it owns.
 struct worker {
@@ -161,32 +153,25 @@ struct worker {
     fuse_buf* receive = nullptr;
     std::vector<std::unique_ptr<pending_io>> pending_store;
     std::vector<pending_io*> pending_free;
-    // Read buffers by size class (4 KiB << class), reused.
-    std::array<std::vector<char*>, k_buffer_classes> buffer_free;
+    // Read buffers of async mode, reused.
+    buffer_pool buffers;
 
     ~worker();
 
-    // Synchronous I/O of any length the device accepts in one call to
-    // device::execute: bytes done or -errno. Worker thread.
-    int execute(io_op op, uint64_t offset, uint32_t length, void* buffer, uint32_t flags = 0);
+    // Synchronous I/O of any length (the core splits it): on the worker's
+    // own queue, or through device::execute when workers share queues.
+    // Returns 0 or -errno. Worker thread.
+    int execute(io_op op, uint64_t offset, uint64_t length, void* buffer, uint32_t flags = 0);
 
-    // A read buffer of at least `length` bytes (4 KiB aligned) and its
-    // class, or nullptr. Worker thread.
-    char* get_buffer(size_t length, unsigned& size_class);
-    void put_buffer(char* buffer, unsigned size_class)
-    {
-        buffer_free[size_class].push_back(buffer);
-    }
+    // The allocation map, through the worker's queue as execute() goes.
+    result<std::vector<extent>> map(uint64_t offset, uint64_t length);
+
     pending_io* take_pending();
-    // Waits for the first free tag of the worker's queue.
-    io_request* get_request();
-
-private:
-    int execute_one(io_op op, uint64_t offset, uint32_t length, void* buffer, uint32_t flags);
 };
 
 // A read or write in flight in async mode.
 struct pending_io {
+    bio request;
     worker* owner = nullptr;
     fuse_req_t req = nullptr;
     bool is_read = false;
@@ -195,7 +180,7 @@ struct pending_io {
     bool completed = false;
     // Read: the buffer the device fills, its class, and where in it the
     // reply starts.
-    char* data = nullptr;
+    uint8_t* data = nullptr;
     unsigned data_class = 0;
     uint64_t skip = 0;
     // Bytes to reply (read) or to acknowledge (write).
@@ -205,19 +190,19 @@ struct pending_io {
     void* receive_mem = nullptr;
 };
 
-void on_async_complete(io_request& request, int result)
+void on_async_complete(bio& request, int status)
 {
     auto* p = static_cast<pending_io*>(request.user_data);
     worker& w = *p->owner;
-    if (result < 0) {
-        fuse_reply_err(p->req, -result);
+    if (status < 0) {
+        fuse_reply_err(p->req, -status);
     } else if (p->is_read) {
-        fuse_reply_buf(p->req, p->data + p->skip, p->size);
+        fuse_reply_buf(p->req, reinterpret_cast<const char*>(p->data) + p->skip, p->size);
     } else {
         fuse_reply_write(p->req, p->size);
     }
     if (p->data != nullptr) {
-        w.put_buffer(p->data, p->data_class);
+        w.buffers.put(p->data, p->data_class);
         p->data = nullptr;
     }
     std::free(p->receive_mem);
@@ -230,33 +215,6 @@ void on_async_complete(io_request& request, int result)
 worker::~worker()
 {
     std::free(scratch);
-    for (auto& list : buffer_free) {
-        for (char* b : list) {
-            std::free(b);
-        }
-    }
-}
-
-char* worker::get_buffer(size_t length, unsigned& size_class)
-{
-    unsigned c = 0;
-    while (c + 1 < k_buffer_classes && (size_t{4096} << c) < length) {
-        ++c;
-    }
-    if ((size_t{4096} << c) < length) {
-        return nullptr;
-    }
-    size_class = c;
-    if (!buffer_free[c].empty()) {
-        char* b = buffer_free[c].back();
-        buffer_free[c].pop_back();
-        return b;
-    }
-    void* b = nullptr;
-    if (::posix_memalign(&b, 4096, size_t{4096} << c) != 0) {
-        return nullptr;
-    }
-    return static_cast<char*>(b);
 }
 
 pending_io* worker::take_pending()
@@ -271,81 +229,20 @@ pending_io* worker::take_pending()
     return p;
 }
 
-io_request* worker::get_request()
+int worker::execute(io_op op, uint64_t offset, uint64_t length, void* buffer, uint32_t flags)
 {
-    io_request* request = queue->get_request();
-    while (request == nullptr) {
-        queue->wait(1, 1'000'000);
-        request = queue->get_request();
-    }
-    return request;
+    bio b;
+    b.op = op;
+    b.flags = flags;
+    b.offset = offset;
+    b.length = length;
+    b.buffer = buffer;
+    return queue != nullptr ? queue->run(b) : dev->execute(b);
 }
 
-struct sync_wait {
-    int result = 0;
-    bool done = false;
-};
-
-void on_sync_complete(io_request& request, int result)
+result<std::vector<extent>> worker::map(uint64_t offset, uint64_t length)
 {
-    auto* wait = static_cast<sync_wait*>(request.user_data);
-    wait->result = result;
-    wait->done = true;
-}
-
-int worker::execute_one(io_op op, uint64_t offset, uint32_t length, void* buffer, uint32_t flags)
-{
-    io_request* request = get_request();
-    sync_wait wait;
-    request->op = op;
-    request->flags = flags;
-    request->offset = offset;
-    request->length = length;
-    request->buffer = buffer;
-    request->on_complete = on_sync_complete;
-    request->user_data = &wait;
-    queue->submit(*request);
-    while (!wait.done) {
-        queue->wait(1);
-    }
-    return wait.result;
-}
-
-int worker::execute(io_op op, uint64_t offset, uint32_t length, void* buffer, uint32_t flags)
-{
-    if (queue == nullptr) {
-        return dev->execute(op, offset, length, buffer, flags);
-    }
-    const block_limits& limits = dev->limits();
-    uint32_t max = 0;
-    switch (op) {
-    case io_op::read:
-    case io_op::write:
-        max = limits.max_transfer_bytes;
-        break;
-    case io_op::discard:
-        max = limits.max_discard_bytes;
-        break;
-    case io_op::write_zeroes:
-        max = limits.max_write_zeroes_bytes;
-        break;
-    default:
-        break;
-    }
-    if (max == 0 || length <= max) {
-        return execute_one(op, offset, length, buffer, flags);
-    }
-    max -= max % limits.logical_block_size;
-    for (uint32_t done = 0; done < length;) {
-        const uint32_t chunk = std::min(max, length - done);
-        void* at = buffer != nullptr ? static_cast<char*>(buffer) + done : nullptr;
-        const int rc = execute_one(op, offset + done, chunk, at, flags);
-        if (rc < 0) {
-            return rc;
-        }
-        done += chunk;
-    }
-    return static_cast<int>(length);
+    return queue != nullptr ? queue->map(offset, length) : dev->map(offset, length);
 }
 
 thread_local worker* t_worker = nullptr;
@@ -405,22 +302,15 @@ private:
     // from `skip`) or a write of `data`, replying at completion.
     static void submit_async(worker& w, fuse_req_t req, io_op op, uint64_t offset, uint32_t length,
                              const char* data, uint64_t skip, size_t size);
-    // Whether async mode can take an aligned transfer of `length` bytes in
-    // one device request.
-    bool async_fits(const worker& w, uint64_t length) const;
     struct stat file_attr() const;
     struct stat dir_attr() const;
 
-    // Device I/O of any length (split below k_max_range_op); bytes or -errno.
-    int device_io(io_op op, uint64_t offset, uint64_t length, void* buffer, uint32_t flags = 0);
     // Writes `length` bytes of `data` (nullptr: zeros) at an offset or
     // length that need not be block aligned, reading the edge blocks first.
     int write_unaligned(worker& w, uint64_t offset, size_t length, const char* data);
     // Makes [offset, offset+length) read as zeros: the aligned middle with
     // `op` (discard or write_zeroes), the edges by read-modify-write.
     int zero_range(worker& w, uint64_t offset, uint64_t length, bool punch);
-    // Writes zero buffers over an aligned range (no write_zeroes support).
-    int write_zero_buffers(worker& w, uint64_t offset, uint64_t length);
 
     result<void> stop_impl(bool force);
     void join_workers();
@@ -707,16 +597,9 @@ bool fuse_export::wait_request_or_completion(worker& w) const
     return fds[0].revents != 0;
 }
 
-bool fuse_export::async_fits(const worker& w, uint64_t length) const
-{
-    const uint32_t max = _limits.max_transfer_bytes;
-    return w.async && (max == 0 || length <= max);
-}
-
 void fuse_export::submit_async(worker& w, fuse_req_t req, io_op op, uint64_t offset,
                                uint32_t length, const char* data, uint64_t skip, size_t size)
 {
-    io_request* request = w.get_request();
     pending_io* p = w.take_pending();
     p->req = req;
     p->is_read = op == io_op::read;
@@ -726,24 +609,24 @@ void fuse_export::submit_async(worker& w, fuse_req_t req, io_op op, uint64_t off
     p->receive_mem = nullptr;
     p->data = nullptr;
     if (p->is_read) {
-        p->data = w.get_buffer(length, p->data_class);
+        p->data = w.buffers.get(length, p->data_class);
         if (p->data == nullptr) {
-            w.queue->put_request(*request);
             w.pending_free.push_back(p);
             fuse_reply_err(req, ENOMEM);
             return;
         }
     }
-    request->op = op;
-    request->flags = 0;
-    request->offset = offset;
-    request->length = length;
+    bio& b = p->request;
+    b.op = op;
+    b.flags = 0;
+    b.offset = offset;
+    b.length = length;
     // The target only reads from the buffer of a write.
-    request->buffer = p->is_read ? p->data : const_cast<char*>(data);
-    request->on_complete = on_async_complete;
-    request->user_data = p;
+    b.buffer = p->is_read ? static_cast<void*>(p->data) : const_cast<char*>(data);
+    b.on_complete = on_async_complete;
+    b.user_data = p;
     ++w.in_flight;
-    w.queue->submit(*request);
+    w.queue->submit(b);
     // Completions deferred to the queue's loop (irqmode=1) are due now.
     w.queue->process();
     if (!p->completed && !p->is_read) {
@@ -1066,22 +949,6 @@ void fuse_export::op_statfs(fuse_req_t req, fuse_ino_t)
 
 // ---------------------------------------------------------------- data path
 
-int fuse_export::device_io(io_op op, uint64_t offset, uint64_t length, void* buffer, uint32_t flags)
-{
-    uint64_t done = 0;
-    do {
-        const uint32_t chunk =
-            static_cast<uint32_t>(std::min<uint64_t>(length - done, k_max_range_op));
-        void* at = buffer != nullptr ? static_cast<char*>(buffer) + done : nullptr;
-        const int rc = t_worker->execute(op, offset + done, chunk, at, flags);
-        if (rc < 0) {
-            return rc;
-        }
-        done += chunk;
-    } while (done < length);
-    return 0;
-}
-
 void fuse_export::op_read(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info*)
 {
     fuse_export& e = self(req);
@@ -1104,12 +971,12 @@ void fuse_export::op_read(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fu
         fuse_reply_err(req, EINVAL);  // larger than max_read: the kernel never sends it
         return;
     }
-    if (e.async_fits(w, end - start)) {
+    if (w.async) {
         submit_async(w, req, io_op::read, start, static_cast<uint32_t>(end - start), nullptr,
                      offset - start, size);
         return;
     }
-    const int rc = w.execute(io_op::read, start, static_cast<uint32_t>(end - start), w.scratch);
+    const int rc = w.execute(io_op::read, start, end - start, w.scratch);
     if (rc < 0) {
         fuse_reply_err(req, -rc);
         return;
@@ -1176,13 +1043,13 @@ void fuse_export::op_write(fuse_req_t req, fuse_ino_t, const char* buf, size_t s
     }
     size = std::min<uint64_t>(size, capacity - offset);
     int rc = 0;
-    if (offset % block == 0 && size % block == 0 && e.async_fits(w, size)) {
+    if (offset % block == 0 && size % block == 0 && w.async) {
         submit_async(w, req, io_op::write, offset, static_cast<uint32_t>(size), buf, 0, size);
         return;
     }
     if (offset % block == 0 && size % block == 0) {
         // The target only reads from the buffer of a write.
-        rc = w.execute(io_op::write, offset, static_cast<uint32_t>(size), const_cast<char*>(buf));
+        rc = w.execute(io_op::write, offset, size, const_cast<char*>(buf));
     } else if (align_up(offset + size, block) - align_down(offset, block) <= w.scratch_size) {
         rc = e.write_unaligned(w, offset, size, buf);
     } else {
@@ -1206,22 +1073,6 @@ void fuse_export::op_fsync(fuse_req_t req, fuse_ino_t, int, fuse_file_info*)
     fuse_reply_err(req, rc < 0 ? -rc : 0);
 }
 
-int fuse_export::write_zero_buffers(worker& w, uint64_t offset, uint64_t length)
-{
-    const uint64_t chunk_max = align_down(k_max_io, _limits.logical_block_size);
-    std::memset(w.scratch, 0, chunk_max);
-    for (uint64_t done = 0; done < length;) {
-        const uint64_t chunk = std::min(chunk_max, length - done);
-        const int rc =
-            w.execute(io_op::write, offset + done, static_cast<uint32_t>(chunk), w.scratch);
-        if (rc < 0) {
-            return rc;
-        }
-        done += chunk;
-    }
-    return 0;
-}
-
 int fuse_export::zero_range(worker& w, uint64_t offset, uint64_t length, bool punch)
 {
     const uint64_t block = _limits.logical_block_size;
@@ -1232,15 +1083,15 @@ int fuse_export::zero_range(worker& w, uint64_t offset, uint64_t length, bool pu
         int rc = 0;
         const uint64_t inner = inner_end - inner_start;
         if (punch && _limits.max_discard_bytes != 0) {
-            rc = device_io(io_op::discard, inner_start, inner, nullptr);
-        } else if (_limits.max_write_zeroes_bytes != 0) {
-            // A hole may be unmapped; a zeroed range stays allocated.
-            rc = device_io(io_op::write_zeroes, inner_start, inner, nullptr,
-                           punch ? 0u : uint32_t{k_io_no_unmap});
-        } else if (!punch) {
-            rc = write_zero_buffers(w, inner_start, inner);
+            rc = w.execute(io_op::discard, inner_start, inner, nullptr);
+        } else if (punch) {
+            // A hole may be unmapped, but only if that is cheap: the core
+            // refuses a fast zero it would have to write out.
+            rc = w.execute(io_op::write_zeroes, inner_start, inner, nullptr, k_io_fast_zero);
         } else {
-            rc = -EOPNOTSUPP;  // neither discard nor write zeroes: no cheap hole
+            // A zeroed range stays allocated (the core writes zeros where
+            // the device has no write zeroes).
+            rc = w.execute(io_op::write_zeroes, inner_start, inner, nullptr, k_io_no_unmap);
         }
         if (rc < 0) {
             return rc;
@@ -1307,7 +1158,7 @@ void fuse_export::op_fallocate(fuse_req_t req, fuse_ino_t, int mode, off_t off, 
     } else {
         // Plain allocation: the device cannot reserve space, so succeed
         // only where every block already is allocated.
-        auto map = e._dev.map(offset, end - offset);
+        auto map = w.map(offset, end - offset);
         if (!map) {
             rc = -map.error().code.value();
         } else {
@@ -1337,7 +1188,7 @@ void fuse_export::op_lseek(fuse_req_t req, fuse_ino_t, off_t off, int whence, fu
     const uint64_t offset = static_cast<uint64_t>(off);
     // Data: allocated and not known to read as zeros. A hole: the rest.
     for (uint64_t window = offset; window < capacity; window += k_map_window) {
-        auto map = e._dev.map(window, std::min(k_map_window, capacity - window));
+        auto map = t_worker->map(window, std::min(k_map_window, capacity - window));
         if (!map) {
             fuse_reply_err(req, map.error().code.value());
             return;
@@ -1381,12 +1232,6 @@ result<std::unique_ptr<device_export>> start_export(device& dev, const export_co
         return make_error(EINVAL,
                           fmt::format("{}: capacity {} is not a multiple of the block size {}",
                                       dev.name(), l.capacity_bytes, l.logical_block_size));
-    }
-    if (l.zoned) {
-        return make_error(EOPNOTSUPP,
-                          fmt::format("{}: a zoned device cannot be exported as a regular file "
-                                      "(use the ublk or NBD export)",
-                                      dev.name()));
     }
     auto exported = std::make_unique<fuse_export>(dev, ctx, *parsed);
     if (auto started = exported->start(); !started) {

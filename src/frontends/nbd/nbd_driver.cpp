@@ -106,7 +106,7 @@ int main(int argc, char** argv)
             std::cerr << d[0] << ": " << dev.error().message << "\n";
             return 1;
         }
-        auto exp = type->start(**dev, ctx, export_options);
+        auto exp = start_export(*type, **dev, ctx, export_options);
         if (!exp) {
             std::cerr << d[0] << ": " << exp.error().message << "\n";
             return 1;

@@ -23,7 +23,7 @@
 
 #include "tls.hpp"
 
-#include "core/clock.hpp"
+#include <softblk/support/clock.hpp>
 
 namespace softblk::nbd {
 
@@ -70,7 +70,6 @@ void* make_user_data(void* p, token t)
 }
 
 // Zeros for emulated WRITE_ZEROES (read only; shared by all threads).
-using core::monotonic_ns;
 
 // Who is at the other end of `fd`, for log lines: ADDRESS:PORT over TCP,
 // the process id (SO_PEERCRED) on a unix socket.

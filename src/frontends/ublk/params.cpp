@@ -48,9 +48,8 @@ result<params> make_params(const block_limits& limits, uint32_t max_io_buf_bytes
     }
     if (limits.zoned) {
         return make_error(EOPNOTSUPP,
-                          "zoned devices: the ublk export does not yet pass zone geometry "
-                          "(zone size, open/active limits) to the kernel; use the fuse or "
-                          "nbd export for zoned targets");
+                          "zoned devices: the ublk export does not pass zone geometry "
+                          "(zone size, open/active limits) to the kernel yet");
     }
     if (max_io_buf_bytes < lbs) {
         return make_error(EINVAL, fmt::format("max_io_buf_bytes {}: smaller than one block ({})",

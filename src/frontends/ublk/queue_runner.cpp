@@ -1,6 +1,6 @@
 #include "queue_runner.hpp"
 
-#include "core/clock.hpp"
+#include <softblk/support/clock.hpp>
 
 #include <cerrno>
 #include <chrono>
@@ -10,6 +10,8 @@
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <unistd.h>
+
+#include <softblk/support/cpu_relax.hpp>
 
 namespace softblk::ublk {
 
@@ -22,15 +24,6 @@ constexpr uint64_t k_event_data = (uint64_t{1} << 32) + 1;
 // throttle, the timeout scan) or its event_fd(); waits shorter than this
 // are spun, as the core's wait() does.
 constexpr uint64_t k_spin_ns = 20'000;
-
-using core::monotonic_ns;
-
-inline void cpu_relax()
-{
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#endif
-}
 
 unsigned ring_entries(unsigned depth)
 {

@@ -43,21 +43,13 @@ uint32_t softblk_block_device::write_gather_bytes() const
 
 int softblk_block_device::transfer(io_op op, uint64_t lba, uint32_t count, void* buffer)
 {
-    uint64_t ss = sector_size();
-    uint64_t max = _device->limits().max_transfer_bytes;
-    uint64_t per = max >= ss ? max / ss : count;
-    auto* p = static_cast<uint8_t*>(buffer);
-    while (count > 0) {
-        uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(count, per));
-        int rc = _device->execute(op, lba * ss, static_cast<uint32_t>(n * ss), p);
-        if (rc < 0) {
-            return rc;
-        }
-        lba += n;
-        count -= n;
-        p += n * ss;
-    }
-    return 0;
+    // The core splits on the device's limits.
+    bio b;
+    b.op = op;
+    b.offset = lba * sector_size();
+    b.length = uint64_t{count} * sector_size();
+    b.buffer = buffer;
+    return _device->execute(b);
 }
 
 int softblk_block_device::do_read(uint64_t lba, uint32_t count, void* buffer)

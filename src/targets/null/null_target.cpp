@@ -280,6 +280,8 @@ public:
             return _store->write_zeroes(r.offset, r.length, (r.flags & k_io_no_unmap) != 0) < 0
                        ? -ENOSPC
                        : 0;
+        case io_op::report_extents:
+            return answer_report_extents(*this, r);
         default:
             return -EOPNOTSUPP;  // zone operations: the zoned target's
         }
