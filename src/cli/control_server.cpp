@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -94,7 +95,9 @@ result<std::unique_ptr<control_server>> control_server::listen(std::string socke
         return make_error(
             bind_errno, fmt::format("cannot bind {}: {}", socket_path, std::strerror(bind_errno)));
     }
-    if (::chmod(socket_path.c_str(), 0600) != 0 || ::listen(fd, 64) != 0) {
+    // Not chmod(): it would follow a link put in the socket's place.
+    if (::fchmodat(AT_FDCWD, socket_path.c_str(), 0600, AT_SYMLINK_NOFOLLOW) != 0 ||
+        ::listen(fd, 64) != 0) {
         const int e = errno;
         ::close(fd);
         ::unlink(socket_path.c_str());

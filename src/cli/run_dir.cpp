@@ -68,8 +68,8 @@ result<void> check_ancestor(const std::string& path, const std::string& run_dir)
 }
 
 // Every directory above `path`, as given and as resolved, passes
-// check_ancestor.
-result<void> check_ancestors(const std::string& path)
+// check_ancestor; `existing_only` skips those that do not exist (yet).
+result<void> check_ancestors(const std::string& path, bool existing_only = false)
 {
     std::vector<std::string> chain;
     auto add_prefixes = [&chain](const std::string& p) {
@@ -83,6 +83,10 @@ result<void> check_ancestors(const std::string& path)
         add_prefixes(resolved);
     }
     for (const std::string& dir : chain) {
+        struct stat st {};
+        if (existing_only && ::lstat(dir.c_str(), &st) != 0) {
+            continue;
+        }
         if (auto ok = check_ancestor(dir, path); !ok) {
             return ok;
         }
@@ -201,6 +205,10 @@ result<void> check_run_dir(const run_paths& paths)
 
 result<void> prepare_run_dir(const run_paths& paths)
 {
+    // Nothing is created below a directory another user controls.
+    if (auto ok = check_ancestors(paths.dir, true); !ok) {
+        return ok;
+    }
     if (auto made = make_directories(paths.dir, 0755); !made) {
         return made;
     }
