@@ -5,7 +5,8 @@
 # The writes past the budget fail with ENOSPC, the daemon stays up, a second
 # device keeps serving reads and writes, `list` shows the use against the
 # budget, a discard gives budget back, and a device's own memory_limit
-# stops it before the daemon's budget does.
+# stops it before the daemon's budget does (through the file: ENOSPC;
+# through its loop device: ENOSPC or EIO, as the kernel reports it).
 # Usage: memory_budget.sh PATH/TO/softblk        (exit 77: skipped)
 softblk=${1:?usage: $0 PATH/TO/softblk}
 . "$(dirname "$0")/lib_cli.sh"
@@ -86,6 +87,19 @@ set -e
 written=$(awk '/bytes/ && /copied/ {print $1}' <<<"$err")
 [ "$written" -ge $((6 * mib)) ] && [ "$written" -le $((8 * mib)) ] || fail "memory_limit=8 let $written bytes through"
 [ "$(field capped .memory.limit_bytes)" -eq $((8 * mib)) ] || fail "list does not show memory_limit"
+
+note "through a loop device the kernel sees the failed writes (ENOSPC or EIO)"
+"$softblk" add null memory_backed=1 size=64 memory_limit=8 bs=4096 --export fuse --name looped >/dev/null
+loop=$(field looped .export.loop)
+[ -b "$loop" ] || fail "looped has no loop device"
+set +e
+err=$(dd if=/dev/zero of="$loop" bs=1M count=32 oflag=direct 2>&1)
+rc=$?
+set -e
+[ "$rc" -ne 0 ] && grep -Eq "No space left on device|Input/output error" <<<"$err" ||
+  fail "a 32 MiB write to $loop under memory_limit=8 did not fail with ENOSPC or EIO: $err"
+alive "$daemon" || fail "the daemon died"
+dd if="$loop" of=/dev/null bs=1M count=4 iflag=direct status=none || fail "$loop no longer reads"
 set +e
 err=$("$softblk" add null memory_limit=8 size=64 --export none 2>&1)
 rc=$?
