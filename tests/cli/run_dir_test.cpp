@@ -57,6 +57,14 @@ TEST_F(run_dir_test, a_run_dir_below_another_users_directory_is_refused)
     ASSERT_EQ(::mkdir(inner.c_str(), 0700), 0);
     ::setenv("SOFTBLK_RUN_DIR", inner.c_str(), 1);
     run_result r = softblk({"list"});
+    // A daemon that should not have started is stopped by TearDown.
+    if (std::ifstream pid_file(inner + "/daemon.pid"); pid_file) {
+        pid_t pid = 0;
+        pid_file >> pid;
+        if (pid > 0) {
+            _daemons.insert(pid);
+        }
+    }
     EXPECT_EQ(r.status, 1);
     EXPECT_NE(r.err.find(_dir + " (above the run directory"), std::string::npos) << r.err;
     EXPECT_NE(r.err.find("owned by uid 65534"), std::string::npos) << r.err;
