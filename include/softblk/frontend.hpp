@@ -39,8 +39,19 @@ public:
 
     // Stops serving: detaches, unmounts, closes connections, joins its
     // threads. After it returns the device has no I/O from this export in
-    // flight. Control thread; idempotent.
+    // flight. Refuses (the export stays as it was) when in_use() says why;
+    // the destructor stops whatever holds it. Idempotent. Runs on the
+    // daemon's control thread or on a teardown thread of its own (so that
+    // an export that cannot stop holds up no one else), never at the same
+    // time as another call on this export; other exports may start and stop
+    // meanwhile.
     virtual result<void> stop() = 0;
+
+    // Why stop() would refuse now, e.g. "/dev/loop3 is mounted on /mnt
+    // (ext4)"; empty when it would not. The daemon asks before a shutdown,
+    // so that it does not pull a device from under a mounted file system.
+    // Control thread; answers at once.
+    virtual std::string in_use() const { return {}; }
 };
 
 struct export_type {

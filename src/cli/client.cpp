@@ -4,10 +4,11 @@
 #include <climits>
 #include <cstring>
 #include <fcntl.h>
-#include <fstream>
+#include <sstream>
 #include <poll.h>
 #include <sys/file.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <thread>
@@ -23,11 +24,25 @@ namespace {
 
 using clock = std::chrono::steady_clock;
 
-// The last lines of the daemon's log, to explain a failed start.
+// The last lines of the daemon's log, to explain a failed start (never
+// through a link planted as the log).
 std::string log_tail(const std::string& path, size_t lines)
 {
-    std::ifstream in(path);
+    auto fd = open_run_file(path, O_RDONLY);
+    if (!fd) {
+        return "\n  " + fd.error().message;
+    }
+    std::string text;
+    char buf[65536];
+    for (ssize_t n; (n = ::read(*fd, buf, sizeof buf)) > 0;) {
+        text.append(buf, static_cast<size_t>(n));
+        if (text.size() > (1u << 20)) {
+            text.erase(0, text.size() - (1u << 20));
+        }
+    }
+    ::close(*fd);
     std::vector<std::string> all;
+    std::istringstream in(text);
     for (std::string line; std::getline(in, line);) {
         all.push_back(line);
     }
@@ -73,9 +88,16 @@ int connect_socket(const std::string& socket_path)
 result<pid_t> start_daemon(const run_paths& paths, std::chrono::milliseconds timeout,
                            const std::vector<std::string>& extra_args)
 {
-    if (auto made = make_directories(paths.dir, 0755); !made) {
-        return std::unexpected(made.error());
+    if (auto prepared = prepare_run_dir(paths); !prepared) {
+        return std::unexpected(prepared.error());
     }
+    // The daemon's output goes to its log, opened here so that a link
+    // planted as the log is reported, not followed.
+    auto log = open_run_file(paths.log, O_WRONLY | O_CREAT | O_APPEND, 0600);
+    if (!log) {
+        return std::unexpected(log.error());
+    }
+    const int log_fd = *log;
     const std::string exe = self_exe();
     // Built before fork: the child only calls async-signal-safe functions.
     std::vector<const char*> argv = {exe.c_str(), "daemon", "--foreground", "--quiet"};
@@ -85,7 +107,9 @@ result<pid_t> start_daemon(const run_paths& paths, std::chrono::milliseconds tim
     argv.push_back(nullptr);
     const pid_t pid = ::fork();
     if (pid < 0) {
-        return make_error(errno, fmt::format("fork: {}", std::strerror(errno)));
+        const int e = errno;
+        ::close(log_fd);
+        return make_error(e, fmt::format("fork: {}", std::strerror(e)));
     }
     if (pid == 0) {
         // The daemon: its own session, no terminal, output to the log, no
@@ -93,15 +117,11 @@ result<pid_t> start_daemon(const run_paths& paths, std::chrono::milliseconds tim
         // our output waiting).
         ::setsid();
         const int null_fd = ::open("/dev/null", O_RDWR);
-        const int log_fd = ::open(paths.log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
         if (null_fd >= 0) {
             ::dup2(null_fd, STDIN_FILENO);
         }
-        const int out_fd = log_fd >= 0 ? log_fd : null_fd;
-        if (out_fd >= 0) {
-            ::dup2(out_fd, STDOUT_FILENO);
-            ::dup2(out_fd, STDERR_FILENO);
-        }
+        ::dup2(log_fd, STDOUT_FILENO);
+        ::dup2(log_fd, STDERR_FILENO);
         ::close_range(3, ~0u, 0);
         if (::chdir("/") != 0) {
             _exit(1);
@@ -110,6 +130,7 @@ result<pid_t> start_daemon(const run_paths& paths, std::chrono::milliseconds tim
         ::dprintf(STDERR_FILENO, "softblk: cannot run %s: %s\n", exe.c_str(), std::strerror(errno));
         _exit(127);
     }
+    ::close(log_fd);
     const auto deadline = clock::now() + timeout;
     bool child_running = true;
     for (;;) {
@@ -165,6 +186,12 @@ bool wait_for_daemon_exit(const run_paths& paths, std::chrono::milliseconds time
 
 result<control_client> control_client::connect(const run_paths& paths, bool autostart)
 {
+    // A socket in a directory others control could be anyone's.
+    if (struct stat st{}; ::lstat(paths.dir.c_str(), &st) == 0) {
+        if (auto ok = check_run_dir(paths); !ok) {
+            return std::unexpected(ok.error());
+        }
+    }
     int fd = connect_socket(paths.socket);
     if (fd == -ENOENT || fd == -ECONNREFUSED) {
         if (!autostart) {

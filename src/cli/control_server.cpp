@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -28,6 +29,10 @@ struct control_server::client {
     clock::time_point request_started;  // first byte of the pending request
     bool close_after_write = false;
     bool closed = false;
+    // A request's reply is deferred: nothing more is read or handled
+    // until it comes; `resume` then handles the lines already read.
+    bool awaiting = false;
+    bool resume = false;
     // Refused (wrong uid, too many clients): gets its error reply, its input
     // is read and dropped (closing a unix socket with unread data would
     // reset the connection before the peer reads the reply), and it is
@@ -43,16 +48,6 @@ struct control_server::client {
     }
     bool has_output() const { return out_pos < out.size(); }
 };
-
-namespace {
-
-bool stop_fd_ready(int fd)
-{
-    pollfd p{fd, POLLIN, 0};
-    return fd >= 0 && ::poll(&p, 1, 0) > 0;
-}
-
-}  // namespace
 
 control_server::control_server(std::string socket_path, int fd, server_limits limits)
     : _socket_path(std::move(socket_path)), _listen_fd(fd), _limits(limits)
@@ -100,7 +95,9 @@ result<std::unique_ptr<control_server>> control_server::listen(std::string socke
         return make_error(
             bind_errno, fmt::format("cannot bind {}: {}", socket_path, std::strerror(bind_errno)));
     }
-    if (::chmod(socket_path.c_str(), 0600) != 0 || ::listen(fd, 64) != 0) {
+    // Not chmod(): it would follow a link put in the socket's place.
+    if (::fchmodat(AT_FDCWD, socket_path.c_str(), 0600, AT_SYMLINK_NOFOLLOW) != 0 ||
+        ::listen(fd, 64) != 0) {
         const int e = errno;
         ::close(fd);
         ::unlink(socket_path.c_str());
@@ -196,9 +193,9 @@ void control_server::process_lines(client& c, const request_handler& handler)
                          req.error().message);
             reply = format_error(id, req.error());
         } else {
-            result<nlohmann::json> res = make_error(EIO, "internal error");
+            std::optional<result<nlohmann::json>> res = make_error(EIO, "internal error");
             try {
-                res = handler(*req);
+                res = handler(*req, reply_token{c.number, id});
             } catch (const std::exception& e) {
                 // The handlers return errors; this is the last line of
                 // defence that keeps a bug from taking the daemon down.
@@ -206,7 +203,11 @@ void control_server::process_lines(client& c, const request_handler& handler)
                 res =
                     make_error(EIO, fmt::format("internal error in {}: {}", req->method, e.what()));
             }
-            reply = res ? format_result(id, *res) : format_error(id, res.error());
+            if (!res) {
+                c.awaiting = true;
+                break;
+            }
+            reply = *res ? format_result(id, **res) : format_error(id, res->error());
         }
         c.out += reply;
         if (!_stop_reason.empty()) {
@@ -242,7 +243,7 @@ void control_server::read_client(client& c, const request_handler& handler)
             process_lines(c, handler);
         }
         c.close_after_write = true;
-        if (!c.has_output()) {
+        if (!c.has_output() && !c.awaiting) {
             c.closed = true;
         }
         return;
@@ -288,8 +289,23 @@ void control_server::write_client(client& c)
     }
     c.out.clear();
     c.out_pos = 0;
-    if (c.close_after_write) {
+    if (c.close_after_write && !c.awaiting) {
         c.closed = true;
+    }
+}
+
+void control_server::reply(const reply_token& token, const result<nlohmann::json>& result)
+{
+    for (auto& c : _clients) {
+        if (c->number != token.client || c->closed || !c->awaiting) {
+            continue;
+        }
+        c->out +=
+            result ? format_result(token.id, *result) : format_error(token.id, result.error());
+        c->awaiting = false;
+        c->resume = true;
+        c->request_started = clock::now();
+        return;
     }
 }
 
@@ -298,6 +314,9 @@ void control_server::check_timeouts(client& c, clock::time_point now)
     if (c.refused) {
         c.closed = now >= c.refuse_deadline;
         return;
+    }
+    if (c.awaiting) {
+        return;  // the daemon is the slow one; the client may wait
     }
     if (c.has_output()) {
         if (now - c.last_progress > _limits.request_timeout) {
@@ -325,10 +344,11 @@ void control_server::check_timeouts(client& c, clock::time_point now)
     }
 }
 
-std::string control_server::run(const request_handler& handler, int stop_fd)
+std::string control_server::run(const request_handler& handler, const loop_hooks& hooks)
 {
     std::vector<pollfd> fds;
     clock::time_point stop_deadline{};
+    const size_t first_client = 1 + hooks.fds.size();
     for (;;) {
         if (!_stop_reason.empty()) {
             const auto now = clock::now();
@@ -342,16 +362,29 @@ std::string control_server::run(const request_handler& handler, int stop_fd)
                 return _stop_reason;
             }
         }
+        // Clients whose deferred reply came: the requests they sent since.
+        for (size_t i = 0; i < _clients.size() && _stop_reason.empty(); ++i) {
+            client& c = *_clients[i];
+            if (c.resume && !c.closed) {
+                c.resume = false;
+                process_lines(c, handler);
+                if (c.close_after_write && !c.awaiting && !c.has_output()) {
+                    c.closed = true;
+                }
+            }
+        }
         fds.clear();
-        fds.push_back({stop_fd, static_cast<short>(stop_fd >= 0 ? POLLIN : 0), 0});
         fds.push_back({_listen_fd, static_cast<short>(_stop_reason.empty() ? POLLIN : 0), 0});
+        for (int fd : hooks.fds) {
+            fds.push_back({fd, POLLIN, 0});
+        }
         for (const auto& c : _clients) {
             short events = 0;
             if (c->refused) {
                 events = static_cast<short>(POLLIN | (c->has_output() ? POLLOUT : 0));
             } else if (c->has_output()) {
                 events |= POLLOUT;
-            } else if (!c->close_after_write && _stop_reason.empty()) {
+            } else if (!c->close_after_write && !c->awaiting && _stop_reason.empty()) {
                 // Backpressure: a client's next request is read once its
                 // previous replies are written.
                 events |= POLLIN;
@@ -364,13 +397,12 @@ std::string control_server::run(const request_handler& handler, int stop_fd)
             return fmt::format("poll failed: {}", std::strerror(errno));
         }
         if (ready > 0) {
-            if ((fds[0].revents & POLLIN) != 0) {
-                return "signal";
-            }
-            // Clients first (fds indexes match _clients before accepting).
-            for (size_t i = 0; i < _clients.size(); ++i) {
+            // Clients first (fds indexes match _clients before accepting
+            // and before the hooks run, which may reply to clients).
+            const size_t clients = _clients.size();
+            for (size_t i = 0; i < clients; ++i) {
                 client& c = *_clients[i];
-                const short rev = fds[i + 2].revents;
+                const short rev = fds[first_client + i].revents;
                 if ((rev & POLLOUT) != 0) {
                     write_client(c);
                 }
@@ -384,23 +416,28 @@ std::string control_server::run(const request_handler& handler, int stop_fd)
                     c.closed = true;
                 }
             }
-            if ((fds[1].revents & POLLIN) != 0) {
+            for (size_t i = 0; i < hooks.fds.size(); ++i) {
+                if ((fds[1 + i].revents & POLLIN) != 0 && hooks.on_ready) {
+                    hooks.on_ready(hooks.fds[i]);
+                }
+            }
+            if ((fds[0].revents & POLLIN) != 0) {
                 accept_clients();
             }
+        }
+        if (hooks.on_tick) {
+            hooks.on_tick();
         }
         const auto now = clock::now();
         for (auto& c : _clients) {
             if (!c->closed) {
                 check_timeouts(*c, now);
-                if (c->close_after_write && c->has_output()) {
+                if (c->has_output()) {
                     write_client(*c);
                 }
             }
         }
         std::erase_if(_clients, [](const auto& c) { return c->closed; });
-        if (stop_fd_ready(stop_fd)) {
-            return "signal";
-        }
     }
 }
 

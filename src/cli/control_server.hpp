@@ -4,13 +4,17 @@
 // the reply. No client can stop or stall the loop: sockets are
 // non-blocking, requests and reply backlogs are bounded, clients that are
 // slow to send or to read are cut off after a timeout, and peers whose uid
-// is neither root nor the daemon's are refused (SO_PEERCRED).
+// is neither root nor the daemon's are refused (SO_PEERCRED). A handler
+// that has to wait for something (a device's teardown) defers its reply
+// instead of waiting: the loop serves the other clients meanwhile.
 #pragma once
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,9 +38,25 @@ struct server_limits {
     size_t max_reply_backlog = 64u << 20;
 };
 
+// Names a request whose reply comes later (control_server::reply).
+struct reply_token {
+    uint64_t client = 0;
+    nlohmann::json id;
+};
+
 // Handles one request on the loop's thread; returns the reply's result or
-// an error. May call control_server::request_stop.
-using request_handler = std::function<result<nlohmann::json>(const request&)>;
+// an error, or std::nullopt after keeping `token` to reply later (the
+// client's next requests wait until then). May call request_stop.
+using request_handler =
+    std::function<std::optional<result<nlohmann::json>>(const request&, const reply_token& token)>;
+
+// What else the loop waits for: descriptors (a signalfd, an eventfd) whose
+// readiness it reports, and a tick after every pass (at least every 200 ms).
+struct loop_hooks {
+    std::vector<int> fds;
+    std::function<void(int fd)> on_ready;  // `fd` (one of fds) is readable
+    std::function<void()> on_tick;
+};
 
 class control_server {
 public:
@@ -50,9 +70,14 @@ public:
     control_server& operator=(const control_server&) = delete;
 
     // Serves clients until request_stop is called (then flushes pending
-    // replies for up to a second) or `stop_fd` (e.g. a signalfd) becomes
-    // readable. Returns the reason it stopped. Control thread.
-    std::string run(const request_handler& handler, int stop_fd);
+    // replies for up to a second). Returns the reason it stopped. Control
+    // thread.
+    std::string run(const request_handler& handler, const loop_hooks& hooks);
+
+    // Gives a deferred request its reply; dropped when its client is gone.
+    // The client's next requests are handled at the loop's next pass.
+    // Control thread.
+    void reply(const reply_token& token, const result<nlohmann::json>& result);
 
     // Ends run() after the current request's reply is written.
     void request_stop(std::string reason) { _stop_reason = std::move(reason); }

@@ -1,5 +1,6 @@
 #include "daemon.hpp"
 
+#include <algorithm>
 #include <cerrno>
 #include <csignal>
 #include <cstring>
@@ -10,25 +11,28 @@
 #include <unistd.h>
 
 #include <fmt/format.h>
-#include <spdlog/sinks/basic_file_sink.h>
+#include <fmt/ranges.h>
+#include <spdlog/sinks/base_sink.h>
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
 
-#include "control_server.hpp"
+#include <softblk/memory_store.hpp>
 
 namespace softblk::cli {
 
 namespace {
 
+using clock = std::chrono::steady_clock;
+
 std::string read_pid_file(const std::string& path)
 {
     char buf[32] = {};
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
+    auto fd = open_run_file(path, O_RDONLY);
+    if (!fd) {
         return "?";
     }
-    const ssize_t n = ::read(fd, buf, sizeof buf - 1);
-    ::close(fd);
+    const ssize_t n = ::read(*fd, buf, sizeof buf - 1);
+    ::close(*fd);
     std::string pid(buf, n > 0 ? static_cast<size_t>(n) : 0);
     while (!pid.empty() && (pid.back() == '\n' || pid.back() == ' ')) {
         pid.pop_back();
@@ -36,34 +40,43 @@ std::string read_pid_file(const std::string& path)
     return pid.empty() ? "?" : pid;
 }
 
-result<void> write_pid_file(const std::string& path)
-{
-    const std::string text = fmt::format("{}\n", ::getpid());
-    const std::string tmp = path + ".tmp";
-    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
-    if (fd < 0 || ::write(fd, text.data(), text.size()) != static_cast<ssize_t>(text.size())) {
-        const int e = errno;
-        if (fd >= 0) {
-            ::close(fd);
-        }
-        return make_error(e, fmt::format("cannot write {}: {}", tmp, std::strerror(e)));
-    }
-    ::close(fd);
-    if (::rename(tmp.c_str(), path.c_str()) != 0) {
-        return make_error(errno, fmt::format("cannot rename {}: {}", tmp, std::strerror(errno)));
-    }
-    return {};
-}
+// spdlog's file sinks open by name and follow links; this one writes to a
+// descriptor opened with open_run_file (O_NOFOLLOW), which it owns.
+class fd_sink final : public spdlog::sinks::base_sink<std::mutex> {
+public:
+    explicit fd_sink(int fd) : _fd(fd) {}
+    ~fd_sink() override { ::close(_fd); }
 
-void setup_logging(const run_paths& paths, bool to_stderr)
-{
-    std::vector<spdlog::sink_ptr> sinks;
-    try {
-        sinks.push_back(std::make_shared<spdlog::sinks::basic_file_sink_mt>(paths.log, false));
-    } catch (const spdlog::spdlog_ex& e) {
-        // Without a log file the daemon still runs; say so where we can.
-        fmt::print(stderr, "softblk daemon: cannot open {}: {}\n", paths.log, e.what());
+protected:
+    void sink_it_(const spdlog::details::log_msg& msg) override
+    {
+        spdlog::memory_buf_t text;
+        formatter_->format(msg, text);
+        size_t done = 0;
+        while (done < text.size()) {
+            const ssize_t n = ::write(_fd, text.data() + done, text.size() - done);
+            if (n < 0 && errno == EINTR) {
+                continue;
+            }
+            if (n <= 0) {
+                return;  // a full disk loses log lines, not the daemon
+            }
+            done += static_cast<size_t>(n);
+        }
     }
+    void flush_() override {}
+
+private:
+    int _fd;
+};
+
+result<void> setup_logging(const run_paths& paths, bool to_stderr)
+{
+    auto fd = open_run_file(paths.log, O_WRONLY | O_CREAT | O_APPEND, 0600);
+    if (!fd) {
+        return std::unexpected(fd.error());
+    }
+    std::vector<spdlog::sink_ptr> sinks{std::make_shared<fd_sink>(*fd)};
     if (to_stderr) {
         sinks.push_back(std::make_shared<spdlog::sinks::stderr_sink_mt>());
     }
@@ -71,21 +84,40 @@ void setup_logging(const run_paths& paths, bool to_stderr)
     logger->set_pattern("%Y-%m-%d %H:%M:%S.%e [%l] %v");
     logger->flush_on(spdlog::level::info);
     spdlog::set_default_logger(logger);
+    return {};
+}
+
+// "m0 (/dev/loop3 is mounted on /mnt (ext4)), m1 (...)".
+std::string busy_list(const std::vector<std::pair<std::string, std::string>>& busy)
+{
+    std::vector<std::string> parts;
+    for (const auto& [name, why] : busy) {
+        parts.push_back(fmt::format("{} ({})", name, why));
+    }
+    return fmt::format("{}", fmt::join(parts, ", "));
 }
 
 }  // namespace
 
-control_service::control_service(device_host& host, run_paths paths,
-                                 std::function<void(std::string)> stop)
+control_service::control_service(device_host& host, run_paths paths, control_server& server,
+                                 const daemon_options& options)
     : _host(host),
       _paths(std::move(paths)),
-      _stop(std::move(stop)),
-      _started(std::chrono::steady_clock::now())
+      _server(server),
+      _stop_timeout(options.stop_timeout),
+      _memory(options.memory),
+      _started(clock::now())
 {
 }
 
 result<nlohmann::json> control_service::add(const nlohmann::json& params)
 {
+    if (!_stop_reason.empty()) {
+        return make_error(ESHUTDOWN,
+                          fmt::format("the daemon is stopping ({}); add devices once it has "
+                                      "stopped (the next command starts a new daemon)",
+                                      _stop_reason));
+    }
     add_request req;
     auto type = param_string(params, "type", true);
     auto name = param_string(params, "name", false);
@@ -104,10 +136,16 @@ result<nlohmann::json> control_service::add(const nlohmann::json& params)
     req.options = std::move(*options);
     req.export_type = *exp;
     req.export_options = std::move(*export_options);
+    if (!req.name.empty() && _host.stopping(req.name)) {
+        return make_error(EEXIST, fmt::format("a device named '{}' is being removed; wait until "
+                                              "it leaves `softblk list`",
+                                              req.name));
+    }
     return _host.add(req);
 }
 
-result<nlohmann::json> control_service::del(const nlohmann::json& params)
+std::optional<result<nlohmann::json>> control_service::del(const nlohmann::json& params,
+                                                           const reply_token& token)
 {
     auto all = param_bool(params, "all", false);
     if (!all) {
@@ -117,26 +155,125 @@ result<nlohmann::json> control_service::del(const nlohmann::json& params)
     if (!name) {
         return std::unexpected(name.error());
     }
-    if (*all) {
-        if (!name->empty()) {
-            return make_error(EINVAL, "give a device name or \"all\", not both");
-        }
-        return _host.remove_all();
+    if (*all && !name->empty()) {
+        return make_error(EINVAL, "give a device name or \"all\", not both");
     }
-    if (name->empty()) {
+    if (!*all && name->empty()) {
         return make_error(EINVAL, "missing parameter \"name\" (or \"all\": true)");
     }
-    return _host.remove(*name);
+    pending_del d;
+    d.token = token;
+    d.all = *all;
+    d.deadline = clock::now() + _stop_timeout;
+    const std::vector<std::string> names = *all ? _host.names() : std::vector<std::string>{*name};
+    for (const std::string& n : names) {
+        // A device already being removed: wait for that teardown.
+        if (!_host.stopping(n)) {
+            if (auto started = _host.begin_remove(n, false, false); !started) {
+                d.failures.push_back(started.error().message);
+                d.code = started.error().code.value();
+                continue;
+            }
+        }
+        if (_host.stopping(n)) {
+            d.waiting.push_back(n);
+        } else {
+            d.deleted.push_back(n);  // a failed entry: gone at once
+        }
+    }
+    if (d.waiting.empty()) {
+        return outcome(d);
+    }
+    _dels.push_back(std::move(d));
+    return std::nullopt;
 }
 
-result<nlohmann::json> control_service::handle(const request& req)
+result<nlohmann::json> control_service::outcome(const pending_del& d) const
+{
+    std::vector<std::string> messages = d.failures;
+    int code = d.code;
+    if (!d.waiting.empty()) {
+        messages.push_back(fmt::format(
+            "{}: the export did not stop within {} s (a request the device does not complete?); "
+            "the device keeps stopping in the background and leaves `softblk list` when it is "
+            "done, its state file with it",
+            fmt::join(d.waiting, ", "), _stop_timeout.count() / 1000.0));
+        code = ETIMEDOUT;
+    }
+    if (messages.empty()) {
+        return d.all ? nlohmann::json{{"deleted", d.deleted}}
+                     : nlohmann::json{{"name", d.deleted.at(0)}};
+    }
+    const std::string text =
+        d.all ? fmt::format("{} device(s) stayed: {}", d.failures.size() + d.waiting.size(),
+                            fmt::join(messages, "; "))
+              : fmt::format("{}", fmt::join(messages, "; "));
+    return make_error(code != 0 ? code : EBUSY, text);
+}
+
+result<nlohmann::json> control_service::shutdown(const nlohmann::json& params)
+{
+    auto force = param_bool(params, "force", false);
+    if (!force) {
+        return std::unexpected(force.error());
+    }
+    const auto busy = _host.in_use();
+    if (!*force && !busy.empty()) {
+        return make_error(
+            EBUSY,
+            fmt::format("cannot shut down: {} device{} in use: {}. Unmount {} and run `softblk "
+                        "shutdown` again{}; `softblk shutdown --force` stops anyway (a mounted "
+                        "file system then gets I/O errors; its loop device detaches itself when "
+                        "it is unmounted)",
+                        busy.size(), busy.size() == 1 ? " is" : "s are", busy_list(busy),
+                        busy.size() == 1 ? "it" : "them",
+                        _stop_reason.empty()
+                            ? ""
+                            : fmt::format(" (the daemon is stopping already, {}, and stops "
+                                          "once they are released)",
+                                          _stop_reason)));
+    }
+    // Devices being deleted lose their state file; the others keep it.
+    const size_t kept = _host.size() - _host.stopping_since(clock::time_point::max()).size();
+    begin_stop(*force ? "shutdown --force requested by a client" : "shutdown requested by a client",
+               *force);
+    return nlohmann::json{
+        {"pid", ::getpid()}, {"devices_kept", kept}, {"stop_timeout_ms", _stop_timeout.count()}};
+}
+
+nlohmann::json control_service::status() const
+{
+    const auto up = clock::now() - _started;
+    const memory_budget& budget = process_memory_budget();
+    nlohmann::json out{
+        {"pid", ::getpid()},
+        {"uid", ::geteuid()},
+        {"run_dir", _paths.dir},
+        {"log", _paths.log},
+        {"devices", _host.size()},
+        {"uptime_ms", std::chrono::duration_cast<std::chrono::milliseconds>(up).count()},
+        {"state", _stop_reason.empty() ? "running" : "stopping"},
+        {"memory",
+         {{"used_bytes", budget.used()},
+          {"limit_bytes", budget.limit()},
+          {"limit_source", _memory.source},
+          {"refused", budget.refused()}}},
+    };
+    if (!_stop_reason.empty()) {
+        out["stopping_reason"] = _stop_reason;
+    }
+    return out;
+}
+
+std::optional<result<nlohmann::json>> control_service::handle(const request& req,
+                                                              const reply_token& token)
 {
     const std::string& m = req.method;
     if (m == "add") {
         return add(req.params);
     }
     if (m == "del") {
-        return del(req.params);
+        return del(req.params, token);
     }
     if (m == "list") {
         return _host.list();
@@ -149,19 +286,10 @@ result<nlohmann::json> control_service::handle(const request& req)
         return features_json(*type);
     }
     if (m == "status") {
-        const auto up = std::chrono::steady_clock::now() - _started;
-        return nlohmann::json{
-            {"pid", ::getpid()},
-            {"uid", ::geteuid()},
-            {"run_dir", _paths.dir},
-            {"log", _paths.log},
-            {"devices", _host.size()},
-            {"uptime_ms", std::chrono::duration_cast<std::chrono::milliseconds>(up).count()},
-        };
+        return status();
     }
     if (m == "shutdown") {
-        _stop("shutdown requested by a client");
-        return nlohmann::json{{"pid", ::getpid()}, {"devices_kept", _host.size()}};
+        return shutdown(req.params);
     }
     return make_error(EOPNOTSUPP,
                       fmt::format("unknown method '{}' (known: add, del, list, features, status, "
@@ -169,24 +297,114 @@ result<nlohmann::json> control_service::handle(const request& req)
                                   m.size() > 64 ? m.substr(0, 64) + "..." : m));
 }
 
+void control_service::begin_stop(std::string reason, bool force)
+{
+    if (_stop_reason.empty()) {
+        _stop_since = clock::now();
+        spdlog::info("stopping: {}", reason);
+    } else {
+        spdlog::info("{} (already stopping: {})", reason, _stop_reason);
+    }
+    _stop_reason = std::move(reason);
+    _stop_force = _stop_force || force;
+    _next_release_check = {};
+    stop_released_devices();
+}
+
+void control_service::stop_released_devices()
+{
+    const auto now = clock::now();
+    if (now < _next_release_check) {
+        return;
+    }
+    // Looking costs an open() per loop device: once a second is enough.
+    _next_release_check = now + std::chrono::seconds(1);
+    const auto busy = _stop_force ? decltype(_host.in_use()){} : _host.in_use();
+    for (const std::string& name : _host.names()) {
+        if (_host.stopping(name) ||
+            std::any_of(busy.begin(), busy.end(), [&](const auto& b) { return b.first == name; })) {
+            continue;
+        }
+        if (auto started = _host.begin_remove(name, true, _stop_force); !started) {
+            spdlog::warn("stopping {}: {}", name, started.error().message);
+        }
+    }
+    if (const std::string text = busy_list(busy); !busy.empty() && text != _busy_logged) {
+        spdlog::warn(
+            "{}: {} stay{} in use; the daemon stops once released (unmount; or `softblk "
+            "shutdown --force`)",
+            _stop_reason, text, busy.size() == 1 ? "s" : "");
+        _busy_logged = text;
+    }
+}
+
+void control_service::on_signal(const std::string& name)
+{
+    begin_stop(name, false);
+}
+
+void control_service::tick()
+{
+    for (device_host::removal& r : _host.reap()) {
+        for (pending_del& d : _dels) {
+            auto it = std::find(d.waiting.begin(), d.waiting.end(), r.name);
+            if (it == d.waiting.end()) {
+                continue;
+            }
+            d.waiting.erase(it);
+            if (r.outcome) {
+                d.deleted.push_back(r.name);
+            } else {
+                d.failures.push_back(r.outcome.error().message);
+                d.code = r.outcome.error().code.value();
+            }
+        }
+    }
+    const auto now = clock::now();
+    std::erase_if(_dels, [&](pending_del& d) {
+        if (d.waiting.empty() || now >= d.deadline) {
+            _server.reply(d.token, outcome(d));
+            return true;
+        }
+        return false;
+    });
+    if (_stop_reason.empty()) {
+        return;
+    }
+    stop_released_devices();
+    if (_host.size() == 0) {
+        _server.request_stop(_stop_reason);
+        return;
+    }
+    // Teardowns that outlast the stop timeout (counted from the shutdown
+    // at the earliest) are given up on: the daemon exits without them.
+    if (now - _stop_since >= _stop_timeout && _host.running() == 0 &&
+        _host.stopping_since(now - _stop_timeout).size() == _host.size()) {
+        const auto stuck = _host.stopping_since(now - _stop_timeout);
+        spdlog::error("{}: giving up on {} (their exports did not stop within {} s)", _stop_reason,
+                      fmt::join(stuck, ", "), _stop_timeout.count() / 1000.0);
+        for (const pending_del& d : _dels) {
+            _server.reply(d.token, outcome(d));
+        }
+        _dels.clear();
+        _server.request_stop(_stop_reason);
+    }
+}
+
 int run_daemon(const run_paths& paths, const daemon_options& options)
 {
     const bool privileged = ::geteuid() == 0;
-    if (auto made = make_directories(paths.dir, 0755); !made) {
-        fmt::print(stderr, "softblk daemon: {}\n", made.error().message);
-        return 1;
-    }
-    if (auto made = make_directories(paths.devices, 0700); !made) {
-        fmt::print(stderr, "softblk daemon: {}\n", made.error().message);
+    if (auto prepared = prepare_run_dir(paths); !prepared) {
+        fmt::print(stderr, "softblk daemon: {}\n", prepared.error().message);
         return 1;
     }
     // One daemon per run directory: the lock is held until the process ends.
-    const int lock_fd = ::open(paths.lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
-    if (lock_fd < 0) {
-        fmt::print(stderr, "softblk daemon: cannot open {}: {}\n", paths.lock,
-                   std::strerror(errno));
+    auto lock = open_run_file(paths.lock, O_RDWR | O_CREAT, 0600);
+    if (!lock) {
+        fmt::print(stderr, "softblk daemon: {}\n", lock.error().message);
         return 1;
     }
+    const int lock_fd = *lock;
     if (::flock(lock_fd, LOCK_EX | LOCK_NB) != 0) {
         if (errno == EWOULDBLOCK) {
             fmt::print(stderr, "softblk daemon: another daemon (pid {}) serves {}\n",
@@ -200,7 +418,11 @@ int run_daemon(const run_paths& paths, const daemon_options& options)
         return 1;
     }
 
-    setup_logging(paths, options.log_to_stderr);
+    if (auto logging = setup_logging(paths, options.log_to_stderr); !logging) {
+        fmt::print(stderr, "softblk daemon: {}\n", logging.error().message);
+        ::close(lock_fd);
+        return 1;
+    }
     // Termination signals arrive through a signalfd; they are blocked
     // before any thread starts so that every thread inherits the mask.
     sigset_t mask;
@@ -212,12 +434,17 @@ int run_daemon(const run_paths& paths, const daemon_options& options)
     const int signal_fd = ::signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
     ::signal(SIGPIPE, SIG_IGN);
 
-    if (auto written = write_pid_file(paths.pid); !written) {
+    if (auto written = write_run_file(paths.pid, fmt::format("{}\n", ::getpid()), 0644, false);
+        !written) {
         spdlog::error("{}", written.error().message);
         return 1;
     }
     spdlog::info("daemon {} starting in {} ({})", ::getpid(), paths.dir,
                  privileged ? "root" : "unprivileged");
+    process_memory_budget().set_limit(options.memory.bytes);
+    spdlog::info("memory budget for device data: {} ({})",
+                 options.memory.bytes == 0 ? "no limit" : human_bytes(options.memory.bytes),
+                 options.memory.source);
 
     int status = 0;
     {
@@ -237,18 +464,45 @@ int run_daemon(const run_paths& paths, const daemon_options& options)
         } else {
             spdlog::info("listening on {}", paths.socket);
             control_server& srv = **server;
-            control_service service(host, paths,
-                                    [&srv](std::string reason) { srv.request_stop(reason); });
+            control_service service(host, paths, srv, options);
+            loop_hooks hooks;
+            hooks.fds = {signal_fd, host.wake_fd()};
+            hooks.on_ready = [&](int fd) {
+                if (fd == host.wake_fd()) {
+                    host.clear_wake();
+                    return;
+                }
+                signalfd_siginfo info{};
+                while (::read(signal_fd, &info, sizeof info) == sizeof info) {
+                    service.on_signal(
+                        sigabbrev_np(static_cast<int>(info.ssi_signo)) != nullptr
+                            ? fmt::format("SIG{}", sigabbrev_np(static_cast<int>(info.ssi_signo)))
+                            : "a signal");
+                }
+            };
+            hooks.on_tick = [&] { service.tick(); };
             const std::string reason =
-                srv.run([&service](const request& req) { return service.handle(req); }, signal_fd);
-            spdlog::info("stopping: {}", reason);
+                srv.run([&service](const request& req,
+                                   const reply_token& token) { return service.handle(req, token); },
+                        hooks);
+            spdlog::info("stopped serving: {}", reason);
             srv.close();
         }
+        const std::vector<std::string> stuck = host.abandon_stopping();
         const size_t kept = host.size();
         host.stop_all();
         if (kept > 0) {
             spdlog::info("{} device(s) stopped; their state stays in {} for the next daemon", kept,
                          paths.devices);
+        }
+        if (!stuck.empty()) {
+            // Their teardown threads still hold the devices: returning
+            // would destroy what they use. End the process here.
+            spdlog::error("daemon {} exits with {} export(s) not stopped: {}", ::getpid(),
+                          stuck.size(), fmt::join(stuck, ", "));
+            ::unlink(paths.pid.c_str());
+            spdlog::shutdown();
+            ::_exit(status);
         }
     }
     ::unlink(paths.pid.c_str());

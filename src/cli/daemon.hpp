@@ -3,19 +3,26 @@
 //
 //   add       {type, name?, options: ["k=v"...], export?, export_options?}
 //   del       {name} or {all: true}
-//   list      {}            -> [device::describe() + state + export]
+//   list      {}            -> [device::describe() + state + memory + export]
 //   features  {type?}       -> targets with options, export types
-//   status    {}            -> pid, uid, run_dir, devices, uptime
-//   shutdown  {}            -> stops the daemon; state files stay
+//   status    {}            -> pid, uid, run_dir, devices, uptime, state, memory
+//   shutdown  {force?}      -> stops the daemon; state files stay
+//
+// The control thread never waits for a front end: del and shutdown start
+// teardowns (device_host::begin_remove) and answer when they end or when
+// --stop-timeout passes. Shutdown and termination signals never pull a
+// device from under a mounted file system (docs/reliability.md).
 #pragma once
 
 #include <chrono>
-#include <functional>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "control_server.hpp"
 #include "device_host.hpp"
+#include "memory_limit.hpp"
 #include "protocol.hpp"
 #include "run_dir.hpp"
 
@@ -29,32 +36,83 @@ struct daemon_options {
     bool log_to_stderr = true;
     // See server_limits::request_timeout.
     std::chrono::milliseconds client_timeout{10'000};
+    // The daemon's budget of data memory (memory_limit.hpp).
+    memory_limit_choice memory;
+    // How long del and shutdown wait for an export to stop before they give
+    // up on it (it goes on stopping in the background; at exit the daemon
+    // leaves it behind).
+    std::chrono::milliseconds stop_timeout{30'000};
 };
 
-// Answers the protocol's methods on the control thread.
+// Answers the protocol's methods and runs the daemon's shutdown, on the
+// control thread.
 class control_service {
 public:
-    // `stop` is called (with the reason) when a client asks for shutdown.
-    control_service(device_host& host, run_paths paths, std::function<void(std::string)> stop);
+    control_service(device_host& host, run_paths paths, control_server& server,
+                    const daemon_options& options);
 
-    result<nlohmann::json> handle(const request& req);
+    // A request's reply, or std::nullopt when it comes later (del waits for
+    // teardowns through `token`).
+    std::optional<result<nlohmann::json>> handle(const request& req, const reply_token& token);
+
+    // A termination signal (`name`): stops as `shutdown` does but refuses
+    // nothing: devices whose export is in use keep serving until released.
+    void on_signal(const std::string& name);
+
+    // Collects ended teardowns, answers the dels waiting for them or past
+    // their time, and moves a shutdown on (stopping devices as they are
+    // released, ending the server when none is left or the rest is stuck).
+    // Every pass of the control loop.
+    void tick();
 
 private:
+    // A del whose reply waits for teardowns.
+    struct pending_del {
+        reply_token token;
+        bool all = false;
+        std::vector<std::string> waiting;
+        nlohmann::json deleted = nlohmann::json::array();
+        std::vector<std::string> failures;
+        int code = 0;
+        std::chrono::steady_clock::time_point deadline;
+    };
+
     result<nlohmann::json> add(const nlohmann::json& params);
-    result<nlohmann::json> del(const nlohmann::json& params);
+    std::optional<result<nlohmann::json>> del(const nlohmann::json& params,
+                                              const reply_token& token);
+    result<nlohmann::json> shutdown(const nlohmann::json& params);
+    nlohmann::json status() const;
+    // Starts stopping the daemon: stops every device (`force`: also those
+    // in use); the server ends once no device is left.
+    void begin_stop(std::string reason, bool force);
+    // Starts the teardown of every running device that may stop now.
+    void stop_released_devices();
+    // The reply of a del whose teardowns ended or whose time is up.
+    result<nlohmann::json> outcome(const pending_del& del) const;
 
     device_host& _host;
     run_paths _paths;
-    std::function<void(std::string)> _stop;
+    control_server& _server;
+    std::chrono::milliseconds _stop_timeout;
+    memory_limit_choice _memory;
     std::chrono::steady_clock::time_point _started;
+    std::vector<pending_del> _dels;
+    // Shutdown in progress (empty: serving).
+    std::string _stop_reason;
+    bool _stop_force = false;
+    std::chrono::steady_clock::time_point _stop_since;
+    std::chrono::steady_clock::time_point _next_release_check;
+    std::string _busy_logged;
 };
 
-// Runs the daemon in this process until `shutdown`, SIGTERM or SIGINT:
-// takes the lock, writes the pid file, cleans up stale exports, recovers
-// the devices, serves the socket; on the way out stops every export and
-// removes the socket and pid file (state files stay). Returns the exit
-// status: 0, 1 on error, k_exit_already_running. Main thread, before any
-// other thread exists.
+// Runs the daemon in this process until `shutdown`, SIGTERM, SIGINT or
+// SIGHUP (and, for those, until no device is in use): takes the lock,
+// writes the pid file, cleans up stale exports, recovers the devices,
+// serves the socket; on the way out removes the socket and pid file (state
+// files stay). Returns the exit status: 0, 1 on error,
+// k_exit_already_running. A daemon that gave up on a stuck teardown ends
+// the process with _exit (its thread still holds the device). Main thread,
+// before any other thread exists.
 int run_daemon(const run_paths& paths, const daemon_options& options);
 
 }  // namespace softblk::cli

@@ -8,15 +8,20 @@
 #include <fcntl.h>
 #include <fstream>
 #include <sstream>
+#include <sys/eventfd.h>
 #include <sys/stat.h>
+#include <thread>
 #include <unistd.h>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
+#include <softblk/memory_store.hpp>
 #include <softblk/target.hpp>
 
 #include "protocol.hpp"
+#include "run_dir.hpp"
 
 namespace softblk::cli {
 
@@ -97,10 +102,11 @@ nlohmann::json option_json(const option_def& def)
 // Reads a whole (small) file; error when it is missing or too large.
 result<std::string> read_small_file(const std::string& path)
 {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-    if (fd < 0) {
-        return make_error(errno, fmt::format("cannot open {}: {}", path, std::strerror(errno)));
+    auto opened = open_run_file(path, O_RDONLY);
+    if (!opened) {
+        return std::unexpected(opened.error());
     }
+    const int fd = *opened;
     std::string text;
     char buf[65536];
     for (;;) {
@@ -127,54 +133,59 @@ result<std::string> read_small_file(const std::string& path)
     return text;
 }
 
-result<void> write_file_atomically(const std::string& path, const std::string& text)
-{
-    const std::string tmp = path + ".tmp";
-    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
-    if (fd < 0) {
-        return make_error(errno, fmt::format("cannot create {}: {}", tmp, std::strerror(errno)));
-    }
-    size_t done = 0;
-    while (done < text.size()) {
-        const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-        if (n < 0 && errno == EINTR) {
-            continue;
-        }
-        if (n < 0) {
-            const int e = errno;
-            ::close(fd);
-            ::unlink(tmp.c_str());
-            return make_error(e, fmt::format("cannot write {}: {}", tmp, std::strerror(e)));
-        }
-        done += static_cast<size_t>(n);
-    }
-    if (::fsync(fd) != 0 || ::close(fd) != 0) {
-        const int e = errno;
-        ::unlink(tmp.c_str());
-        return make_error(e, fmt::format("cannot write {}: {}", tmp, std::strerror(e)));
-    }
-    if (::rename(tmp.c_str(), path.c_str()) != 0) {
-        const int e = errno;
-        ::unlink(tmp.c_str());
-        return make_error(e,
-                          fmt::format("cannot rename {} to {}: {}", tmp, path, std::strerror(e)));
-    }
-    return {};
-}
-
-std::string join(const std::vector<std::string>& items, std::string_view sep)
-{
-    std::string out;
-    for (const std::string& s : items) {
-        if (!out.empty()) {
-            out += sep;
-        }
-        out += s;
-    }
-    return out;
-}
-
 }  // namespace
+
+// Tells the control thread that a teardown ended. Shared with the teardown
+// threads, so that one the daemon gave up on can still signal safely.
+struct device_host::wake_event {
+    int fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    ~wake_event()
+    {
+        if (fd >= 0) {
+            ::close(fd);
+        }
+    }
+    void notify() const
+    {
+        const uint64_t one = 1;
+        (void)!::write(fd, &one, sizeof one);
+    }
+};
+
+// One device being removed: its export and device, moved here from the
+// table, are stopped and destroyed on `thread`. The thread writes `outcome`
+// (and, when the export refused, leaves `exp` and `dev` alive) before it
+// sets `finished`; the control thread reads them only after that.
+struct device_host::teardown {
+    std::unique_ptr<device_export> exp;
+    std::unique_ptr<device> dev;
+    bool keep_state = false;
+    bool force = false;
+    std::chrono::steady_clock::time_point started;
+    std::thread thread;
+    std::atomic<bool> finished{false};
+    result<void> outcome;
+
+    // The teardown thread's body.
+    void run(const std::string& name, const std::string& export_type, const wake_event& wake)
+    {
+        if (exp) {
+            outcome = exp->stop();
+            if (!outcome && force) {
+                // The export's destructor stops it whatever holds it.
+                spdlog::warn("{}: export {} stopped by force: {}", name, export_type,
+                             outcome.error().message);
+                outcome = {};
+            }
+        }
+        if (outcome) {
+            exp.reset();
+            dev.reset();
+        }
+        finished.store(true, std::memory_order_release);
+        wake.notify();
+    }
+};
 
 std::string default_export_type()
 {
@@ -201,7 +212,8 @@ result<nlohmann::json> features_json(std::string_view type)
         }
         return make_error(ENOENT,
                           fmt::format("unknown target type '{}'; known types: {}", type,
-                                      known.empty() ? "(none built in)" : join(known, ", ")));
+                                      known.empty() ? std::string("(none built in)")
+                                                    : fmt::format("{}", fmt::join(known, ", "))));
     }
     nlohmann::json out;
     out["targets"] = nlohmann::json::array();
@@ -235,7 +247,7 @@ result<nlohmann::json> features_json(std::string_view type)
 }
 
 device_host::device_host(export_context ctx, std::string state_dir)
-    : _ctx(std::move(ctx)), _state_dir(std::move(state_dir))
+    : _ctx(std::move(ctx)), _wake(std::make_shared<wake_event>()), _state_dir(std::move(state_dir))
 {
 }
 
@@ -275,7 +287,7 @@ result<void> device_host::create(hosted_device& entry)
             }
             known.emplace_back("none");
             return make_error(ENOENT, fmt::format("unknown export type '{}'; known types: {}",
-                                                  entry.export_type, join(known, ", ")));
+                                                  entry.export_type, fmt::join(known, ", ")));
         }
         if (!export_available(*type)) {
             return make_error(ENODEV,
@@ -311,9 +323,9 @@ result<void> device_host::write_state(const hosted_device& entry) const
         // uses "options".
         state["effective_options"] = entry.dev->options().to_args();
     }
-    return write_file_atomically(
+    return write_run_file(
         state_path(entry.name),
-        state.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+        state.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n", 0600, true);
 }
 
 result<nlohmann::json> device_host::add(const add_request& request)
@@ -338,12 +350,12 @@ result<nlohmann::json> device_host::add(const add_request& request)
     entry.export_options = request.export_options;
     if (entry.export_type == "none" && !entry.export_options.empty()) {
         return make_error(EINVAL, fmt::format("export options ({}) given without an export",
-                                              join(entry.export_options, " ")));
+                                              fmt::join(entry.export_options, " ")));
     }
     entry.sequence = _next_sequence;
     if (auto created = create(entry); !created) {
         spdlog::warn("add {} {} [{}] export {}: {}", entry.name, entry.type,
-                     join(request.options, " "), entry.export_type, created.error().message);
+                     fmt::join(request.options, " "), entry.export_type, created.error().message);
         return std::unexpected(created.error());
     }
     if (auto written = write_state(entry); !written) {
@@ -354,7 +366,8 @@ result<nlohmann::json> device_host::add(const add_request& request)
     }
     ++_next_sequence;
     spdlog::info("added {} {} [{}] export {} [{}]", entry.name, entry.type,
-                 join(entry.options, " "), entry.export_type, join(entry.export_options, " "));
+                 fmt::join(entry.options, " "), entry.export_type,
+                 fmt::join(entry.export_options, " "));
     const std::string name = entry.name;
     auto [it, inserted] = _devices.emplace(name, std::move(entry));
     nlohmann::json out;
@@ -369,57 +382,237 @@ result<nlohmann::json> device_host::add(const add_request& request)
     return out;
 }
 
-result<nlohmann::json> device_host::remove(std::string_view name)
+result<void> device_host::begin_remove(std::string_view name, bool keep_state, bool force)
 {
     auto it = _devices.find(name);
     if (it == _devices.end()) {
         return make_error(ENOENT, fmt::format("no device named '{}'", name));
     }
     hosted_device& entry = it->second;
-    if (entry.exp) {
-        if (auto stopped = entry.exp->stop(); !stopped) {
+    if (entry.stopping) {
+        return make_error(
+            EBUSY, fmt::format("{} is being removed already (since {} s)", entry.name,
+                               std::chrono::duration_cast<std::chrono::seconds>(
+                                   std::chrono::steady_clock::now() - entry.stopping->started)
+                                   .count()));
+    }
+    if (!entry.dev) {
+        // A failed recovery: nothing runs.
+        if (!keep_state) {
+            const std::string path = state_path(entry.name);
+            if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
+                spdlog::warn("del {}: cannot remove {}: {}", entry.name, path,
+                             std::strerror(errno));
+            }
+        }
+        _devices.erase(it);
+        return {};
+    }
+    if (entry.exp && !force) {
+        if (std::string why = entry.exp->in_use(); !why.empty()) {
+            return make_error(EBUSY, fmt::format("{}: the {} export is in use ({}); the device "
+                                                 "stays",
+                                                 entry.name, entry.export_type, why));
+        }
+    }
+    auto job = std::make_shared<teardown>();
+    job->exp = std::move(entry.exp);
+    job->dev = std::move(entry.dev);
+    job->keep_state = keep_state;
+    job->force = force;
+    job->started = std::chrono::steady_clock::now();
+    entry.stopping = job;
+    // The thread holds the job and the wake event: both outlive a host
+    // that gave up on it (abandon_stopping).
+    job->thread = std::thread([job, wake = _wake, name = entry.name, type = entry.export_type] {
+        job->run(name, type, *wake);
+    });
+    return {};
+}
+
+std::vector<device_host::removal> device_host::reap()
+{
+    std::vector<removal> out;
+    for (auto it = _devices.begin(); it != _devices.end();) {
+        hosted_device& entry = it->second;
+        if (!entry.stopping || !entry.stopping->finished.load(std::memory_order_acquire)) {
+            ++it;
+            continue;
+        }
+        std::shared_ptr<teardown> job = std::move(entry.stopping);
+        job->thread.join();
+        if (!job->outcome) {
+            // The export refused to stop: the device runs on as it was.
+            entry.exp = std::move(job->exp);
+            entry.dev = std::move(job->dev);
             spdlog::warn("del {}: export {} did not stop: {}", entry.name, entry.export_type,
-                         stopped.error().message);
-            error err = stopped.error();
+                         job->outcome.error().message);
+            error err = job->outcome.error();
             err.message = fmt::format("{}: the {} export did not stop, the device stays: {}",
                                       entry.name, entry.export_type, err.message);
-            return std::unexpected(std::move(err));
+            out.push_back({entry.name, std::unexpected(std::move(err))});
+            ++it;
+            continue;
         }
-        entry.exp.reset();
+        if (!job->keep_state) {
+            const std::string path = state_path(entry.name);
+            if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
+                spdlog::warn("del {}: cannot remove {}: {}", entry.name, path,
+                             std::strerror(errno));
+            }
+            spdlog::info("deleted {}", entry.name);
+        } else {
+            spdlog::info("stopped {}; its state stays for the next daemon", entry.name);
+        }
+        out.push_back({entry.name, {}});
+        it = _devices.erase(it);
     }
-    entry.dev.reset();
-    const std::string path = state_path(entry.name);
-    if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
-        spdlog::warn("del {}: cannot remove {}: {}", entry.name, path, std::strerror(errno));
-    }
-    spdlog::info("deleted {}", entry.name);
-    nlohmann::json out = {{"name", entry.name}};
-    _devices.erase(it);
     return out;
+}
+
+int device_host::wake_fd() const
+{
+    return _wake->fd;
+}
+
+void device_host::clear_wake()
+{
+    uint64_t count = 0;
+    (void)!::read(_wake->fd, &count, sizeof count);
+}
+
+std::vector<std::pair<std::string, std::string>> device_host::in_use() const
+{
+    std::vector<std::pair<std::string, std::string>> out;
+    for (const auto& [name, entry] : _devices) {
+        if (entry.exp && !entry.stopping) {
+            if (std::string why = entry.exp->in_use(); !why.empty()) {
+                out.emplace_back(name, std::move(why));
+            }
+        }
+    }
+    return out;
+}
+
+std::vector<std::string> device_host::stopping_since(
+    std::chrono::steady_clock::time_point before) const
+{
+    std::vector<std::string> out;
+    for (const auto& [name, entry] : _devices) {
+        if (entry.stopping && entry.stopping->started < before) {
+            out.push_back(name);
+        }
+    }
+    return out;
+}
+
+std::vector<std::string> device_host::abandon_stopping()
+{
+    std::vector<std::string> out;
+    for (auto it = _devices.begin(); it != _devices.end();) {
+        hosted_device& entry = it->second;
+        if (!entry.stopping) {
+            ++it;
+            continue;
+        }
+        if (!entry.stopping->keep_state) {
+            ::unlink(state_path(entry.name).c_str());
+        }
+        entry.stopping->thread.detach();
+        out.push_back(entry.name);
+        it = _devices.erase(it);
+    }
+    return out;
+}
+
+std::vector<std::string> device_host::names() const
+{
+    std::vector<std::string> out;
+    for (const auto& [name, entry] : _devices) {
+        out.push_back(name);
+    }
+    return out;
+}
+
+bool device_host::stopping(std::string_view name) const
+{
+    auto it = _devices.find(name);
+    return it != _devices.end() && it->second.stopping != nullptr;
+}
+
+size_t device_host::running() const
+{
+    return static_cast<size_t>(std::count_if(_devices.begin(), _devices.end(), [](const auto& e) {
+        return e.second.dev != nullptr && !e.second.stopping;
+    }));
+}
+
+std::vector<device_host::removal> device_host::wait_removed(const std::vector<std::string>& names)
+{
+    std::vector<removal> out;
+    for (const std::string& name : names) {
+        auto it = _devices.find(name);
+        if (it != _devices.end() && it->second.stopping) {
+            while (!it->second.stopping->finished.load(std::memory_order_acquire)) {
+                std::this_thread::sleep_for(std::chrono::milliseconds(1));
+            }
+        }
+    }
+    clear_wake();
+    for (removal& r : reap()) {
+        if (std::find(names.begin(), names.end(), r.name) != names.end()) {
+            out.push_back(std::move(r));
+        }
+    }
+    return out;
+}
+
+result<nlohmann::json> device_host::remove(std::string_view name)
+{
+    const std::string key(name);
+    if (auto started = begin_remove(key, false, false); !started) {
+        return std::unexpected(started.error());
+    }
+    for (removal& r : wait_removed({key})) {
+        if (!r.outcome) {
+            return std::unexpected(r.outcome.error());
+        }
+    }
+    return nlohmann::json{{"name", key}};
 }
 
 result<nlohmann::json> device_host::remove_all()
 {
-    std::vector<std::string> names;
-    for (const auto& [name, entry] : _devices) {
-        names.push_back(name);
-    }
-    nlohmann::json deleted = nlohmann::json::array();
+    const std::vector<std::string> started = names();
     std::vector<std::string> failures;
     int code = 0;
-    for (const std::string& name : names) {
-        auto removed = remove(name);
-        if (removed) {
-            deleted.push_back(name);
+    std::vector<std::string> waiting;
+    for (const std::string& name : started) {
+        if (auto r = begin_remove(name, false, false); !r) {
+            failures.push_back(r.error().message);
+            code = r.error().code.value();
+        } else if (_devices.contains(name)) {
+            waiting.push_back(name);
+        }
+    }
+    nlohmann::json deleted = nlohmann::json::array();
+    for (const std::string& name : started) {
+        if (!_devices.contains(name)) {
+            deleted.push_back(name);  // a failed entry, gone at once
+        }
+    }
+    for (removal& r : wait_removed(waiting)) {
+        if (r.outcome) {
+            deleted.push_back(r.name);
         } else {
-            failures.push_back(removed.error().message);
-            code = removed.error().code.value();
+            failures.push_back(r.outcome.error().message);
+            code = r.outcome.error().code.value();
         }
     }
     if (!failures.empty()) {
         return make_error(
             code != 0 ? code : EBUSY,
-            fmt::format("{} device(s) stayed: {}", failures.size(), join(failures, "; ")));
+            fmt::format("{} device(s) stayed: {}", failures.size(), fmt::join(failures, "; ")));
     }
     return nlohmann::json{{"deleted", std::move(deleted)}};
 }
@@ -427,9 +620,29 @@ result<nlohmann::json> device_host::remove_all()
 nlohmann::json device_host::entry_json(const hosted_device& entry) const
 {
     nlohmann::json d = nlohmann::json::object();
-    if (entry.dev) {
+    const memory_budget& daemon = process_memory_budget();
+    if (entry.stopping) {
+        // Its export and device belong to the teardown thread now.
+        d["name"] = entry.name;
+        d["type"] = entry.type;
+        d["state"] = "stopping";
+        d["stopping_ms"] = std::chrono::duration_cast<std::chrono::milliseconds>(
+                               std::chrono::steady_clock::now() - entry.stopping->started)
+                               .count();
+    } else if (entry.dev) {
         entry.dev->describe(d);
         d["state"] = "running";
+        // Data memory against the budgets: the device's own limit (a target
+        // with a memory store reports it, memory_store.hpp) and the
+        // daemon's, which every device shares.
+        const nlohmann::json& target = d["target"];
+        d["memory"] = {
+            {"used_bytes", entry.dev->memory_bytes()},
+            {"limit_bytes",
+             target.is_object() ? target.value("memory_limit_bytes", uint64_t{0}) : uint64_t{0}},
+            {"daemon_used_bytes", daemon.used()},
+            {"daemon_limit_bytes", daemon.limit()},
+        };
     } else {
         d["name"] = entry.name;
         d["type"] = entry.type;
@@ -437,7 +650,8 @@ nlohmann::json device_host::entry_json(const hosted_device& entry) const
         d["error"] = entry.failure;
     }
     d["options"] = entry.options;
-    nlohmann::json exp = entry.exp ? entry.exp->describe() : nlohmann::json::object();
+    nlohmann::json exp =
+        entry.exp && !entry.stopping ? entry.exp->describe() : nlohmann::json::object();
     exp["type"] = entry.export_type;
     if (!entry.export_options.empty()) {
         exp["options"] = entry.export_options;
@@ -557,7 +771,7 @@ nlohmann::json device_host::recover()
         _next_sequence = std::max(_next_sequence, entry.sequence + 1);
         if (entry.failure.empty()) {
             spdlog::info("recovered {} {} [{}] export {}", entry.name, entry.type,
-                         join(entry.options, " "), entry.export_type);
+                         fmt::join(entry.options, " "), entry.export_type);
             recovered.push_back(entry.name);
         } else {
             spdlog::error(
@@ -573,16 +787,16 @@ nlohmann::json device_host::recover()
 
 void device_host::stop_all()
 {
-    for (auto& [name, entry] : _devices) {
-        if (entry.exp) {
-            if (auto stopped = entry.exp->stop(); !stopped) {
-                spdlog::warn("{}: export {} did not stop cleanly: {}", name, entry.export_type,
-                             stopped.error().message);
-            }
-            entry.exp.reset();
+    std::vector<std::string> waiting;
+    for (const std::string& name : names()) {
+        if (_devices.contains(name) && !_devices.find(name)->second.stopping) {
+            (void)begin_remove(name, true, true);
         }
-        entry.dev.reset();
+        if (_devices.contains(name)) {
+            waiting.push_back(name);
+        }
     }
+    (void)wait_removed(waiting);
     _devices.clear();
 }
 

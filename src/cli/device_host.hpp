@@ -3,8 +3,16 @@
 // re-creates the devices from those files when a daemon starts again
 // (recovery). Knows no target or front end by name: both come from their
 // registries.
+//
+// Removal never blocks the control thread: a device's export is stopped and
+// the device destroyed on a teardown thread of its own, which the control
+// thread starts (begin_remove) and collects (reap) when the thread says it
+// is done through wake_fd(). A front end that cannot stop (a request the
+// device never completes) then delays only that device, which `list`
+// shows as "stopping" (docs/reliability.md, "Control plane").
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -52,16 +60,54 @@ public:
     // export: {type, ...the export's describe()}}. Control thread.
     result<nlohmann::json> add(const add_request& request);
 
-    // Stops the export, destroys the device, removes its state file. A
-    // device whose export refuses to stop (e.g. its loop device is
-    // mounted) stays as it was and the error says why. Control thread.
+    // Starts removing device `name`: its export stops and the device is
+    // destroyed on a teardown thread. `keep_state`: its state file stays
+    // for the next daemon (shutdown) rather than going (del). `force`: an
+    // export that refuses to stop (its loop device is mounted) is stopped
+    // anyway; without it such a device stays and the error, returned at
+    // once, says what holds it. A failed recovery entry (no device) is
+    // removed at once. Errors: no such device, already being removed.
+    // Control thread.
+    result<void> begin_remove(std::string_view name, bool keep_state, bool force);
+
+    struct removal {
+        std::string name;
+        result<void> outcome;  // error: the export refused; the device runs on
+    };
+    // Collects the teardowns whose thread ended: a stopped device leaves the
+    // table (and its state file, unless kept); one whose export refused to
+    // stop is back as it was. Control thread.
+    std::vector<removal> reap();
+
+    // Readable when a teardown thread ended (reap() then has work); the
+    // caller reads it empty with clear_wake(). Owned by the host.
+    int wake_fd() const;
+    void clear_wake();
+
+    // Running devices whose export is in use (see device_export::in_use):
+    // name and what holds it. Control thread.
+    std::vector<std::pair<std::string, std::string>> in_use() const;
+
+    // Names of the devices being removed (teardown running) whose teardown
+    // started before `before`. Control thread.
+    std::vector<std::string> stopping_since(std::chrono::steady_clock::time_point before) const;
+
+    // Gives up on the teardowns still running (their threads go on
+    // detached, owning their export and device) and drops them from the
+    // table; those that were deletions lose their state file now. Returns
+    // their names. For a daemon that exits anyway. Control thread.
+    std::vector<std::string> abandon_stopping();
+
+    // Removes a device and waits for its teardown, however long it takes
+    // (in-process users and tests; the daemon uses begin_remove). The
+    // error of a device that stays says why. Control thread.
     result<nlohmann::json> remove(std::string_view name);
     // Removes every device; the error lists the ones that stayed.
     result<nlohmann::json> remove_all();
 
-    // Every device with device::describe(), its export and its state
-    // ("running", or "failed" with the reason when recovery failed), in
-    // creation order. Control thread.
+    // Every device with device::describe(), its memory against the budgets,
+    // its export and its state ("running", "stopping", or "failed" with the
+    // reason when recovery failed), in creation order. Control thread.
     nlohmann::json list() const;
 
     // Runs each export type's cleanup_stale, then re-creates and re-exports
@@ -71,13 +117,24 @@ public:
     // Control thread, once, before the control socket opens.
     nlohmann::json recover();
 
-    // Stops every export and destroys every device; state files stay, so
-    // the next daemon recovers them. Control thread.
+    // Stops every export (forced) and destroys every device, waiting for
+    // them without a bound; state files stay, so the next daemon recovers
+    // them. Control thread.
     void stop_all();
 
     size_t size() const { return _devices.size(); }
+    // Devices that are neither failed nor being removed.
+    size_t running() const;
+    bool contains(std::string_view name) const { return _devices.contains(name); }
+    // Every device's name (running, failed or being removed).
+    std::vector<std::string> names() const;
+    // True while device `name` is being removed.
+    bool stopping(std::string_view name) const;
 
 private:
+    struct teardown;
+    struct wake_event;
+
     struct hosted_device {
         std::string name;
         std::string type;
@@ -87,7 +144,8 @@ private:
         uint64_t sequence = 0;  // creation order, kept across recovery
         std::unique_ptr<device> dev;
         std::unique_ptr<device_export> exp;
-        std::string failure;  // recovery failed: why (dev is null)
+        std::string failure;                 // recovery failed: why (dev is null)
+        std::shared_ptr<teardown> stopping;  // being removed
     };
 
     result<void> create(hosted_device& entry);
@@ -95,8 +153,11 @@ private:
     std::string state_path(std::string_view name) const;
     std::string next_name(std::string_view type) const;
     nlohmann::json entry_json(const hosted_device& entry) const;
+    // Waits for the teardowns of `names` (no bound) and reaps them.
+    std::vector<removal> wait_removed(const std::vector<std::string>& names);
 
     export_context _ctx;
+    std::shared_ptr<wake_event> _wake;
     std::string _state_dir;
     std::map<std::string, hosted_device, std::less<>> _devices;
     uint64_t _next_sequence = 1;

@@ -19,6 +19,7 @@
 #include "client.hpp"
 #include "daemon.hpp"
 #include "device_host.hpp"
+#include "memory_limit.hpp"
 #include "run_dir.hpp"
 
 #ifdef SOFTBLK_HAVE_UBLK
@@ -32,6 +33,7 @@ namespace {
 
 using nlohmann::json;
 using softblk::cli::control_client;
+using softblk::cli::human_bytes;
 using softblk::cli::run_paths;
 
 constexpr int k_exit_failure = 1;
@@ -41,21 +43,6 @@ int fail(const softblk::error& err)
 {
     fmt::print(stderr, "softblk: {}\n", err.message);
     return k_exit_failure;
-}
-
-std::string human_bytes(uint64_t bytes)
-{
-    static constexpr const char* k_units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
-    double value = static_cast<double>(bytes);
-    size_t unit = 0;
-    while (value >= 1024.0 && unit + 1 < std::size(k_units)) {
-        value /= 1024.0;
-        ++unit;
-    }
-    if (unit == 0) {
-        return fmt::format("{} B", bytes);
-    }
-    return fmt::format("{:.1f} {}", value, k_units[unit]);
 }
 
 // The string fields of an export's description ("file", "loop", "uri" ...).
@@ -206,23 +193,37 @@ int run_list(bool json_output)
         fmt::print("no devices\n");
         return 0;
     }
-    fmt::print("{:<16} {:<6} {:>10} {:>5} {:>6} {:>5} {:>10}  {:<8} {}\n", "NAME", "TYPE", "SIZE",
+    // MEMORY: data memory, against the device's memory_limit when it has one.
+    fmt::print("{:<16} {:<6} {:>10} {:>5} {:>6} {:>5} {:>21}  {:<8} {}\n", "NAME", "TYPE", "SIZE",
                "BS", "QUEUES", "DEPTH", "MEMORY", "STATE", "EXPORT");
+    json daemon_memory;
     for (const json& d : *res) {
         const std::string state = d.value("state", std::string("?"));
         if (state != "running") {
-            fmt::print("{:<16} {:<6} {:>10} {:>5} {:>6} {:>5} {:>10}  {:<8} {}\n",
+            fmt::print("{:<16} {:<6} {:>10} {:>5} {:>6} {:>5} {:>21}  {:<8} {}\n",
                        d.value("name", std::string()), d.value("type", std::string()), "-", "-",
                        "-", "-", "-", state, d.value("error", std::string()));
             continue;
         }
-        fmt::print("{:<16} {:<6} {:>10} {:>5} {:>6} {:>5} {:>10}  {:<8} {}\n",
+        const json memory = d.value("memory", json::object());
+        const uint64_t used = memory.value("used_bytes", uint64_t{0});
+        const uint64_t limit = memory.value("limit_bytes", uint64_t{0});
+        daemon_memory = memory;
+        fmt::print("{:<16} {:<6} {:>10} {:>5} {:>6} {:>5} {:>21}  {:<8} {}\n",
                    d.value("name", std::string()), d.value("type", std::string()),
                    human_bytes(d.value("capacity_bytes", uint64_t{0})),
                    d.value("logical_block_size", 0u),
                    fmt::format("{}+{}", d.value("submit_queues", 0u), d.value("poll_queues", 0u)),
-                   d.value("queue_depth", 0u), human_bytes(d.value("memory_bytes", uint64_t{0})),
+                   d.value("queue_depth", 0u),
+                   limit == 0 ? human_bytes(used)
+                              : fmt::format("{}/{}", human_bytes(used), human_bytes(limit)),
                    state, export_summary(d.value("export", json::object())));
+    }
+    if (daemon_memory.is_object()) {
+        const uint64_t limit = daemon_memory.value("daemon_limit_bytes", uint64_t{0});
+        fmt::print("device data memory: {} of {}\n",
+                   human_bytes(daemon_memory.value("daemon_used_bytes", uint64_t{0})),
+                   limit == 0 ? std::string("no limit") : human_bytes(limit));
     }
     return 0;
 }
@@ -304,16 +305,36 @@ int run_features(const std::string& type, bool json_output)
 
 // ------------------------------------------------------------------ daemon
 
-int run_daemon_command(bool foreground, bool quiet, int client_timeout_ms)
+struct daemon_command {
+    bool foreground = false;
+    bool quiet = false;
+    int client_timeout_ms = 10'000;
+    std::string memory_limit;  // "" the default
+    int stop_timeout_ms = 30'000;
+};
+
+int run_daemon_command(const daemon_command& cmd)
 {
     auto paths = softblk::cli::resolve_run_paths();
     if (!paths) {
         return fail(paths.error());
     }
-    if (foreground) {
+    // Checked here too, so that a bad value is reported to the user and
+    // not only in the background daemon's log.
+    auto machine = softblk::cli::read_machine_memory();
+    if (!machine) {
+        return fail(machine.error());
+    }
+    auto memory = softblk::cli::choose_memory_limit(cmd.memory_limit, *machine);
+    if (!memory) {
+        return fail(memory.error());
+    }
+    if (cmd.foreground) {
         softblk::cli::daemon_options options;
-        options.log_to_stderr = !quiet;
-        options.client_timeout = std::chrono::milliseconds(client_timeout_ms);
+        options.log_to_stderr = !cmd.quiet;
+        options.client_timeout = std::chrono::milliseconds(cmd.client_timeout_ms);
+        options.memory = *memory;
+        options.stop_timeout = std::chrono::milliseconds(cmd.stop_timeout_ms);
         return softblk::cli::run_daemon(*paths, options);
     }
     if (const int fd = softblk::cli::connect_socket(paths->socket); fd >= 0) {
@@ -321,8 +342,12 @@ int run_daemon_command(bool foreground, bool quiet, int client_timeout_ms)
         fmt::print(stderr, "softblk: a daemon already serves {}\n", paths->dir);
         return k_exit_failure;
     }
-    auto started = softblk::cli::start_daemon(
-        *paths, std::chrono::seconds(60), {"--client-timeout", std::to_string(client_timeout_ms)});
+    std::vector<std::string> args = {"--client-timeout", std::to_string(cmd.client_timeout_ms),
+                                     "--stop-timeout", std::to_string(cmd.stop_timeout_ms)};
+    if (!cmd.memory_limit.empty()) {
+        args.insert(args.end(), {"--memory-limit", cmd.memory_limit});
+    }
+    auto started = softblk::cli::start_daemon(*paths, std::chrono::seconds(60), args);
     if (!started) {
         return fail(started.error());
     }
@@ -355,11 +380,20 @@ int run_status(bool json_output)
                    res->value("pid", 0), res->value("uid", 0), res->value("run_dir", std::string()),
                    res->value("devices", 0), res->value("uptime_ms", 0) / 1000.0,
                    res->value("log", std::string()));
+        const json memory = res->value("memory", json::object());
+        const uint64_t limit = memory.value("limit_bytes", uint64_t{0});
+        fmt::print("device data memory: {} of {} ({})\n",
+                   human_bytes(memory.value("used_bytes", uint64_t{0})),
+                   limit == 0 ? std::string("no limit") : human_bytes(limit),
+                   memory.value("limit_source", std::string()));
+        if (res->value("state", std::string()) == "stopping") {
+            fmt::print("stopping: {}\n", res->value("stopping_reason", std::string()));
+        }
     }
     return 0;
 }
 
-int run_shutdown()
+int run_shutdown(bool force)
 {
     auto paths = softblk::cli::resolve_run_paths();
     if (!paths) {
@@ -373,12 +407,17 @@ int run_shutdown()
         }
         return fail(client.error());
     }
-    auto res = client->call("shutdown", json::object());
+    auto res = client->call("shutdown", force ? json{{"force", true}} : json::object());
     if (!res) {
         return fail(res.error());
     }
-    if (!softblk::cli::wait_for_daemon_exit(*paths, std::chrono::seconds(60))) {
-        fmt::print(stderr, "softblk: daemon {} did not exit within 60 s\n", res->value("pid", 0));
+    // The daemon gives up on exports that do not stop within its stop
+    // timeout; wait that long and a margin.
+    const auto wait =
+        std::chrono::milliseconds(res->value("stop_timeout_ms", 30'000)) + std::chrono::seconds(30);
+    if (!softblk::cli::wait_for_daemon_exit(*paths, wait)) {
+        fmt::print(stderr, "softblk: daemon {} did not exit within {} s\n", res->value("pid", 0),
+                   std::chrono::duration_cast<std::chrono::seconds>(wait).count());
         return k_exit_failure;
     }
     const unsigned kept = res->value("devices_kept", 0u);
@@ -455,17 +494,25 @@ int main(int argc, char** argv)
     features_cmd->add_option("type", features_type, "only this target type");
     features_cmd->add_flag("--json", features_json, "print JSON");
 
-    bool foreground = false;
-    bool quiet = false;
-    int client_timeout_ms = 10'000;
+    daemon_command daemon;
     CLI::App* daemon_cmd =
         app.add_subcommand("daemon", "start the daemon (normally started by the first command)");
-    daemon_cmd->add_flag("--foreground", foreground,
+    daemon_cmd->add_flag("--foreground", daemon.foreground,
                          "run in this process until shutdown, SIGTERM or SIGINT");
-    daemon_cmd->add_flag("--quiet", quiet, "log to the log file only, not to stderr");
+    daemon_cmd->add_flag("--quiet", daemon.quiet, "log to the log file only, not to stderr");
     daemon_cmd
-        ->add_option("--client-timeout", client_timeout_ms,
+        ->add_option("--client-timeout", daemon.client_timeout_ms,
                      "milliseconds a client may take to send a request or read a reply")
+        ->check(CLI::Range(100, 3'600'000));
+    daemon_cmd->add_option(
+        "--memory-limit", daemon.memory_limit,
+        "most memory the devices' data may take, all devices together: a size (64M, 4G), a share "
+        "of the machine's memory (25%) or none; default 50% of MemTotal or of the cgroup's "
+        "memory limit, whichever is smaller. Writes past it fail with ENOSPC");
+    daemon_cmd
+        ->add_option("--stop-timeout", daemon.stop_timeout_ms,
+                     "milliseconds del and shutdown wait for an export to stop before giving up "
+                     "on it (it goes on stopping in the background)")
         ->check(CLI::Range(100, 3'600'000));
 
     bool status_json = false;
@@ -479,8 +526,13 @@ int main(int argc, char** argv)
         "file, "
         "re-attaching ublk devices that outlived their daemon) and list the devices");
 
+    bool shutdown_force = false;
     CLI::App* shutdown_cmd = app.add_subcommand(
-        "shutdown", "stop the daemon and every export; device state stays for the next daemon");
+        "shutdown",
+        "stop the daemon and every export; device state stays for the next daemon. Refused while "
+        "an export is in use (a file system mounted on its loop device)");
+    shutdown_cmd->add_flag("--force", shutdown_force,
+                           "stop even exports in use: their mounted file systems get I/O errors");
 
     try {
         app.parse(argc, argv);
@@ -506,7 +558,7 @@ int main(int argc, char** argv)
         return run_features(features_type, features_json);
     }
     if (daemon_cmd->parsed()) {
-        return run_daemon_command(foreground, quiet, client_timeout_ms);
+        return run_daemon_command(daemon);
     }
     if (recover_cmd->parsed()) {
         // Recovery is what every daemon does when it starts; this command
@@ -517,7 +569,7 @@ int main(int argc, char** argv)
         return run_status(status_json);
     }
     if (shutdown_cmd->parsed()) {
-        return run_shutdown();
+        return run_shutdown(shutdown_force);
     }
     return k_exit_usage;
 }

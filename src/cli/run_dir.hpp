@@ -2,6 +2,14 @@
 // points: /run/softblk for root, $XDG_RUNTIME_DIR/softblk for other users,
 // or $SOFTBLK_RUN_DIR when set (tests use it so that they never touch the
 // real /run/softblk).
+//
+// The directory is trusted only when it is the caller's own
+// (docs/reliability.md, "Run directory"): it and its `devices`
+// subdirectory must be owned by the caller and writable by no one else, and
+// every directory above it owned by root or the caller and, if others may
+// write it, sticky (as /tmp). Files in it are opened with O_NOFOLLOW and
+// O_CLOEXEC (open_run_file) and temporary files are created afresh with
+// O_EXCL, so a link planted there is never followed.
 #pragma once
 
 #include <string>
@@ -31,5 +39,33 @@ run_paths run_paths_in(std::string dir);
 // Creates `path` and its missing parents with `mode` (existing directories
 // are left as they are). Returns an error naming the path.
 result<void> make_directories(const std::string& path, unsigned mode);
+
+// Checks an existing run directory, its `devices` subdirectory if present,
+// and every directory above (see the top of this file), creating nothing.
+// Returns an error naming the directory, its owner and mode. Any thread.
+result<void> check_run_dir(const run_paths& paths);
+
+// Creates the run directory (mode 0755: the FUSE export's files below it
+// are reached by other users through allow_other) and its `devices`
+// subdirectory (0700) if missing, then checks both and every directory
+// above (see the top of this file). Returns an error naming the directory,
+// its owner and mode. Any thread.
+result<void> prepare_run_dir(const run_paths& paths);
+
+// Checks that directory `path` is safe to keep the daemon's files in: a
+// directory (not a symbolic link), owned by the effective uid, writable by
+// no one else. Returns an error naming it, its owner and its mode.
+result<void> check_private_directory(const std::string& path);
+
+// Opens `path` in the run directory with O_NOFOLLOW | O_CLOEXEC | `flags`
+// (created with `mode`). Returns the descriptor, or an error that names
+// the file and says when it is a symbolic link.
+result<int> open_run_file(const std::string& path, int flags, unsigned mode = 0600);
+
+// Writes `text` to `path` atomically: a fresh `path`.tmp (a leftover is
+// removed first, never followed), fsynced when `durable`, renamed over
+// `path`. Returns an error naming the file.
+result<void> write_run_file(const std::string& path, const std::string& text, unsigned mode,
+                            bool durable);
 
 }  // namespace softblk::cli

@@ -1,9 +1,35 @@
-#include "memory_store.hpp"
+// The memory store (include/softblk/memory_store.hpp) and the process's
+// data-memory budget.
+//
+// Layout (null_blk's, with a page table instead of a radix tree of
+// pointers): data lives in 4 KiB pages, found through a page table keyed by
+// page index whose nodes (64 entries, 512 bytes) are created on first write. A
+// leaf entry is the page's address with a bitmap of the blocks it holds in
+// its low bits, so unwritten blocks of a page read as zeros and discard works
+// at block granularity; a page whose last block is discarded goes back to the
+// page pool, whose RAM is returned to the kernel (MADV_DONTNEED). A device of
+// any size with nothing written costs one root node, the lock stripes and
+// nothing else.
+//
+// Concurrency: any number of queue threads may call read/write/discard at
+// once. Page-table nodes are installed lock-free (compare-and-swap) and never
+// freed while the store lives; a page's contents and its leaf entry are
+// guarded by one of k_stripes spin locks chosen by page index, so adjacent
+// pages never share a lock.
+//
+// Accounting: the store charges its budget for what it holds resident, where
+// it allocates: a 1 MiB chunk when it is mapped (the pool populates it
+// whole), a released page when it is reused, a page-table node when it is
+// created; pages returned to the kernel are released. So memory_bytes() is
+// the budget's use, and a charge happens once per chunk, node or reused page
+// (relaxed atomics, no lock of its own; the pool's mutex is taken anyway).
+#include <softblk/memory_store.hpp>
 
 #include <algorithm>
 #include <cassert>
 #include <cerrno>
 #include <cstring>
+#include <mutex>
 #include <new>
 #include <sched.h>
 #include <sys/mman.h>
@@ -12,28 +38,138 @@
 
 #include <softblk/support/cpu_relax.hpp>
 
-namespace softblk::core {
+namespace softblk {
+
+memory_budget& process_memory_budget()
+{
+    static memory_budget budget;
+    return budget;
+}
+
+namespace core {
 
 namespace {
 
 constexpr unsigned k_mpol_preferred = 1;  // <linux/mempolicy.h> MPOL_PREFERRED
 
+class page_store final : public memory_store {
+public:
+    page_store(const config& cfg, memory_budget& parent);
+    ~page_store() override;
+
+    void read(uint64_t offset, void* out, uint64_t length) const override;
+    int write(uint64_t offset, const void* data, uint64_t length) override;
+    void discard(uint64_t offset, uint64_t length) override;
+    int write_zeroes(uint64_t offset, uint64_t length, bool keep_allocated) override;
+    void map_extents(uint64_t offset, uint64_t length, std::vector<extent>& out) const override;
+    void clear() override;
+    uint64_t memory_bytes() const override { return _budget.used(); }
+    uint64_t data_page_bytes() const override
+    {
+        return _live_pages.load(std::memory_order_relaxed) * uint64_t{k_page_size};
+    }
+    uint64_t contended() const override { return _contended.load(std::memory_order_relaxed); }
+    const memory_budget& budget() const override { return _budget; }
+    uint64_t capacity_bytes() const override { return _capacity; }
+    uint32_t block_size() const override { return _block_size; }
+
+private:
+    static constexpr unsigned k_stripes = 256;
+    static constexpr unsigned k_fanout_bits = 6;  // 64 entries, 512-byte nodes
+    static constexpr unsigned k_fanout = 1u << k_fanout_bits;
+    static constexpr uintptr_t k_bits_mask = k_page_size - 1;
+
+    struct node {
+        std::atomic<uintptr_t> slot[k_fanout];
+    };
+
+    struct alignas(64) stripe {
+        std::atomic<uint32_t> locked{0};
+    };
+
+    // Pages come from 1 MiB chunks mapped (and populated) at once; freed
+    // pages are released to the kernel in batches and reused. Every page
+    // counted in resident_pages() is charged to the budget.
+    class page_pool {
+    public:
+        page_pool(int numa_node, memory_budget& budget) : _numa_node(numa_node), _budget(budget) {}
+        ~page_pool();
+        // A page, or nullptr with `error` set to -ENOSPC (the budget
+        // refused) or -ENOMEM (the system did).
+        void* allocate(int& error);
+        // Queues `page` for release; flush() returns queued pages' RAM.
+        void free(void* page);
+        void flush();
+        void release_all();
+        uint64_t resident_pages() const { return _resident.load(std::memory_order_relaxed); }
+
+    private:
+        static constexpr size_t k_chunk_bytes = size_t{1} << 20;
+        static constexpr size_t k_batch = 64;
+        void flush_locked();
+
+        int _numa_node;
+        memory_budget& _budget;
+        mutable std::mutex _lock;
+        std::vector<void*> _chunks;
+        std::vector<void*> _free;      // released, ready to reuse
+        void* _pending[k_batch] = {};  // freed, not yet released
+        size_t _pending_count = 0;
+        char* _bump = nullptr;  // unused rest of the newest chunk
+        char* _bump_end = nullptr;
+        std::atomic<uint64_t> _resident{0};
+    };
+
+    // The leaf entry of page `index`, creating missing nodes if `create`;
+    // nullptr if absent (and !create), or when a node cannot be had (then
+    // `error` is -ENOSPC or -ENOMEM).
+    std::atomic<uintptr_t>* leaf(uint64_t index, bool create, int* error = nullptr) const;
+    void lock(uint64_t page_index) const;
+    void unlock(uint64_t page_index) const;
+    void free_subtree(node* n, unsigned level);
+    // Block bits of [first_block, first_block+count) of a page.
+    uintptr_t block_mask(uint32_t in_page_offset, uint32_t length) const;
+    // What the store holds whatever is written: the lock stripes and itself.
+    static constexpr uint64_t fixed_bytes()
+    {
+        return k_stripes * sizeof(stripe) + sizeof(page_store);
+    }
+
+    uint64_t _capacity;
+    uint64_t _page_count;
+    uint32_t _block_size;
+    unsigned _block_shift;
+    unsigned _levels;
+    mutable memory_budget _budget;
+    node* _root;
+    mutable std::unique_ptr<stripe[]> _stripes;
+    mutable page_pool _pool;
+    mutable std::atomic<uint64_t> _nodes{1};
+    std::atomic<uint64_t> _live_pages{0};
+    mutable std::atomic<uint64_t> _contended{0};
+};
+
 }  // namespace
 
 // ---------------------------------------------------------------- page pool
 
-memory_store::page_pool::~page_pool()
+page_store::page_pool::~page_pool()
 {
     release_all();
 }
 
-void* memory_store::page_pool::allocate()
+void* page_store::page_pool::allocate(int& error)
 {
     std::lock_guard guard(_lock);
     if (!_free.empty()) {
+        // Released pages fault back in (zeroed) on first touch: resident
+        // again, so charged again.
+        if (!_budget.try_charge(k_page_size)) {
+            error = -ENOSPC;
+            return nullptr;
+        }
         void* p = _free.back();
         _free.pop_back();
-        // Released pages fault back in (zeroed) on first touch.
         _resident.fetch_add(1, std::memory_order_relaxed);
         return p;
     }
@@ -42,9 +178,16 @@ void* memory_store::page_pool::allocate()
         return _pending[--_pending_count];
     }
     if (_bump == _bump_end) {
+        // The whole chunk becomes resident (populated below).
+        if (!_budget.try_charge(k_chunk_bytes)) {
+            error = -ENOSPC;
+            return nullptr;
+        }
         void* chunk = mmap(nullptr, k_chunk_bytes, PROT_READ | PROT_WRITE,
                            MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
         if (chunk == MAP_FAILED) {
+            _budget.release(k_chunk_bytes);
+            error = -ENOMEM;
             return nullptr;
         }
         if (_numa_node >= 0) {
@@ -69,7 +212,7 @@ void* memory_store::page_pool::allocate()
     return p;
 }
 
-void memory_store::page_pool::free(void* page)
+void page_store::page_pool::free(void* page)
 {
     std::lock_guard guard(_lock);
     _pending[_pending_count++] = page;
@@ -78,13 +221,13 @@ void memory_store::page_pool::free(void* page)
     }
 }
 
-void memory_store::page_pool::flush()
+void page_store::page_pool::flush()
 {
     std::lock_guard guard(_lock);
     flush_locked();
 }
 
-void memory_store::page_pool::flush_locked()
+void page_store::page_pool::flush_locked()
 {
     if (_pending_count == 0) {
         return;
@@ -102,10 +245,11 @@ void memory_store::page_pool::flush_locked()
     }
     _free.insert(_free.end(), _pending, _pending + _pending_count);
     _resident.fetch_sub(_pending_count, std::memory_order_relaxed);
+    _budget.release(_pending_count * uint64_t{k_page_size});
     _pending_count = 0;
 }
 
-void memory_store::page_pool::release_all()
+void page_store::page_pool::release_all()
 {
     std::lock_guard guard(_lock);
     for (void* c : _chunks) {
@@ -115,35 +259,39 @@ void memory_store::page_pool::release_all()
     _free.clear();
     _pending_count = 0;
     _bump = _bump_end = nullptr;
-    _resident.store(0, std::memory_order_relaxed);
+    _budget.release(_resident.exchange(0, std::memory_order_relaxed) * uint64_t{k_page_size});
 }
 
 // ---------------------------------------------------------------- store
 
-memory_store::memory_store(uint64_t capacity_bytes, uint32_t block_size, int numa_node)
-    : _capacity(capacity_bytes),
-      _page_count((capacity_bytes + k_page_size - 1) / k_page_size),
-      _block_size(block_size),
-      _block_shift(static_cast<unsigned>(__builtin_ctz(block_size))),
+page_store::page_store(const config& cfg, memory_budget& parent)
+    : _capacity(cfg.capacity_bytes),
+      _page_count((cfg.capacity_bytes + k_page_size - 1) / k_page_size),
+      _block_size(cfg.block_size),
+      _block_shift(static_cast<unsigned>(__builtin_ctz(cfg.block_size))),
+      _budget(cfg.limit_bytes, &parent),
       _stripes(new stripe[k_stripes]),
-      _pool(numa_node)
+      _pool(cfg.numa_node, _budget)
 {
-    assert(block_size >= 512 && block_size <= k_page_size && (block_size & (block_size - 1)) == 0);
+    assert(_block_size >= 512 && _block_size <= k_page_size &&
+           (_block_size & (_block_size - 1)) == 0);
     unsigned bits = 0;
     while (bits < 64 && (uint64_t{1} << bits) < _page_count) {
         ++bits;
     }
     _levels = std::max(1u, (bits + k_fanout_bits - 1) / k_fanout_bits);
     _root = new node();
+    _budget.charge(fixed_bytes() + sizeof(node));
 }
 
-memory_store::~memory_store()
+page_store::~page_store()
 {
     free_subtree(_root, 0);
     _pool.release_all();
+    _budget.release(fixed_bytes() + _nodes.load(std::memory_order_relaxed) * sizeof(node));
 }
 
-void memory_store::free_subtree(node* n, unsigned level)
+void page_store::free_subtree(node* n, unsigned level)
 {
     if (level + 1 < _levels) {
         for (auto& s : n->slot) {
@@ -155,7 +303,7 @@ void memory_store::free_subtree(node* n, unsigned level)
     delete n;
 }
 
-std::atomic<uintptr_t>* memory_store::leaf(uint64_t index, bool create) const
+std::atomic<uintptr_t>* page_store::leaf(uint64_t index, bool create, int* error) const
 {
     node* n = _root;
     for (unsigned level = 0; level + 1 < _levels; ++level) {
@@ -166,8 +314,14 @@ std::atomic<uintptr_t>* memory_store::leaf(uint64_t index, bool create) const
             if (!create) {
                 return nullptr;
             }
+            if (!_budget.try_charge(sizeof(node))) {
+                *error = -ENOSPC;
+                return nullptr;
+            }
             node* fresh = new (std::nothrow) node();
             if (fresh == nullptr) {
+                _budget.release(sizeof(node));
+                *error = -ENOMEM;
                 return nullptr;
             }
             uintptr_t expected = 0;
@@ -177,6 +331,7 @@ std::atomic<uintptr_t>* memory_store::leaf(uint64_t index, bool create) const
                 v = reinterpret_cast<uintptr_t>(fresh);
             } else {
                 delete fresh;  // another queue installed it first
+                _budget.release(sizeof(node));
                 v = expected;
             }
         }
@@ -185,7 +340,7 @@ std::atomic<uintptr_t>* memory_store::leaf(uint64_t index, bool create) const
     return &n->slot[index & (k_fanout - 1)];
 }
 
-void memory_store::lock(uint64_t page_index) const
+void page_store::lock(uint64_t page_index) const
 {
     std::atomic<uint32_t>& l = _stripes[page_index % k_stripes].locked;
     if (l.exchange(1, std::memory_order_acquire) == 0) {
@@ -207,19 +362,19 @@ void memory_store::lock(uint64_t page_index) const
     }
 }
 
-void memory_store::unlock(uint64_t page_index) const
+void page_store::unlock(uint64_t page_index) const
 {
     _stripes[page_index % k_stripes].locked.store(0, std::memory_order_release);
 }
 
-uintptr_t memory_store::block_mask(uint32_t in_page_offset, uint32_t length) const
+uintptr_t page_store::block_mask(uint32_t in_page_offset, uint32_t length) const
 {
     const unsigned first = in_page_offset >> _block_shift;
     const unsigned count = length >> _block_shift;
     return ((uintptr_t{1} << count) - 1) << first;
 }
 
-void memory_store::read(uint64_t offset, void* out, uint64_t length) const
+void page_store::read(uint64_t offset, void* out, uint64_t length) const
 {
     auto* dst = static_cast<char*>(out);
     while (length > 0) {
@@ -255,24 +410,25 @@ void memory_store::read(uint64_t offset, void* out, uint64_t length) const
     }
 }
 
-int memory_store::write(uint64_t offset, const void* data, uint64_t length)
+int page_store::write(uint64_t offset, const void* data, uint64_t length)
 {
     const auto* src = static_cast<const char*>(data);
     while (length > 0) {
         const uint64_t index = offset / k_page_size;
         const uint32_t in_page = static_cast<uint32_t>(offset % k_page_size);
         const uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(length, k_page_size - in_page));
-        std::atomic<uintptr_t>* e = leaf(index, true);
+        int error = 0;
+        std::atomic<uintptr_t>* e = leaf(index, true, &error);
         if (e == nullptr) {
-            return -ENOMEM;
+            return error;
         }
         lock(index);
         uintptr_t v = e->load(std::memory_order_relaxed);
         if (v == 0) {
-            void* page = _pool.allocate();
+            void* page = _pool.allocate(error);
             if (page == nullptr) {
                 unlock(index);
-                return -ENOMEM;
+                return error;
             }
             v = reinterpret_cast<uintptr_t>(page);
             _live_pages.fetch_add(1, std::memory_order_relaxed);
@@ -287,7 +443,7 @@ int memory_store::write(uint64_t offset, const void* data, uint64_t length)
     return 0;
 }
 
-void memory_store::discard(uint64_t offset, uint64_t length)
+void page_store::discard(uint64_t offset, uint64_t length)
 {
     bool freed = false;
     while (length > 0) {
@@ -317,7 +473,7 @@ void memory_store::discard(uint64_t offset, uint64_t length)
     }
 }
 
-int memory_store::write_zeroes(uint64_t offset, uint64_t length, bool keep_allocated)
+int page_store::write_zeroes(uint64_t offset, uint64_t length, bool keep_allocated)
 {
     if (!keep_allocated) {
         discard(offset, length);
@@ -336,7 +492,7 @@ int memory_store::write_zeroes(uint64_t offset, uint64_t length, bool keep_alloc
     return 0;
 }
 
-void memory_store::map_extents(uint64_t offset, uint64_t length, std::vector<extent>& out) const
+void page_store::map_extents(uint64_t offset, uint64_t length, std::vector<extent>& out) const
 {
     if (offset >= _capacity) {
         return;
@@ -389,7 +545,7 @@ void memory_store::map_extents(uint64_t offset, uint64_t length, std::vector<ext
     }
 }
 
-void memory_store::clear()
+void page_store::clear()
 {
     for (auto& s : _root->slot) {
         if (uintptr_t v = s.exchange(0, std::memory_order_relaxed)) {
@@ -398,16 +554,17 @@ void memory_store::clear()
             }
         }
     }
-    _nodes.store(1, std::memory_order_relaxed);
+    _budget.release((_nodes.exchange(1, std::memory_order_relaxed) - 1) * sizeof(node));
     _live_pages.store(0, std::memory_order_relaxed);
     _pool.release_all();
 }
 
-uint64_t memory_store::memory_bytes() const
+}  // namespace core
+
+std::unique_ptr<memory_store> memory_store::create(const config& cfg)
 {
-    return _pool.resident_pages() * uint64_t{k_page_size} +
-           _nodes.load(std::memory_order_relaxed) * sizeof(node) + k_stripes * sizeof(stripe) +
-           sizeof(*this);
+    return std::make_unique<core::page_store>(
+        cfg, cfg.parent != nullptr ? *cfg.parent : process_memory_budget());
 }
 
-}  // namespace softblk::core
+}  // namespace softblk

@@ -5,41 +5,10 @@
 # cleans up the stale mount and loop device and re-exports the devices;
 # del and shutdown leave no mount, loop device or process behind.
 # Usage: fuse_export.sh PATH/TO/softblk        (exit 77: skipped)
-set -euo pipefail
-
 softblk=${1:?usage: $0 PATH/TO/softblk}
-skip() { echo "SKIP: $*"; exit 77; }
-[ "$(id -u)" -eq 0 ] || skip "needs root (loop devices)"
-[ -c /dev/fuse ] || skip "no /dev/fuse"
-[ -e /dev/loop-control ] || skip "no /dev/loop-control"
-for tool in jq losetup findmnt; do
-  command -v "$tool" >/dev/null || skip "$tool is not installed (scripts/install-deps.sh)"
-done
-
-run_dir=$(mktemp -d /tmp/softblk-clifuse.XXXXXX)
-export SOFTBLK_RUN_DIR=$run_dir
-pids=()
-remember_daemon() {
-  if [ -s "$run_dir/daemon.pid" ]; then pids+=("$(cat "$run_dir/daemon.pid")"); fi
-}
-cleanup() {
-  set +e
-  remember_daemon
-  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null; done
-  sleep 0.5
-  for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null; done
-  findmnt -rn -o TARGET | grep "^$run_dir/" | sort -r | while read -r m; do umount -l "$m"; done
-  losetup --list --raw --noheadings -O NAME,BACK-FILE | awk -v d="$run_dir/" 'index($2, d) == 1 {print $1}' | while read -r l; do
-    losetup -d "$l"
-  done
-  rm -rf "$run_dir"
-}
-trap cleanup EXIT
-
-fail() { echo "FAIL: $*" >&2; [ -f "$run_dir/daemon.log" ] && tail -20 "$run_dir/daemon.log" >&2; exit 1; }
-mounts() { findmnt -rn -o TARGET | grep -c "^$run_dir/" || true; }
-loops() { losetup --list --raw --noheadings -O NAME,BACK-FILE | awk -v d="$run_dir/" 'index($2, d) == 1' | wc -l; }
-field() { "$softblk" list --json | jq -r --arg n "$1" ".[] | select(.name == \$n) | $2"; }
+. "$(dirname "$0")/lib_cli.sh"
+require_root_fuse
+setup_run_dir clifuse
 
 echo "== add two FUSE-exported devices"
 out=$("$softblk" add null memory_backed=1 size=64 bs=4096 --export fuse --name f0)

@@ -9,7 +9,7 @@
 
 #include <softblk/target.hpp>
 
-#include "core/memory_store.hpp"
+#include <softblk/memory_store.hpp>
 
 using namespace softblk;
 using namespace softblk::test;
@@ -21,7 +21,7 @@ std::atomic<uint64_t> g_inner_flushes{0};
 
 class async_queue final : public target_queue {
 public:
-    async_queue(core::memory_store& store, completion_sink& sink) : _store(store), _sink(sink) {}
+    async_queue(memory_store& store, completion_sink& sink) : _store(store), _sink(sink) {}
 
     void submit(io_request& r) override
     {
@@ -66,7 +66,7 @@ public:
     uint64_t next_wakeup_ns() const override { return _head != nullptr ? 0 : UINT64_MAX; }
 
 private:
-    core::memory_store& _store;
+    memory_store& _store;
     completion_sink& _sink;
     io_request* _head = nullptr;
     io_request* _tail = nullptr;
@@ -74,7 +74,7 @@ private:
 
 class async_target final : public target {
 public:
-    async_target() : _store(8 << 20, 4096)
+    async_target() : _store(memory_store::create({.capacity_bytes = 8 << 20, .block_size = 4096}))
     {
         _limits.capacity_bytes = 8 << 20;
         _limits.logical_block_size = 4096;
@@ -84,11 +84,11 @@ public:
     const block_limits& limits() const override { return _limits; }
     result<std::unique_ptr<target_queue>> open_queue(unsigned, completion_sink& sink) override
     {
-        return std::make_unique<async_queue>(_store, sink);
+        return std::make_unique<async_queue>(*_store, sink);
     }
 
 private:
-    core::memory_store _store;
+    std::unique_ptr<memory_store> _store;
     block_limits _limits;
 };
 

@@ -8,6 +8,8 @@
 #include <cerrno>
 #include <thread>
 
+#include <softblk/memory_store.hpp>
+
 using namespace softblk;
 using namespace softblk::test;
 
@@ -200,6 +202,44 @@ TEST(cache_size, needs_memory_on_the_null_target)
     const std::string e = create_error({"cache_size=16"});
     EXPECT_NE(e.find("cache_size=16"), std::string::npos) << e;
     EXPECT_NE(e.find("memory_backed=1"), std::string::npos) << e;
+}
+
+TEST(cache_size, counts_against_the_process_budget_and_writes_through_past_it)
+{
+    memory_budget& daemon = process_memory_budget();
+    const uint64_t before = daemon.used();
+    auto d = make_null({"memory_backed=1", "size=64", "bs=4096", "cache_size=16"});
+    ASSERT_TRUE(d);
+    const auto data = pattern(1 << 20, 3);
+    for (uint32_t i = 0; i < 4; ++i) {
+        ASSERT_EQ(
+            d->execute(io_op::write, uint64_t{i} << 20, 1 << 20, const_cast<char*>(data.data())),
+            1 << 20);
+    }
+    EXPECT_EQ(describe(*d)["target"]["cache"]["pages"], 1024);
+    EXPECT_EQ(daemon.used() - before, d->memory_bytes());
+    EXPECT_GE(d->memory_bytes(), uint64_t{4} << 20);
+
+    // Little room left: the cache stops growing and writes go through to
+    // the store, until the store is refused too (-ENOSPC).
+    daemon.set_limit(daemon.used() + (uint64_t{2} << 20));
+    int rc = 0;
+    uint32_t stored = 0;
+    for (uint32_t i = 4; i < 64 && rc >= 0; ++i) {
+        rc = d->execute(io_op::write, uint64_t{i} << 20, 1 << 20, const_cast<char*>(data.data()));
+        stored += rc > 0 ? 1 : 0;
+    }
+    EXPECT_EQ(rc, -ENOSPC);
+    EXPECT_GE(stored, 1u);
+    EXPECT_LT(stored, 4u);
+    EXPECT_LE(daemon.used(), daemon.limit());
+    EXPECT_GT(describe(*d)["target"]["cache"]["bypassed"].get<uint64_t>(), 0u);
+    for (uint32_t i = 0; i < 4 + stored; ++i) {
+        EXPECT_EQ(read_back(*d, uint64_t{i} << 20, 1 << 20), data) << i;
+    }
+    daemon.set_limit(0);
+    d.reset();
+    EXPECT_EQ(daemon.used(), before);  // the cache and the store gave everything back
 }
 
 // ---------------------------------------------------------------- mbps

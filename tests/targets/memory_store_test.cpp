@@ -8,18 +8,30 @@
 #include <thread>
 #include <vector>
 
-#include "core/memory_store.hpp"
+#include <softblk/memory_store.hpp>
 
 using softblk::extent;
-using softblk::core::memory_store;
+using softblk::memory_budget;
+using softblk::memory_store;
 
 namespace {
 
 constexpr uint64_t k_tib = uint64_t{1} << 40;
+constexpr uint64_t k_mib = uint64_t{1} << 20;
+
+std::unique_ptr<memory_store> make(uint64_t capacity, uint32_t block_size, uint64_t limit = 0,
+                                   memory_budget* parent = nullptr)
+{
+    return memory_store::create({.capacity_bytes = capacity,
+                                 .block_size = block_size,
+                                 .limit_bytes = limit,
+                                 .parent = parent});
+}
 
 TEST(memory_store, an_empty_terabyte_costs_almost_nothing)
 {
-    memory_store s(k_tib, 4096);
+    auto store = make(k_tib, 4096);
+    memory_store& s = *store;
     EXPECT_LT(s.memory_bytes(), 64u << 10);
     std::vector<char> b(4096, 'x');
     s.read(k_tib - 4096, b.data(), 4096);
@@ -29,7 +41,8 @@ TEST(memory_store, an_empty_terabyte_costs_almost_nothing)
 
 TEST(memory_store, memory_follows_the_data_written)
 {
-    memory_store s(k_tib, 4096);
+    auto store = make(k_tib, 4096);
+    memory_store& s = *store;
     std::vector<char> mib(1 << 20, 'm');
     for (int i = 0; i < 8; ++i) {
         ASSERT_EQ(s.write(uint64_t(i) << 30, mib.data(), mib.size()), 0);  // 8 MiB, 1 GiB apart
@@ -44,7 +57,8 @@ TEST(memory_store, memory_follows_the_data_written)
 
 TEST(memory_store, blocks_of_a_page_are_independent)
 {
-    memory_store s(1 << 20, 512);
+    auto store = make(1 << 20, 512);
+    memory_store& s = *store;
     std::vector<char> a(512, 'a');
     ASSERT_EQ(s.write(1024, a.data(), 512), 0);
     std::vector<char> page(4096, 'x');
@@ -65,7 +79,8 @@ TEST(memory_store, blocks_of_a_page_are_independent)
 
 TEST(memory_store, write_zeroes_keeps_or_frees)
 {
-    memory_store s(1 << 20, 4096);
+    auto store = make(1 << 20, 4096);
+    memory_store& s = *store;
     std::vector<char> a(8192, 'a');
     ASSERT_EQ(s.write(0, a.data(), 8192), 0);
     ASSERT_EQ(s.write_zeroes(0, 4096, true), 0);
@@ -78,7 +93,8 @@ TEST(memory_store, write_zeroes_keeps_or_frees)
 
 TEST(memory_store, map_extents_skips_holes_fast_and_merges)
 {
-    memory_store s(k_tib, 512);
+    auto store = make(k_tib, 512);
+    memory_store& s = *store;
     std::vector<char> a(4096, 'a');
     ASSERT_EQ(s.write(k_tib / 2, a.data(), 4096), 0);
     ASSERT_EQ(s.write(k_tib / 2 + 4096, a.data(), 512), 0);
@@ -105,7 +121,8 @@ TEST(memory_store, map_extents_skips_holes_fast_and_merges)
 
 TEST(memory_store, small_store_has_one_level)
 {
-    memory_store s(4096, 4096);
+    auto store = make(4096, 4096);
+    memory_store& s = *store;
     std::vector<char> a(4096, 'q');
     ASSERT_EQ(s.write(0, a.data(), 4096), 0);
     std::vector<char> b(4096);
@@ -118,7 +135,8 @@ TEST(memory_store, small_store_has_one_level)
 
 TEST(memory_store, concurrent_writers_readers_and_discards)
 {
-    memory_store s(64 << 20, 4096);
+    auto store = make(64 << 20, 4096);
+    memory_store& s = *store;
     std::atomic<bool> bad{false};
     // Two threads own alternate pages (sharing leaf nodes and stripes'
     // neighbours); a third discards and rewrites a region of its own.
@@ -154,6 +172,149 @@ TEST(memory_store, concurrent_writers_readers_and_discards)
     c.join();
     EXPECT_FALSE(bad);
     EXPECT_EQ(s.data_page_bytes(), 2048u * 4096);
+}
+
+// ---------------------------------------------------------------- budget
+
+TEST(memory_budget, charges_up_to_the_limit_and_through_the_parent)
+{
+    memory_budget parent(10);
+    memory_budget child(8, &parent);
+    EXPECT_TRUE(child.try_charge(6));
+    EXPECT_FALSE(child.try_charge(3));  // the child's own limit
+    EXPECT_EQ(child.refused(), 1u);
+    EXPECT_EQ(child.used(), 6u);
+    EXPECT_EQ(parent.used(), 6u);
+    EXPECT_TRUE(parent.try_charge(3));  // someone else's
+    EXPECT_FALSE(child.try_charge(2));  // the parent's limit: nothing charged
+    EXPECT_EQ(parent.refused(), 1u);
+    EXPECT_EQ(child.used(), 6u);
+    EXPECT_EQ(parent.used(), 9u);
+    child.release(6);
+    EXPECT_EQ(parent.used(), 3u);
+    child.charge(100);  // unchecked
+    EXPECT_EQ(parent.used(), 103u);
+    child.release(100);
+    parent.set_limit(0);
+    EXPECT_TRUE(parent.try_charge(UINT64_MAX / 2));
+}
+
+TEST(memory_budget, concurrent_charges_never_pass_the_limit)
+{
+    memory_budget parent(1000 * 4096);
+    std::atomic<uint64_t> granted{0};
+    std::atomic<uint64_t> peak{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 4; ++t) {
+        threads.emplace_back([&] {
+            memory_budget mine(0, &parent);
+            uint64_t held = 0;
+            for (int i = 0; i < 20000; ++i) {
+                if (mine.try_charge(4096)) {
+                    held += 4096;
+                    granted.fetch_add(1);
+                    uint64_t seen = parent.used();
+                    uint64_t p = peak.load();
+                    while (seen > p && !peak.compare_exchange_weak(p, seen)) {
+                    }
+                }
+                if (i % 3 == 0 && held > 0) {
+                    mine.release(4096);
+                    held -= 4096;
+                }
+            }
+            mine.release(held);
+        });
+    }
+    for (auto& t : threads) {
+        t.join();
+    }
+    EXPECT_GT(granted.load(), 1000u);
+    EXPECT_LE(peak.load(), 1000u * 4096);
+    EXPECT_EQ(parent.used(), 0u);
+}
+
+TEST(memory_store, memory_bytes_is_what_the_store_charged)
+{
+    memory_budget daemon;
+    {
+        auto store = make(k_tib, 4096, 0, &daemon);
+        const uint64_t empty = store->memory_bytes();
+        EXPECT_GT(empty, 0u);  // the fixed part is charged at once
+        EXPECT_EQ(daemon.used(), empty);
+        std::vector<char> mib(k_mib, 'm');
+        for (int i = 0; i < 8; ++i) {
+            ASSERT_EQ(store->write(uint64_t(i) << 30, mib.data(), mib.size()), 0);
+        }
+        EXPECT_EQ(store->memory_bytes(), store->budget().used());
+        EXPECT_EQ(daemon.used(), store->memory_bytes());
+        EXPECT_GE(store->memory_bytes(), 8 * k_mib);
+        EXPECT_LT(store->memory_bytes(), 9 * k_mib + empty);
+        store->discard(0, uint64_t{8} << 30);
+        EXPECT_LT(daemon.used(), 64 * 1024 + empty);  // pages and their chunks' rest returned
+        // Pages reused from the pool are charged again.
+        ASSERT_EQ(store->write(0, mib.data(), mib.size()), 0);
+        EXPECT_GE(daemon.used(), k_mib);
+        store->clear();
+        EXPECT_EQ(daemon.used(), empty);
+    }
+    EXPECT_EQ(daemon.used(), 0u);  // everything given back
+}
+
+TEST(memory_store, writes_past_the_limit_fail_with_enospc_and_discard_gives_room)
+{
+    memory_budget daemon;
+    auto store = make(64 * k_mib, 4096, 4 * k_mib, &daemon);
+    std::vector<char> mib(k_mib, 'a');
+    int rc = 0;
+    uint64_t stored = 0;
+    for (uint64_t off = 0; off < 8 * k_mib && rc == 0; off += k_mib) {
+        rc = store->write(off, mib.data(), k_mib);
+        stored += rc == 0 ? k_mib : 0;
+    }
+    EXPECT_EQ(rc, -ENOSPC);
+    EXPECT_GE(stored, 2 * k_mib);
+    EXPECT_LT(stored, 4 * k_mib);
+    EXPECT_LE(store->memory_bytes(), 4 * k_mib);
+    EXPECT_GT(store->budget().refused(), 0u);
+    std::vector<char> back(k_mib);
+    store->read(0, back.data(), k_mib);
+    EXPECT_EQ(back, mib);  // what was stored stays
+    // Rewriting what it holds needs no memory.
+    EXPECT_EQ(store->write(0, mib.data(), k_mib), 0);
+    store->discard(0, stored);
+    EXPECT_EQ(store->write(32 * k_mib, mib.data(), k_mib), 0);
+
+    // The parent's limit stops the store as well.
+    daemon.set_limit(daemon.used() + k_mib / 2);
+    EXPECT_EQ(store->write(40 * k_mib, mib.data(), k_mib), -ENOSPC);
+    EXPECT_GT(daemon.refused(), 0u);
+}
+
+TEST(memory_store, concurrent_writers_share_the_budget_exactly)
+{
+    memory_budget daemon(16 * k_mib);
+    auto store = make(256 * k_mib, 4096, 0, &daemon);
+    std::atomic<int> refused{0};
+    std::vector<std::thread> threads;
+    for (unsigned t = 0; t < 4; ++t) {
+        threads.emplace_back([&, t] {
+            std::vector<char> w(64 * 1024, static_cast<char>('a' + t));
+            for (uint64_t off = t * 64 * k_mib; off < (t + 1) * 64 * k_mib; off += w.size()) {
+                if (store->write(off, w.data(), w.size()) == -ENOSPC) {
+                    refused.fetch_add(1);
+                }
+            }
+        });
+    }
+    for (auto& t : threads) {
+        t.join();
+    }
+    EXPECT_GT(refused.load(), 0);
+    EXPECT_LE(daemon.used(), 16 * k_mib);
+    EXPECT_EQ(daemon.used(), store->memory_bytes());
+    store.reset();
+    EXPECT_EQ(daemon.used(), 0u);
 }
 
 }  // namespace

@@ -259,6 +259,39 @@ TEST(null_target, discard_without_memory_is_refused)
     EXPECT_NE(e.find("memory_backed=1"), std::string::npos) << e;
 }
 
+TEST(null_target, memory_limit_fails_writes_with_enospc_and_discard_gives_room)
+{
+    auto d = make_null({"size=64", "bs=4096", "memory_backed=1", "discard=1", "memory_limit=4"});
+    ASSERT_TRUE(d);
+    auto data = pattern(1 << 20, 5);
+    int rc = 0;
+    uint32_t stored = 0;
+    for (uint32_t i = 0; i < 8 && rc >= 0; ++i) {
+        rc = d->execute(io_op::write, uint64_t{i} << 20, 1 << 20, data.data());
+        stored += rc > 0 ? 1 : 0;
+    }
+    EXPECT_EQ(rc, -ENOSPC);  // null_blk's BLK_STS_NOSPC
+    EXPECT_GE(stored, 2u);
+    EXPECT_LE(d->memory_bytes(), 4u << 20);
+    auto j = describe(*d);
+    EXPECT_EQ(j["target"]["memory_limit_bytes"], 4u << 20);
+    EXPECT_GT(j["target"]["memory_refused"].get<uint64_t>(), 0u);
+    // The device goes on: what it holds reads back, a rewrite needs nothing.
+    std::vector<char> b(1 << 20);
+    ASSERT_EQ(d->execute(io_op::read, 0, 1 << 20, b.data()), 1 << 20);
+    EXPECT_EQ(b, data);
+    EXPECT_EQ(d->execute(io_op::write, 0, 1 << 20, data.data()), 1 << 20);
+    ASSERT_EQ(d->execute(io_op::discard, 0, stored << 20, nullptr), 0);
+    EXPECT_EQ(d->execute(io_op::write, uint64_t{32} << 20, 1 << 20, data.data()), 1 << 20);
+}
+
+TEST(null_target, memory_limit_without_memory_is_refused)
+{
+    const std::string e = create_error({"memory_limit=16"});
+    EXPECT_NE(e.find("memory_limit=16"), std::string::npos) << e;
+    EXPECT_NE(e.find("memory_backed=1"), std::string::npos) << e;
+}
+
 TEST(null_target, rotational_and_virt_boundary_reach_the_limits)
 {
     auto d = make_null({"rotational=1", "virt_boundary=1"});

@@ -402,6 +402,19 @@ result<std::unique_ptr<target>> apply_decorators(std::unique_ptr<target> inner,
     // Innermost first: cache, bad blocks, throttle, fault injection.
     const uint64_t cache_mib = options.u64("cache_size");
     if (cache_mib > 0) {
+        // A target that keeps its data only with memory_backed=1 (null)
+        // has nothing to cache without it; null_blk then sets cache_size
+        // to 0, softblk refuses rather than ignore the option.
+        const auto defs = options.defs();
+        const bool has_memory_backed =
+            std::any_of(defs.begin(), defs.end(),
+                        [](const option_def& d) { return d.name == "memory_backed"; });
+        if (has_memory_backed && !options.flag("memory_backed")) {
+            return make_error(
+                EINVAL, fmt::format("cache_size={}: the null target's cache needs memory_backed=1 "
+                                    "(null_blk sets cache_size to 0 without it)",
+                                    cache_mib));
+        }
         if (inner->limits().zoned) {
             return make_error(EINVAL,
                               fmt::format("cache_size={}: the write-back cache is not available on "

@@ -19,7 +19,17 @@
 //
 // The cache state is shared by the device's queues under one mutex (null_blk
 // holds one device-wide spin lock for the same work).
+//
+// Its memory is data memory: page buffers, slot arrays and the hash table
+// are charged to the process's budget (memory_store.hpp) as they grow, and
+// released on power-off and destruction. Its own bound is cache_size; the
+// device's memory_limit bounds the store below it, not the cache. When the
+// budget refuses the cache more memory, writes go through to the inner
+// target (write-through), which then answers for itself (-ENOSPC when the
+// budget refuses it too).
 #include "common.hpp"
+
+#include <softblk/memory_store.hpp>
 
 #include <algorithm>
 #include <cerrno>
@@ -115,6 +125,9 @@ struct internal_extra {
     std::unique_ptr<char[]> buffer;  // write-back data (4 KiB)
 };
 
+// Why reserve() could not make room.
+enum class reserve_result : uint8_t { ok, full, no_memory };
+
 // The cache proper, shared by the queues. Every member is guarded by lock.
 class cache_state {
 public:
@@ -124,11 +137,17 @@ public:
           block_size(block_size)
     {
         table.assign(1024, 0);
+        budget.charge(table.size() * sizeof(uint32_t));
     }
-    ~cache_state() { drop_all(); }
+    ~cache_state()
+    {
+        drop_all();
+        budget.release(table.size() * sizeof(uint32_t));
+    }
 
     std::mutex lock;
 
+    memory_budget& budget = process_memory_budget();
     const uint64_t max_pages;
     const unsigned block_shift;
     const uint32_t block_size;
@@ -181,6 +200,8 @@ public:
     void table_insert(cache_page* p)
     {
         if ((used + 1) * 2 > table.size()) {
+            // Bounded by cache_size: charged without a check.
+            budget.charge(table.size() * sizeof(uint32_t));
             std::vector<uint32_t> old(table.size() * 2, 0);
             old.swap(table);
             for (uint32_t v : old) {
@@ -249,43 +270,69 @@ public:
         free_list.push_back(p);
     }
 
-    // One more free slot: a new one while the cache is below its size,
-    // else a clean page no in-flight read depends on. False when full.
-    bool grow_or_reclaim()
+    static constexpr uint64_t k_chunk_bytes = k_slot_chunk * sizeof(cache_page);
+
+    // One more free slot: a new one while the cache is below its size and
+    // the budget allows, else a clean page no in-flight read depends on.
+    reserve_result grow_or_reclaim()
     {
+        bool refused = false;
         if (allocated_slots < max_pages) {
-            const uint64_t n = std::min<uint64_t>(k_slot_chunk, max_pages - allocated_slots);
-            auto chunk = std::unique_ptr<cache_page[]>(new (std::nothrow) cache_page[k_slot_chunk]);
-            if (!chunk) {
-                return false;
+            std::unique_ptr<cache_page[]> chunk;
+            if (budget.try_charge(k_chunk_bytes)) {
+                chunk.reset(new (std::nothrow) cache_page[k_slot_chunk]);
+                if (!chunk) {
+                    budget.release(k_chunk_bytes);
+                }
             }
-            for (uint64_t i = 0; i < n; ++i) {
-                chunk[i].slot = static_cast<uint32_t>(allocated_slots + i);
-                free_list.push_back(&chunk[i]);
+            if (chunk) {
+                const uint64_t n = std::min<uint64_t>(k_slot_chunk, max_pages - allocated_slots);
+                for (uint64_t i = 0; i < n; ++i) {
+                    chunk[i].slot = static_cast<uint32_t>(allocated_slots + i);
+                    free_list.push_back(&chunk[i]);
+                }
+                chunks.push_back(std::move(chunk));
+                allocated_slots += n;
+                return reserve_result::ok;
             }
-            chunks.push_back(std::move(chunk));
-            allocated_slots += n;
-            return true;
+            refused = true;
         }
         for (cache_page* c = clean.head; c != nullptr; c = c->next) {
             if (!covered_by_read(c->index)) {
                 clean.remove(c);
                 free_page(c);
-                return true;
+                return reserve_result::ok;
             }
         }
-        return false;
+        return refused ? reserve_result::no_memory : reserve_result::full;
     }
 
-    // Room for `need` new pages in the free list.
-    bool reserve(uint64_t need)
+    // Room for `need` new pages at the head of the free list, each with its
+    // data buffer: `full` when write-back must make room first, `no_memory`
+    // when the budget (or the system) refuses the cache more memory.
+    reserve_result reserve(uint64_t need)
     {
         while (free_list.size < need) {
-            if (!grow_or_reclaim()) {
-                return false;
+            if (const reserve_result r = grow_or_reclaim(); r != reserve_result::ok) {
+                return r;
             }
         }
-        return true;
+        cache_page* p = free_list.head;
+        for (uint64_t i = 0; i < need; ++i, p = p->next) {
+            if (p->data) {
+                continue;
+            }
+            if (!budget.try_charge(k_page)) {
+                return reserve_result::no_memory;
+            }
+            p->data.reset(new (std::nothrow) char[k_page]);
+            if (!p->data) {
+                budget.release(k_page);
+                return reserve_result::no_memory;
+            }
+            ++data_buffers;
+        }
+        return reserve_result::ok;
     }
 
     // Visits the cached pages of [first, last].
@@ -316,6 +363,7 @@ public:
 
     void drop_all()
     {
+        budget.release(data_buffers * k_page + chunks.size() * k_chunk_bytes);
         chunks.clear();
         allocated_slots = 0;
         used = 0;
@@ -328,9 +376,10 @@ public:
         ++power_generation;
     }
 
+    // What the cache has charged to the budget.
     uint64_t memory_bytes() const
     {
-        return data_buffers * k_page + chunks.size() * k_slot_chunk * sizeof(cache_page) +
+        return data_buffers * k_page + chunks.size() * k_chunk_bytes +
                table.size() * sizeof(uint32_t);
     }
 };
@@ -459,7 +508,6 @@ private:
     {
         const uint64_t first = r.offset / k_page;
         const uint64_t last = (r.offset + r.length - 1) / k_page;
-        int rc = 0;
         for (int attempt = 0; attempt < 2; ++attempt) {
             request_fifo batch;
             {
@@ -468,23 +516,29 @@ private:
                 for (uint64_t i = first; i <= last; ++i) {
                     need += _st.find(i) == nullptr ? 1 : 0;
                 }
-                if (_st.reserve(need)) {
-                    // Complete outside the lock (the callback may submit).
-                    rc = copy_in(r, first, last);
+                const reserve_result room = _st.reserve(need);
+                if (room == reserve_result::ok) {
+                    copy_in(r, first, last);
                     goto done;
+                }
+                if (room == reserve_result::no_memory) {
+                    goto write_through;
                 }
                 collect_writeback(batch, k_batch, UINT64_MAX);
             }
             submit_batch(batch);
         }
         return false;
+    write_through:
+        return bypass(r);
     done:
-        _sink.complete(r, rc < 0 ? rc : static_cast<int>(r.length));
+        // Complete outside the lock (the callback may submit).
+        _sink.complete(r, static_cast<int>(r.length));
         return true;
     }
 
-    // Under the lock, with room reserved.
-    int copy_in(io_request& r, uint64_t first, uint64_t last)
+    // Under the lock, with room reserved (pages with their buffers).
+    void copy_in(io_request& r, uint64_t first, uint64_t last)
     {
         const char* src = static_cast<const char*>(r.buffer);
         uint64_t pos = r.offset;
@@ -493,14 +547,6 @@ private:
             cache_page* p = _st.find(i);
             if (p == nullptr) {
                 p = _st.free_list.pop_front();
-                if (!p->data) {
-                    p->data.reset(new (std::nothrow) char[k_page]);
-                    if (!p->data) {
-                        _st.free_list.push_back(p);
-                        return -ENOSPC;
-                    }
-                    ++_st.data_buffers;
-                }
                 p->index = i;
                 p->valid = 0;
                 p->state = k_dirty;
@@ -526,7 +572,6 @@ private:
             src += n;
             pos += n;
         }
-        return 0;
     }
 
     // Under the lock: takes up to `max_pages` dirty pages dirtied at or

@@ -255,6 +255,7 @@ public:
     result<void> start();
     nlohmann::json describe() const override;
     result<void> stop() override;
+    std::string in_use() const override;
 
 private:
     // ---- FUSE operations (worker threads)
@@ -702,6 +703,13 @@ result<void> fuse_export::stop()
     return stop_impl(false);
 }
 
+std::string fuse_export::in_use() const
+{
+    // What makes stop() refuse: a loop device held exclusively. The file
+    // itself being open does not (stop() aborts what its users still ask).
+    return _loop ? loop_holder(_loop->number) : std::string();
+}
+
 void fuse_export::join_workers()
 {
     if (_session != nullptr) {
@@ -731,7 +739,9 @@ result<void> fuse_export::stop_impl(bool force)
         return {};
     }
     if (_loop) {
-        auto detached = detach_loop(_loop->number);
+        // Forced, a loop device that is still held (mounted) detaches itself
+        // when it is last closed, so nothing stays attached to a dead file.
+        auto detached = detach_loop(_loop->number, force ? 0 : 5000, force);
         if (!detached && !force) {
             return std::unexpected(detached.error());
         }

@@ -7,7 +7,10 @@
 #include <fcntl.h>
 #include <fstream>
 #include <linux/loop.h>
+#include <sstream>
 #include <sys/ioctl.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <thread>
 #include <unistd.h>
 
@@ -106,20 +109,52 @@ result<loop_attachment> attach_loop(const std::string& file, uint32_t block_size
                       "before it could be configured (16 attempts)");
 }
 
-result<void> detach_loop(unsigned number, unsigned timeout_ms)
+std::string loop_holder(unsigned number)
+{
+    const std::string path = fmt::format("/dev/loop{}", number);
+    {
+        fd_guard probe{::open(path.c_str(), O_RDONLY | O_EXCL | O_CLOEXEC)};
+        if (probe.fd >= 0 || errno != EBUSY) {
+            return {};
+        }
+    }
+    // Which mount uses it: mountinfo's third field is the device number.
+    struct stat st {};
+    if (::stat(path.c_str(), &st) == 0) {
+        const std::string dev = fmt::format("{}:{}", major(st.st_rdev), minor(st.st_rdev));
+        std::ifstream mountinfo("/proc/self/mountinfo");
+        for (std::string line; std::getline(mountinfo, line);) {
+            std::istringstream fields(line);
+            std::string id, parent, device, root, mount_point;
+            fields >> id >> parent >> device >> root >> mount_point;
+            if (device != dev) {
+                continue;
+            }
+            const size_t dash = line.find(" - ");
+            std::string fstype;
+            if (dash != std::string::npos) {
+                std::istringstream(line.substr(dash + 3)) >> fstype;
+            }
+            return fmt::format("{} is mounted on {} ({})", path, mount_point, fstype);
+        }
+    }
+    return fmt::format(
+        "{} is held exclusively by another program (a file system in another "
+        "mount namespace, device mapper, ...)",
+        path);
+}
+
+result<void> detach_loop(unsigned number, unsigned timeout_ms, bool even_if_held)
 {
     const std::string path = fmt::format("/dev/loop{}", number);
     if (loop_backing_file(number).empty()) {
         return {};
     }
-    {
+    if (!even_if_held) {
         // A mounted file system holds the device exclusively: refuse rather
         // than leave a detach pending behind the user's back.
-        fd_guard probe{::open(path.c_str(), O_RDONLY | O_EXCL | O_CLOEXEC)};
-        if (probe.fd < 0 && errno == EBUSY) {
-            return make_error(
-                EBUSY,
-                fmt::format("{} is in use (mounted or held exclusively); unmount it first", path));
+        if (std::string holder = loop_holder(number); !holder.empty()) {
+            return make_error(EBUSY, fmt::format("{}; unmount it first", holder));
         }
     }
     {

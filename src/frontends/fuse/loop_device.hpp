@@ -27,10 +27,18 @@ result<loop_attachment> attach_loop(const std::string& file, uint32_t block_size
 
 // Detaches loop device `number` (LOOP_CLR_FD) and waits up to `timeout_ms`
 // until the kernel has released the backing file. Fails with EBUSY when the
-// device is held exclusively (a mounted file system) or still open when the
-// time is up; then the kernel detaches it on its last close (autoclear).
-// Returns success if it is not attached at all. Control thread.
-result<void> detach_loop(unsigned number, unsigned timeout_ms = 5000);
+// device is held exclusively (a mounted file system; the message says
+// where, see loop_holder) or still open when the time is up; then the
+// kernel detaches it on its last close (autoclear). `even_if_held` skips
+// the refusal: a held device is set to detach itself on its last close (a
+// forced stop leaves nothing attached once the file system is unmounted).
+// Returns success if it is not attached at all. Any thread.
+result<void> detach_loop(unsigned number, unsigned timeout_ms = 5000, bool even_if_held = false);
+
+// What holds loop device `number` exclusively, e.g. "/dev/loop3 is mounted
+// on /mnt (ext4)" or "/dev/loop3 is held exclusively by another program";
+// empty when nothing does (it could be detached). Any thread; no waiting.
+std::string loop_holder(unsigned number);
 
 // The backing file of loop device `number` as the kernel reports it, or ""
 // when the device is not attached.

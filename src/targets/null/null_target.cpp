@@ -10,11 +10,9 @@
 // The queue options (submit_queues, irqmode ...) belong to the core and the
 // cross-cutting ones (mbps, cache_size, badblocks, timeout ...) to the
 // decorators (src/core/decorators); this table holds what only null has.
+#include <softblk/memory_store.hpp>
 #include <softblk/target.hpp>
 
-#include "core/memory_store.hpp"
-
-#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <dirent.h>
@@ -74,6 +72,7 @@ constexpr option_def k_null_options[] = {
      .default_value = "0",
      .unit = "",
      .help = "keep written data in RAM (sparse: RAM grows with the data written)"},
+    k_memory_limit_option,
     {.name = "discard",
      .kind = option_kind::boolean,
      .default_value = "0",
@@ -193,8 +192,9 @@ private:
 
 class null_target final : public target {
 public:
-    null_target(const block_limits& limits, bool memory_backed, bool discard, int home_node,
-                int index, bool no_sched, bool use_per_node_hctx)
+    // memory_limit_bytes: the store's own budget (0: only the process's).
+    null_target(const block_limits& limits, bool memory_backed, uint64_t memory_limit_bytes,
+                bool discard, int home_node, int index, bool no_sched, bool use_per_node_hctx)
         : _limits(limits),
           _discard(discard),
           _home_node(home_node),
@@ -203,8 +203,10 @@ public:
           _use_per_node_hctx(use_per_node_hctx)
     {
         if (memory_backed) {
-            _store = std::make_unique<core::memory_store>(limits.capacity_bytes,
-                                                          limits.logical_block_size, home_node);
+            _store = memory_store::create({.capacity_bytes = limits.capacity_bytes,
+                                           .block_size = limits.logical_block_size,
+                                           .numa_node = home_node,
+                                           .limit_bytes = memory_limit_bytes});
         }
     }
     ~null_target() override { indexes().give_back(_index); }
@@ -241,6 +243,9 @@ public:
             out["data_page_bytes"] = _store->data_page_bytes();
             out["store_memory_bytes"] = _store->memory_bytes();
             out["store_lock_contended"] = _store->contended();
+            // The convention of memory_store.hpp: the device's own limit.
+            out["memory_limit_bytes"] = _store->budget().limit();
+            out["memory_refused"] = _store->budget().refused();
         }
     }
 
@@ -257,7 +262,7 @@ public:
         case io_op::write:
             if (_store) {
                 // null_blk fails a write whose page cannot be allocated with
-                // BLK_STS_NOSPC.
+                // BLK_STS_NOSPC; so does a write past the memory budget.
                 if (_store->write(r.offset, r.buffer, r.length) < 0) {
                     return -ENOSPC;
                 }
@@ -289,7 +294,7 @@ public:
 
 private:
     block_limits _limits;
-    std::unique_ptr<core::memory_store> _store;
+    std::unique_ptr<memory_store> _store;
     bool _discard;
     int _home_node;
     int _index;
@@ -342,14 +347,12 @@ result<std::unique_ptr<target>> create_null(const option_set& o)
                           "discard=1: discard needs memory_backed=1 (null_blk ignores it with a "
                           "log line; softblk refuses rather than ignore it)");
     }
-    const auto defs = o.defs();
-    const bool has_cache = std::any_of(defs.begin(), defs.end(),
-                                       [](const option_def& d) { return d.name == "cache_size"; });
-    if (!memory_backed && has_cache && o.u64("cache_size") != 0) {
+    const uint64_t memory_limit_mib = o.u64("memory_limit");
+    if (memory_limit_mib != 0 && !memory_backed) {
         return make_error(
-            EINVAL, fmt::format("cache_size={}: the null target's cache needs memory_backed=1 "
-                                "(null_blk sets cache_size to 0 without it)",
-                                o.u64("cache_size")));
+            EINVAL, fmt::format("memory_limit={}: memory_limit needs memory_backed=1 (without "
+                                "it the device keeps no data and uses no memory)",
+                                memory_limit_mib));
     }
 
     const unsigned nodes = online_numa_nodes();
@@ -392,8 +395,9 @@ result<std::unique_ptr<target>> create_null(const option_set& o)
     // volatile_write_cache and fua are the cache decorator's (cache_size).
     lim.volatile_write_cache = false;
     lim.fua = false;
-    return std::make_unique<null_target>(lim, memory_backed, discard, static_cast<int>(home_node),
-                                         index, o.flag("no_sched"), o.flag("use_per_node_hctx"));
+    return std::make_unique<null_target>(lim, memory_backed, memory_limit_mib * k_mib, discard,
+                                         static_cast<int>(home_node), index, o.flag("no_sched"),
+                                         o.flag("use_per_node_hctx"));
 }
 
 [[maybe_unused]] const bool k_registered = register_target_type(target_type{

@@ -1,0 +1,190 @@
+// Provider API: data memory. Targets and decorators that keep data in RAM
+// (the null target with memory_backed=1, the zoned target, the write-back
+// cache) include this header; front ends never do (they see
+// device::memory_bytes() only).
+//
+// memory_budget: a limit on data memory. The process has one
+// (process_memory_budget(), which the daemon sets from its --memory-limit
+// or the machine's memory); a memory store has one of its own below it
+// (the device's memory_limit). Past either limit, allocations fail and the
+// target completes the write with -ENOSPC; the process and its other
+// devices go on.
+//
+// memory_store: a sparse, block-granular store of a device's data in RAM,
+// written and read by several queue threads at once (docs/null.md).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include <softblk/options.hpp>
+#include <softblk/types.hpp>
+
+namespace softblk {
+
+// A limit on data memory, charged and released by any thread without a
+// lock: a charge is a compare-and-swap loop on one relaxed atomic per level,
+// so the use never exceeds the limit, even for an instant. A budget charges
+// its parent too; the parent must outlive it.
+class memory_budget {
+public:
+    // `limit_bytes` 0: no limit of its own (the parent's still applies).
+    explicit memory_budget(uint64_t limit_bytes = 0, memory_budget* parent = nullptr)
+        : _limit(limit_bytes), _parent(parent)
+    {
+    }
+    memory_budget(const memory_budget&) = delete;
+    memory_budget& operator=(const memory_budget&) = delete;
+
+    // Charges `bytes` here and in every parent. Returns false, charging
+    // nothing, when that would take this budget or a parent past its limit
+    // (the refusal is counted where it happened). Any thread; hot path.
+    bool try_charge(uint64_t bytes)
+    {
+        uint64_t used = _used.load(std::memory_order_relaxed);
+        const uint64_t limit = _limit.load(std::memory_order_relaxed);
+        do {
+            if (limit != 0 && (used + bytes > limit || used + bytes < used)) {
+                _refused.fetch_add(1, std::memory_order_relaxed);
+                return false;
+            }
+        } while (!_used.compare_exchange_weak(used, used + bytes, std::memory_order_relaxed));
+        if (_parent != nullptr && !_parent->try_charge(bytes)) {
+            _used.fetch_sub(bytes, std::memory_order_relaxed);
+            return false;
+        }
+        return true;
+    }
+
+    // Charges `bytes` here and in every parent without checking a limit:
+    // for memory the caller cannot do without (a store's fixed part, which
+    // is allocated when the device is created). Any thread.
+    void charge(uint64_t bytes)
+    {
+        _used.fetch_add(bytes, std::memory_order_relaxed);
+        if (_parent != nullptr) {
+            _parent->charge(bytes);
+        }
+    }
+
+    // Gives back `bytes` charged before (here and in every parent). Any
+    // thread; hot path.
+    void release(uint64_t bytes)
+    {
+        _used.fetch_sub(bytes, std::memory_order_relaxed);
+        if (_parent != nullptr) {
+            _parent->release(bytes);
+        }
+    }
+
+    // Bytes charged now (relaxed: a snapshot). Any thread.
+    uint64_t used() const { return _used.load(std::memory_order_relaxed); }
+    // The limit in bytes; 0: none of its own. Any thread.
+    uint64_t limit() const { return _limit.load(std::memory_order_relaxed); }
+    // Charges refused because of this budget's own limit. Any thread.
+    uint64_t refused() const { return _refused.load(std::memory_order_relaxed); }
+    // Sets the limit (0: none). Memory charged already stays charged, even
+    // past a lower limit; later charges see the new one. Any thread.
+    void set_limit(uint64_t limit_bytes) { _limit.store(limit_bytes, std::memory_order_relaxed); }
+
+private:
+    std::atomic<uint64_t> _used{0};
+    std::atomic<uint64_t> _limit;
+    std::atomic<uint64_t> _refused{0};
+    memory_budget* _parent;
+};
+
+// The process-wide budget of data memory, parent of every store's budget
+// and charged by the write-back cache. No limit unless the program sets one
+// (the daemon does: docs/reliability.md). Any thread.
+memory_budget& process_memory_budget();
+
+// The per-device option `memory_limit` (MiB, 0: only the process budget),
+// for the option table of every target that keeps data in a memory_store,
+// so that they all spell and document it the same way. A target that has it
+// reports the limit in describe() as "memory_limit_bytes".
+inline constexpr option_def k_memory_limit_option = {
+    .name = "memory_limit",
+    .kind = option_kind::integer,
+    .default_value = "0",
+    .unit = "MiB",
+    .help =
+        "most RAM the device's data may take (with memory_backed=1); writes that need more fail "
+        "with ENOSPC, discard gives memory back; 0: only the daemon's budget limits it",
+    .min = 0,
+    .max = (uint64_t{1} << 44) - 1,
+};
+
+class memory_store {
+public:
+    static constexpr uint32_t k_page_size = 4096;
+
+    struct config {
+        uint64_t capacity_bytes = 0;  // rounded up to whole pages
+        uint32_t block_size = 4096;   // 512 .. 4096, a power of two
+        // >= 0 binds the data pages to that NUMA node (MPOL_PREFERRED); -1:
+        // the kernel's default policy.
+        int numa_node = -1;
+        // The store's own limit in bytes (memory_limit); 0: none.
+        uint64_t limit_bytes = 0;
+        // The budget above the store's; nullptr: process_memory_budget().
+        memory_budget* parent = nullptr;
+    };
+
+    // A store for `cfg`; it charges its fixed part (lock stripes, root node)
+    // to its budget at once, unconditionally. Control thread; the caller
+    // owns the store.
+    static std::unique_ptr<memory_store> create(const config& cfg);
+
+    virtual ~memory_store() = default;
+
+    // ---- hot path: any queue thread. Offsets and lengths are multiples of
+    // the block size and inside the capacity (the caller checked).
+
+    // Copies `length` bytes at `offset` into `out`; blocks never written (or
+    // discarded) read as zeros.
+    virtual void read(uint64_t offset, void* out, uint64_t length) const = 0;
+
+    // Stores `length` bytes from `data` at `offset`. Returns 0; -ENOSPC when
+    // the store's budget or one above it refuses the memory a new page or
+    // node needs; -ENOMEM when the system refuses it. What was stored
+    // before the failure stays stored.
+    virtual int write(uint64_t offset, const void* data, uint64_t length) = 0;
+
+    // Forgets the blocks of [offset, offset+length): they read as zeros;
+    // pages left empty go back to the kernel and their memory to the budget.
+    virtual void discard(uint64_t offset, uint64_t length) = 0;
+
+    // Makes [offset, offset+length) read as zeros. keep_allocated=false
+    // frees the blocks (discard); true stores zeros (the blocks stay
+    // allocated, NBD's NO_HOLE). Returns 0, -ENOSPC or -ENOMEM as write().
+    virtual int write_zeroes(uint64_t offset, uint64_t length, bool keep_allocated) = 0;
+
+    // ---- control path
+
+    // The allocation map of [offset, offset+length), clipped to the capacity,
+    // at block granularity: allocated blocks as data, the rest as holes that
+    // read as zeros. Appended to `out` in order with no gaps. Any thread.
+    virtual void map_extents(uint64_t offset, uint64_t length, std::vector<extent>& out) const = 0;
+
+    // Frees every page (the device's data is gone). No I/O may run.
+    virtual void clear() = 0;
+
+    // RAM held, which is exactly what the store has charged to its budget:
+    // resident data pages (in use, or freed and not yet returned to the
+    // kernel), page-table nodes and the fixed part. Any thread.
+    virtual uint64_t memory_bytes() const = 0;
+    // Bytes of pages that hold at least one block of data. Any thread.
+    virtual uint64_t data_page_bytes() const = 0;
+    // Lock acquisitions that had to wait (the benchmark's contention figure).
+    virtual uint64_t contended() const = 0;
+    // The store's own budget (limit = config::limit_bytes). Any thread.
+    virtual const memory_budget& budget() const = 0;
+
+    virtual uint64_t capacity_bytes() const = 0;
+    virtual uint32_t block_size() const = 0;
+};
+
+}  // namespace softblk
