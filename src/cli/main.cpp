@@ -25,9 +25,7 @@
 #ifdef SOFTBLK_HAVE_UBLK
 #include <softblk/ublk/ublk.hpp>
 #endif
-#ifdef SOFTBLK_HAVE_FAT
 #include <softblk/fat/cli.hpp>
-#endif
 
 namespace {
 
@@ -438,13 +436,7 @@ int run_shutdown(bool force)
 int main(int argc, char** argv)
 {
     if (argc >= 2 && std::strcmp(argv[1], "fat") == 0) {
-#ifdef SOFTBLK_HAVE_FAT
         return softblk::fat::cli_main(argc - 1, argv + 1);
-#else
-        fmt::print(stderr,
-                   "softblk: this build has no FAT library (softblk fat is not available)\n");
-        return k_exit_failure;
-#endif
     }
 
     CLI::App app{
