@@ -1,49 +1,196 @@
 #!/usr/bin/env bash
-# softblk's whole test suite, the README's second command (`sudo
-# ./scripts/test.sh`; .ci/run calls it). Installs the Debian packages,
-# builds everything (build/, Release, Ninja), runs every test with CTest
-# (two at a time, a timeout on each) and prints a summary: passed, failed,
-# and skipped with the reason, both whole tests (exit 77) and GoogleTest
-# cases (GTEST_SKIP). Exits non-zero when a test fails or the build does.
-# Tests that need root (loop devices, mounts) skip when run without it.
-# Extra arguments go to ctest (e.g. -L cli, -R daemon).
+# softblk's whole test suite, the README's second command
+# (`./scripts/test.sh`, as root or as any user; .ci/run calls it). It
+# installs the Debian packages (through sudo when not root, only if some are
+# missing) and runs these stages, each on its own, in this order:
+#   format   scripts/format.sh --check: the whole tree as .clang-format says
+#   release  build/ (Release, warnings as errors): every target, test and
+#            benchmark; every test (unit, host, vm, fuzz)
+#   asan     build-asan/ (-fsanitize=address,undefined, -O1, warnings as
+#            errors): everything but the benchmarks; the unit and host
+#            tests (ctest -LE '^(vm|fuzz)$': the VM tests' programs run in a
+#            guest, the fuzzers have their own sanitizers)
+#   tsan     build-tsan/ (-fsanitize=thread, -O1, warnings as errors): the
+#            programs of target tsan_tests; the tests labelled tsan (the
+#            core's queues, the targets and decorators with threads)
+# CTest runs two tests at a time with a timeout on each. A sanitizer report
+# fails the test that printed it (undefined behaviour aborts; ASan's leak
+# check is on) and every report, also one from a daemon whose output went
+# to its log, is kept in the stage's sanitizer-reports/ folder, which fails
+# the stage if it is not empty. At the end a summary per stage: build and
+# test times with the load average, passed, failed, and skipped with the
+# reason, both whole tests (exit 77) and GoogleTest cases (GTEST_SKIP).
+# Exits non-zero when any stage fails. Tests that need root (loop devices,
+# mounts) skip when run without it.
+#
+#   scripts/test.sh [--stages format,release,asan,tsan] [--no-deps] [CTEST-ARG...]
+# CTEST-ARGs go to every stage's ctest (e.g. -R daemon, -L cli).
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$repo"
-build=$repo/build
+stages=format,release,asan,tsan
+deps=1
+ctest_args=()
+while (($#)); do
+  case $1 in
+    --stages) stages=$2; shift ;;
+    --stages=*) stages=${1#--stages=} ;;
+    --no-deps) deps=0 ;;
+    -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) ctest_args+=("$1") ;;
+  esac
+  shift
+done
+for s in ${stages//,/ }; do
+  case $s in
+    format | release | asan | tsan) ;;
+    *) echo "test: unknown stage $s (stages: format, release, asan, tsan)" >&2; exit 2 ;;
+  esac
+done
+want() { [[ ",$stages," == *",$1,"* ]]; }
 
-"$repo/scripts/install-deps.sh"
-cmake -S "$repo" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release
-ninja -C "$build" -j"$(nproc)"
+jobs=$(nproc)
+load() { cut -d' ' -f1-3 /proc/loadavg; }
+started=$SECONDS
+summary=$(mktemp /tmp/softblk-test-summary.XXXXXX)
+trap 'rm -f "$summary"' EXIT
+failed_stages=()
+note() { printf '%s\n' "$*" >>"$summary"; }
+banner() { printf '\n\033[1m================ %s\033[0m\n' "$*"; }
 
-log=$build/ctest-output.log
-start=$SECONDS
-set +e
-ctest --test-dir "$build" --output-on-failure -j2 --timeout 600 "$@" 2>&1 | tee "$log"
-rc=${PIPESTATUS[0]}
-set -e
+if ((deps)); then
+  "$repo/scripts/install-deps.sh"
+fi
 
-echo
-echo "================================================================ summary"
-grep -E '^[0-9]+% tests passed' "$log" || echo "ctest did not finish (status $rc)"
-if grep -q 'The following tests did not run' "$log"; then
-  echo "skipped tests:"
-  sed -n '/The following tests did not run/,/^$/p' "$log" | grep -E '^\s+[0-9]+ - ' | sed 's/^\s*/  /'
+# configure DIR CMAKE-ARG...: (re)configures a build directory with Ninja and
+# warnings as errors.
+configure() {
+  local dir=$1
+  shift
+  cmake -S "$repo" -B "$dir" -G Ninja -DSOFTBLK_WERROR=ON "$@" >"$dir/configure.log" 2>&1 ||
+    { cat "$dir/configure.log"; return 1; }
+}
+
+# run_ctest STAGE DIR CTEST-ARG...: runs the tests, then appends the
+# stage's lines to the summary. Returns non-zero if a test failed or a
+# sanitizer reported anything.
+run_ctest() {
+  local stage=$1 dir=$2
+  shift 2
+  local log=$dir/ctest-output.log rc t0=$SECONDS
+  set +e
+  ctest --test-dir "$dir" --output-on-failure -j2 --timeout 600 "$@" "${ctest_args[@]}" 2>&1 | tee "$log"
+  rc=${PIPESTATUS[0]}
+  set -e
+  note "  tests: $((SECONDS - t0)) s (load $(load)): $(grep -E '^[0-9]+% tests passed' "$log" ||
+    echo "ctest did not finish (status $rc)")"
+  if grep -q 'The following tests did not run' "$log"; then
+    note "  skipped tests:"
+    sed -n '/The following tests did not run/,/^$/p' "$log" | grep -E '^\s+[0-9]+ - ' |
+      sed 's/^\s*/    /' >>"$summary"
+  fi
+  local last=$dir/Testing/Temporary/LastTest.log
+  if [ -f "$last" ] && grep -qE '^\[  SKIPPED \] .*\([0-9]+ ms\)' "$last"; then
+    note "  skipped GoogleTest cases (GTEST_SKIP):"
+    grep -E '^\[  SKIPPED \] .*\([0-9]+ ms\)' "$last" | sed 's/^\[  SKIPPED \] /    /' | sort -u >>"$summary"
+  fi
+  # The reasons scripts give for exit 77 ("SKIP: needs root").
+  if [ -f "$last" ] && grep -qE '^SKIP: ' "$last"; then
+    note "  skip reasons:"
+    grep -E '^SKIP: ' "$last" | sort | uniq -c | sed 's/^ */    /' >>"$summary"
+  fi
+  if grep -q 'The following tests FAILED' "$log"; then
+    note "  failed tests:"
+    sed -n '/The following tests FAILED/,/^$/p' "$log" | grep -E '^\s+[0-9]+ - ' |
+      sed 's/^\s*/    /' >>"$summary"
+  fi
+  local reports=$dir/sanitizer-reports
+  if [ -d "$reports" ] && [ -n "$(ls -A "$reports")" ]; then
+    note "  sanitizer reports ($reports):"
+    for f in "$reports"/*; do
+      note "    $(basename "$f"): $(grep -m1 -E 'ERROR: |WARNING: |runtime error' "$f" | sed 's/^=*[0-9]*=*//')"
+    done
+    echo
+    echo "sanitizer reports of stage $stage:"
+    for f in "$reports"/*; do
+      echo "--- $f"
+      head -60 "$f"
+    done
+    rc=1
+  fi
+  return "$rc"
+}
+
+# stage NAME DIR TARGETS CMAKE-ARGS CTEST-ARGS: configure, build, test; the
+# last three are the names of arrays.
+stage() {
+  local name=$1 dir=$2 t0=$SECONDS
+  local -n targets=$3 cmake_args=$4 selection=$5
+  banner "stage $name: $dir"
+  note "stage $name ($dir):"
+  mkdir -p "$dir"
+  if ! configure "$dir" "${cmake_args[@]}" ||
+    ! ninja -C "$dir" -j"$jobs" "${targets[@]}"; then
+    note "  build FAILED after $((SECONDS - t0)) s (load $(load)); no tests run"
+    failed_stages+=("$name")
+    return
+  fi
+  note "  build: $((SECONDS - t0)) s (load $(load)): ${targets[*]:-all targets}"
+  local reports=$dir/sanitizer-reports
+  rm -rf "$reports"
+  mkdir -p "$reports"
+  # Tests that run a program under another uid must be able to report too.
+  chmod 1777 "$reports"
+  # Every process writes its reports to a file of its own (the daemons'
+  # output goes to their logs, which the tests delete).
+  local common="log_path=$reports/report:log_exe_name=1"
+  if ! ASAN_OPTIONS="$common:detect_leaks=1" \
+    UBSAN_OPTIONS="$common:print_stacktrace=1:halt_on_error=1" \
+    TSAN_OPTIONS="$common:halt_on_error=1:second_deadlock_stack=1" \
+    run_ctest "$name" "$dir" "${selection[@]}"; then
+    failed_stages+=("$name")
+  fi
+}
+
+if want format; then
+  banner "stage format"
+  t0=$SECONDS
+  if out=$("$repo/scripts/format.sh" --check 2>&1); then
+    echo "$out"
+    note "stage format: $((SECONDS - t0)) s: ${out#format: }"
+  else
+    echo "$out"
+    note "stage format FAILED: $(head -1 <<<"$out")"
+    failed_stages+=(format)
+  fi
 fi
-last=$build/Testing/Temporary/LastTest.log
-if [ -f "$last" ] && grep -qE '^\[  SKIPPED \] .*\([0-9]+ ms\)' "$last"; then
-  echo "skipped GoogleTest cases (GTEST_SKIP):"
-  grep -E '^\[  SKIPPED \] .*\([0-9]+ ms\)' "$last" | sed 's/^\[  SKIPPED \] /  /' | sort -u
+all_targets=()
+every_test=()
+if want release; then
+  release_cmake=(-DCMAKE_BUILD_TYPE=Release -DSOFTBLK_SANITIZE=)
+  stage release "$repo/build" all_targets release_cmake every_test
 fi
-# The reasons scripts give for exit 77 ("SKIP: needs root").
-if [ -f "$last" ] && grep -qE '^SKIP: ' "$last"; then
-  echo "skip reasons:"
-  grep -E '^SKIP: ' "$last" | sort | uniq -c | sed 's/^ */  /'
+# -O1 -g1: the usual optimisation for sanitizers, line tables for the
+# reports, assertions on.
+san_flags=(-DCMAKE_BUILD_TYPE=Debug "-DCMAKE_C_FLAGS_DEBUG=-O1 -g1" "-DCMAKE_CXX_FLAGS_DEBUG=-O1 -g1")
+if want asan; then
+  asan_cmake=("${san_flags[@]}" -DSOFTBLK_SANITIZE=address,undefined)
+  asan_tests=(-LE '^(vm|fuzz)$')
+  stage asan "$repo/build-asan" all_targets asan_cmake asan_tests
 fi
-if grep -q 'The following tests FAILED' "$log"; then
-  echo "failed tests:"
-  sed -n '/The following tests FAILED/,/^$/p' "$log" | grep -E '^\s+[0-9]+ - ' | sed 's/^\s*/  /'
+if want tsan; then
+  tsan_targets=(tsan_tests)
+  tsan_cmake=("${san_flags[@]}" -DSOFTBLK_SANITIZE=thread)
+  tsan_tests=(-L '^tsan$')
+  stage tsan "$repo/build-tsan" tsan_targets tsan_cmake tsan_tests
 fi
-echo "tests took $((SECONDS - start)) s; full output in $log"
-exit "$rc"
+
+banner "summary"
+cat "$summary"
+echo "test.sh took $((SECONDS - started)) s (load now $(load), $jobs CPUs)"
+if ((${#failed_stages[@]})); then
+  echo "FAILED stages: ${failed_stages[*]}"
+  exit 1
+fi
+echo "all stages passed: ${stages//,/ }"
