@@ -56,7 +56,11 @@ if ((deps)); then
 fi
 if ((build)); then
   step "building softblk (build/, Release)"
-  cmake -S "$repo" -B "$repo/build" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+  # The configuration of scripts/test.sh's release stage (warnings are
+  # errors; none with Debian 12's GCC), so that the test suite reuses these
+  # objects.
+  cmake -S "$repo" -B "$repo/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSOFTBLK_WERROR=ON \
+    -DSOFTBLK_SANITIZE= >/dev/null
   ninja -C "$repo/build" -j"$(nproc)" softblk
 fi
 
