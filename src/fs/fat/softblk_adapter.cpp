@@ -44,11 +44,7 @@ uint32_t softblk_block_device::write_gather_bytes() const
 int softblk_block_device::transfer(io_op op, uint64_t lba, uint32_t count, void* buffer)
 {
     // The core splits on the device's limits.
-    bio b;
-    b.op = op;
-    b.offset = lba * sector_size();
-    b.length = uint64_t{count} * sector_size();
-    b.buffer = buffer;
+    bio b = make_bio(op, lba * sector_size(), uint64_t{count} * sector_size(), buffer);
     return _device->execute(b);
 }
 
