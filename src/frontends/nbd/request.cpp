@@ -335,6 +335,12 @@ void event_loop::submit_chunks(nbd_op& o, io_request* reuse)
         fill_chunk(o, *r);
         q.submit(*r);
     }
+    if (o.waiting && o.left_to_submit == 0) {
+        // Its own chunks' tags carried it through: leave the free tags to
+        // the requests still waiting.
+        o.conn->binding->waiting.remove(&o);
+        o.waiting = false;
+    }
     o.submitting = false;
     if (o.pending == 0 && (o.left_to_submit == 0 || o.error != 0)) {
         finish_op(o);
@@ -378,6 +384,12 @@ void event_loop::on_device_complete(io_request& r, int result)
 void event_loop::finish_op(nbd_op& o)
 {
     connection& c = *o.conn;
+    if (o.waiting) {
+        // It waited for a tag and got through on its own (its chunks reused
+        // their tag, or one failed): it must not be given a tag later.
+        c.binding->waiting.remove(&o);
+        o.waiting = false;
+    }
     if (o.in_device) {
         o.in_device = false;
         --c.ops_in_device;

@@ -92,6 +92,23 @@ struct op_fifo {
         }
         return o;
     }
+    // Unlinks `o`, which is on this list. Linear, for the rare case of an
+    // op that leaves a queue_binding's waiting list before its turn.
+    void remove(nbd_op* o)
+    {
+        nbd_op* prev = nullptr;
+        for (nbd_op* p = head; p != nullptr; prev = p, p = p->next) {
+            if (p != o) {
+                continue;
+            }
+            (prev != nullptr ? prev->next : head) = p->next;
+            if (tail == p) {
+                tail = prev;
+            }
+            p->next = nullptr;
+            return;
+        }
+    }
 };
 
 // A loop's hold on one queue of one device.
