@@ -10,6 +10,8 @@
 #include <cstring>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <linux/sockios.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -95,10 +97,20 @@ void event_loop::on_accept(int listener, int fd)
         return;
     }
     count.fetch_add(1);
-    const int one = 1;
-    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one,
-                 sizeof one);  // fails harmlessly on unix sockets
     auto* c = new connection();
+    if (_accept_addr[static_cast<unsigned>(listener)].ss_family != AF_UNIX) {
+        // TCP: no Nagle delay, and a peer that vanished (no FIN or RST: a
+        // cable pulled, a host gone) is noticed by keepalive probes while
+        // the connection is quiet and by the user timeout while it sends.
+        c->tcp = true;
+        const int one = 1;
+        ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+        ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &k_keepalive_idle_s, sizeof(int));
+        ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &k_keepalive_interval_s, sizeof(int));
+        ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &k_keepalive_count, sizeof(int));
+        ::setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &k_tcp_user_timeout_ms, sizeof(unsigned));
+    }
     c->loop = this;
     c->fd = fd;
     c->rbuf = static_cast<uint8_t*>(std::aligned_alloc(4096, k_recv_buffer));
@@ -106,54 +118,87 @@ void event_loop::on_accept(int listener, int fd)
     c->hs->greet(c->out_bytes);
     if (const uint32_t ms = _srv.config().handshake_timeout_ms; ms != 0) {
         c->handshake_deadline_ns = monotonic_ns() + uint64_t{ms} * 1'000'000u;
-        if (!_handshake_timer_posted) {
-            post_handshake_timer(c->handshake_deadline_ns);
-        }
+        post_timer();
     }
     _conns.push_back(c);
     mark_dirty(*c);
     post_recv(*c);
 }
 
-void event_loop::post_handshake_timer(uint64_t deadline_ns)
+void event_loop::post_timer()
 {
-    _handshake_ts.tv_sec = static_cast<int64_t>(deadline_ns / 1'000'000'000u);
-    _handshake_ts.tv_nsec = static_cast<long long>(deadline_ns % 1'000'000'000u);
+    if (_timer_posted || _stopping) {
+        return;
+    }
+    const uint64_t at = monotonic_ns() + k_timer_period_ns;
+    _timer_ts.tv_sec = static_cast<int64_t>(at / 1'000'000'000u);
+    _timer_ts.tv_nsec = static_cast<long long>(at % 1'000'000'000u);
     io_uring_sqe* s = sqe();
-    io_uring_prep_timeout(s, &_handshake_ts, 0, IORING_TIMEOUT_ABS);
-    io_uring_sqe_set_data(s, make_user_data(&_handshake_ts, k_token_wake));
-    _handshake_timer_posted = true;
+    io_uring_prep_timeout(s, &_timer_ts, 0, IORING_TIMEOUT_ABS);
+    io_uring_sqe_set_data(s, make_user_data(this, k_token_timer));
+    _timer_posted = true;
 }
 
 // Closes the connections whose handshake outlived handshake_timeout_ms and
-// sets the timer for the next deadline. Deadlines grow in accept order, so
-// the timer, once set, is never later than a new connection's deadline.
-void event_loop::on_handshake_timer()
+// those in transmission that made no progress for idle_timeout_ms, and
+// posts the timer again while any connection has a deadline. The timer
+// fires every k_timer_period_ns then (timeouts are whole seconds, so a
+// deadline is at most that late): a deadline set after it was posted is
+// never before it.
+void event_loop::on_timer()
 {
-    _handshake_timer_posted = false;
+    _timer_posted = false;
     const uint64_t now = monotonic_ns();
-    uint64_t next = 0;
-    std::vector<connection*> expired;
+    bool again = false;
+    std::vector<std::pair<connection*, std::string>> expired;
     for (connection* c : _conns) {
-        if (c->ph == phase::transmission || c->closing || c->handshake_deadline_ns == 0) {
+        if (c->closing) {
             continue;
         }
-        if (c->handshake_deadline_ns <= now) {
-            expired.push_back(c);
-        } else if (next == 0 || c->handshake_deadline_ns < next) {
-            next = c->handshake_deadline_ns;
+        if (c->ph != phase::transmission) {
+            if (c->handshake_deadline_ns == 0) {
+                continue;
+            }
+            if (c->handshake_deadline_ns <= now) {
+                expired.emplace_back(
+                    c,
+                    fmt::format("dropped: still in the {} {} ms after it connected "
+                                "(handshake-timeout)",
+                                c->ph == phase::tls_handshake ? "TLS handshake" : "NBD handshake",
+                                _srv.config().handshake_timeout_ms));
+            } else {
+                again = true;
+            }
+            continue;
+        }
+        if (_idle_timeout_ns == 0) {
+            continue;
+        }
+        if (c->send_posted) {
+            // A send that the peer is slowly taking completes late: count
+            // what left the socket's queue meanwhile as progress.
+            int queued = 0;
+            if (::ioctl(c->fd, SIOCOUTQ, &queued) == 0 && queued != c->send_queue_seen) {
+                c->send_queue_seen = queued;
+                c->last_progress_ns = now;
+            }
+        }
+        if (now - c->last_progress_ns >= _idle_timeout_ns) {
+            expired.emplace_back(
+                c, fmt::format("dropped: nothing received or sent for {} s (idle-timeout){}",
+                               (now - c->last_progress_ns) / 1'000'000'000u,
+                               c->send_posted ? ", its replies unread" : ""));
+        } else {
+            again = true;
         }
     }
-    for (connection* c : expired) {
-        log_client(
-            *c, fmt::format("dropped: still in the {} {} ms after it connected (handshake-timeout)",
-                            c->ph == phase::tls_handshake ? "TLS handshake" : "NBD handshake",
-                            _srv.config().handshake_timeout_ms));
+    for (auto& [c, why] : expired) {
+        log_client(*c, why);
         begin_close(*c);
         maybe_free(*c);
     }
-    if (next != 0 && !_stopping) {
-        post_handshake_timer(next);
+    if (again) {
+        post_timer();
     }
 }
 
@@ -229,6 +274,10 @@ bool event_loop::parse_handshake(connection& c)
             return false;
         }
         c.ph = phase::transmission;
+        c.last_progress_ns = monotonic_ns();
+        if (_idle_timeout_ns != 0) {
+            post_timer();  // for the idle timeout (also while it waits to be handed off)
+        }
         mark_dirty(c);
         {
             // Loop i drives queue i; a device with fewer queues than loops
@@ -298,6 +347,10 @@ void event_loop::enter_transmission(connection& c)
         c.ops[i - 1].conn = &c;
         c.free_ops.push_back(&c.ops[i - 1]);
     }
+    c.last_progress_ns = monotonic_ns();
+    if (_idle_timeout_ns != 0) {
+        post_timer();
+    }
     mark_dirty(c);
     pump_input(c);
 }
@@ -357,13 +410,23 @@ void event_loop::begin_close(connection& c, bool graceful)
     }
     c.closing = true;
     // Wakes a posted recv (and fails a posted send) so that nothing of this
-    // connection stays in the ring.
+    // connection stays in the ring; the cancellation is for what a shut
+    // down socket would not end (it makes them complete with -ECANCELED).
     ::shutdown(c.fd, SHUT_RDWR);
+    if (c.recv_posted || c.send_posted || c.hup_posted) {
+        io_uring_sqe* s = sqe();
+        io_uring_prep_cancel_fd(s, c.fd, IORING_ASYNC_CANCEL_ALL);
+        io_uring_sqe_set_data(s, reinterpret_cast<void*>(uintptr_t{k_token_ignore}));
+    }
+    if (c.buffer_wait) {
+        std::erase(_buffer_waiters, &c);
+        c.buffer_wait = false;
+    }
 }
 
 void event_loop::maybe_free(connection& c)
 {
-    if (c.handoff && !c.recv_posted && !c.send_posted && !c.closing) {
+    if (c.handoff && !c.recv_posted && !c.send_posted && !c.hup_posted && !c.closing) {
         // Move to the loop that drives the device's queue.
         c.handoff = false;
         if (c.dirty) {
@@ -388,7 +451,8 @@ void event_loop::maybe_free(connection& c)
         _srv.loop(c.handoff_to).adopt(&c);
         return;
     }
-    if (!c.closing || c.recv_posted || c.recv_deferred || c.send_posted || c.ops_in_device != 0) {
+    if (!c.closing || c.recv_posted || c.recv_deferred || c.send_posted || c.hup_posted ||
+        c.ops_in_device != 0) {
         return;
     }
     if (c.dirty) {

@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <poll.h>
 #include <sys/socket.h>
 
 #include <fmt/core.h>
@@ -44,7 +45,7 @@ void event_loop::post_accept(unsigned listener)
                          &_accept_len[listener], SOCK_CLOEXEC);
     // Listener index in the pointer bits: &_accept_len[listener] is 4-aligned,
     // so use the index shifted instead.
-    io_uring_sqe_set_data(s, reinterpret_cast<void*>((uintptr_t{listener} << 2) | k_token_accept));
+    io_uring_sqe_set_data(s, reinterpret_cast<void*>((uintptr_t{listener} << 3) | k_token_accept));
 }
 
 void event_loop::post_recv(connection& c)
@@ -84,6 +85,32 @@ void event_loop::post_recv(connection& c)
     io_uring_prep_recv(s, c.fd, dst, len, 0);
     io_uring_sqe_set_data(s, make_user_data(&c, k_token_recv));
     c.recv_posted = true;
+}
+
+// While a connection's input is blocked (it takes no more requests until
+// its replies go out) no recv would see its peer go: a poll does. It stays
+// armed until the peer hangs up or the connection closes.
+void event_loop::post_hup_poll(connection& c)
+{
+    if (c.hup_posted || c.closing) {
+        return;
+    }
+    io_uring_sqe* s = sqe();
+    io_uring_prep_poll_add(s, c.fd, POLLHUP | POLLERR);
+    io_uring_sqe_set_data(s, make_user_data(&c, k_token_hup));
+    c.hup_posted = true;
+}
+
+void event_loop::on_hup(connection& c, int res)
+{
+    c.hup_posted = false;
+    if (!c.closing && res > 0 && (res & (POLLHUP | POLLERR)) != 0) {
+        // Nobody will read the replies, nor send more: end it now rather
+        // than at the idle timeout.
+        c.read_eof = true;
+        begin_close(c);
+    }
+    maybe_free(c);
 }
 
 // ---------------------------------------------------------------- loop
@@ -161,6 +188,14 @@ void event_loop::run()
                 }
             }
         }
+        if (!_buffer_waiters.empty()) {
+            retry_buffer_waiters();
+            if (!_buffer_waiters.empty()) {
+                // Buffers freed by other loops do not wake this one.
+                deferred_wake =
+                    std::min<uint64_t>(deferred_wake, monotonic_ns() + k_buffer_wait_ns);
+            }
+        }
         if (_stopping && _conns.empty()) {
             break;
         }
@@ -225,6 +260,7 @@ void event_loop::run()
         } else {
             submit_and_block(wait_nr);
         }
+        _now_ns = monotonic_ns();
         unsigned head;
         io_uring_cqe* cqe;
         unsigned seen = 0;
@@ -233,15 +269,19 @@ void event_loop::run()
             ++seen;
             const auto ud = static_cast<uintptr_t>(cqe->user_data);
             const int res = cqe->res;
-            switch (static_cast<token>(ud & 3)) {
+            auto* conn = reinterpret_cast<connection*>(ud & ~k_token_mask);
+            switch (static_cast<token>(ud & k_token_mask)) {
             case k_token_recv:
-                on_recv(*reinterpret_cast<connection*>(ud & ~uintptr_t{3}), res);
+                on_recv(*conn, res);
                 break;
             case k_token_send:
-                on_send(*reinterpret_cast<connection*>(ud & ~uintptr_t{3}), res);
+                on_send(*conn, res);
+                break;
+            case k_token_hup:
+                on_hup(*conn, res);
                 break;
             case k_token_accept: {
-                const unsigned listener = static_cast<unsigned>(ud >> 2);
+                const unsigned listener = static_cast<unsigned>(ud >> 3);
                 if (res >= 0) {
                     on_accept(static_cast<int>(listener), res);
                 }
@@ -252,11 +292,10 @@ void event_loop::run()
                 }
                 break;
             }
+            case k_token_timer:
+                on_timer();
+                break;
             case k_token_wake:
-                if ((ud & ~uintptr_t{3}) == reinterpret_cast<uintptr_t>(&_handshake_ts)) {
-                    on_handshake_timer();
-                    break;
-                }
                 if (!_stopping) {
                     post_wake_read();
                 }
@@ -264,6 +303,8 @@ void event_loop::run()
                 if (_check_exports.exchange(false)) {
                     check_exports();
                 }
+                break;
+            case k_token_ignore:
                 break;
             }
         }
@@ -354,6 +395,7 @@ void event_loop::on_recv(connection& c, int res)
         return;
     }
     const auto n = static_cast<size_t>(res);
+    c.last_progress_ns = _now_ns;
     if (c.tls) {
         c.pipe.in_end += n;
     } else if (c.recv_direct) {
@@ -569,6 +611,7 @@ void event_loop::on_send(connection& c, int res)
         maybe_free(c);
         return;
     }
+    c.last_progress_ns = _now_ns;
     auto left = static_cast<size_t>(res);
     while (c.iov_first < c.iov_count) {
         iovec& v = c.iov[c.iov_first];

@@ -32,9 +32,6 @@ namespace softblk::nbd {
 
 // Per connection: requests taken in and not yet fully answered.
 inline constexpr unsigned k_max_ops = 128;
-// Per connection: payload bytes held by requests in flight; the connection
-// stops reading requests beyond it (back-pressure through the socket).
-inline constexpr uint64_t k_max_buffered = 64ull << 20;
 inline constexpr size_t k_recv_buffer = 256 * 1024;
 // A write payload at least this large with nothing else buffered is
 // received straight into the request's buffer.
@@ -49,13 +46,34 @@ inline constexpr size_t k_inline_send = 128 * 1024;
 // before the loop looks again (in case one did not: the socket was full).
 inline constexpr long long k_inline_send_wait_ns = 1'000'000;
 
-// user_data tags in the low bits of an aligned pointer.
+// user_data tags in the low 3 bits of an 8-aligned pointer (a listener's
+// index shifted for accepts).
 enum token : uintptr_t {
-    k_token_recv = 0,
-    k_token_send = 1,
-    k_token_accept = 2,
-    k_token_wake = 3,
+    k_token_recv = 0,    // connection*
+    k_token_send = 1,    // connection*
+    k_token_accept = 2,  // listener index << 3
+    k_token_wake = 3,    // event_loop*: the eventfd read
+    k_token_timer = 4,   // event_loop*: the connection timer
+    k_token_hup = 5,     // connection*: the poll for a peer gone while input is blocked
+    k_token_ignore = 6,  // cancellations: nothing to do
 };
+inline constexpr uintptr_t k_token_mask = 7;
+// TCP keepalive of accepted connections: the first probe after this long
+// without traffic, then every k_keepalive_interval_s, and the peer is
+// declared dead after k_keepalive_count unanswered probes. Sent data left
+// unacknowledged for k_tcp_user_timeout_ms also ends the connection.
+inline constexpr int k_keepalive_idle_s = 30;
+inline constexpr int k_keepalive_interval_s = 10;
+inline constexpr int k_keepalive_count = 3;
+inline constexpr unsigned k_tcp_user_timeout_ms = 60'000;
+// The connection timer (handshake and idle timeouts) looks at least this
+// often while it has deadlines: timeouts are whole seconds, so a deadline
+// set later is never before the posted timer.
+inline constexpr uint64_t k_timer_period_ns = 1'000'000'000;
+// How long a loop with connections waiting for the server-wide buffer
+// limit (server_config::total_buffer_bytes) sleeps before it looks again:
+// other loops free buffers without waking it.
+inline constexpr long long k_buffer_wait_ns = 1'000'000;
 
 inline void* make_user_data(void* p, token t)
 {
@@ -90,6 +108,9 @@ struct alignas(8) connection {
     bool recv_direct = false;  // the posted recv targets payload_op's buffer
     bool read_eof = false;
     bool input_blocked = false;
+    bool buffer_wait = false;  // blocked on the server-wide buffer limit (on _buffer_waiters)
+    bool hup_posted = false;   // a poll for the peer hanging up (k_token_hup)
+    bool tcp = false;
 
     // Receive coalescing (server_config::coalesce_us, docs/nbd.md): for a
     // connection that pipelines, the next receive may be held back for the
@@ -137,6 +158,8 @@ struct alignas(8) connection {
     unsigned handoff_to = 0;
     bool counted = false;                // counted in exp->connections
     uint64_t handshake_deadline_ns = 0;  // CLOCK_MONOTONIC; 0: none
+    uint64_t last_progress_ns = 0;       // last byte received or sent (idle timeout)
+    int send_queue_seen = -1;            // SIOCOUTQ at the last timer, for a posted send
 
     connection* next_dirty = nullptr;
 };
@@ -147,7 +170,8 @@ public:
         : _srv(srv),
           _index(index),
           _poll_max_ns(uint64_t{srv.config().poll_us} * 1000),
-          _coalesce_ns(uint64_t{srv.config().coalesce_us} * 1000)
+          _coalesce_ns(uint64_t{srv.config().coalesce_us} * 1000),
+          _idle_timeout_ns(uint64_t{srv.config().idle_timeout_ms} * 1'000'000)
     {
     }
     ~event_loop()
@@ -222,13 +246,25 @@ private:
     void maybe_free(connection& c);
     void adopt_inbox();
     void check_exports();
-    void post_handshake_timer(uint64_t deadline_ns);
-    void on_handshake_timer();
+    // The connection timer: closes connections past their handshake or
+    // idle deadline and posts itself for the next (at most
+    // k_timer_period_ns on). post_timer posts it if it is not.
+    void post_timer();
+    void on_timer();
+    void post_hup_poll(connection& c);
+    void on_hup(connection& c, int res);
     queue_binding* bind(server_export& exp);
     void unbind(queue_binding* b);
 
     // request.cpp: requests, from parsing to queuing the reply.
     bool parse_requests(connection& c);
+    // Whether `c` may take a request that needs a buffer of `bytes` now
+    // (server_config::conn_buffer_bytes, total_buffer_bytes).
+    bool buffer_allowed(connection& c, uint64_t bytes);
+    void buffer_acquired(connection& c, uint64_t bytes);
+    void buffer_released(connection& c, uint64_t bytes);
+    // Gives connections waiting for the server-wide limit another try.
+    void retry_buffer_waiters();
     nbd_op* take_op(connection& c);
     void release_op(nbd_op& o);
     void start_op(nbd_op& o);
@@ -270,9 +306,14 @@ private:
     bool _taskrun_flag = false;  // the ring sets IORING_SQ_TASKRUN
     // Sends posted since the last wait (see run()).
     std::vector<connection*> _sends_now;
-    // The handshake timer (an IORING_OP_TIMEOUT at the earliest deadline).
-    __kernel_timespec _handshake_ts{};
-    bool _handshake_timer_posted = false;
+    // The connection timer (an IORING_OP_TIMEOUT, see post_timer).
+    __kernel_timespec _timer_ts{};
+    bool _timer_posted = false;
+    uint64_t _idle_timeout_ns = 0;
+    // CLOCK_MONOTONIC when the loop last woke (progress stamps).
+    uint64_t _now_ns = 0;
+    // Connections blocked on the server-wide buffer limit.
+    std::vector<connection*> _buffer_waiters;
 };
 
 }  // namespace softblk::nbd

@@ -64,6 +64,61 @@ void buffer_pool::put(uint8_t* p, unsigned cls)
     _free_bytes += size;
 }
 
+// ---------------------------------------------------------------- buffer limits
+
+bool event_loop::buffer_allowed(connection& c, uint64_t bytes)
+{
+    const server_config& cfg = _srv.config();
+    if (c.buffered != 0 && c.buffered + bytes > cfg.conn_buffer_bytes) {
+        // Its replies must go out first: on_send unblocks it.
+        c.input_blocked = true;
+        post_hup_poll(c);
+        return false;
+    }
+    // Approximate across loops (each may pass the bound by one request):
+    // a bound on memory, not an account.
+    if (_srv.buffered_total().load(std::memory_order_relaxed) + bytes > cfg.total_buffer_bytes) {
+        c.input_blocked = true;
+        if (!c.buffer_wait) {
+            c.buffer_wait = true;
+            _buffer_waiters.push_back(&c);
+        }
+        post_hup_poll(c);
+        return false;
+    }
+    return true;
+}
+
+void event_loop::buffer_acquired(connection& c, uint64_t bytes)
+{
+    c.buffered += bytes;
+    _srv.buffered_total().fetch_add(bytes, std::memory_order_relaxed);
+}
+
+void event_loop::buffer_released(connection& c, uint64_t bytes)
+{
+    c.buffered -= bytes;
+    _srv.buffered_total().fetch_sub(bytes, std::memory_order_relaxed);
+}
+
+void event_loop::retry_buffer_waiters()
+{
+    if (_srv.buffered_total().load(std::memory_order_relaxed) >= _srv.config().total_buffer_bytes) {
+        return;
+    }
+    std::vector<connection*> waiters;
+    waiters.swap(_buffer_waiters);
+    for (connection* c : waiters) {
+        c->buffer_wait = false;
+        if (c->closing || c->close_after_send || !c->input_blocked) {
+            continue;
+        }
+        c->input_blocked = false;
+        pump_input(*c);
+        maybe_free(*c);
+    }
+}
+
 // ---------------------------------------------------------------- requests
 
 nbd_op* event_loop::take_op(connection& c)
@@ -85,7 +140,7 @@ void event_loop::release_op(nbd_op& o)
 {
     connection& c = *o.conn;
     if (o.buf != nullptr) {
-        c.buffered -= uint64_t{4096} << o.buf_class;
+        buffer_released(c, uint64_t{4096} << o.buf_class);
         _pool.put(o.buf, o.buf_class);
         o.buf = nullptr;
     }
@@ -141,8 +196,9 @@ bool event_loop::parse_requests(connection& c)
         if (c.rend - c.rstart < k_request_size) {
             return true;
         }
-        if (c.free_ops.empty() || c.buffered > k_max_buffered) {
-            c.input_blocked = true;
+        if (c.free_ops.empty()) {
+            c.input_blocked = true;  // on_send unblocks it as replies go out
+            post_hup_poll(c);
             return false;
         }
         request_header h;
@@ -150,9 +206,14 @@ bool event_loop::parse_requests(connection& c)
             begin_close(c);  // out of sync: nothing else is safe
             return false;
         }
+        const request_check check = check_request(h, c.neg);
+        if (check.disposition == request_disposition::execute &&
+            (h.type == k_cmd_read || h.type == k_cmd_write) &&
+            !buffer_allowed(c, uint64_t{4096} << buffer_pool::size_class(h.length))) {
+            return false;  // the header stays in the buffer for later
+        }
         c.rstart += k_request_size;
         ++c.parsed;
-        const request_check check = check_request(h, c.neg);
         switch (check.disposition) {
         case request_disposition::disconnect:
             if (h.type == k_cmd_disc) {
@@ -181,7 +242,7 @@ bool event_loop::parse_requests(connection& c)
         if (h.type == k_cmd_read || h.type == k_cmd_write) {
             o->buf = _pool.get(h.length, o->buf_class);
             if (o->buf != nullptr) {
-                c.buffered += uint64_t{4096} << o->buf_class;
+                buffer_acquired(c, uint64_t{4096} << o->buf_class);
             } else {
                 release_op(*o);
                 reply_error(c, h, k_enomem);
@@ -398,7 +459,7 @@ void event_loop::finish_op(nbd_op& o)
     if (o.error != 0) {
         const uint32_t err = nbd_error_from_errno(o.error);
         if (o.buf != nullptr) {
-            c.buffered -= uint64_t{4096} << o.buf_class;
+            buffer_released(c, uint64_t{4096} << o.buf_class);
             _pool.put(o.buf, o.buf_class);
             o.buf = nullptr;
         }
@@ -422,7 +483,7 @@ void event_loop::finish_op(nbd_op& o)
     } else {
         o.hdr_len = static_cast<uint8_t>(encode_simple_reply(o.hdr, h.cookie, 0));
         if (o.buf != nullptr) {
-            c.buffered -= uint64_t{4096} << o.buf_class;
+            buffer_released(c, uint64_t{4096} << o.buf_class);
             _pool.put(o.buf, o.buf_class);
             o.buf = nullptr;
         }

@@ -4,6 +4,7 @@
 
 #include <arpa/inet.h>
 #include <cerrno>
+#include <chrono>
 #include <csignal>
 #include <cstring>
 #include <netdb.h>
@@ -20,10 +21,75 @@
 
 namespace softblk::nbd {
 
+const char* const k_tcp_policy =
+    "TCP without TLS lets anyone who reaches the port read and write the device: add "
+    "tls=require (with tls-certs=DIR or tls-psk=FILE), or insecure=1 to accept that";
+
+std::string claim_socket_path(const std::string& path)
+{
+    sockaddr_un addr{};
+    if (path.size() >= sizeof addr.sun_path) {
+        return fmt::format("socket={}: longer than {} bytes", path, sizeof addr.sun_path - 1);
+    }
+    addr.sun_family = AF_UNIX;
+    std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+    struct stat st;
+    if (::lstat(path.c_str(), &st) != 0) {
+        return errno == ENOENT ? std::string()
+                               : fmt::format("socket={}: {}", path, std::strerror(errno));
+    }
+    if (S_ISLNK(st.st_mode)) {
+        return fmt::format(
+            "socket={}: is a symbolic link; the NBD server neither follows nor "
+            "removes it: choose another path",
+            path);
+    }
+    if (!S_ISSOCK(st.st_mode)) {
+        return fmt::format(
+            "socket={}: exists and is not a socket; the NBD server does not remove "
+            "it: choose another path",
+            path);
+    }
+    if (st.st_uid != ::geteuid()) {
+        return fmt::format(
+            "socket={}: a socket of uid {}, not this server's; it is left alone: "
+            "choose another path",
+            path, st.st_uid);
+    }
+    const int probe = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (probe < 0) {
+        return fmt::format("socket: {}", std::strerror(errno));
+    }
+    const int rc = ::connect(probe, reinterpret_cast<const sockaddr*>(&addr), sizeof addr);
+    const int e = errno;
+    ::close(probe);
+    if (rc == 0) {
+        return fmt::format("socket={}: another server listens there", path);
+    }
+    if (e != ECONNREFUSED) {
+        return fmt::format("socket={}: cannot tell whether a server listens there ({})", path,
+                           std::strerror(e));
+    }
+    ::unlink(path.c_str());  // stale: nobody listens
+    return {};
+}
+
 namespace {
 
-result<int> listen_unix(const std::string& path)
+// Servers whose loop threads did not end in time (server::stop): kept
+// alive, since those threads still use them.
+std::vector<std::shared_ptr<server>>& abandoned_servers()
 {
+    static std::vector<std::shared_ptr<server>> list;
+    return list;
+}
+
+// Binds and listens on the unix socket config.socket_path with
+// config.socket_mode and socket_group; returns the descriptor and the
+// socket's device and inode (what stop() may remove).
+result<int> listen_unix(const server_config& config, dev_t& dev, ino_t& ino)
+{
+    const std::string& path = config.socket_path;
     sockaddr_un addr{};
     if (path.size() >= sizeof addr.sun_path) {
         return make_error(ENAMETOOLONG, fmt::format("socket={}: longer than {} bytes", path,
@@ -31,29 +97,48 @@ result<int> listen_unix(const std::string& path)
     }
     addr.sun_family = AF_UNIX;
     std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+    if (std::string why = claim_socket_path(path); !why.empty()) {
+        return make_error(EEXIST, why);
+    }
     const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) {
         return make_error(errno, fmt::format("socket: {}", std::strerror(errno)));
     }
-    // A socket left by a crashed server: replace it only if nobody listens.
-    struct stat st;
-    if (::lstat(path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) {
-        const int probe = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        const bool alive = ::connect(probe, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
-        ::close(probe);
-        if (alive) {
-            ::close(fd);
-            return make_error(EADDRINUSE,
-                              fmt::format("socket={}: another server listens there", path));
-        }
-        ::unlink(path.c_str());
-    }
-    if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
-        ::listen(fd, 1024) != 0) {
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
         const int e = errno;
         ::close(fd);
         return make_error(e, fmt::format("socket={}: {}", path, std::strerror(e)));
     }
+    // Nobody can connect before listen(): set the mode (whatever the umask
+    // made it) and the group first.
+    struct stat st;
+    std::string failed;
+    int e = 0;
+    if (::lstat(path.c_str(), &st) != 0 || !S_ISSOCK(st.st_mode)) {
+        e = errno != 0 ? errno : EEXIST;
+        failed = "replaced while it was being set up";
+    } else if (config.socket_group >= 0 && ::lchown(path.c_str(), static_cast<uid_t>(-1),
+                                                    static_cast<gid_t>(config.socket_group)) != 0) {
+        e = errno;
+        failed = fmt::format("group={}: {}", config.socket_group, std::strerror(e));
+    } else if (::chmod(path.c_str(), config.socket_mode) != 0) {
+        e = errno;
+        failed = fmt::format("mode={:04o}: {}", config.socket_mode, std::strerror(e));
+    } else if (::listen(fd, 1024) != 0) {
+        e = errno;
+        failed = std::strerror(e);
+    }
+    if (!failed.empty()) {
+        ::close(fd);
+        struct stat now;
+        if (::lstat(path.c_str(), &now) == 0 && now.st_dev == st.st_dev &&
+            now.st_ino == st.st_ino) {
+            ::unlink(path.c_str());
+        }
+        return make_error(e, fmt::format("socket={}: {}", path, failed));
+    }
+    dev = st.st_dev;
+    ino = st.st_ino;
     return fd;
 }
 
@@ -106,7 +191,7 @@ server::server(const server_config& config) : _config(config)
 
 server::~server()
 {
-    stop();
+    (void)stop();
 }
 
 result<std::shared_ptr<server>> server::start(const server_config& config)
@@ -114,6 +199,10 @@ result<std::shared_ptr<server>> server::start(const server_config& config)
     std::shared_ptr<server> s(new server(config));
     if (config.threads == 0) {
         return make_error(EINVAL, "threads=0: need at least one loop thread");
+    }
+    if (!config.tcp_host.empty() && config.tls != tls_mode::require && !config.insecure) {
+        return make_error(
+            EPERM, fmt::format("tcp={}:{}: {}", config.tcp_host, config.tcp_port, k_tcp_policy));
     }
     if (config.tls != tls_mode::off) {
         auto creds = tls_credentials::load(config.tls_certs_dir, config.tls_psk_file,
@@ -127,7 +216,7 @@ result<std::shared_ptr<server>> server::start(const server_config& config)
         return make_error(EINVAL, "nbd: neither a unix socket nor tcp= to listen on");
     }
     if (!config.socket_path.empty()) {
-        auto fd = listen_unix(config.socket_path);
+        auto fd = listen_unix(config, s->_socket_dev, s->_socket_ino);
         if (!fd) {
             return std::unexpected(fd.error());
         }
@@ -136,7 +225,7 @@ result<std::shared_ptr<server>> server::start(const server_config& config)
     if (!config.tcp_host.empty()) {
         auto fd = listen_tcp(config.tcp_host, config.tcp_port, s->_bound_tcp_port);
         if (!fd) {
-            s->stop();
+            (void)s->stop();
             return std::unexpected(fd.error());
         }
         s->_listen_fds.push_back(*fd);
@@ -144,7 +233,7 @@ result<std::shared_ptr<server>> server::start(const server_config& config)
     for (unsigned i = 0; i < config.threads; ++i) {
         auto loop = std::make_unique<event_loop>(*s, i);
         if (auto r = loop->init(); !r) {
-            s->stop();
+            (void)s->stop();
             return std::unexpected(r.error());
         }
         s->_loops.push_back(std::move(loop));
@@ -156,32 +245,66 @@ result<std::shared_ptr<server>> server::start(const server_config& config)
             sigfillset(&all);
             pthread_sigmask(SIG_BLOCK, &all, nullptr);
             srv->_loops[i]->run();
+            std::lock_guard lock(srv->_mutex);
+            ++srv->_threads_done;
+            srv->_closed.notify_all();
         });
     }
     return s;
 }
 
-void server::stop()
+result<void> server::stop()
 {
     if (_stopped) {
-        return;
+        return {};
     }
     _stopped = true;
     for (auto& l : _loops) {
         l->request_stop();
     }
-    for (auto& t : _threads) {
-        t.join();
+    // The loops shut every connection down and end once their device
+    // requests completed; wait for that with a deadline, so that the
+    // control thread is never stuck on a loop.
+    bool ended;
+    {
+        std::unique_lock lock(_mutex);
+        ended = _closed.wait_for(lock, std::chrono::milliseconds(_config.stop_timeout_ms),
+                                 [&] { return _threads_done == _threads.size(); });
     }
-    _threads.clear();
-    _loops.clear();
+    result<void> rc;
+    if (ended) {
+        for (auto& t : _threads) {
+            t.join();
+        }
+        _threads.clear();
+        _loops.clear();
+    } else {
+        // A loop still waits for device requests. It keeps running on this
+        // object: leave it (and the object) to the process's end.
+        for (auto& t : _threads) {
+            t.detach();
+        }
+        _threads.clear();
+        abandoned_servers().push_back(weak_from_this().lock());
+        rc = make_error(ETIMEDOUT,
+                        fmt::format("nbd: loop threads still busy {} ms after the server was "
+                                    "told to stop (device requests not completed)",
+                                    _config.stop_timeout_ms));
+    }
     for (int fd : _listen_fds) {
         ::close(fd);
     }
     _listen_fds.clear();
-    if (!_config.socket_path.empty()) {
-        ::unlink(_config.socket_path.c_str());
+    if (!_config.socket_path.empty() && _socket_ino != 0) {
+        // Only the socket start() created: not a file someone put there since.
+        struct stat st;
+        if (::lstat(_config.socket_path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode) &&
+            st.st_dev == _socket_dev && st.st_ino == _socket_ino) {
+            ::unlink(_config.socket_path.c_str());
+        }
+        _socket_ino = 0;
     }
+    return rc;
 }
 
 result<void> server::add_export(device& dev, bool read_only, std::string description)
@@ -218,7 +341,7 @@ result<void> server::add_export(device& dev, bool read_only, std::string descrip
     return {};
 }
 
-result<void> server::remove_export(const std::string& name)
+result<std::shared_ptr<server_export>> server::begin_remove_export(const std::string& name)
 {
     std::shared_ptr<server_export> e;
     {
@@ -234,10 +357,21 @@ result<void> server::remove_export(const std::string& name)
     for (auto& l : _loops) {
         l->drop_export();
     }
+    return e;
+}
+
+result<void> server::wait_closed(const server_export& exp)
+{
     std::unique_lock lock(_mutex);
-    _closed.wait(lock, [&] { return e->connections.load() == 0; });
     // The loops drop their hold (queue_binding) on it with their last connection.
-    return {};
+    if (_closed.wait_for(lock, std::chrono::milliseconds(_config.stop_timeout_ms),
+                         [&] { return exp.connections.load() == 0; })) {
+        return {};
+    }
+    return make_error(ETIMEDOUT,
+                      fmt::format("nbd: {} connection(s) to {} still open {} ms after they were "
+                                  "shut down (device requests not completed)",
+                                  exp.connections.load(), exp.name, _config.stop_timeout_ms));
 }
 
 void server::connection_closed(server_export& exp)
