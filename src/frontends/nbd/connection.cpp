@@ -417,6 +417,9 @@ void event_loop::begin_close(connection& c, bool graceful)
         io_uring_sqe* s = sqe();
         io_uring_prep_cancel_fd(s, c.fd, IORING_ASYNC_CANCEL_ALL);
         io_uring_sqe_set_data(s, reinterpret_cast<void*>(uintptr_t{k_token_ignore}));
+        // Now, while the descriptor is surely still this connection's (it
+        // is closed only once nothing is posted on it).
+        io_uring_submit(&_ring);
     }
     if (c.buffer_wait) {
         std::erase(_buffer_waiters, &c);
