@@ -174,14 +174,20 @@ void event_loop::on_timer()
         if (_idle_timeout_ns == 0) {
             continue;
         }
+        // Progress since the last tick: bytes received or sent, or (for a
+        // send the peer takes slowly, which completes late) a change in
+        // what waits in the socket's send queue.
+        bool moved = c->progress != c->progress_seen;
+        c->progress_seen = c->progress;
         if (c->send_posted) {
-            // A send that the peer is slowly taking completes late: count
-            // what left the socket's queue meanwhile as progress.
             int queued = 0;
-            if (::ioctl(c->fd, SIOCOUTQ, &queued) == 0 && queued != c->send_queue_seen) {
+            if (::ioctl(c->fd, SIOCOUTQ, &queued) == 0) {
+                moved = moved || queued != c->send_queue_seen;
                 c->send_queue_seen = queued;
-                c->last_progress_ns = now;
             }
+        }
+        if (moved) {
+            c->last_progress_ns = now;
         }
         if (now - c->last_progress_ns >= _idle_timeout_ns) {
             expired.emplace_back(

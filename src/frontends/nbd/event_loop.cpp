@@ -260,7 +260,6 @@ void event_loop::run()
         } else {
             submit_and_block(wait_nr);
         }
-        _now_ns = monotonic_ns();
         unsigned head;
         io_uring_cqe* cqe;
         unsigned seen = 0;
@@ -395,7 +394,7 @@ void event_loop::on_recv(connection& c, int res)
         return;
     }
     const auto n = static_cast<size_t>(res);
-    c.last_progress_ns = _now_ns;
+    ++c.progress;
     if (c.tls) {
         c.pipe.in_end += n;
     } else if (c.recv_direct) {
@@ -611,7 +610,7 @@ void event_loop::on_send(connection& c, int res)
         maybe_free(c);
         return;
     }
-    c.last_progress_ns = _now_ns;
+    ++c.progress;
     auto left = static_cast<size_t>(res);
     while (c.iov_first < c.iov_count) {
         iovec& v = c.iov[c.iov_first];

@@ -158,8 +158,12 @@ struct alignas(8) connection {
     unsigned handoff_to = 0;
     bool counted = false;                // counted in exp->connections
     uint64_t handshake_deadline_ns = 0;  // CLOCK_MONOTONIC; 0: none
-    uint64_t last_progress_ns = 0;       // last byte received or sent (idle timeout)
-    int send_queue_seen = -1;            // SIOCOUTQ at the last timer, for a posted send
+    // Idle timeout: receives and sends that moved bytes (counted on the hot
+    // path, no clock read), and when the timer last saw the count change.
+    uint32_t progress = 0;
+    uint32_t progress_seen = 0;
+    uint64_t last_progress_ns = 0;
+    int send_queue_seen = -1;  // SIOCOUTQ at the last timer, for a posted send
 
     connection* next_dirty = nullptr;
 };
@@ -310,8 +314,6 @@ private:
     __kernel_timespec _timer_ts{};
     bool _timer_posted = false;
     uint64_t _idle_timeout_ns = 0;
-    // CLOCK_MONOTONIC when the loop last woke (progress stamps).
-    uint64_t _now_ns = 0;
     // Connections blocked on the server-wide buffer limit.
     std::vector<connection*> _buffer_waiters;
 };
