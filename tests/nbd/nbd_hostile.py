@@ -13,6 +13,8 @@ do. Every wait is bounded: a server that hangs fails the test.
                              about TIMEOUT s; a busy one is not
   idle-slots PATH N TIMEOUT  N idle clients fill max-connections=N; they are
                              timed out and the slots serve new clients
+  read-pending PATH FLAG     sends one READ, writes FLAG, and waits (at most
+                             60 s) until the server closes the connection
 """
 import os
 import socket
@@ -169,6 +171,15 @@ def idle_slots(path, n, timeout):
     print(f"{n} idle clients timed out; their slots serve new clients")
 
 
+def read_pending(path, flag):
+    s = client(path)
+    request(s, 0, 0, 4096, cookie=5)
+    with open(flag, "w") as f:
+        f.write("sent\n")
+    assert closed_within(s, 60), "not closed within 60 s"
+    print("the connection with a READ in the device was closed")
+
+
 def main():
     mode, path = sys.argv[1], sys.argv[2]
     args = sys.argv[3:]
@@ -182,6 +193,8 @@ def main():
         many(path, int(args[0]))
     elif mode == "idle":
         idle(path, float(args[0]))
+    elif mode == "read-pending":
+        read_pending(path, args[0])
     elif mode == "idle-slots":
         idle_slots(path, int(args[0]), float(args[1]))
     else:

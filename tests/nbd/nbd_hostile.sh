@@ -57,6 +57,26 @@ sb add null memory_backed=1 size=64 --name h2 --export nbd --export-opt socket="
 hostile idle "$work/idle.sock" 2 || fail "idle-timeout"
 hostile idle-slots "$work/idle.sock" 8 2 || fail "idle clients holding every slot"
 sb del h2 >/dev/null || fail "del h2"
+# 6. The control thread waits for the data plane only so long: a device
+# whose requests take 15 s (irqmode=2) is deleted while one is in it. `del`
+# fails after the 10 s bound naming the connection, the device stays, other
+# commands answer; once the request completed, `del` succeeds.
+sb add null size=16 irqmode=2 completion_nsec=15000000000 --name h3 --export nbd \
+  --export-opt socket="$work/slow.sock" >"$work/add" 2>&1 || fail "add h3: $(cat "$work/add")"
+hostile read-pending "$work/slow.sock" "$work/pending" &
+reader=$!
+for i in $(seq 100); do [ -s "$work/pending" ] && break; sleep 0.1; done
+sleep 0.5
+t0=$(date +%s%N)
+sb del h3 >"$work/del" 2>&1 && fail "del returned success with a request still in the device"
+ms=$((($(date +%s%N) - t0) / 1000000))
+echo "del with a request in the device for 15 s gave up after $ms ms: $(cat "$work/del")"
+[ "$ms" -lt 15000 ] || fail "del waited $ms ms"
+grep -q "still open" "$work/del" || fail "del's error does not say why: $(cat "$work/del")"
+sb list | grep -q '^h3 ' || fail "h3 is gone after a failed del"
+wait "$reader" || fail "the connection was not closed"
+sb del h3 >"$work/del" 2>&1 || fail "second del of h3: $(cat "$work/del")"
+[ -e "$work/slow.sock" ] && fail "slow.sock left after the last export"
 kill -0 "$pid" || fail "the daemon died"
 [ "$(daemon_pid)" = "$pid" ] || fail "the daemon was restarted"
 echo "PASS"
