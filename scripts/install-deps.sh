@@ -16,7 +16,7 @@ packages=(
   # VM lab
   qemu-system-x86 busybox-static cpio zstd xz-utils squashfs-tools nbd-client btrfs-progs f2fs-tools
   # fuzzing
-  clang libclang-rt-14-dev
+  clang libclang-rt-14-dev clang-16 libc++-16-dev libc++abi-16-dev libclang-rt-16-dev
 )
 
 missing=()

@@ -70,12 +70,18 @@ std::string export_summary(const json& exp)
                            exp.value("state", std::string("?")), exp.value("daemon_pid", -1),
                            exp.value("queues", 0u), exp.value("depth", 0u));
     }
+    std::string summary = type;
     for (const char* key : {"loop", "device", "uri", "file", "socket"}) {
         if (exp.contains(key) && exp[key].is_string()) {
-            return fmt::format("{} {}", type, exp[key].get<std::string>());
+            summary = fmt::format("{} {}", type, exp[key].get<std::string>());
+            break;
         }
     }
-    return type;
+    // What the export wants a person to know (an NBD listener without TLS).
+    if (exp.contains("warning") && exp["warning"].is_string()) {
+        summary += fmt::format(" ({})", exp["warning"].get<std::string>());
+    }
+    return summary;
 }
 
 std::string dump(const json& value)
