@@ -21,6 +21,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -33,6 +34,8 @@ struct io_uring;
 struct io_uring_sqe;
 
 namespace softblk {
+
+class backing_file;
 
 // How to open a backing file.
 struct backing_file_options {
@@ -47,6 +50,12 @@ struct backing_file_options {
     uint64_t grow_to = 0;
 };
 
+// The caller's checks of an opened file (block size, size), run after it is
+// opened and measured (sizes and block sizes; not yet its descriptors) and
+// before it is grown. An error is returned from open() and undoes the
+// creation.
+using backing_file_check = std::function<result<void>(const backing_file&)>;
+
 // A file or block device opened for the engine. Owns its descriptors and
 // its flock; closing (destruction) releases both. Not copyable.
 class backing_file {
@@ -56,9 +65,11 @@ public:
     // writable, shared when read-only) and, on a file system that refuses
     // O_DIRECT, nothing: it falls back to buffered I/O and says why in
     // direct_refused(). Errors name the path and the cause; on error nothing
-    // was created, grown or truncated. Control thread.
+    // was created, grown or truncated. `check` (optional) vets the file
+    // before it is grown. Control thread.
     static result<std::unique_ptr<backing_file>> open(const std::string& path,
-                                                      const backing_file_options& options);
+                                                      const backing_file_options& options,
+                                                      const backing_file_check& check = {});
     ~backing_file();
     backing_file(const backing_file&) = delete;
     backing_file& operator=(const backing_file&) = delete;
@@ -160,13 +171,20 @@ public:
     // (PUNCH_HOLE; a block device's write-zeroes-with-unmap), otherwise it
     // stays allocated (ZERO_RANGE, emulated by punch + allocate where the
     // file system refuses it; a block device's BLKZEROOUT).
+    // `fast_only` (NBD's FAST_ZERO): a block device that would write the
+    // zeros itself fails the request with -EOPNOTSUPP instead (on a file,
+    // fallocate is always metadata only).
     void write_zeroes(io_request& r, unsigned file, uint64_t file_offset, uint64_t length,
-                      bool unmap);
+                      bool unmap, bool fast_only = false);
     // Discard: PUNCH_HOLE on a file, BLKDISCARD on a block device.
     void discard(io_request& r, unsigned file, uint64_t file_offset, uint64_t length);
     // fallocate(2) with any mode (for targets that need more than the above,
     // e.g. preallocation); completes with 0 or -errno.
     void fallocate(io_request& r, unsigned file, int mode, uint64_t file_offset, uint64_t length);
+
+    // Completes `r` with `error` at once (an operation the caller does not
+    // serve), through the sink as every other completion.
+    void refuse(io_request& r, int error) { _sink.complete(r, error); }
 
     // Submits what was queued, reaps completions and completes their
     // requests through the sink. Returns how many requests it completed.

@@ -223,6 +223,12 @@ int run_list(bool json_output)
                    fmt::format("{}+{}", d.value("submit_queues", 0u), d.value("poll_queues", 0u)),
                    d.value("queue_depth", 0u), human_bytes(d.value("memory_bytes", uint64_t{0})),
                    state, export_summary(d.value("export", json::object())));
+        // What a target wants its user to see (the file target's O_DIRECT
+        // fall-back): one indented line under the row.
+        const json target = d.value("target", json::object());
+        if (target.is_object() && target.contains("notice") && target["notice"].is_string()) {
+            fmt::print("  {}\n", target["notice"].get<std::string>());
+        }
     }
     return 0;
 }

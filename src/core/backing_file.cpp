@@ -92,6 +92,12 @@ bool power_of_two(uint64_t v)
 
 backing_file::~backing_file()
 {
+    // Unlock explicitly: an io_uring that had the descriptors registered
+    // may drop its references only later (its teardown is asynchronous),
+    // and a device created next on this file must not find it locked.
+    if (_buffered_fd >= 0) {
+        ::flock(_buffered_fd, LOCK_UN);
+    }
     if (_buffered_fd >= 0 && _buffered_fd != _fd) {
         ::close(_buffered_fd);
     }
@@ -101,7 +107,8 @@ backing_file::~backing_file()
 }
 
 result<std::unique_ptr<backing_file>> backing_file::open(const std::string& path,
-                                                         const backing_file_options& options)
+                                                         const backing_file_options& options,
+                                                         const backing_file_check& check)
 {
     if (path.empty() || path.front() != '/') {
         return make_error(EINVAL, fmt::format("path={}: give an absolute path (the daemon opens "
@@ -285,6 +292,11 @@ result<std::unique_ptr<backing_file>> backing_file::open(const std::string& path
         f->_mem_align = 1;
     }
 
+    if (check) {
+        if (auto ok = check(*f); !ok) {
+            return std::unexpected(ok.error());
+        }
+    }
     if (options.create && options.grow_to > f->_size) {
         if (f->_block_device) {
             return make_error(EINVAL,

@@ -192,6 +192,10 @@ result<void> file_ring::setup(ring_mode mode)
 void file_ring::teardown()
 {
     if (_ring_ready) {
+        // Give the files back now: the ring's own teardown runs later in a
+        // kernel worker, and until then it would hold them open (a block
+        // device's exclusive claim with them).
+        io_uring_unregister_files(_ring.get());
         io_uring_queue_exit(_ring.get());
         _ring_ready = false;
     }
@@ -325,13 +329,21 @@ void file_ring::fallocate(io_request& r, unsigned file, int mode, uint64_t file_
 }
 
 void file_ring::write_zeroes(io_request& r, unsigned file, uint64_t file_offset, uint64_t length,
-                             bool unmap)
+                             bool unmap, bool fast_only)
 {
     if (!admit(r)) {
         return;
     }
     const uint32_t len = static_cast<uint32_t>(length);
     const bool bdev = _files[file]->block_device();
+    if (bdev && fast_only) {
+        // Only the device's own write-zeroes is fast: PUNCH_HOLE on a block
+        // device never falls back to writing zeros (BLKDEV_ZERO_NOFALLBACK).
+        set_state(r, file_offset, len, file, k_fallocate,
+                  FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE);
+        start_fallocate(r, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, file_offset, len);
+        return;
+    }
     if (unmap) {
         // Deallocating is the cheapest way to zero: a hole in a file, an
         // unmapping write-zeroes on a block device (which refuses rather
