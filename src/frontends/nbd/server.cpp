@@ -11,6 +11,7 @@
 #include <liburing.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <netinet/tcp.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -220,6 +221,9 @@ struct queue_binding {
     io_queue* queue = nullptr;
     unsigned users = 0;
     op_fifo waiting;  // ops that found no free tag
+    // A multishot poll on queue->event_fd() is in the loop's ring (targets
+    // that complete on a descriptor, e.g. the file target's io_uring).
+    bool event_poll_armed = false;
 };
 
 enum class phase : uint8_t { handshake, tls_handshake, transmission };
@@ -400,6 +404,8 @@ private:
 
     queue_binding* bind(server_export& exp);
     void unbind(queue_binding* b);
+    // The binding at `address` (a poll's user_data), or nullptr.
+    queue_binding* binding_at(uintptr_t address) const;
 
     server& _srv;
     unsigned _index;
@@ -587,13 +593,23 @@ void event_loop::run()
         // When the device queues next have completions that no new request
         // brings (a completion timer, a throttle): the loop wakes then.
         uint64_t device_wake = deferred_wake;
-        bool device_fd = false;  // a queue whose target signals a descriptor
+        bool device_fd = false;  // a queue whose descriptor the ring does not watch
         for (auto& b : _bindings) {
             for (int round = 0; round < 4 && b->queue->process() != 0; ++round) {
             }
             if (b->queue->in_flight() != 0) {
                 device_wake = std::min(device_wake, b->queue->next_event_ns());
-                device_fd = device_fd || b->queue->event_fd() >= 0;
+                const int fd = b->queue->event_fd();
+                if (fd >= 0 && !b->event_poll_armed) {
+                    // The target completes on its own descriptor: the ring
+                    // watches it (multishot), so the loop sleeps until a
+                    // completion or a socket event, whichever comes first.
+                    io_uring_sqe* s = sqe();
+                    io_uring_prep_poll_multishot(s, fd, POLLIN);
+                    io_uring_sqe_set_data(s, make_user_data(b.get(), k_token_wake));
+                    b->event_poll_armed = true;
+                }
+                device_fd = device_fd || (fd >= 0 && !b->event_poll_armed);
             }
         }
         while (connection* c = _dirty) {
@@ -675,6 +691,16 @@ void event_loop::run()
                 if ((ud & ~uintptr_t{3}) == reinterpret_cast<uintptr_t>(&_handshake_ts)) {
                     on_handshake_timer();
                     break;
+                }
+                if (queue_binding* b = binding_at(ud & ~uintptr_t{3})) {
+                    // A device queue's descriptor: the loop's next pass
+                    // processes the queue. Re-armed there if the kernel
+                    // ended the multishot poll.
+                    b->event_poll_armed = (cqe->flags & IORING_CQE_F_MORE) != 0;
+                    break;
+                }
+                if ((ud & ~uintptr_t{3}) != reinterpret_cast<uintptr_t>(this)) {
+                    break;  // the poll of a binding that is gone
                 }
                 if (!_stopping) {
                     post_wake_read();
@@ -1200,12 +1226,29 @@ queue_binding* event_loop::bind(server_export& exp)
     return _bindings.back().get();
 }
 
+queue_binding* event_loop::binding_at(uintptr_t address) const
+{
+    for (const auto& b : _bindings) {
+        if (reinterpret_cast<uintptr_t>(b.get()) == address) {
+            return b.get();
+        }
+    }
+    return nullptr;
+}
+
 void event_loop::unbind(queue_binding* b)
 {
     if (--b->users != 0) {
         return;
     }
     assert(b->queue->in_flight() == 0);
+    if (b->event_poll_armed) {
+        // Both completions (the removal's and the poll's last) find no
+        // binding at this address and are dropped.
+        io_uring_sqe* s = sqe();
+        io_uring_prep_poll_remove(s, reinterpret_cast<uint64_t>(make_user_data(b, k_token_wake)));
+        io_uring_sqe_set_data(s, make_user_data(b, k_token_wake));
+    }
     for (auto it = _bindings.begin(); it != _bindings.end(); ++it) {
         if (it->get() == b) {
             _bindings.erase(it);
