@@ -194,9 +194,12 @@ public:
     // An eventfd registered with the ring: readable when poll() has
     // completions to reap. Stays the same for the ring's life.
     int event_fd() const { return _event_fd; }
-    // 0 when requests are queued but not submitted yet (the owner must call
-    // poll() now), UINT64_MAX otherwise.
-    uint64_t next_wakeup_ns() const { return _unsubmitted != 0 ? 0 : UINT64_MAX; }
+    // 0 when poll() has work now (requests queued but not submitted yet,
+    // completions waiting), UINT64_MAX otherwise: then the owner sleeps on
+    // event_fd(). Owners call it before each sleep (the queue's
+    // next_event_ns and wait do); it resets the eventfd, so that a
+    // level-triggered sleep does not wake for completions already reaped.
+    uint64_t next_wakeup_ns() const;
     ring_mode mode() const { return _mode; }
 
 private:
@@ -215,6 +218,7 @@ private:
     void on_cqe(io_request& r, int res);
     void finish(io_request& r, int result);
     void submit_queued();
+    void drain_event_fd() const;
 
     std::vector<backing_file*> _files;
     std::vector<int> _registered;  // fixed-file table: [direct, buffered] per file

@@ -569,10 +569,6 @@ unsigned file_ring::poll()
     if (_in_flight == 0 || !owner_ok()) {
         return 0;
     }
-    // Reset the eventfd before reaping: a completion that lands after this
-    // read signals it again, so the owner never sleeps on one it missed.
-    uint64_t ticks = 0;
-    [[maybe_unused]] ssize_t n = ::read(_event_fd, &ticks, sizeof ticks);
     io_uring* ring = _ring.get();
     if (_unsubmitted != 0) {
         submit_queued();
@@ -611,9 +607,39 @@ unsigned file_ring::poll()
     // submitted from completion callbacks go out now.
     submit_queued();
     if (_in_flight == 0) {
-        n = ::read(_event_fd, &ticks, sizeof ticks);
+        // Idle: owners sleep on the eventfd with nothing else to wake them,
+        // so it must not stay readable (next_wakeup_ns is not asked then).
+        drain_event_fd();
     }
     return static_cast<unsigned>(_finished - finished_before);
+}
+
+void file_ring::drain_event_fd() const
+{
+    uint64_t ticks = 0;
+    [[maybe_unused]] const ssize_t n = ::read(_event_fd, &ticks, sizeof ticks);
+}
+
+uint64_t file_ring::next_wakeup_ns() const
+{
+    if (_unsubmitted != 0) {
+        return 0;
+    }
+    if (_in_flight == 0 || !_ring_ready) {
+        return UINT64_MAX;
+    }
+    // The owner asks before it sleeps: reset the eventfd, then look for
+    // completions that arrived since the last poll(). One that lands after
+    // the read signals the eventfd again, so none is slept through; and the
+    // read costs a system call per sleep, not per poll().
+    drain_event_fd();
+    io_uring* ring = _ring.get();
+    if (io_uring_cq_ready(ring) != 0 ||
+        (_mode != ring_mode::plain && (IO_URING_READ_ONCE(*ring->sq.kflags) &
+                                       (IORING_SQ_TASKRUN | IORING_SQ_CQ_OVERFLOW)) != 0)) {
+        return 0;
+    }
+    return UINT64_MAX;
 }
 
 // ---------------------------------------------------------------- allocation map
