@@ -149,10 +149,13 @@ public:
     // A ring for up to `depth` requests at once (more are accepted and
     // queued in the submission ring as it drains) over `files` (which must
     // outlive the ring), completing to `sink`. `stats` is shared by the
-    // rings of one target. Control thread.
+    // rings of one target. `best`: the most capable mode to try; the ring
+    // falls back to the next ones the kernel has (defer_taskrun, then
+    // coop_taskrun, then plain). Control thread.
     static result<std::unique_ptr<file_ring>> create(std::span<backing_file* const> files,
                                                      unsigned depth, completion_sink& sink,
-                                                     file_engine_stats& stats);
+                                                     file_engine_stats& stats,
+                                                     ring_mode best = ring_mode::defer_taskrun);
     ~file_ring();
     file_ring(const file_ring&) = delete;
     file_ring& operator=(const file_ring&) = delete;

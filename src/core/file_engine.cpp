@@ -120,21 +120,21 @@ file_ring::file_ring(std::span<backing_file* const> files, unsigned depth, compl
 
 result<std::unique_ptr<file_ring>> file_ring::create(std::span<backing_file* const> files,
                                                      unsigned depth, completion_sink& sink,
-                                                     file_engine_stats& stats)
+                                                     file_engine_stats& stats, ring_mode best)
 {
     std::unique_ptr<file_ring> r(new file_ring(files, std::max(depth, 1u), sink, stats));
     r->_event_fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (r->_event_fd < 0) {
         return make_error(errno, fmt::format("eventfd: {}", std::strerror(errno)));
     }
-    // The best mode the kernel has: DEFER_TASKRUN (completions are run only
-    // when the owner asks, never interrupting it) needs 6.1, COOP_TASKRUN 5.19.
-    result<void> made = r->setup(ring_mode::defer_taskrun);
-    if (!made) {
-        made = r->setup(ring_mode::coop_taskrun);
-    }
-    if (!made) {
-        made = r->setup(ring_mode::plain);
+    // The best mode asked for that the kernel has: DEFER_TASKRUN (completions
+    // are run only when the owner asks, never interrupting it) needs 6.1,
+    // COOP_TASKRUN 5.19.
+    result<void> made = make_error(EINVAL, "no ring mode");
+    for (ring_mode m : {ring_mode::defer_taskrun, ring_mode::coop_taskrun, ring_mode::plain}) {
+        if (static_cast<uint8_t>(m) >= static_cast<uint8_t>(best) && !made) {
+            made = r->setup(m);
+        }
     }
     if (!made) {
         return std::unexpected(made.error());

@@ -201,6 +201,26 @@ TEST_F(file_target_test, BadInputIsAClearErrorAndCreatesNothing)
 
     msg = refused({"path=disk.img"});
     EXPECT_NE(msg.find("absolute"), std::string::npos) << msg;
+
+    msg = refused({"path=" + small, "io_uring_mode=fast"});
+    EXPECT_NE(msg.find("io_uring_mode=fast"), std::string::npos) << msg;
+}
+
+TEST_F(file_target_test, EveryRingModeServes)
+{
+    const std::string img = path("modes.img");
+    make_file(img, 4 << 20);
+    for (const char* mode : {"defer_taskrun", "coop_taskrun", "plain"}) {
+        auto d = make({"path=" + img, std::string("io_uring_mode=") + mode});
+        ASSERT_TRUE(d);
+        auto w = pattern(65536, 9);
+        ASSERT_EQ(d->execute(io_op::write, 65536, 65536, w.data()), 65536);
+        std::vector<char> r(65536);
+        ASSERT_EQ(d->execute(io_op::read, 65536, 65536, r.data()), 65536);
+        EXPECT_EQ(r, w);
+        // The mode the kernel gave (this one has all three since 6.1).
+        EXPECT_EQ(describe(*d)["target"]["ring_mode"], mode);
+    }
 }
 
 TEST_F(file_target_test, TwoDevicesOnOneFileOnlyWhenBothReadOnly)

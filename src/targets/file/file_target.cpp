@@ -62,6 +62,13 @@ constexpr option_def k_file_options[] = {
      .min = 0,
      .max = 4096,
      .alias = "bs"},
+    {.name = "io_uring_mode",
+     .kind = option_kind::text,
+     .default_value = "defer_taskrun",
+     .unit = "",
+     .help = "how each queue's io_uring runs completions: defer_taskrun (only when the queue's "
+             "thread asks), coop_taskrun or plain; a mode the kernel lacks falls back to the "
+             "next"},
 };
 
 // Per-queue half: one ring, driven by the queue's thread.
@@ -85,8 +92,12 @@ private:
 class file_target final : public target {
 public:
     file_target(std::unique_ptr<backing_file> file, const block_limits& limits, unsigned depth,
-                bool buffered_io)
-        : _file(std::move(file)), _limits(limits), _depth(depth), _buffered_io(buffered_io)
+                bool buffered_io, ring_mode mode)
+        : _file(std::move(file)),
+          _limits(limits),
+          _depth(depth),
+          _buffered_io(buffered_io),
+          _asked_mode(mode)
     {
     }
 
@@ -95,7 +106,7 @@ public:
     result<std::unique_ptr<target_queue>> open_queue(unsigned, completion_sink& sink) override
     {
         backing_file* files[] = {_file.get()};
-        auto ring = file_ring::create(files, _depth, sink, _stats);
+        auto ring = file_ring::create(files, _depth, sink, _stats, _asked_mode);
         if (!ring) {
             return make_error(ring.error().code.value(),
                               fmt::format("path={}: {}", _file->path(), ring.error().message));
@@ -140,6 +151,7 @@ private:
     block_limits _limits;
     unsigned _depth;
     bool _buffered_io;
+    ring_mode _asked_mode;
     file_engine_stats _stats;
     std::atomic<uint8_t> _ring_mode{static_cast<uint8_t>(ring_mode::plain)};
 };
@@ -178,6 +190,17 @@ result<std::unique_ptr<target>> create_file(const option_set& o)
         return make_error(EINVAL,
                           "path: the file target needs path=IMAGE (an image file or a "
                           "block device)");
+    }
+    ring_mode mode = ring_mode::defer_taskrun;
+    const std::string& mode_text = o.text("io_uring_mode");
+    if (mode_text == "coop_taskrun") {
+        mode = ring_mode::coop_taskrun;
+    } else if (mode_text == "plain") {
+        mode = ring_mode::plain;
+    } else if (mode_text != "defer_taskrun") {
+        return make_error(EINVAL, fmt::format("io_uring_mode={}: give defer_taskrun, coop_taskrun "
+                                              "or plain",
+                                              mode_text));
     }
     auto size = parse_size(o.text("size"));
     if (!size) {
@@ -272,8 +295,9 @@ result<std::unique_ptr<target>> create_file(const option_set& o)
     lim.fua = !fo.read_only;
     lim.read_only = fo.read_only;
     lim.rotational = false;
-    return std::make_unique<file_target>(
-        std::move(*file), lim, static_cast<unsigned>(o.u64("hw_queue_depth")), fo.buffered_io);
+    return std::make_unique<file_target>(std::move(*file), lim,
+                                         static_cast<unsigned>(o.u64("hw_queue_depth")),
+                                         fo.buffered_io, mode);
 }
 
 [[maybe_unused]] const bool k_registered = register_target_type(target_type{
