@@ -5,6 +5,8 @@
 // nothing is ever truncated).
 #include <softblk/file_engine.hpp>
 
+#include "core/fd_guard.hpp"
+
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -24,22 +26,7 @@ namespace softblk {
 
 namespace {
 
-// Closes a descriptor when the scope ends unless released.
-struct fd_guard {
-    int fd = -1;
-    ~fd_guard()
-    {
-        if (fd >= 0) {
-            ::close(fd);
-        }
-    }
-    int release()
-    {
-        const int f = fd;
-        fd = -1;
-        return f;
-    }
-};
+using core::fd_guard;
 
 // A number from a sysfs attribute of block device `dev`; `fallback` when it
 // cannot be read.

@@ -41,17 +41,9 @@ protected:
         EXPECT_TRUE(d.has_value()) << (d ? "" : d.error().message);
         return d ? std::move(*d) : nullptr;
     }
-    std::string refused(std::vector<std::string> options, int* code = nullptr)
+    static std::string refused(std::vector<std::string> options, int* code = nullptr)
     {
-        auto d = device::create("filetest", "file", options);
-        EXPECT_FALSE(d.has_value()) << "created with options that should be refused";
-        if (d) {
-            return {};
-        }
-        if (code != nullptr) {
-            *code = d.error().code.value();
-        }
-        return d.error().message;
+        return create_error(std::move(options), code, "file");
     }
     static bool exists(const std::string& p) { return ::access(p.c_str(), F_OK) == 0; }
     static uint64_t file_size(const std::string& p)

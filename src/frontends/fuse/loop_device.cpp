@@ -1,5 +1,7 @@
 #include "loop_device.hpp"
 
+#include "core/fd_guard.hpp"
+
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -17,16 +19,7 @@ namespace softblk::fuse {
 
 namespace {
 
-// Closes a file descriptor when it goes out of scope.
-struct fd_guard {
-    int fd = -1;
-    ~fd_guard()
-    {
-        if (fd >= 0) {
-            ::close(fd);
-        }
-    }
-};
+using core::fd_guard;
 
 std::string read_sysfs_line(const std::string& path)
 {
