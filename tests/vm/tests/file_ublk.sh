@@ -5,6 +5,8 @@
 #  - `softblk add file path=IMAGE size=512M create=1` makes /dev/ublkbN;
 #    `softblk list` shows it; direct I/O is used (no notice);
 #  - fio write + verify (crc32c) through the device;
+#  - blkdiscard frees space in the image (a hole) and reads back zeros;
+#    blkdiscard -z (write zeroes) reads back zeros;
 #  - mkfs.xfs on the device, files copied in, xfs_repair -n clean, and the
 #    image file itself passes xfs_repair -n after the device is deleted;
 #  - kill -9 of the daemon under fio with recovery=reissue: the next daemon
@@ -14,7 +16,7 @@
 #    truncation): the data is still there.
 set -euo pipefail
 . /softblk-vm/lib.sh
-vm_require_tool softblk fio mkfs.ext4 mkfs.xfs xfs_repair sha256sum
+vm_require_tool softblk fio mkfs.ext4 mkfs.xfs xfs_repair sha256sum blkdiscard
 modprobe ublk_drv || vm_skip "no ublk_drv in this kernel"
 vm_wait_for /dev/ublk-control
 vm_require_module brd rd_nr=1 rd_size=786432
@@ -56,6 +58,20 @@ fio --name=verify --filename="$dev" --direct=1 --ioengine=io_uring --iodepth=32 
   --bsrange=4k-128k --size=96M --verify=crc32c --verify_fatal=1 --output-format=terse >/tmp/fio-verify.txt ||
   { cat /tmp/fio-verify.txt; vm_fail "fio verify failed"; }
 echo "ok: fio write + verify"
+
+vm_step "discard punches the image, write zeroes reads back zeros"
+dd if=/dev/zero of=/tmp/zero16 bs=1M count=16 status=none
+sync
+before=$(stat -c %b "$img")
+blkdiscard -o 0 -l 16M "$dev" || vm_fail "blkdiscard on $dev"
+after=$(stat -c %b "$img")
+[ "$after" -lt "$before" ] || vm_fail "discard did not free space in the image ($before -> $after blocks)"
+dd if="$dev" of=/tmp/back16 bs=1M count=16 iflag=direct status=none
+cmp /tmp/back16 /tmp/zero16 || vm_fail "discarded range does not read as zeros"
+blkdiscard -z -o 16M -l 16M "$dev" || vm_fail "blkdiscard -z (write zeroes) on $dev"
+dd if="$dev" of=/tmp/back16 bs=1M skip=16 count=16 iflag=direct status=none
+cmp /tmp/back16 /tmp/zero16 || vm_fail "zeroed range does not read as zeros"
+echo "ok: discard freed $(((before - after) / 2)) KiB; write zeroes"
 
 vm_step "mkfs.xfs + xfs_repair"
 mkfs.xfs -q -f "$dev"
