@@ -114,7 +114,9 @@ echo "ok: errors"
 note "softblk fat on a file device"
 if command -v fsck.fat >/dev/null && command -v mtype >/dev/null; then
   fat=$work/fat.img
-  out=$(sb add file "path=$fat" size=64M create=1 --export nbd --name fat0 2>&1) || fail "add fat0: $out"
+  # The friendly --size flag gives the file target its byte size.
+  out=$(sb add file "path=$fat" --size 64M create=1 --export nbd --name fat0 2>&1) || fail "add fat0: $out"
+  [ "$(stat -c %s "$fat")" = $((64 << 20)) ] || fail "--size 64M did not make a 64 MiB image"
   sb fat mkfs softblk:fat0 -n FILEDEV >/dev/null || fail "fat mkfs"
   sb fat cp softblk:fat0 "$work/data.bin" ::/data.bin || fail "fat cp"
   sb del fat0 >/dev/null || fail "del fat0"
