@@ -87,7 +87,10 @@ median() { tr ' ' '\n' <<<"$1" | grep . | sort -g | awk '{v[NR] = $1} END {print
 # One image with data in every block, copied for each server, so that all
 # read the same allocated data.
 head -c $((size_mib << 20)) /dev/urandom >"$work/base.img"
-copy() { cp "$work/base.img" "$work/$1.img"; }
+# Written back before use: a direct read of a range with dirty pages must
+# write them back first (and io_uring hands such reads to a worker), which
+# would tax the O_DIRECT servers for the copy, not for serving.
+copy() { cp "$work/base.img" "$work/$1.img"; sync "$work/$1.img"; }
 daemon_pid() { cat "$SOFTBLK_RUN_DIR/daemon.pid"; }
 
 # ---------------------------------------------------------------- NBD
