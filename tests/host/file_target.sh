@@ -6,7 +6,8 @@
 #   - restart: the daemon killed with SIGKILL, then shut down cleanly: each
 #     time the next daemon re-opens the file (not re-created, not
 #     truncated) and the data is still there;
-#   - FUSE + loop (root): mkfs.ext4 on the loop device, files copied in,
+#   - FUSE + loop (root): lseek SEEK_DATA/SEEK_HOLE on the FUSE file shows
+#     the image's holes; mkfs.ext4 on the loop device, files copied in,
 #     e2fsck -fn clean, then e2fsck -fn of the image file itself;
 #   - `softblk fat` on a file device: fsck.fat -n and mtools on the image;
 #   - bad input through the CLI: errors name the path, nothing is created.
@@ -136,6 +137,23 @@ else
   out=$(sb add file "path=$ext" size=256M create=1 --export fuse --name e0 2>&1) || fail "add e0: $out"
   loop=$(awk '$1 == "loop:" {print $2}' <<<"$out")
   [ -b "$loop" ] || fail "no loop device in: $out"
+  # FUSE lseek: the new sparse image is one hole until data is written.
+  fuse_file=$(awk '$1 == "file:" {print $2}' <<<"$out")
+  [ -f "$fuse_file" ] || fail "no FUSE file in: $out"
+  /usr/bin/python3 - "$fuse_file" <<'EOF' || fail "FUSE lseek(SEEK_DATA/SEEK_HOLE) does not show the image's holes"
+import errno, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR)
+assert os.lseek(fd, 0, os.SEEK_HOLE) == 0
+try:
+    os.lseek(fd, 0, os.SEEK_DATA)
+    raise SystemExit("data found in a new sparse image")
+except OSError as e:
+    assert e.errno == errno.ENXIO, e
+os.pwrite(fd, b"x" * 4096, 1 << 20)
+os.fsync(fd)
+assert os.lseek(fd, 0, os.SEEK_DATA) == 1 << 20
+assert os.lseek(fd, 1 << 20, os.SEEK_HOLE) == (1 << 20) + 4096
+EOF
   mkfs.ext4 -q -F "$loop" || fail "mkfs.ext4"
   mkdir -p "$work/mnt"
   mount "$loop" "$work/mnt" || fail "mount"
