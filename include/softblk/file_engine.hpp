@@ -85,6 +85,10 @@ public:
     // or when buffered_io=1).
     const std::string& direct_refused() const { return _direct_refused; }
     bool block_device() const { return _block_device; }
+    // The file lives in RAM (tmpfs, ramfs): such files have no
+    // FMODE_NOWAIT, so io_uring would hand every request on them to a
+    // worker thread; the ring copies their data with pread/pwrite instead.
+    bool memory_file_system() const { return _memory_fs; }
     bool read_only() const { return _read_only; }
     // Size in bytes (after growing), for a block device its capacity.
     uint64_t size() const { return _size; }
@@ -110,6 +114,7 @@ private:
     bool _direct = false;
     std::string _direct_refused;
     bool _block_device = false;
+    bool _memory_fs = false;
     bool _read_only = false;
     uint64_t _size = 0;
     uint32_t _min_block = 512;
@@ -126,9 +131,10 @@ struct file_engine_stats {
     std::atomic<uint64_t> unaligned_buffered{0};   // requests sent to buffered_fd()
     std::atomic<uint64_t> zero_range_emulated{0};  // ZERO_RANGE refused: punch + allocate
     std::atomic<uint64_t> sync_discards{0};        // block-device discards run as a blocking ioctl
-    std::atomic<uint64_t> ring_handovers{0};       // single-issuer rings rebuilt for a new thread
-    std::atomic<bool> no_zero_range{false};        // the file system refused FALLOC_FL_ZERO_RANGE
-    std::atomic<bool> no_uring_discard{false};     // the kernel has no BLOCK_URING_CMD_DISCARD
+    std::atomic<uint64_t> memory_copies{0};   // reads/writes on tmpfs/ramfs done with pread/pwrite
+    std::atomic<uint64_t> ring_handovers{0};  // single-issuer rings rebuilt for a new thread
+    std::atomic<bool> no_zero_range{false};   // the file system refused FALLOC_FL_ZERO_RANGE
+    std::atomic<bool> no_uring_discard{false};  // the kernel has no BLOCK_URING_CMD_DISCARD
 };
 
 // How a ring was set up (for describe() and the tests).
@@ -216,6 +222,7 @@ private:
     void start_discard(io_request& r, unsigned file, uint64_t file_offset, uint64_t length);
     io_uring_sqe* next_sqe();
     void start_rw(io_request& r);
+    void copy_rw(io_request& r);
     void start_fallocate(io_request& r, int mode, uint64_t offset, uint64_t length);
     void start_discard_bdev(io_request& r);
     void on_cqe(io_request& r, int res);

@@ -240,6 +240,11 @@ result<std::unique_ptr<backing_file>> backing_file::open(const std::string& path
                                  ? static_cast<uint32_t>(st.st_blksize)
                                  : 4096;
         f->_max_discard = options.read_only ? 0 : UINT32_MAX;
+        struct statfs fs {};
+        if (::fstatfs(buffered.fd, &fs) == 0) {
+            const auto type = static_cast<unsigned long>(fs.f_type);
+            f->_memory_fs = type == TMPFS_MAGIC || type == RAMFS_MAGIC;
+        }
         if (direct.fd >= 0) {
             struct statx sx {};
             if (::statx(direct.fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) == 0 &&

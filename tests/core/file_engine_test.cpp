@@ -15,7 +15,9 @@
 #include <poll.h>
 #include <string>
 #include <sys/mount.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/wait.h>
 #include <thread>
 #include <unistd.h>
@@ -534,6 +536,42 @@ TEST(FileRing, ZeroRangeIsEmulatedWhereTheFileSystemLacksIt)
     EXPECT_EQ(allocated_bytes(*f), before) << "punch + allocate leaves the range allocated";
     ASSERT_EQ(t.read(0, r.data, 65536), 65536);
     EXPECT_EQ(std::memcmp(r.data, zeros.data, 65536), 0);
+}
+
+TEST(FileRing, MemoryFileSystemIsCopiedWithoutTheRing)
+{
+    if (::geteuid() != 0) {
+        GTEST_SKIP() << "mounting tmpfs needs root";
+    }
+    temp_dir dir;
+    const std::string mnt = dir.mount("mem", "tmpfs", "size=16m");
+    if (mnt.empty()) {
+        GTEST_SKIP() << "cannot mount tmpfs: " << std::strerror(errno);
+    }
+    auto f = open_file(mnt + "/image", {.create = true, .grow_to = 4 << 20});
+    ASSERT_TRUE(f);
+    EXPECT_TRUE(f->memory_file_system());
+    ring_fixture t(*f);
+    aligned_buffer w(65536), r(65536);
+    fill(w.data, w.size, 10);
+    // Done inside the call: no ring round trip, no worker thread.
+    io_request req = ring_fixture::request(io_op::write, 0, 65536, w.data);
+    t.ring->write(req, 0, 0, true);
+    EXPECT_EQ(req.state, 1) << "a tmpfs write did not complete inside the call";
+    EXPECT_EQ(req.status, 65536);
+    EXPECT_EQ(t.read(0, r.data, 65536), 65536);
+    EXPECT_EQ(std::memcmp(w.data, r.data, 65536), 0);
+    EXPECT_EQ(t.stats.memory_copies.load(), 2u);
+    EXPECT_EQ(t.ring->in_flight(), 0u);
+    // A file on a disk's file system (the test's /tmp, unless that is
+    // tmpfs too) goes through the ring.
+    auto g = open_file(dir.file("disk.img"), {.create = true, .grow_to = 1 << 20});
+    ASSERT_TRUE(g);
+    struct statfs fs {};
+    ASSERT_EQ(::statfs(dir.path().c_str(), &fs), 0);
+    if (fs.f_type != TMPFS_MAGIC) {
+        EXPECT_FALSE(g->memory_file_system());
+    }
 }
 
 TEST(FileRing, EnospcFailsTheRequestAndTheRingKeepsServing)

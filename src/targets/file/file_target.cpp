@@ -143,6 +143,7 @@ public:
         out["unaligned_buffered"] = _stats.unaligned_buffered.load(std::memory_order_relaxed);
         out["zero_range_emulated"] = _stats.zero_range_emulated.load(std::memory_order_relaxed);
         out["sync_discards"] = _stats.sync_discards.load(std::memory_order_relaxed);
+        out["memory_copies"] = _stats.memory_copies.load(std::memory_order_relaxed);
         out["ring_handovers"] = _stats.ring_handovers.load(std::memory_order_relaxed);
     }
 
