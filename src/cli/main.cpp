@@ -224,6 +224,12 @@ int run_list(bool json_output)
                    limit == 0 ? human_bytes(used)
                               : fmt::format("{}/{}", human_bytes(used), human_bytes(limit)),
                    state, export_summary(d.value("export", json::object())));
+        // What a target wants its user to see (the file target's O_DIRECT
+        // fall-back): one indented line under the row.
+        const json target = d.value("target", json::object());
+        if (target.is_object() && target.contains("notice") && target["notice"].is_string()) {
+            fmt::print("  {}\n", target["notice"].get<std::string>());
+        }
     }
     if (daemon_memory.is_object()) {
         const uint64_t limit = daemon_memory.value("daemon_limit_bytes", uint64_t{0});

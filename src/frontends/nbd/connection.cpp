@@ -387,12 +387,28 @@ queue_binding* event_loop::bind(server_export& exp)
     return _bindings.back().get();
 }
 
+queue_binding* event_loop::binding_at(uintptr_t address) const
+{
+    for (const auto& b : _bindings) {
+        if (reinterpret_cast<uintptr_t>(b.get()) == address) {
+            return b.get();
+        }
+    }
+    return nullptr;
+}
+
 void event_loop::unbind(queue_binding* b)
 {
     if (--b->users != 0) {
         return;
     }
     assert(b->queue->in_flight() == 0);
+    if (b->event_poll_armed) {
+        // The poll's last completion finds no binding at this address.
+        io_uring_sqe* s = sqe();
+        io_uring_prep_poll_remove(s, reinterpret_cast<uint64_t>(make_user_data(b, k_token_device)));
+        io_uring_sqe_set_data(s, make_user_data(this, k_token_ignore));
+    }
     for (auto it = _bindings.begin(); it != _bindings.end(); ++it) {
         if (it->get() == b) {
             _bindings.erase(it);

@@ -202,13 +202,23 @@ void event_loop::run()
         // When the device queues next have completions that no new request
         // brings (a completion timer, a throttle): the loop wakes then.
         uint64_t device_wake = deferred_wake;
-        bool device_fd = false;  // a queue whose target signals a descriptor
+        bool device_fd = false;  // a queue whose descriptor the ring does not watch
         for (auto& b : _bindings) {
             for (int round = 0; round < 4 && b->queue->process() != 0; ++round) {
             }
             if (b->queue->in_flight() != 0) {
                 device_wake = std::min(device_wake, b->queue->next_event_ns());
-                device_fd = device_fd || b->queue->event_fd() >= 0;
+                const int fd = b->queue->event_fd();
+                if (fd >= 0 && !b->event_poll_armed) {
+                    // The target completes on its own descriptor: the ring
+                    // watches it (multishot), so the loop sleeps until a
+                    // completion or a socket event, whichever comes first.
+                    io_uring_sqe* s = sqe();
+                    io_uring_prep_poll_multishot(s, fd, POLLIN);
+                    io_uring_sqe_set_data(s, make_user_data(b.get(), k_token_device));
+                    b->event_poll_armed = true;
+                }
+                device_fd = device_fd || (fd >= 0 && !b->event_poll_armed);
             }
         }
         while (connection* c = _dirty) {
@@ -300,6 +310,13 @@ void event_loop::run()
                 adopt_inbox();
                 if (_check_exports.exchange(false)) {
                     check_exports();
+                }
+                break;
+            case k_token_device:
+                // The next pass processes the queue; it re-arms the poll if
+                // the kernel ended it. A binding that is gone is not found.
+                if (queue_binding* b = binding_at(ud & ~k_token_mask)) {
+                    b->event_poll_armed = (cqe->flags & IORING_CQE_F_MORE) != 0;
                 }
                 break;
             case k_token_ignore:

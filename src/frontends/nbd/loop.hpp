@@ -56,6 +56,7 @@ enum token : uintptr_t {
     k_token_timer = 4,   // event_loop*: the connection timer
     k_token_hup = 5,     // connection*: the poll for a peer gone while input is blocked
     k_token_ignore = 6,  // cancellations: nothing to do
+    k_token_device = 7,  // queue_binding*: its device queue's event_fd() is readable
 };
 inline constexpr uintptr_t k_token_mask = 7;
 // TCP keepalive of accepted connections: the first probe after this long
@@ -258,6 +259,8 @@ private:
     void post_hup_poll(connection& c);
     void on_hup(connection& c, int res);
     queue_binding* bind(server_export& exp);
+    // The binding at `address` (a device poll's user_data), or nullptr.
+    queue_binding* binding_at(uintptr_t address) const;
     void unbind(queue_binding* b);
 
     // request.cpp: requests, from parsing to queuing the reply.

@@ -53,6 +53,9 @@ struct queue_binding {
     std::shared_ptr<server_export> exp;
     io_queue* queue = nullptr;
     unsigned users = 0;
+    // A multishot poll on queue->event_fd() is in the loop's ring (targets
+    // that complete on a descriptor, e.g. the file target's io_uring).
+    bool event_poll_armed = false;
 };
 
 }  // namespace softblk::nbd
