@@ -191,9 +191,10 @@ public:
     // e.g. preallocation); completes with 0 or -errno.
     void fallocate(io_request& r, unsigned file, int mode, uint64_t file_offset, uint64_t length);
 
-    // Completes `r` with `error` at once (an operation the caller does not
-    // serve), through the sink as every other completion.
-    void refuse(io_request& r, int error) { _sink.complete(r, error); }
+    // Completes `r` at once with `result` (bytes, entries or a negative
+    // errno: an operation answered without the ring, or one the caller does
+    // not serve), through the sink as every other completion.
+    void complete_now(io_request& r, int result) { _sink.complete(r, result); }
 
     // Submits what was queued, reaps completions and completes their
     // requests through the sink. Returns how many requests it completed.

@@ -88,6 +88,25 @@ int queue_impl::plan(bio& b) const
         }
         return 0;
     };
+    // Anything that would change a read-only device is refused first, as
+    // the block layer does (bio_check_ro), whatever the target offers.
+    switch (b.op) {
+    case io_op::write:
+    case io_op::discard:
+    case io_op::write_zeroes:
+    case io_op::zone_open:
+    case io_op::zone_close:
+    case io_op::zone_finish:
+    case io_op::zone_reset:
+    case io_op::zone_reset_all:
+    case io_op::zone_append:
+        if (lim.read_only) {
+            return -EPERM;
+        }
+        break;
+    default:
+        break;
+    }
     const uint32_t transfer_max = piece_limit(
         lim.max_transfer_bytes != 0 ? lim.max_transfer_bytes : uint64_t{UINT32_MAX}, block);
 

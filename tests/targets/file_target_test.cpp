@@ -237,7 +237,8 @@ TEST_F(file_target_test, TwoDevicesOnOneFileOnlyWhenBothReadOnly)
     EXPECT_FALSE(a->limits().volatile_write_cache);
     std::vector<char> buf(4096);
     EXPECT_EQ(a->execute(io_op::write, 0, 4096, buf.data()), -EPERM);
-    EXPECT_EQ(a->execute(io_op::write_zeroes, 0, 4096, nullptr), -EOPNOTSUPP);
+    EXPECT_EQ(a->execute(io_op::write_zeroes, 0, 4096, nullptr), -EPERM);
+    EXPECT_EQ(a->execute(io_op::discard, 0, 4096, nullptr), -EPERM);
     EXPECT_EQ(b->execute(io_op::read, 0, 4096, buf.data()), 4096);
     refused({"path=" + img});
 }

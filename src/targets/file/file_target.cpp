@@ -74,7 +74,10 @@ constexpr option_def k_file_options[] = {
 // Per-queue half: one ring, driven by the queue's thread.
 class file_queue final : public target_queue {
 public:
-    explicit file_queue(std::unique_ptr<file_ring> ring) : _ring(std::move(ring)) {}
+    file_queue(target& file, std::unique_ptr<file_ring> ring)
+        : _file(file), _ring(std::move(ring))
+    {
+    }
 
     void submit(io_request& r) override;
     unsigned poll() override { return _ring->poll(); }
@@ -86,6 +89,7 @@ public:
     bool timed_out(io_request&) override { return false; }
 
 private:
+    target& _file;
     std::unique_ptr<file_ring> _ring;
 };
 
@@ -112,7 +116,7 @@ public:
                               fmt::format("path={}: {}", _file->path(), ring.error().message));
         }
         _ring_mode.store(static_cast<uint8_t>((*ring)->mode()), std::memory_order_relaxed);
-        return std::make_unique<file_queue>(std::move(*ring));
+        return std::make_unique<file_queue>(*this, std::move(*ring));
     }
 
     int map_extents(uint64_t offset, uint64_t length, std::vector<extent>& out) override
@@ -176,12 +180,16 @@ void file_queue::submit(io_request& r)
         _ring->write_zeroes(r, 0, r.offset, r.length, (r.flags & k_io_no_unmap) == 0,
                             (r.flags & k_io_fast_zero) != 0);
         return;
+    case io_op::report_extents:
+        // SEEK_DATA/SEEK_HOLE on the queue's thread: a few system calls.
+        _ring->complete_now(r, answer_report_extents(_file, r));
+        return;
     default:
         break;
     }
     // Zone operations: the core refuses them for a device that is not
     // zoned; here for a caller that skips its validation.
-    _ring->refuse(r, -EOPNOTSUPP);
+    _ring->complete_now(r, -EOPNOTSUPP);
 }
 
 result<std::unique_ptr<target>> create_file(const option_set& o)
