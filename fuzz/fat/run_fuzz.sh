@@ -19,8 +19,8 @@ src="$root/src/fs/fat"
 # The libFuzzer runtime itself is built against libstdc++: link both (no
 # standard-library types cross between it and the target).
 objs=""
-for f in "$here/mount_walk_fuzzer.cpp" "$src/block_device.cpp" "$src/format.cpp" "$src/names.cpp" \
-         "$src/sector_cache.cpp" "$src/volume.cpp"; do
+library=$(cmake -P "$src/sources.cmake" 2>&1 | sed "s|^|$src/|")
+for f in "$here/mount_walk_fuzzer.cpp" $library; do
     o="$build/$(basename "$f" .cpp).o"
     if [ ! -f "$o" ] || [ "$f" -nt "$o" ]; then
         "$cxx" -std=c++2b -stdlib=libc++ -O1 -g -fsanitize=fuzzer,address,undefined -DFMT_HEADER_ONLY=1 \
