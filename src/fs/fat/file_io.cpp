@@ -184,6 +184,12 @@ int volume_state::transfer_write(uint64_t pos, uint64_t len, const uint8_t* src,
             uint64_t bytes = count * g.bps;
             const uint8_t* from = src != nullptr ? src : zeros.data();
             int rc = 0;
+            if (opts.write_behind_bytes == mount_options::k_write_behind_auto) {
+                // Asked of the device at the first direct write, not at
+                // mount: a device may measure it, and read-only work never
+                // needs it.
+                opts.write_behind_bytes = dev.write_gather_bytes();
+            }
             if (bytes < opts.write_behind_bytes) {
                 if (pending_bytes != 0 &&
                     (sector * g.bps != pending_sector * g.bps + pending_bytes ||

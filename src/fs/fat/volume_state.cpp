@@ -37,9 +37,6 @@ std::vector<std::string> split_path(std::string_view path)
 
 volume_state::volume_state(block_device& d, const mount_options& o) : dev(d), opts(o)
 {
-    if (opts.write_behind_bytes == mount_options::k_write_behind_auto) {
-        opts.write_behind_bytes = dev.write_gather_bytes();
-    }
 }
 
 std::unexpected<error> volume_state::fail(int rc, std::string_view what)
