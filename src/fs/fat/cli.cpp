@@ -23,19 +23,8 @@
 
 #include <softblk/fat/block_device.hpp>
 #include <softblk/fat/volume.hpp>
-#if defined(SOFTBLK_FAT_HAVE_DEVICE)
-#include <softblk/fat/softblk_adapter.hpp>
-#endif
-#if defined(SOFTBLK_FAT_HAVE_NBD)
-#include <softblk/fat/nbd_adapter.hpp>
-#endif
-#if defined(SOFTBLK_FAT_HAVE_DAEMON)
-#include <nlohmann/json.hpp>
 
-#include "client.hpp"
-#include "run_dir.hpp"
-#endif
-
+#include "cli_target.hpp"
 #include "fuse_mount.hpp"
 
 namespace softblk::fat {
@@ -81,173 +70,6 @@ uint64_t parse_size(const std::string& text)
             fmt::format("size \"{}\": use a number with an optional K, M or G suffix", text));
     }
     return value * mult;
-}
-
-#if defined(SOFTBLK_FAT_HAVE_DAEMON)
-// A device hosted by the softblk daemon: asks the daemon (over its control
-// socket, `list`) where the device is exported and opens that export from
-// this process: a ublk block node or a FUSE-exported file (O_DIRECT where
-// aligned), or an NBD export through libnbd.
-std::unique_ptr<block_device> open_daemon_device(const std::string& name, bool read_only)
-{
-    const std::string spec = "softblk:" + name;
-    auto paths = softblk::cli::resolve_run_paths();
-    if (!paths) {
-        throw cli_error(fmt::format("{}: {}", spec, paths.error().message));
-    }
-    auto client = softblk::cli::control_client::connect(*paths, false);
-    if (!client) {
-        throw cli_error(fmt::format(
-            "{}: no softblk daemon answers at {} ({}); `softblk list` starts one (it brings "
-            "back the devices it kept) and shows the devices, `softblk add` creates one",
-            spec, paths->socket, client.error().message));
-    }
-    auto list = check(client->call("list", nlohmann::json::object()));
-    const nlohmann::json* found = nullptr;
-    std::string names;
-    for (const auto& d : list) {
-        std::string n = d.value("name", std::string());
-        if (n == name) {
-            found = &d;
-        }
-        names += names.empty() ? n : ", " + n;
-    }
-    if (found == nullptr) {
-        throw cli_error(
-            fmt::format("{}: the daemon at {} has no device \"{}\" (its devices: {}); create it "
-                        "with `softblk add null "
-                        "memory_backed=1 size=1024 --name {} --export nbd`, or write "
-                        "softblk:TYPE:OPTIONS for a device that "
-                        "lives only in this process",
-                        spec, paths->dir, name, names.empty() ? "none" : names, name));
-    }
-    const nlohmann::json& d = *found;
-    if (d.value("state", std::string()) != "running") {
-        throw cli_error(fmt::format("{}: the device is {} in the daemon: {} (see `softblk list`)",
-                                    spec, d.value("state", std::string("?")),
-                                    d.value("error", std::string("no reason"))));
-    }
-    const uint32_t block_size = d.value("logical_block_size", 512u);
-    const nlohmann::json exp = d.value("export", nlohmann::json::object());
-    const std::string type = exp.value("type", std::string("none"));
-    std::string recreate = fmt::format("softblk del {0} && softblk add {1}", name,
-                                       d.value("type", std::string("TYPE")));
-    for (const auto& o : d.value("options", nlohmann::json::array())) {
-        recreate += " " + o.get<std::string>();
-    }
-    recreate += fmt::format(" --name {} --export nbd", name);
-
-    auto open_path = [&](const std::string& key) -> result<std::unique_ptr<block_device>> {
-        std::string path = exp.value(key, std::string());
-        if (path.empty()) {
-            return make_error(ENOENT, fmt::format("the {} export names no {}", type, key));
-        }
-        auto dev = file_block_device::open(path, read_only, block_size, true);
-        if (!dev) {
-            return std::unexpected(dev.error());
-        }
-        return std::unique_ptr<block_device>(std::move(*dev));
-    };
-    if (type == "ublk") {
-        auto dev = open_path("block");
-        if (!dev) {
-            throw cli_error(fmt::format(
-                "{}: its ublk block device cannot be opened here: {} (ublk nodes belong to "
-                "root unless the export is unprivileged)",
-                spec, dev.error().message));
-        }
-        return std::move(*dev);
-    }
-    if (type == "fuse") {
-        // The file the daemon serves through FUSE: one hop less than its
-        // loop device, which sits on the same file.
-        auto dev = open_path("file");
-        if (!dev && exp.contains("loop")) {
-            dev = open_path("loop");
-        }
-        if (!dev) {
-            throw cli_error(
-                fmt::format("{}: its FUSE-exported file cannot be opened here: {} (the FUSE mount "
-                            "admits only the daemon's user; run as that user, or export the device "
-                            "over NBD: {})",
-                            spec, dev.error().message, recreate));
-        }
-        return std::move(*dev);
-    }
-    if (type == "nbd") {
-#if defined(SOFTBLK_FAT_HAVE_NBD)
-        std::string uri = exp.value("uri", std::string());
-        auto dev = nbd_block_device::connect(uri, read_only, block_size);
-        if (!dev) {
-            throw cli_error(fmt::format("{}: {}", spec, dev.error().message));
-        }
-        return std::unique_ptr<block_device>(std::move(*dev));
-#else
-        throw cli_error(fmt::format(
-            "{}: the device is exported over NBD, and this build has no libnbd (install "
-            "libnbd-dev and rebuild)",
-            spec));
-#endif
-    }
-    if (type == "none") {
-        throw cli_error(fmt::format(
-            "{}: the device has no export, so only the daemon can reach it; re-create it "
-            "with one (this loses its data): {}",
-            spec, recreate));
-    }
-    throw cli_error(
-        fmt::format("{}: its export ({}) cannot be opened by softblk fat; use an nbd, fuse or ublk "
-                    "export: {}",
-                    spec, type, recreate));
-}
-#endif
-
-// `softblk:TYPE:OPTIONS` is a fresh device of this process, `softblk:NAME`
-// a device of the daemon, anything else an image file or block device.
-std::unique_ptr<block_device> open_target(const std::string& spec, bool read_only,
-                                          uint64_t create_size = 0)
-{
-    if (spec.rfind("softblk:", 0) == 0) {
-        if (create_size != 0) {
-            throw cli_error(fmt::format(
-                "{}: --size applies to image files; a softblk device has its own size", spec));
-        }
-        std::string rest = spec.substr(8);
-        size_t colon = rest.find(':');
-        if (colon == std::string::npos) {
-#if defined(SOFTBLK_FAT_HAVE_DAEMON)
-            return open_daemon_device(rest, read_only);
-#else
-            throw cli_error(
-                fmt::format("{}: devices of the softblk daemon are not reachable from this build "
-                            "(built without src/cli)",
-                            spec));
-#endif
-        }
-#if defined(SOFTBLK_FAT_HAVE_DEVICE)
-        std::string type = rest.substr(0, colon);
-        std::vector<std::string> options;
-        std::string list = rest.substr(colon + 1);
-        size_t i = 0;
-        while (i <= list.size()) {
-            size_t j = list.find(',', i);
-            if (j == std::string::npos) {
-                j = list.size();
-            }
-            if (j > i) {
-                options.push_back(list.substr(i, j - i));
-            }
-            i = j + 1;
-        }
-        return check(softblk_block_device::create("fat0", type, options));
-#else
-        throw cli_error("softblk devices are not available in this build");
-#endif
-    }
-    if (create_size != 0) {
-        return check(file_block_device::create(spec, create_size));
-    }
-    return check(file_block_device::open(spec, read_only));
 }
 
 std::string inner(std::string p)
@@ -496,7 +318,7 @@ void list(volume& v, const std::string& path, bool long_format, bool recursive, 
 
 }  // namespace
 
-int cli_main(int argc, char** argv)
+int cli_main(int argc, char** argv, daemon_directory* daemon)
 {
     CLI::App app{"FAT12/16/32 file systems on image files and softblk devices", "softblk fat"};
     app.require_subcommand(1);
@@ -597,7 +419,7 @@ int cli_main(int argc, char** argv)
     try {
         if (mkfs->parsed()) {
             uint64_t size = size_text.empty() ? 0 : parse_size(size_text);
-            auto dev = open_target(target, false, size);
+            auto dev = check(detail::open_target(target, false, size, daemon));
             format_options o;
             if (fat_bits != 0) {
                 o.type = static_cast<fat_type>(fat_bits);
@@ -623,7 +445,7 @@ int cli_main(int argc, char** argv)
             }
             writes = is_inner(cp_args.back()) || !any_out;
         }
-        auto dev = open_target(target, !writes);
+        auto dev = check(detail::open_target(target, !writes, 0, daemon));
         if (mount->parsed() && mount_mkfs) {
             check(format(*dev, {}));
         }
