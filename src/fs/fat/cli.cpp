@@ -14,6 +14,7 @@
 #include <ctime>
 #include <fcntl.h>
 #include <filesystem>
+#include <functional>
 #include <stdexcept>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -23,6 +24,7 @@
 
 #include <softblk/fat/block_device.hpp>
 #include <softblk/fat/volume.hpp>
+#include <softblk/fat/walk.hpp>
 
 #include "cli_target.hpp"
 #include "fuse_mount.hpp"
@@ -189,23 +191,8 @@ void copy_host_to_image(volume& v, const std::string& host, const std::string& d
     (void)v.set_times(dst, st.st_mtime, st.st_atime);
 }
 
-void copy_image_to_host(volume& v, const std::string& src, const std::string& host, bool recursive)
+void copy_file_to_host(volume& v, const std::string& src, const std::string& host)
 {
-    auto st = check(v.stat(src));
-    if (st.is_directory) {
-        if (!recursive) {
-            throw cli_error(fmt::format("::{}: is a directory (use -r)", src));
-        }
-        std::error_code ec;
-        std::filesystem::create_directories(host, ec);
-        if (ec) {
-            throw cli_error(fmt::format("{}: {}", host, ec.message()));
-        }
-        for (auto& e : check(v.readdir(src))) {
-            copy_image_to_host(v, join(src, e.name), join(host, e.name), true);
-        }
-        return;
-    }
     auto f = check(v.open(src, k_open_read));
     int fd = ::open(host.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) {
@@ -232,21 +219,8 @@ void copy_image_to_host(volume& v, const std::string& src, const std::string& ho
     ::close(fd);
 }
 
-void copy_image_to_image(volume& v, const std::string& src, const std::string& dst, bool recursive)
+void copy_file_in_image(volume& v, const std::string& src, const std::string& dst)
 {
-    auto st = check(v.stat(src));
-    if (st.is_directory) {
-        if (!recursive) {
-            throw cli_error(fmt::format("::{}: is a directory (use -r)", src));
-        }
-        if (!v.stat(dst)) {
-            check(v.mkdir(dst));
-        }
-        for (auto& e : check(v.readdir(src))) {
-            copy_image_to_image(v, join(src, e.name), join(dst, e.name), true);
-        }
-        return;
-    }
     auto in = check(v.open(src, k_open_read));
     auto out = check(v.open(dst, k_open_write | k_open_create | k_open_truncate));
     std::vector<char> buf(k_copy_buffer);
@@ -267,35 +241,177 @@ void copy_image_to_image(volume& v, const std::string& src, const std::string& d
     }
 }
 
-void remove_tree(volume& v, const std::string& path)
-{
-    for (auto& e : check(v.readdir(path))) {
-        std::string child = join(path, e.name);
-        if (e.stat.is_directory) {
-            remove_tree(v, child);
-        } else {
-            check(v.unlink(child));
-        }
+// ---------------------------------------------------------------- walks
+
+// The tree commands (ls -R, cp -r out of the image and within it, rm -r)
+// walk with fat::walk, which refuses directory cycles and cross-linked
+// directories of a damaged image. What it skips is reported on stderr, the
+// rest is done, and the command fails at the end. Errors of the command's
+// own work (a file that cannot be copied) stop it, as they always did.
+class tree_visitor : public walk_visitor {
+public:
+    void skipped(const std::string&, const error& why) override
+    {
+        fmt::print(stderr, "softblk fat: {}\n", why.message);
+        ++_skipped;
     }
-    check(v.rmdir(path));
+    uint64_t skipped_count() const { return _skipped; }
+
+protected:
+    // Runs `work`, turning the tools' exceptions into the walk's errors
+    // (walk() is library code: it returns errors, it does not carry
+    // exceptions).
+    template <class F>
+    static result<void> guarded(F&& work)
+    {
+        try {
+            work();
+        } catch (const cli_error& e) {
+            return make_error(EIO, e.what());
+        }
+        return {};
+    }
+
+private:
+    uint64_t _skipped = 0;
+};
+
+// Runs the walk of `start`; returns how many directories it skipped.
+uint64_t run_walk(volume& v, const std::string& start, tree_visitor& visitor)
+{
+    auto r = walk(v, start, visitor);
+    if (!r) {
+        throw cli_error(r.error().message);
+    }
+    return visitor.skipped_count();
 }
 
-void list(volume& v, const std::string& path, bool long_format, bool recursive, bool header)
-{
-    auto st = check(v.stat(path));
-    if (!st.is_directory) {
-        if (long_format) {
-            fmt::print("-{} {:>10} {} {}\n", (st.attributes & k_attr_read_only) ? "r-" : "rw",
-                       st.size, time_text(st.modified), path);
-        } else {
-            fmt::print("{}\n", path);
+// cp -r out of the image or within it: each directory of the source tree
+// is made at the destination, then its files are copied.
+class tree_copy final : public tree_visitor {
+public:
+    using make_dir_fn = std::function<void(const std::string& dir)>;
+    using copy_fn = std::function<void(const std::string& from, const std::string& to)>;
+
+    tree_copy(const std::string& src, const std::string& dst, make_dir_fn make_dir, copy_fn copy)
+        : _src(src), _dst(dst), _make_dir(std::move(make_dir)), _copy(std::move(copy))
+    {
+    }
+
+    result<void> enter(const std::string& path, const std::vector<dir_entry>& entries) override
+    {
+        return guarded([&] {
+            std::string dir = destination(path);
+            _make_dir(dir);
+            for (auto& e : entries) {
+                if (!e.stat.is_directory) {
+                    _copy(join(path, e.name), join(dir, e.name));
+                }
+            }
+        });
+    }
+
+private:
+    // Where the walk's `path` (the source, or below it) goes.
+    std::string destination(const std::string& path) const
+    {
+        std::string rest = path.substr(std::min(_src.size(), path.size()));
+        while (!rest.empty() && rest.front() == '/') {
+            rest.erase(0, 1);
         }
-        return;
+        return rest.empty() ? _dst : join(_dst, rest);
     }
-    auto entries = check(v.readdir(path));
-    if (header) {
-        fmt::print("{}:\n", path);
+
+    const std::string& _src;
+    const std::string& _dst;
+    make_dir_fn _make_dir;
+    copy_fn _copy;
+};
+
+// The source of a copy out of the image or within it; a directory needs -r.
+file_stat copy_source(volume& v, const std::string& src, bool recursive)
+{
+    auto st = check(v.stat(src));
+    if (st.is_directory && !recursive) {
+        throw cli_error(fmt::format("::{}: is a directory (use -r)", src));
     }
+    return st;
+}
+
+// Copies `src` (a path in the image) to `dst` on the host or in the image;
+// returns how many directories the walk skipped.
+uint64_t copy_from_image(volume& v, const std::string& src, const std::string& dst, bool recursive,
+                         bool to_host)
+{
+    tree_copy::copy_fn copy = [&](const std::string& from, const std::string& to) {
+        to_host ? copy_file_to_host(v, from, to) : copy_file_in_image(v, from, to);
+    };
+    auto st = copy_source(v, src, recursive);
+    if (!st.is_directory) {
+        copy(src, dst);
+        return 0;
+    }
+    tree_copy::make_dir_fn make_dir = [](const std::string& dir) {
+        std::error_code ec;
+        std::filesystem::create_directories(dir, ec);
+        if (ec) {
+            throw cli_error(fmt::format("{}: {}", dir, ec.message()));
+        }
+    };
+    if (!to_host) {
+        // A copy into the source's own subtree would copy what it creates.
+        bool into_itself = st.first_cluster == check(v.stat("/")).first_cluster;
+        for (std::string p = dst; !into_itself && !p.empty() && p != "/";
+             p = p.substr(0, p.rfind('/'))) {
+            auto s = v.stat(p);
+            into_itself = s && s->is_directory && s->first_cluster == st.first_cluster;
+        }
+        if (into_itself) {
+            throw cli_error(
+                fmt::format("::{}: cannot copy a directory into itself (::{})", src, dst));
+        }
+        make_dir = [&](const std::string& dir) {
+            if (!v.stat(dir)) {
+                check(v.mkdir(dir));
+            }
+        };
+    }
+    tree_copy visitor(src, dst, std::move(make_dir), std::move(copy));
+    return run_walk(v, src, visitor);
+}
+
+uint64_t remove_tree(volume& v, const std::string& path)
+{
+    struct remover : tree_visitor {
+        volume& v;
+        explicit remover(volume& vol) : v(vol) {}
+        result<void> enter(const std::string& dir, const std::vector<dir_entry>& entries) override
+        {
+            for (auto& e : entries) {
+                if (!e.stat.is_directory) {
+                    if (auto r = v.unlink(join(dir, e.name)); !r) {
+                        return r;
+                    }
+                }
+            }
+            return {};
+        }
+        result<void> leave(const std::string& dir) override
+        {
+            auto r = v.rmdir(dir);
+            if (!r && r.error().code.value() == ENOTEMPTY && skipped_count() > 0) {
+                // It still holds what the walk refused to enter.
+                fmt::print(stderr, "softblk fat: {}\n", r.error().message);
+                return {};
+            }
+            return r;
+        }
+    } visitor(v);
+    return run_walk(v, path, visitor);
+}
+
+void print_entries(const std::vector<dir_entry>& entries, bool long_format)
+{
     for (auto& e : entries) {
         if (long_format) {
             fmt::print("{}{} {:>10} {} {:<12} {}{}\n", e.stat.is_directory ? 'd' : '-',
@@ -306,14 +422,39 @@ void list(volume& v, const std::string& path, bool long_format, bool recursive, 
             fmt::print("{}{}\n", e.name, e.stat.is_directory ? "/" : "");
         }
     }
-    if (recursive) {
-        for (auto& e : entries) {
-            if (e.stat.is_directory) {
-                fmt::print("\n");
-                list(v, join(path, e.name), long_format, true, true);
-            }
+}
+
+// Returns how many directories a recursive listing skipped.
+uint64_t list(volume& v, const std::string& path, bool long_format, bool recursive)
+{
+    auto st = check(v.stat(path));
+    if (!st.is_directory) {
+        if (long_format) {
+            fmt::print("-{} {:>10} {} {}\n", (st.attributes & k_attr_read_only) ? "r-" : "rw",
+                       st.size, time_text(st.modified), path);
+        } else {
+            fmt::print("{}\n", path);
         }
+        return 0;
     }
+    if (!recursive) {
+        print_entries(check(v.readdir(path)), long_format);
+        return 0;
+    }
+    struct lister : tree_visitor {
+        const std::string& start;
+        bool long_format;
+        lister(const std::string& s, bool l) : start(s), long_format(l) {}
+        result<void> enter(const std::string& dir, const std::vector<dir_entry>& entries) override
+        {
+            if (dir != start) {
+                fmt::print("\n{}:\n", dir);
+            }
+            print_entries(entries, long_format);
+            return {};
+        }
+    } visitor(path, long_format);
+    return run_walk(v, path, visitor);
 }
 
 }  // namespace
@@ -451,8 +592,9 @@ int cli_main(int argc, char** argv, daemon_directory* daemon)
         }
         auto v = check(volume::mount(*dev, mount_options{.read_only = !writes}));
         int rc = 0;
+        uint64_t skipped = 0;  // directories a walk refused (reported already)
         if (ls->parsed()) {
-            list(*v, inner(path), long_format, recursive, false);
+            skipped += list(*v, inner(path), long_format, recursive);
         } else if (cat->parsed()) {
             auto f = check(v->open(inner(path), k_open_read));
             std::vector<char> buf(k_copy_buffer);
@@ -483,7 +625,7 @@ int cli_main(int argc, char** argv, daemon_directory* daemon)
                     std::string target_path =
                         into ? join(d, base_name(is_inner(s) ? inner(s) : s)) : d;
                     if (is_inner(s)) {
-                        copy_image_to_image(*v, inner(s), target_path, cp_recursive);
+                        skipped += copy_from_image(*v, inner(s), target_path, cp_recursive, false);
                     } else {
                         copy_host_to_image(*v, s, target_path, cp_recursive);
                     }
@@ -499,7 +641,7 @@ int cli_main(int argc, char** argv, daemon_directory* daemon)
                             "{}: one side must be inside the image (prefix it with ::)", s));
                     }
                     std::string target_path = into ? join(dest, base_name(inner(s))) : dest;
-                    copy_image_to_host(*v, inner(s), target_path, cp_recursive);
+                    skipped += copy_from_image(*v, inner(s), target_path, cp_recursive, true);
                 }
             }
         } else if (mkd->parsed()) {
@@ -533,7 +675,7 @@ int cli_main(int argc, char** argv, daemon_directory* daemon)
                     if (!rm_recursive) {
                         throw cli_error(fmt::format("{}: is a directory (use -r)", p));
                     }
-                    remove_tree(*v, full);
+                    skipped += remove_tree(*v, full);
                 } else {
                     check(v->unlink(full));
                 }
@@ -579,7 +721,7 @@ int cli_main(int argc, char** argv, daemon_directory* daemon)
         }
         print_problems(*v);
         check(v->unmount());
-        return rc;
+        return rc == 0 && skipped > 0 ? 1 : rc;
     } catch (const cli_error& e) {
         fmt::print(stderr, "softblk fat: {}\n", e.what());
         return 1;

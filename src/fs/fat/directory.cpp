@@ -437,7 +437,9 @@ int volume_state::read_info(dir_index& d, uint32_t slot, entry_info& info)
     info.is_dir = (info.attr & k_attr_directory) != 0;
     info.first_cluster = entry_cluster(e);
     info.size = le32(e + dirent::size);
-    if (info.is_dir && info.first_cluster == 0) {
+    // On FAT12/16 a directory entry holding cluster 0 names the root (as
+    // `..` does): a cycle, which path resolution and walks refuse to follow.
+    if (info.is_dir && info.first_cluster == 0 && g.root_key() != 0) {
         return damage.corrupt(
             fmt::format("directory entry at slot {} of directory {} has no cluster", slot, d.key));
     }
@@ -457,6 +459,10 @@ int volume_state::resolve_parts(const std::vector<std::string>& parts, size_t co
     out.is_dir = true;
     out.first_cluster = g.root_key();
     out.attr = k_attr_directory;
+    // The directories on the path so far (root first). A damaged image can
+    // hold an entry that leads back to one of them; following it would make
+    // a directory its own ancestor and every walk endless.
+    std::vector<uint32_t> ancestors{out.first_cluster};
     for (size_t i = 0; i < count; ++i) {
         if (!out.is_dir) {
             return -ENOTDIR;
@@ -476,6 +482,21 @@ int volume_state::resolve_parts(const std::vector<std::string>& parts, size_t co
             return rc;
         }
         out.is_root = false;
+        if (!out.is_dir) {
+            continue;
+        }
+        auto seen = std::find(ancestors.begin(), ancestors.end(), out.first_cluster);
+        if (seen != ancestors.end()) {
+            size_t depth = static_cast<size_t>(seen - ancestors.begin());
+            return damage.corrupt(
+                fmt::format("directory cycle: /{} leads back to {} (cluster {}); the image is "
+                            "damaged (fsck.fat repairs it)",
+                            join_parts(parts, i + 1),
+                            depth == 0 ? "the root directory" : "/" + join_parts(parts, depth),
+                            out.first_cluster),
+                -ELOOP);
+        }
+        ancestors.push_back(out.first_cluster);
     }
     return 0;
 }

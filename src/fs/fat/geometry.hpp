@@ -51,12 +51,13 @@ struct geometry {
 class damage_log {
 public:
     // Records `message` as the reason the current operation fails and
-    // returns -EIO, for `return damage.corrupt(...)`.
-    int corrupt(std::string message)
+    // returns `rc` (-EIO, or -ELOOP for a directory cycle), for
+    // `return damage.corrupt(...)`.
+    int corrupt(std::string message, int rc = -EIO)
     {
         _last = message;
         note(std::move(message));
-        return -EIO;
+        return rc;
     }
     // Records damage that the operation works around.
     void note(std::string message)

@@ -12,7 +12,8 @@ set(SOFTBLK_FAT_LIBRARY_SOURCES
   names.cpp
   path_ops.cpp
   sector_cache.cpp
-  volume_state.cpp)
+  volume_state.cpp
+  walk.cpp)
 if(CMAKE_SCRIPT_MODE_FILE)
   foreach(_source IN LISTS SOFTBLK_FAT_LIBRARY_SOURCES)
     message(NOTICE "${_source}")

@@ -33,6 +33,18 @@ std::vector<std::string> split_path(std::string_view path)
     return parts;
 }
 
+std::string join_parts(const std::vector<std::string>& parts, size_t count)
+{
+    std::string out;
+    for (size_t i = 0; i < count && i < parts.size(); ++i) {
+        if (i > 0) {
+            out += '/';
+        }
+        out += parts[i];
+    }
+    return out;
+}
+
 }  // namespace detail
 
 volume_state::volume_state(block_device& d, const mount_options& o) : dev(d), opts(o)
@@ -43,7 +55,7 @@ std::unexpected<error> volume_state::fail(int rc, std::string_view what)
 {
     int code = -rc;
     std::string detail;
-    if (code == EIO && !damage.last().empty()) {
+    if ((code == EIO || code == ELOOP) && !damage.last().empty()) {
         detail = damage.last();
     } else {
         switch (code) {

@@ -109,6 +109,8 @@ struct parent_dir {
 
 // "/a/./b/../c" -> {"a", "c"}.
 std::vector<std::string> split_path(std::string_view path);
+// The first `count` parts joined with '/' ("a/c"), for messages.
+std::string join_parts(const std::vector<std::string>& parts, size_t count);
 
 }  // namespace detail
 
@@ -155,7 +157,7 @@ struct volume_state {
 
     // ------------------------------------------------ errors (volume_state.cpp)
     // The error for a failed operation on `what`: the damage just recorded
-    // for EIO, else a text per errno that says what limits it.
+    // for EIO and ELOOP, else a text per errno that says what limits it.
     std::unexpected<error> fail(int rc, std::string_view what);
     // -EIO after a crash or unmount, -EROFS for writes to a read-only mount.
     int check_usable(bool write) const;
