@@ -240,6 +240,71 @@ TEST_P(FatCycle, FuseMountAnswersEloopAndLogsIt)
     EXPECT_NE(text.find("directory cycle"), std::string::npos) << text;
 }
 
+// A directory reached a second time by another entry (cross-linked, not a
+// cycle) is walked once; the limits stop a walk without ending it.
+TEST(FatWalk, CrossLinksAreWalkedOnceAndLimitsSkip)
+{
+    auto dev = formatted(8u << 20, fat_type::fat16);
+    uint32_t a = 0;
+    {
+        auto v = volume::mount(*dev);
+        ASSERT_TRUE(v.has_value());
+        for (const char* d : {"/A", "/A/DEEP", "/A/DEEP/DEEPER", "/D"}) {
+            ASSERT_TRUE((*v)->mkdir(d).has_value()) << d;
+        }
+        a = (*v)->stat("/A")->first_cluster;
+        ASSERT_TRUE((*v)->unmount().has_value());
+    }
+    // The root is the fixed area on FAT16: find /D's entry there.
+    auto& img = dev->bytes();
+    auto l = layout_of(img);
+    uint64_t root_area = (l.reserved + uint64_t{l.fats} * l.fat_size) * l.bps;
+    bool patched = false;
+    for (uint32_t i = 0; i < l.root_entries && !patched; ++i) {
+        uint8_t* e = &img[root_area + i * 32];
+        if (std::memcmp(e, "D          ", 11) == 0) {
+            put16(e + dirent::cluster_lo, static_cast<uint16_t>(a));  // /D is /A
+            patched = true;
+        }
+    }
+    ASSERT_TRUE(patched);
+    auto v = volume::mount(*dev, mount_options{.read_only = true});
+    ASSERT_TRUE(v.has_value());
+    {
+        recording_visitor visitor;
+        auto r = walk(**v, "/", visitor);
+        ASSERT_TRUE(r.has_value()) << r.error().message;
+        ASSERT_EQ(visitor.skips.size(), 1u);
+        EXPECT_EQ(visitor.skips[0].first, "/D");
+        EXPECT_EQ(visitor.skips[0].second, EMLINK);
+        EXPECT_EQ(r->directories, 4u);  // /, /A, /A/DEEP, /A/DEEP/DEEPER
+    }
+    {
+        recording_visitor visitor;
+        walk_limits limits;
+        limits.max_path_bytes = 8;  // "/A/DEEP" fits, "/A/DEEP/DEEPER" does not
+        auto r = walk(**v, "/A", visitor, limits);
+        ASSERT_TRUE(r.has_value());
+        ASSERT_EQ(visitor.skips.size(), 1u);
+        EXPECT_EQ(visitor.skips[0].first, "/A/DEEP/DEEPER");
+        EXPECT_EQ(visitor.skips[0].second, ENAMETOOLONG);
+    }
+    {
+        recording_visitor visitor;
+        walk_limits limits;
+        limits.max_pending_bytes = 1;  // not even one subdirectory
+        auto r = walk(**v, "/A", visitor, limits);
+        ASSERT_TRUE(r.has_value());
+        ASSERT_EQ(visitor.skips.size(), 1u);
+        EXPECT_EQ(visitor.skips[0].first, "/A");
+        EXPECT_EQ(visitor.skips[0].second, E2BIG);
+        EXPECT_EQ(r->directories, 1u);
+    }
+    // A path that is not there is an error, not an empty walk.
+    recording_visitor visitor;
+    EXPECT_FALSE(walk(**v, "/NOPE", visitor).has_value());
+}
+
 std::vector<cycle_case> all_cases()
 {
     std::vector<cycle_case> out;

@@ -30,9 +30,9 @@ struct walk_limits {
     // deeper directory is skipped (ENAMETOOLONG); this also bounds the
     // depth, at 2048 levels.
     size_t max_path_bytes = 4096;
-    // Bytes of subdirectory names held for the directories on the current
-    // path that still have subdirectories to walk. Beyond it the walk goes
-    // no deeper there (skipped, E2BIG). Real trees hold a few KiB.
+    // Bytes held for the subdirectories still to walk of the directories on
+    // the current path (their names and about 40 bytes each). Beyond it the
+    // walk goes no deeper there (skipped, E2BIG). Real trees hold a few KiB.
     size_t max_pending_bytes = 64u << 20;
 };
 

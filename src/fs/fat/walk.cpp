@@ -32,7 +32,7 @@ struct frame {
     uint32_t cluster = 0;
     std::vector<subdirectory> subdirectories;
     size_t next = 0;
-    size_t name_bytes = 0;  // held in `subdirectories`
+    size_t name_bytes = 0;  // held by `subdirectories` (entries and names)
 };
 
 class walker {
@@ -87,14 +87,14 @@ private:
         f.cluster = cluster;
         for (const auto& e : entries) {
             if (e.stat.is_directory) {
-                f.name_bytes += e.name.size();
+                f.name_bytes += sizeof(subdirectory) + e.name.size();
                 f.subdirectories.push_back({e.name, e.stat.first_cluster});
             }
         }
         if (_pending_bytes + f.name_bytes > _limits.max_pending_bytes) {
             skip(f.path, E2BIG,
                  fmt::format("{}: its {} subdirectories are not walked: the walk already holds "
-                             "{} bytes of names for the directories above (limit {})",
+                             "{} bytes of subdirectories for the directories above (limit {})",
                              f.path, f.subdirectories.size(), _pending_bytes,
                              _limits.max_pending_bytes));
             f.subdirectories.clear();
