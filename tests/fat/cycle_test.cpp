@@ -127,6 +127,28 @@ struct recording_visitor : walk_visitor {
     }
 };
 
+struct walk_record {
+    walk_summary summary;
+    std::vector<std::string> entered;
+};
+
+// Walks `start` and checks that exactly one directory was skipped: `path`,
+// for `code`. Returns the counts and the directories entered.
+walk_record walk_skipping_one(volume& v, const std::string& start, const std::string& path,
+                              int code, const walk_limits& limits = {})
+{
+    recording_visitor visitor;
+    auto r = walk(v, start, visitor, limits);
+    EXPECT_TRUE(r.has_value()) << r.error().message;
+    EXPECT_EQ(visitor.skips.size(), 1u);
+    if (!visitor.skips.empty()) {
+        EXPECT_EQ(visitor.skips[0].first, path);
+        EXPECT_EQ(visitor.skips[0].second, code);
+    }
+    EXPECT_EQ(r ? r->skipped : 0, 1u);
+    return {r.value_or(walk_summary{}), visitor.entered};
+}
+
 TEST_P(FatCycle, PathsThroughTheCycleGiveEloopNamingIt)
 {
     auto v = volume::mount(*_dev, mount_options{.read_only = true});
@@ -149,17 +171,10 @@ TEST_P(FatCycle, WalkReportsTheCycleAndWalksTheRest)
 {
     auto v = volume::mount(*_dev, mount_options{.read_only = true});
     ASSERT_TRUE(v.has_value());
-    recording_visitor visitor;
-    auto r = walk(**v, "/", visitor);
-    ASSERT_TRUE(r.has_value()) << r.error().message;
-    ASSERT_EQ(visitor.skips.size(), 1u);
-    EXPECT_EQ(visitor.skips[0].first, _cycle);
-    EXPECT_EQ(visitor.skips[0].second, ELOOP);
-    EXPECT_EQ(r->skipped, 1u);
+    auto r = walk_skipping_one(**v, "/", _cycle, ELOOP);
     // /, /A, /D, and /A/B when the loop is below it.
-    EXPECT_EQ(r->directories, GetParam().kind == cycle_kind::longer ? 4u : 3u);
-    EXPECT_NE(std::find(visitor.entered.begin(), visitor.entered.end(), "/D"),
-              visitor.entered.end());
+    EXPECT_EQ(r.summary.directories, GetParam().kind == cycle_kind::longer ? 4u : 3u);
+    EXPECT_NE(std::find(r.entered.begin(), r.entered.end(), "/D"), r.entered.end());
 }
 
 TEST_P(FatCycle, LsRecursiveEndsWithTheError)
@@ -270,36 +285,14 @@ TEST(FatWalk, CrossLinksAreWalkedOnceAndLimitsSkip)
     ASSERT_TRUE(patched);
     auto v = volume::mount(*dev, mount_options{.read_only = true});
     ASSERT_TRUE(v.has_value());
-    {
-        recording_visitor visitor;
-        auto r = walk(**v, "/", visitor);
-        ASSERT_TRUE(r.has_value()) << r.error().message;
-        ASSERT_EQ(visitor.skips.size(), 1u);
-        EXPECT_EQ(visitor.skips[0].first, "/D");
-        EXPECT_EQ(visitor.skips[0].second, EMLINK);
-        EXPECT_EQ(r->directories, 4u);  // /, /A, /A/DEEP, /A/DEEP/DEEPER
-    }
-    {
-        recording_visitor visitor;
-        walk_limits limits;
-        limits.max_path_bytes = 8;  // "/A/DEEP" fits, "/A/DEEP/DEEPER" does not
-        auto r = walk(**v, "/A", visitor, limits);
-        ASSERT_TRUE(r.has_value());
-        ASSERT_EQ(visitor.skips.size(), 1u);
-        EXPECT_EQ(visitor.skips[0].first, "/A/DEEP/DEEPER");
-        EXPECT_EQ(visitor.skips[0].second, ENAMETOOLONG);
-    }
-    {
-        recording_visitor visitor;
-        walk_limits limits;
-        limits.max_pending_bytes = 1;  // not even one subdirectory
-        auto r = walk(**v, "/A", visitor, limits);
-        ASSERT_TRUE(r.has_value());
-        ASSERT_EQ(visitor.skips.size(), 1u);
-        EXPECT_EQ(visitor.skips[0].first, "/A");
-        EXPECT_EQ(visitor.skips[0].second, E2BIG);
-        EXPECT_EQ(r->directories, 1u);
-    }
+    auto all = walk_skipping_one(**v, "/", "/D", EMLINK);
+    EXPECT_EQ(all.summary.directories, 4u);  // /, /A, /A/DEEP, /A/DEEP/DEEPER
+    walk_limits short_paths;
+    short_paths.max_path_bytes = 8;  // "/A/DEEP" fits, "/A/DEEP/DEEPER" does not
+    walk_skipping_one(**v, "/A", "/A/DEEP/DEEPER", ENAMETOOLONG, short_paths);
+    walk_limits little_memory;
+    little_memory.max_pending_bytes = 1;  // not even one subdirectory
+    EXPECT_EQ(walk_skipping_one(**v, "/A", "/A", E2BIG, little_memory).summary.directories, 1u);
     // A path that is not there is an error, not an empty walk.
     recording_visitor visitor;
     EXPECT_FALSE(walk(**v, "/NOPE", visitor).has_value());
