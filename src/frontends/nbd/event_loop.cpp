@@ -12,9 +12,9 @@
 #include <fmt/core.h>
 
 #include <softblk/support/clock.hpp>
+#include <softblk/support/cpu_relax.hpp>
 
 namespace softblk::nbd {
-
 
 // ---------------------------------------------------------------- ring helpers
 
@@ -368,9 +368,7 @@ void event_loop::wait_polling(unsigned wait_nr)
                 io_uring_get_events(&_ring);  // runs the completions, does not sleep
                 continue;
             }
-#if defined(__x86_64__) || defined(__i386__)
-            __builtin_ia32_pause();
-#endif
+            cpu_relax();
             now = monotonic_ns();
         } while (now - start < _poll_ns);
     }
