@@ -26,7 +26,6 @@ namespace softblk {
 
 namespace {
 
-
 // A number from a sysfs attribute of block device `dev`; `fallback` when it
 // cannot be read.
 uint64_t sysfs_queue_value(dev_t dev, const char* attribute, uint64_t fallback)

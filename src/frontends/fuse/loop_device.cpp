@@ -22,7 +22,6 @@ namespace softblk::fuse {
 
 namespace {
 
-
 std::string read_sysfs_line(const std::string& path)
 {
     std::ifstream in(path);

@@ -74,8 +74,7 @@ constexpr option_def k_file_options[] = {
 // Per-queue half: one ring, driven by the queue's thread.
 class file_queue final : public target_queue {
 public:
-    file_queue(target& file, std::unique_ptr<file_ring> ring)
-        : _file(file), _ring(std::move(ring))
+    file_queue(target& file, std::unique_ptr<file_ring> ring) : _file(file), _ring(std::move(ring))
     {
     }
 
