@@ -18,8 +18,9 @@
 # check is on) and every report, also one from a daemon whose output went
 # to its log, is kept in the stage's sanitizer-reports/ folder, which fails
 # the stage if it is not empty. At the end a summary per stage: build and
-# test times with the load average, passed, failed, and skipped with the
-# reason, both whole tests (exit 77) and GoogleTest cases (GTEST_SKIP).
+# test times (wall and CPU seconds) with the load average, passed, failed,
+# and skipped with the reason, both whole tests (exit 77) and GoogleTest
+# cases (GTEST_SKIP).
 # Exits non-zero when any stage fails. Tests that need root (loop devices,
 # mounts) skip when run without it.
 #
@@ -52,9 +53,20 @@ want() { [[ ",$stages," == *",$1,"* ]]; }
 
 jobs=$(nproc)
 load() { cut -d' ' -f1-3 /proc/loadavg; }
+# cpu_now sets cpu_s to the CPU seconds (user + system) of the finished child
+# processes so far: with the wall time, a figure that other work on the
+# machine hardly changes. `times` must run in this shell (in a subshell it
+# would count that subshell's children only).
+cpu_file=$(mktemp /tmp/softblk-test-cpu.XXXXXX)
+cpu_s=0
+cpu_now() {
+  times >"$cpu_file"
+  cpu_s=$(awk 'END { s = 0; for (i = 1; i <= 2; i++) { split($i, a, /[ms]/); s += a[1] * 60 + a[2] }
+    printf "%d", s }' "$cpu_file")
+}
 started=$SECONDS
 summary=$(mktemp /tmp/softblk-test-summary.XXXXXX)
-trap 'rm -f "$summary"' EXIT
+trap 'rm -f "$summary" "$cpu_file"' EXIT
 failed_stages=()
 note() { printf '%s\n' "$*" >>"$summary"; }
 banner() { printf '\n\033[1m================ %s\033[0m\n' "$*"; }
@@ -78,12 +90,15 @@ configure() {
 run_ctest() {
   local stage=$1 dir=$2
   shift 2
-  local log=$dir/ctest-output.log rc t0=$SECONDS
+  local log=$dir/ctest-output.log rc t0=$SECONDS c0
+  cpu_now
+  c0=$cpu_s
   set +e
   ctest --test-dir "$dir" --output-on-failure -j2 --timeout 600 "$@" "${ctest_args[@]}" 2>&1 | tee "$log"
   rc=${PIPESTATUS[0]}
   set -e
-  note "  tests: $((SECONDS - t0)) s (load $(load)): $(grep -E '^[0-9]+% tests passed' "$log" ||
+  cpu_now
+  note "  tests: $((SECONDS - t0)) s, $((cpu_s - c0)) CPU s (load $(load)): $(grep -E '^[0-9]+% tests passed' "$log" ||
     echo "ctest did not finish (status $rc)")"
   if grep -q 'The following tests did not run' "$log"; then
     note "  skipped tests:"
@@ -125,7 +140,9 @@ run_ctest() {
 # stage NAME DIR TARGETS CMAKE-ARGS CTEST-ARGS: configure, build, test; the
 # last three are the names of arrays.
 stage() {
-  local name=$1 dir=$2 t0=$SECONDS
+  local name=$1 dir=$2 t0=$SECONDS c0
+  cpu_now
+  c0=$cpu_s
   local -n targets=$3 cmake_args=$4 selection=$5
   banner "stage $name: $dir"
   note "stage $name ($dir):"
@@ -136,7 +153,8 @@ stage() {
     failed_stages+=("$name")
     return
   fi
-  note "  build: $((SECONDS - t0)) s (load $(load)): ${targets[*]:-all targets}"
+  cpu_now
+  note "  build: $((SECONDS - t0)) s, $((cpu_s - c0)) CPU s (load $(load)): ${targets[*]:-all targets}"
   local reports=$dir/sanitizer-reports
   rm -rf "$reports"
   mkdir -p "$reports"
