@@ -120,6 +120,12 @@ run_ctest() {
     sed -n '/The following tests FAILED/,/^$/p' "$log" | grep -E '^\s+[0-9]+ - ' |
       sed 's/^\s*/    /' >>"$summary"
   fi
+  # A selection that matches nothing (a label lost, say) is a failure, not
+  # a pass.
+  if grep -q 'No tests were found' "$log"; then
+    note "  no tests matched: ${*:-every test} ${ctest_args[*]}"
+    rc=1
+  fi
   local reports=$dir/sanitizer-reports
   if [ -d "$reports" ] && [ -n "$(ls -A "$reports")" ]; then
     note "  sanitizer reports ($reports):"
