@@ -206,7 +206,12 @@ fi
 if want tsan; then
   tsan_targets=(tsan_tests)
   tsan_cmake=("${san_flags[@]}" -DSOFTBLK_SANITIZE=thread)
-  tsan_tests=(-L '^tsan$')
+  # Left out under TSan (they run in release and asan): the block layer's
+  # model test (60 random devices, some completing from a timer) ran
+  # past its 120 s timeout under TSan, and the shared mbps= limit asserts a
+  # minimum throughput that TSan's slowdown cannot reach. The queues'
+  # completion modes and the other decorators still run under TSan.
+  tsan_tests=(-L '^tsan$' -E '^(bio\.splitter_matches_model|mbps\.is_shared_by_the_queues)$')
   stage tsan "$repo/build-tsan" tsan_targets tsan_cmake tsan_tests
 fi
 
