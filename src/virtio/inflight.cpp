@@ -5,7 +5,7 @@
 
 namespace softblk::virtio {
 
-void inflight_tracker::attach(void* region, uint32_t queue_size)
+bool inflight_tracker::attach(void* region, uint32_t queue_size)
 {
     _header = static_cast<inflight_queue_header*>(region);
     _desc = reinterpret_cast<inflight_desc*>(_header + 1);
@@ -18,7 +18,9 @@ void inflight_tracker::attach(void* region, uint32_t queue_size)
         std::memset(region, 0, inflight_queue_bytes(queue_size));
         _header->version = 0;  // recover() marks it used and sets used_idx
         _header->desc_num = static_cast<uint16_t>(queue_size);
+        return false;
     }
+    return true;
 }
 
 unsigned inflight_tracker::recover(uint16_t used_idx_in_ring, std::vector<uint16_t>& heads)

@@ -27,7 +27,7 @@ TEST(inflight, fresh_region_has_nothing_in_flight)
 {
     region r(16);
     inflight_tracker t;
-    t.attach(r.data(), r.num);
+    EXPECT_FALSE(t.attach(r.data(), r.num)) << "never used";
     std::vector<uint16_t> heads;
     EXPECT_EQ(t.recover(5, heads), 0u);
     EXPECT_TRUE(heads.empty());
@@ -55,7 +55,7 @@ TEST(inflight, restart_resubmits_what_was_in_flight_in_order)
         // "killed" here: 7, 11, 2 were in flight, 7 the oldest.
     }
     inflight_tracker again;
-    again.attach(r.data(), r.num);
+    EXPECT_TRUE(again.attach(r.data(), r.num)) << "in use";
     std::vector<uint16_t> heads;
     ASSERT_EQ(again.recover(used, heads), 3u);
     EXPECT_EQ(heads, (std::vector<uint16_t>{7, 11, 2}));
@@ -101,7 +101,7 @@ TEST(inflight, queue_size_change_starts_empty)
     t.recover(0, heads);
     t.taken(3);
     inflight_tracker smaller;
-    smaller.attach(r.data(), 8);
+    EXPECT_FALSE(smaller.attach(r.data(), 8));
     EXPECT_EQ(smaller.recover(0, heads), 0u);
 }
 

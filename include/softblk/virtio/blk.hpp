@@ -77,7 +77,7 @@ struct blk_config {
     virtio_blk_config base;
     virtio_blk_zoned_characteristics zoned;
 } __attribute__((packed));
-static_assert(sizeof(virtio_blk_config) == 60, "Linux 6.1's virtio_blk_config");
+static_assert(sizeof(virtio_blk_config) == 72, "Linux 6.1's virtio_blk_config");
 
 inline virtio_blk_zoned_characteristics& zoned_of(blk_config& c)
 {

@@ -49,8 +49,9 @@ class inflight_tracker {
 public:
     // Attaches to a region of inflight_queue_bytes(queue_size) bytes.
     // A region never used (version 0) or made for another queue size is
-    // initialised empty; otherwise recover() tells what was in flight.
-    void attach(void* region, uint32_t queue_size);
+    // initialised empty and attach returns false; otherwise it returns
+    // true and recover() tells what was in flight.
+    bool attach(void* region, uint32_t queue_size);
     bool attached() const { return _header != nullptr; }
     void detach() { _header = nullptr; }
 

@@ -150,6 +150,8 @@ public:
     // Puts `head` in the used ring with `len` bytes written. Not visible to
     // the driver until publish_used().
     void push_used(uint16_t head, uint32_t len);
+    // The used index as last published.
+    uint16_t used_idx() const { return _used_published; }
     // Entries pushed and not published.
     uint16_t unpublished() const { return static_cast<uint16_t>(_used_shadow - _used_published); }
 

@@ -1,0 +1,337 @@
+#include "vhost_user_blk_export.hpp"
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <dirent.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <thread>
+#include <unistd.h>
+
+#include <fmt/core.h>
+#include <nlohmann/json.hpp>
+
+#include "blk_config.hpp"
+#include "queue_worker.hpp"
+#include "session.hpp"
+
+namespace softblk::vhost_user_blk {
+
+namespace {
+
+constexpr option_def k_options[] = {
+    {.name = "socket",
+     .kind = option_kind::text,
+     .default_value = "",
+     .unit = "path",
+     .help = "unix socket the front end connects to (QEMU: -chardev socket,path=PATH); default "
+             "RUN_DIR/vhost-user-blk/NAME.sock"},
+    {.name = "num-queues",
+     .kind = option_kind::integer,
+     .default_value = "0",
+     .unit = "",
+     .help = "virtqueues offered (GET_QUEUE_NUM, config num_queues), each served by its own thread "
+             "on its own device queue; 0: all of the device's queues (submit_queues + "
+             "poll_queues)",
+     .min = 0,
+     .max = 256},
+    {.name = "readonly",
+     .kind = option_kind::boolean,
+     .default_value = "0",
+     .unit = "",
+     .help = "export read-only (VIRTIO_BLK_F_RO): writes, discards, write zeroes and zone "
+             "operations fail with VIRTIO_BLK_S_IOERR"},
+    {.name = "poll-us",
+     .kind = option_kind::integer,
+     .default_value = "0",
+     .unit = "us",
+     .help = "each ring looks for new requests this long after its last one before it sleeps on "
+             "its kick eventfd: lower latency, more CPU; 0: never poll",
+     .min = 0,
+     .max = 1000},
+};
+
+// Seconds a front end may take to send the rest of a message it started.
+constexpr int k_message_timeout_s = 10;
+
+bool socket_listened_on(const std::string& path)
+{
+    sockaddr_un addr{};
+    if (path.size() >= sizeof addr.sun_path) {
+        return false;
+    }
+    addr.sun_family = AF_UNIX;
+    std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+    const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    const bool alive =
+        fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+    if (fd >= 0) {
+        ::close(fd);
+    }
+    return alive;
+}
+
+class export_impl final : public device_export {
+public:
+    export_impl(device& dev, export_settings settings)
+        : _dev(dev),
+          _settings(std::move(settings)),
+          _counters(std::make_unique<ring_counters[]>(_settings.num_queues))
+    {
+    }
+    ~export_impl() override { (void)stop(); }
+
+    result<void> listen()
+    {
+        const std::string& path = _settings.socket_path;
+        sockaddr_un addr{};
+        if (path.size() >= sizeof addr.sun_path) {
+            return make_error(ENAMETOOLONG,
+                              fmt::format("socket={}: a unix socket path is at most {} bytes", path,
+                                          sizeof addr.sun_path - 1));
+        }
+        struct stat st;
+        if (::lstat(path.c_str(), &st) == 0) {
+            if (!S_ISSOCK(st.st_mode)) {
+                return make_error(EEXIST,
+                                  fmt::format("socket={}: exists and is not a socket", path));
+            }
+            if (socket_listened_on(path)) {
+                return make_error(
+                    EADDRINUSE, fmt::format("socket={}: another process serves it; choose another "
+                                            "socket= or stop that export",
+                                            path));
+            }
+            ::unlink(path.c_str());  // left by a back end that died
+        }
+        addr.sun_family = AF_UNIX;
+        std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+        _listen_fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        if (_listen_fd < 0 ||
+            ::bind(_listen_fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+            ::listen(_listen_fd, 4) != 0) {
+            const int e = errno;
+            return make_error(e, fmt::format("socket={}: {}", path, std::strerror(e)));
+        }
+        _stop_fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        if (_stop_fd < 0) {
+            const int e = errno;
+            return make_error(e, fmt::format("eventfd: {}", std::strerror(e)));
+        }
+        _thread = std::thread([this] { serve(); });
+        return {};
+    }
+
+    nlohmann::json describe() const override
+    {
+        uint64_t totals[17] = {};
+        for (unsigned i = 0; i < _settings.num_queues; ++i) {
+            const ring_counters& c = _counters[i];
+            const std::atomic<uint64_t>* each[] = {
+                &c.requests,     &c.reads,        &c.writes,      &c.flushes,
+                &c.discards,     &c.write_zeroes, &c.get_id,      &c.zone_management,
+                &c.zone_appends, &c.report_zones, &c.unsupported, &c.errors,
+                &c.bad_requests, &c.resubmitted,  &c.bounced,     &c.wakeups,
+                &c.notifications};
+            for (unsigned k = 0; k < std::size(each); ++k) {
+                totals[k] += each[k]->load(std::memory_order_relaxed);
+            }
+        }
+        const char* names[] = {"requests",     "read",         "write",       "flush",
+                               "discard",      "write_zeroes", "get_id",      "zone_management",
+                               "zone_append",  "report_zones", "unsupported", "errors",
+                               "bad_requests", "resubmitted",  "bounced",     "wakeups",
+                               "notifications"};
+        nlohmann::json stats = nlohmann::json::object();
+        for (unsigned k = 0; k < std::size(names); ++k) {
+            stats[names[k]] = totals[k];
+        }
+        return {{"socket", _settings.socket_path},
+                {"queues", _settings.num_queues},
+                {"read_only", _settings.read_only || _dev.limits().read_only},
+                {"poll_us", _settings.poll_us},
+                {"connected", _connected.load(std::memory_order_relaxed)},
+                {"connections", _connections.load(std::memory_order_relaxed)},
+                {"stats", std::move(stats)}};
+    }
+
+    result<void> stop() override
+    {
+        if (_thread.joinable()) {
+            const uint64_t one = 1;
+            [[maybe_unused]] ssize_t n = ::write(_stop_fd, &one, sizeof one);
+            _thread.join();
+        }
+        if (_listen_fd >= 0) {
+            ::close(_listen_fd);
+            _listen_fd = -1;
+            ::unlink(_settings.socket_path.c_str());
+        }
+        if (_stop_fd >= 0) {
+            ::close(_stop_fd);
+            _stop_fd = -1;
+        }
+        return {};
+    }
+
+    std::string in_use() const override
+    {
+        // A VM keeps its disk while connected; stopping the export is what
+        // `del` asks for, and the guest sees the back end go (QEMU
+        // reconnects if told to), so nothing is held hostage here.
+        return {};
+    }
+
+private:
+    // The export's thread: accepts one front end at a time and handles its
+    // messages; the rings have threads of their own.
+    void serve()
+    {
+        std::unique_ptr<session> s;
+        for (;;) {
+            pollfd fds[4] = {
+                {_stop_fd, POLLIN, 0}, {_listen_fd, POLLIN, 0}, {-1, 0, 0}, {-1, 0, 0}};
+            nfds_t n = 2;
+            if (s) {
+                fds[n++] = pollfd{s->fd(), POLLIN, 0};
+                fds[n++] = pollfd{s->error_fd(), POLLIN, 0};
+            }
+            if (::poll(fds, n, -1) < 0) {
+                if (errno == EINTR) {
+                    continue;
+                }
+                fmt::print(stderr, "vhost-user-blk {}: poll: {}\n", _settings.serial,
+                           std::strerror(errno));
+                break;
+            }
+            if ((fds[0].revents & POLLIN) != 0) {
+                break;
+            }
+            if ((fds[1].revents & POLLIN) != 0) {
+                accept_one(s);
+            }
+            if (s && (fds[3].revents & POLLIN) != 0) {
+                fmt::print(
+                    stderr,
+                    "vhost-user-blk {}: the front end broke a ring; closing the connection\n",
+                    _settings.serial);
+                end(s);
+                continue;
+            }
+            if (s && (fds[2].revents & (POLLIN | POLLHUP | POLLERR)) != 0 && !s->handle_message()) {
+                end(s);
+            }
+        }
+        end(s);
+    }
+
+    void accept_one(std::unique_ptr<session>& s)
+    {
+        const int fd = ::accept4(_listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+        if (fd < 0) {
+            return;
+        }
+        if (s) {
+            fmt::print(stderr,
+                       "vhost-user-blk {}: a second front end connected to {} while one is "
+                       "attached; refused\n",
+                       _settings.serial, _settings.socket_path);
+            ::close(fd);
+            return;
+        }
+        const timeval tv{k_message_timeout_s, 0};
+        ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+        s = std::make_unique<session>(fd, _dev, _settings, _counters.get());
+        _connected.store(true, std::memory_order_relaxed);
+        _connections.fetch_add(1, std::memory_order_relaxed);
+    }
+
+    void end(std::unique_ptr<session>& s)
+    {
+        s.reset();
+        _connected.store(false, std::memory_order_relaxed);
+    }
+
+    device& _dev;
+    export_settings _settings;
+    std::unique_ptr<ring_counters[]> _counters;
+    int _listen_fd = -1;
+    int _stop_fd = -1;
+    std::thread _thread;
+    std::atomic<bool> _connected{false};
+    std::atomic<uint64_t> _connections{0};
+};
+
+}  // namespace
+
+std::span<const option_def> export_options()
+{
+    return k_options;
+}
+
+result<std::unique_ptr<device_export>> start_export(device& dev, const export_context& ctx,
+                                                    std::span<const std::string> options)
+{
+    auto parsed = option_set::parse(k_options, options);
+    if (!parsed) {
+        return std::unexpected(parsed.error());
+    }
+    const option_set& o = *parsed;
+    export_settings s;
+    s.socket_path = o.text("socket");
+    if (s.socket_path.empty()) {
+        const std::string dir = ctx.run_dir + "/vhost-user-blk";
+        if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+            const int e = errno;
+            return make_error(e, fmt::format("{}: {}", dir, std::strerror(e)));
+        }
+        s.socket_path = dir + "/" + dev.name() + ".sock";
+    }
+    s.num_queues = static_cast<unsigned>(o.u64("num-queues"));
+    if (s.num_queues == 0) {
+        s.num_queues = dev.queue_count();
+    }
+    if (s.num_queues > dev.queue_count()) {
+        return make_error(
+            EINVAL, fmt::format("num-queues={}: each virtqueue needs a device queue of its "
+                                "own and {} has {} (submit_queues + poll_queues); give "
+                                "num-queues=1..{} or create the device with more queues",
+                                s.num_queues, dev.name(), dev.queue_count(), dev.queue_count()));
+    }
+    s.read_only = o.flag("readonly");
+    s.poll_us = static_cast<uint32_t>(o.u64("poll-us"));
+    s.serial = dev.name().substr(0, VIRTIO_BLK_ID_BYTES);
+    auto e = std::make_unique<export_impl>(dev, std::move(s));
+    if (auto rc = e->listen(); !rc) {
+        return std::unexpected(rc.error());
+    }
+    return e;
+}
+
+void cleanup_stale(const export_context& ctx)
+{
+    const std::string dir = ctx.run_dir + "/vhost-user-blk";
+    DIR* d = ::opendir(dir.c_str());
+    if (d == nullptr) {
+        return;
+    }
+    while (dirent* entry = ::readdir(d)) {
+        const std::string name = entry->d_name;
+        if (name.size() < 6 || name.substr(name.size() - 5) != ".sock") {
+            continue;
+        }
+        const std::string path = dir + "/" + name;
+        struct stat st;
+        if (::lstat(path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode) && !socket_listened_on(path)) {
+            ::unlink(path.c_str());
+        }
+    }
+    ::closedir(d);
+}
+
+}  // namespace softblk::vhost_user_blk
