@@ -83,6 +83,10 @@ inline virtio_blk_zoned_characteristics& zoned_of(blk_config& c)
 {
     return c.zoned;
 }
+inline const virtio_blk_zoned_characteristics& zoned_of(const blk_config& c)
+{
+    return c.zoned;
+}
 #else
 using ::virtio_blk_zone_descriptor;
 using ::virtio_blk_zone_report;
@@ -92,6 +96,10 @@ struct blk_config {
 } __attribute__((packed));
 
 inline virtio_blk_zoned_characteristics& zoned_of(blk_config& c)
+{
+    return c.base.zoned;
+}
+inline const virtio_blk_zoned_characteristics& zoned_of(const blk_config& c)
 {
     return c.base.zoned;
 }

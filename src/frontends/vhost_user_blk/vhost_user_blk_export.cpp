@@ -187,20 +187,22 @@ public:
     }
 
 private:
-    // The export's thread: accepts one front end at a time and handles its
-    // messages; the rings have threads of their own.
+    // The export's thread: serves one front end at a time and handles its
+    // messages; the rings have threads of their own. While a front end is
+    // attached the next one waits in the listen backlog (a QEMU that
+    // reconnects, a driver opened after another closed) until it goes.
     void serve()
     {
         std::unique_ptr<session> s;
         for (;;) {
-            pollfd fds[4] = {
-                {_stop_fd, POLLIN, 0}, {_listen_fd, POLLIN, 0}, {-1, 0, 0}, {-1, 0, 0}};
-            nfds_t n = 2;
+            pollfd fds[3] = {{_stop_fd, POLLIN, 0}, {-1, 0, 0}, {-1, 0, 0}};
             if (s) {
-                fds[n++] = pollfd{s->fd(), POLLIN, 0};
-                fds[n++] = pollfd{s->error_fd(), POLLIN, 0};
+                fds[1] = pollfd{s->fd(), POLLIN, 0};
+                fds[2] = pollfd{s->error_fd(), POLLIN, 0};
+            } else {
+                fds[1] = pollfd{_listen_fd, POLLIN, 0};
             }
-            if (::poll(fds, n, -1) < 0) {
+            if (::poll(fds, s ? 3 : 2, -1) < 0) {
                 if (errno == EINTR) {
                     continue;
                 }
@@ -211,10 +213,13 @@ private:
             if ((fds[0].revents & POLLIN) != 0) {
                 break;
             }
-            if ((fds[1].revents & POLLIN) != 0) {
-                accept_one(s);
+            if (!s) {
+                if ((fds[1].revents & POLLIN) != 0) {
+                    accept_one(s);
+                }
+                continue;
             }
-            if (s && (fds[3].revents & POLLIN) != 0) {
+            if ((fds[2].revents & POLLIN) != 0) {
                 fmt::print(
                     stderr,
                     "vhost-user-blk {}: the front end broke a ring; closing the connection\n",
@@ -222,7 +227,7 @@ private:
                 end(s);
                 continue;
             }
-            if (s && (fds[2].revents & (POLLIN | POLLHUP | POLLERR)) != 0 && !s->handle_message()) {
+            if ((fds[1].revents & (POLLIN | POLLHUP | POLLERR)) != 0 && !s->handle_message()) {
                 end(s);
             }
         }
@@ -233,14 +238,6 @@ private:
     {
         const int fd = ::accept4(_listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
         if (fd < 0) {
-            return;
-        }
-        if (s) {
-            fmt::print(stderr,
-                       "vhost-user-blk {}: a second front end connected to {} while one is "
-                       "attached; refused\n",
-                       _settings.serial, _settings.socket_path);
-            ::close(fd);
             return;
         }
         const timeval tv{k_message_timeout_s, 0};
