@@ -66,7 +66,7 @@ void run_verify(device& d, unsigned q, uint64_t base, uint64_t span, unsigned co
         std::vector<async_io*> inflight;
         while (finished < count) {
             while (issued < count && inflight.size() < depth) {
-                const uint64_t nblk = 1 + rng() % 64;
+                const uint64_t nblk = 1 + rng() % 32;
                 uint64_t start = rng() % (blocks - nblk);
                 bool clash = false;
                 for (uint64_t i = start; i < start + nblk; ++i) {
