@@ -5,12 +5,18 @@
 // indirect-descriptor modes); flush, discard and write zeroes reach the
 // device; the zoned virtio-blk path carries a zoned device's geometry,
 // reports, management and appends; a read-only export is read-only; a
-// back end that goes away fails requests instead of hanging them.
+// back end that goes away fails requests instead of hanging them. The driver
+// also runs a verify workload on qemu-storage-daemon's export of a file.
 #include "virtio_test_util.hpp"
 
 #include <atomic>
 #include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <fstream>
 #include <random>
+#include <spawn.h>
+#include <sys/wait.h>
 #include <thread>
 
 #include <softblk/support/clock.hpp>
@@ -364,9 +370,6 @@ TEST(virtio_driver, refusals_name_the_option)
 #include <softblk/fat/softblk_adapter.hpp>
 #include <softblk/fat/volume.hpp>
 
-#include <cstdio>
-#include <fstream>
-
 namespace {
 
 // A FAT volume made and filled through the driver; returns the number of
@@ -430,3 +433,86 @@ TEST(virtio_driver, fat_image_made_through_the_driver_passes_fsck_fat)
     EXPECT_EQ(rc, 0) << "fsck.fat -n " << path;
 }
 #endif
+
+// ---------------------------------------------------------------- qemu-storage-daemon
+
+namespace {
+
+// qemu-storage-daemon exporting a raw image file over vhost-user-blk.
+struct qsd_process {
+    explicit qsd_process(uint64_t bytes, unsigned queues)
+    {
+        image = dir.path + "/disk.raw";
+        socket = dir.path + "/qsd.sock";
+        std::ofstream(image).close();
+        std::filesystem::resize_file(image, bytes);
+        const std::vector<std::string> args = {
+            "qemu-storage-daemon", "--blockdev", "driver=file,node-name=f0,filename=" + image,
+            "--export",
+            fmt::format("type=vhost-user-blk,id=e0,node-name=f0,addr.type=unix,addr.path={},"
+                        "writable=on,num-queues={}",
+                        socket, queues)};
+        std::vector<char*> argv;
+        for (const auto& a : args) {
+            argv.push_back(const_cast<char*>(a.c_str()));
+        }
+        argv.push_back(nullptr);
+        if (posix_spawnp(&pid, "qemu-storage-daemon", nullptr, nullptr, argv.data(), environ) !=
+            0) {
+            pid = -1;
+            return;
+        }
+        for (int i = 0; i < 200 && !std::filesystem::exists(socket); ++i) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(25));
+        }
+    }
+    ~qsd_process() { stop(); }
+    void stop()
+    {
+        if (pid > 0) {
+            ::kill(pid, SIGTERM);
+            ::waitpid(pid, nullptr, 0);
+            pid = -1;
+        }
+    }
+    temp_dir dir;
+    std::string image;
+    std::string socket;
+    pid_t pid = -1;
+};
+
+bool have_qsd()
+{
+    return std::system("command -v qemu-storage-daemon >/dev/null 2>&1") == 0;
+}
+
+}  // namespace
+
+TEST(virtio_driver_on_qemu_storage_daemon, verify_on_two_queues)
+{
+    if (!have_qsd()) {
+        GTEST_SKIP() << "qemu-storage-daemon is not installed (qemu-system-common)";
+    }
+    qsd_process qsd(64 << 20, 2);
+    ASSERT_GT(qsd.pid, 0);
+    auto v = make_virtio(
+        qsd.socket, {"submit_queues=2", "poll_queues=0", "hw_queue_depth=32", "max_transfer=128"});
+    ASSERT_TRUE(v);
+    EXPECT_EQ(v->limits().capacity_bytes, uint64_t{64} << 20);
+    std::thread other([&] { run_verify(*v, 1, 32 << 20, 32 << 20, 300, 32, 11); });
+    run_verify(*v, 0, 0, 32 << 20, 300, 32, 13);
+    other.join();
+    // qemu-storage-daemon offers FLUSH with wce=0 (write through): no
+    // volatile cache, and a FLUSH sent anyway succeeds.
+    EXPECT_FALSE(v->limits().volatile_write_cache);
+    EXPECT_EQ(v->execute(io_op::flush, 0, 0, nullptr), 0);
+    // What the driver wrote is in the image file.
+    std::vector<uint8_t> through(4096), file(4096);
+    ASSERT_EQ(v->execute(io_op::read, 1 << 20, 4096, through.data()), 4096);
+    v.reset();
+    qsd.stop();
+    std::ifstream img(qsd.image, std::ios::binary);
+    img.seekg(1 << 20);
+    img.read(reinterpret_cast<char*>(file.data()), 4096);
+    EXPECT_EQ(through, file);
+}

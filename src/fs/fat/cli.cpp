@@ -189,16 +189,28 @@ std::unique_ptr<block_device> open_daemon_device(const std::string& name, bool r
             spec));
 #endif
     }
+    if (type == "vhost-user-blk") {
+        // softblk's own virtio-blk driver on the export's socket (one front
+        // end at a time: a VM attached to it keeps this waiting).
+        std::vector<std::string> options = {"path=" + exp.value("socket", std::string()),
+                                            "poll_queues=0"};
+        auto dev = softblk_block_device::create("fat0", "virtio", options);
+        if (!dev) {
+            throw cli_error(fmt::format("{}: through its vhost-user-blk export: {}", spec,
+                                        dev.error().message));
+        }
+        return std::unique_ptr<block_device>(std::move(*dev));
+    }
     if (type == "none") {
         throw cli_error(fmt::format(
             "{}: the device has no export, so only the daemon can reach it; re-create it "
             "with one (this loses its data): {}",
             spec, recreate));
     }
-    throw cli_error(
-        fmt::format("{}: its export ({}) cannot be opened by softblk fat; use an nbd, fuse or ublk "
-                    "export: {}",
-                    spec, type, recreate));
+    throw cli_error(fmt::format(
+        "{}: its export ({}) cannot be opened by softblk fat; use an nbd, fuse, ublk or "
+        "vhost-user-blk export: {}",
+        spec, type, recreate));
 }
 #endif
 
