@@ -9,13 +9,19 @@
 //       [--opt KEY=VALUE]...
 //
 // --queues N runs N threads, each driving its own device queue (and
-// virtqueue) with --qd requests in flight. Prints one JSON line.
+// virtqueue) with --qd requests in flight. --backend-pid PID adds the back
+// end's CPU time per I/O: the run time of each of its threads
+// (/proc/PID/task/*/schedstat, nanoseconds) from when the rings are up to
+// when the job ends, before the connection closes (the back end's ring
+// threads live as long as the connection). Prints one JSON line.
 #include <softblk/device.hpp>
 #include <softblk/support/clock.hpp>
 
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <random>
 #include <string>
 #include <sys/resource.h>
@@ -35,6 +41,7 @@ struct job {
     double seconds = 5;
     uint64_t size_mib = 256;
     unsigned queues = 1;
+    int backend_pid = 0;
     std::vector<std::string> options;
 };
 
@@ -96,11 +103,30 @@ double cpu_seconds()
            static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
 }
 
+// Nanoseconds the threads of process `pid` have run, or 0.
+uint64_t run_ns(int pid)
+{
+    if (pid <= 0) {
+        return 0;
+    }
+    uint64_t total = 0;
+    const std::string dir = fmt::format("/proc/{}/task", pid);
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+        std::ifstream in(e.path() / "schedstat");
+        uint64_t ns = 0;
+        if (in >> ns) {
+            total += ns;
+        }
+    }
+    return total;
+}
+
 int usage(const char* self)
 {
     fmt::print(stderr,
                "usage: {} --path SOCKET [--rw randread|randwrite|read|write] [--bs BYTES] [--qd N] "
-               "[--seconds S] [--size MiB] [--queues N] [--opt KEY=VALUE]...\n",
+               "[--seconds S] [--size MiB] [--queues N] [--backend-pid PID] [--opt KEY=VALUE]...\n",
                self);
     return 2;
 }
@@ -127,6 +153,8 @@ int main(int argc, char** argv)
             j.size_mib = std::stoull(value());
         } else if (a == "--queues") {
             j.queues = static_cast<unsigned>(std::stoul(value()));
+        } else if (a == "--backend-pid") {
+            j.backend_pid = std::stoi(value());
         } else if (a == "--opt") {
             j.options.push_back(value());
         } else {
@@ -162,6 +190,7 @@ int main(int argc, char** argv)
     std::atomic<bool> go{false};
     std::vector<std::thread> threads;
     const double cpu0 = cpu_seconds();
+    const uint64_t backend0 = run_ns(j.backend_pid);
     uint64_t t0 = 0;
     for (unsigned q = 0; q < j.queues; ++q) {
         worker& w = workers[q];
@@ -201,6 +230,7 @@ int main(int argc, char** argv)
     }
     const double elapsed = static_cast<double>(softblk::monotonic_ns() - t0) / 1e9;
     const double cpu = cpu_seconds() - cpu0;
+    const uint64_t backend_ns = run_ns(j.backend_pid) - backend0;
     uint64_t ios = 0, errors = 0;
     for (const auto& w : workers) {
         ios += w.done;
@@ -217,6 +247,10 @@ int main(int argc, char** argv)
                           {"mib_s", static_cast<double>(ios * j.bs) / elapsed / (1 << 20)},
                           {"cpu_s", cpu},
                           {"cpu_us_per_io", ios ? cpu * 1e6 / static_cast<double>(ios) : 0.0}};
+    if (j.backend_pid > 0) {
+        out["backend_cpu_us_per_io"] =
+            ios ? static_cast<double>(backend_ns) / 1e3 / static_cast<double>(ios) : 0.0;
+    }
     fmt::print("{}\n", out.dump());
     return errors == 0 ? 0 : 1;
 }

@@ -44,49 +44,43 @@ bool guest_memory::remove(uint64_t guest_addr, uint64_t user_addr, uint64_t size
     return false;
 }
 
-uint8_t* guest_memory::guest_to_host(uint64_t gpa, uint64_t len) const
+const memory_region* guest_memory::find(uint64_t addr, uint64_t memory_region::*base,
+                                        uint64_t& offset) const
 {
-    if (len == 0) {
-        len = 1;
-    }
     for (unsigned i = 0; i < _count; ++i) {
         const memory_region& r = _regions[i];
-        if (gpa >= r.guest_addr && gpa - r.guest_addr < r.size) {
-            const uint64_t off = gpa - r.guest_addr;
-            return len <= r.size - off ? r.host + off : nullptr;
+        if (addr >= r.*base && addr - r.*base < r.size) {
+            offset = addr - r.*base;
+            return &r;
         }
     }
     return nullptr;
+}
+
+uint8_t* guest_memory::guest_to_host(uint64_t gpa, uint64_t len) const
+{
+    uint64_t off = 0;
+    const memory_region* r = find(gpa, &memory_region::guest_addr, off);
+    return r != nullptr && (len == 0 ? 1 : len) <= r->size - off ? r->host + off : nullptr;
 }
 
 uint8_t* guest_memory::guest_to_host_partial(uint64_t gpa, uint64_t len, uint64_t& contiguous) const
 {
-    for (unsigned i = 0; i < _count; ++i) {
-        const memory_region& r = _regions[i];
-        if (gpa >= r.guest_addr && gpa - r.guest_addr < r.size) {
-            const uint64_t off = gpa - r.guest_addr;
-            const uint64_t room = r.size - off;
-            contiguous = len < room ? len : room;
-            return r.host + off;
-        }
+    uint64_t off = 0;
+    const memory_region* r = find(gpa, &memory_region::guest_addr, off);
+    if (r == nullptr) {
+        contiguous = 0;
+        return nullptr;
     }
-    contiguous = 0;
-    return nullptr;
+    contiguous = len < r->size - off ? len : r->size - off;
+    return r->host + off;
 }
 
 uint8_t* guest_memory::user_to_host(uint64_t uaddr, uint64_t len) const
 {
-    if (len == 0) {
-        len = 1;
-    }
-    for (unsigned i = 0; i < _count; ++i) {
-        const memory_region& r = _regions[i];
-        if (uaddr >= r.user_addr && uaddr - r.user_addr < r.size) {
-            const uint64_t off = uaddr - r.user_addr;
-            return len <= r.size - off ? r.host + off : nullptr;
-        }
-    }
-    return nullptr;
+    uint64_t off = 0;
+    const memory_region* r = find(uaddr, &memory_region::user_addr, off);
+    return r != nullptr && (len == 0 ? 1 : len) <= r->size - off ? r->host + off : nullptr;
 }
 
 }  // namespace softblk::virtio

@@ -58,6 +58,10 @@ public:
     uint8_t* user_to_host(uint64_t uaddr, uint64_t len) const;
 
 private:
+    // The region holding `addr` in the address space `base` names (guest
+    // or user), with the offset into it; nullptr if none.
+    const memory_region* find(uint64_t addr, uint64_t memory_region::*base, uint64_t& offset) const;
+
     memory_region _regions[k_max_regions];
     unsigned _count = 0;
 };

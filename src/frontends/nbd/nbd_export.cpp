@@ -14,6 +14,8 @@
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
+#include <softblk/support/unix_socket.hpp>
+
 #include "server.hpp"
 
 namespace softblk::nbd {
@@ -388,19 +390,7 @@ void cleanup_stale(const export_context& ctx)
             return;  // ours, alive
         }
     }
-    sockaddr_un addr{};
-    if (path.size() >= sizeof addr.sun_path) {
-        return;
-    }
-    addr.sun_family = AF_UNIX;
-    std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-    const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    const bool alive =
-        fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
-    if (fd >= 0) {
-        ::close(fd);
-    }
-    if (!alive) {
+    if (path.size() < sizeof(sockaddr_un::sun_path) && !unix_socket_listened_on(path)) {
         ::unlink(path.c_str());
     }
 }

@@ -38,11 +38,12 @@ constexpr uint64_t k_kickless_poll_ns = 50'000;
 // Zones one report may ask for (3 MiB of softblk zone descriptors).
 constexpr uint64_t k_max_report_zones = 65'536;
 
-// Copies `len` bytes starting `skip` bytes into `segs` to `dst`. Returns
-// the bytes copied (less when the segments end first).
-uint64_t gather(std::span<const segment> segs, uint64_t skip, void* dst, uint64_t len)
+// Calls fn(p, at, n) for each piece of bytes [skip, skip + len) of
+// `segs`: `n` bytes at `p`, which are bytes [at, at + n) of the range.
+// Returns the bytes visited (less when the segments end first).
+template <class F>
+uint64_t for_each_piece(std::span<const segment> segs, uint64_t skip, uint64_t len, F fn)
 {
-    auto* out = static_cast<uint8_t*>(dst);
     uint64_t done = 0;
     for (const segment& s : segs) {
         if (done == len) {
@@ -53,32 +54,28 @@ uint64_t gather(std::span<const segment> segs, uint64_t skip, void* dst, uint64_
             continue;
         }
         const uint64_t n = std::min<uint64_t>(s.len - skip, len - done);
-        std::memcpy(out + done, s.ptr + skip, n);
+        fn(s.ptr + skip, done, n);
         done += n;
         skip = 0;
     }
     return done;
 }
 
+// Copies `len` bytes starting `skip` bytes into `segs` to `dst`.
+uint64_t gather(std::span<const segment> segs, uint64_t skip, void* dst, uint64_t len)
+{
+    auto* out = static_cast<uint8_t*>(dst);
+    return for_each_piece(segs, skip, len, [out](uint8_t* p, uint64_t at, uint64_t n) {
+        std::memcpy(out + at, p, n);
+    });
+}
+
 // Copies `len` bytes from `src` into `segs` from `skip` bytes on.
 uint64_t scatter(std::span<const segment> segs, uint64_t skip, const void* src, uint64_t len)
 {
     const auto* in = static_cast<const uint8_t*>(src);
-    uint64_t done = 0;
-    for (const segment& s : segs) {
-        if (done == len) {
-            break;
-        }
-        if (skip >= s.len) {
-            skip -= s.len;
-            continue;
-        }
-        const uint64_t n = std::min<uint64_t>(s.len - skip, len - done);
-        std::memcpy(s.ptr + skip, in + done, n);
-        done += n;
-        skip = 0;
-    }
-    return done;
+    return for_each_piece(
+        segs, skip, len, [in](uint8_t* p, uint64_t at, uint64_t n) { std::memcpy(p, in + at, n); });
 }
 
 // The host address of bytes [skip, skip + len) of `segs` when they are one
@@ -88,28 +85,16 @@ uint8_t* contiguous(std::span<const segment> segs, uint64_t skip, uint64_t len)
 {
     uint8_t* start = nullptr;
     uint8_t* next = nullptr;
-    uint64_t found = 0;
-    for (const segment& s : segs) {
-        if (found == len) {
-            break;
-        }
+    bool joined = true;
+    const uint64_t found = for_each_piece(segs, skip, len, [&](uint8_t* p, uint64_t, uint64_t n) {
         if (start == nullptr) {
-            if (skip >= s.len) {
-                skip -= s.len;
-                continue;
-            }
-            start = s.ptr + skip;
-            found = std::min<uint64_t>(s.len - skip, len);
-            next = s.ptr + s.len;
-            continue;
+            start = p;
+        } else if (p != next) {
+            joined = false;
         }
-        if (s.ptr != next) {
-            return nullptr;
-        }
-        found += std::min<uint64_t>(s.len, len - found);
-        next = s.ptr + s.len;
-    }
-    return found == len ? start : nullptr;
+        next = p + n;
+    });
+    return found == len && joined ? start : nullptr;
 }
 
 void bump(std::atomic<uint64_t>& c)

@@ -15,6 +15,8 @@
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
+#include <softblk/support/unix_socket.hpp>
+
 #include "blk_config.hpp"
 #include "queue_worker.hpp"
 #include "session.hpp"
@@ -58,23 +60,6 @@ constexpr option_def k_options[] = {
 // Seconds a front end may take to send the rest of a message it started.
 constexpr int k_message_timeout_s = 10;
 
-bool socket_listened_on(const std::string& path)
-{
-    sockaddr_un addr{};
-    if (path.size() >= sizeof addr.sun_path) {
-        return false;
-    }
-    addr.sun_family = AF_UNIX;
-    std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-    const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    const bool alive =
-        fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
-    if (fd >= 0) {
-        ::close(fd);
-    }
-    return alive;
-}
-
 class export_impl final : public device_export {
 public:
     export_impl(device& dev, export_settings settings)
@@ -100,7 +85,7 @@ public:
                 return make_error(EEXIST,
                                   fmt::format("socket={}: exists and is not a socket", path));
             }
-            if (socket_listened_on(path)) {
+            if (unix_socket_listened_on(path)) {
                 return make_error(
                     EADDRINUSE, fmt::format("socket={}: another process serves it; choose another "
                                             "socket= or stop that export",
@@ -324,7 +309,8 @@ void cleanup_stale(const export_context& ctx)
         }
         const std::string path = dir + "/" + name;
         struct stat st;
-        if (::lstat(path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode) && !socket_listened_on(path)) {
+        if (::lstat(path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode) &&
+            !unix_socket_listened_on(path)) {
             ::unlink(path.c_str());
         }
     }

@@ -104,6 +104,21 @@ error vhost_user_client::failure(const vu::message& m, const std::string& what) 
                              vu::request_name(m.hdr.request), what)};
 }
 
+result<vu::message> vhost_user_client::await_reply(const vu::message& m, uint32_t size)
+{
+    vu::message r;
+    const int rc = vu::receive(_fd, r);
+    vu::close_fds(r);  // no reply the driver asks for carries descriptors
+    if (rc <= 0) {
+        return std::unexpected(
+            failure(m, rc == 0 ? "the back end closed the connection" : std::strerror(-rc)));
+    }
+    if (const char* why = vu::check_reply(r, m.hdr.request, size)) {
+        return std::unexpected(failure(m, why));
+    }
+    return r;
+}
+
 result<void> vhost_user_client::send(vu::message& m, bool ack)
 {
     if (ack && _reply_ack) {
@@ -115,19 +130,12 @@ result<void> vhost_user_client::send(vu::message& m, bool ack)
     if (!ack || !_reply_ack) {
         return {};
     }
-    vu::message r;
-    const int rc = vu::receive(_fd, r);
-    if (rc <= 0) {
-        vu::close_fds(r);
-        return std::unexpected(
-            failure(m, rc == 0 ? "the back end closed the connection" : std::strerror(-rc)));
+    auto r = await_reply(m, sizeof(uint64_t));
+    if (!r) {
+        return std::unexpected(r.error());
     }
-    vu::close_fds(r);
-    if (const char* why = vu::check_reply(r, m.hdr.request, sizeof(uint64_t))) {
-        return std::unexpected(failure(m, why));
-    }
-    if (r.body.u64 != 0) {
-        return std::unexpected(failure(m, fmt::format("refused (status {})", r.body.u64)));
+    if (r->body.u64 != 0) {
+        return std::unexpected(failure(m, fmt::format("refused (status {})", r->body.u64)));
     }
     return {};
 }
@@ -137,18 +145,7 @@ result<vu::message> vhost_user_client::call(vu::message& m, uint32_t reply_size)
     if (const int rc = vu::send(_fd, m); rc < 0) {
         return std::unexpected(failure(m, std::strerror(-rc)));
     }
-    vu::message r;
-    const int rc = vu::receive(_fd, r);
-    if (rc <= 0) {
-        vu::close_fds(r);
-        return std::unexpected(
-            failure(m, rc == 0 ? "the back end closed the connection" : std::strerror(-rc)));
-    }
-    vu::close_fds(r);  // no reply the driver asks for carries descriptors
-    if (const char* why = vu::check_reply(r, m.hdr.request, reply_size)) {
-        return std::unexpected(failure(m, why));
-    }
-    return r;
+    return await_reply(m, reply_size);
 }
 
 result<uint64_t> vhost_user_client::get_u64(uint32_t request)

@@ -54,6 +54,10 @@ public:
 private:
     result<void> send(virtio::vhost_user::message& m, bool ack);
     result<virtio::vhost_user::message> call(virtio::vhost_user::message& m, uint32_t reply_size);
+    // Receives the reply to `m` and checks it (payload of `size` bytes,
+    // 0: any).
+    result<virtio::vhost_user::message> await_reply(const virtio::vhost_user::message& m,
+                                                    uint32_t size);
     error failure(const virtio::vhost_user::message& m, const std::string& what) const;
 
     int _fd = -1;
