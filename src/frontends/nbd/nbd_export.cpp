@@ -5,16 +5,13 @@
 #include <cstring>
 #include <map>
 #include <mutex>
-#include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/un.h>
 #include <thread>
+#include <vector>
 #include <unistd.h>
 
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
-
-#include <softblk/support/unix_socket.hpp>
 
 #include "server.hpp"
 
@@ -30,12 +27,20 @@ constexpr option_def k_options[] = {
      .help = "unix socket to listen on (default: RUN_DIR/nbd.sock, shared by every device exported "
              "there); "
              "none: TCP only"},
+    k_socket_mode_option,
+    k_socket_group_option,
     {.name = "tcp",
      .kind = option_kind::text,
      .default_value = "",
      .unit = "",
      .help = "also listen on TCP: PORT (on 127.0.0.1) or HOST:PORT ([::1]:PORT); port 0 picks a "
              "free one"},
+    {.name = "insecure",
+     .kind = option_kind::boolean,
+     .default_value = "0",
+     .unit = "",
+     .help = "allow tcp= without tls=require: anyone who reaches the port reads and writes the "
+             "device; `softblk list` shows the export as insecure"},
     {.name = "tls",
      .kind = option_kind::text,
      .default_value = "off",
@@ -90,6 +95,31 @@ constexpr option_def k_options[] = {
          "connection slot); 0: never",
      .min = 0,
      .max = 86400},
+    {.name = "idle-timeout",
+     .kind = option_kind::integer,
+     .default_value = "300",
+     .unit = "s",
+     .help = "a connection that neither sends nor reads a byte for this long is closed (idle "
+             "clients, clients that do not read their replies); 0: never (kernel nbd clients "
+             "that sit idle)",
+     .min = 0,
+     .max = 604800},
+    {.name = "buffer-per-connection",
+     .kind = option_kind::integer,
+     .default_value = "64",
+     .unit = "MiB",
+     .help = "a connection stops reading requests while its buffers (write payloads, read data "
+             "not yet sent) hold this much",
+     .min = 1,
+     .max = 4096},
+    {.name = "buffer-total",
+     .kind = option_kind::integer,
+     .default_value = "512",
+     .unit = "MiB",
+     .help = "every connection of the server stops reading requests while their buffers "
+             "together would pass this",
+     .min = 32,
+     .max = 1048576},
     {.name = "poll-us",
      .kind = option_kind::integer,
      .default_value = "0",
@@ -228,6 +258,15 @@ public:
             j["tls_verify_peer"] = cfg.tls_verify_peer;
         }
         j["read_only"] = _read_only;
+        if (!cfg.tcp_host.empty() && cfg.tls != tls_mode::require) {
+            // insecure=1: say so wherever the export is shown.
+            j["insecure"] = true;
+            j["warning"] = fmt::format(
+                "insecure: TCP {}:{} without TLS (insecure=1), anyone who "
+                "reaches it reads and writes the device",
+                cfg.tcp_host, _srv->tcp_port());
+        }
+        j["idle_timeout_s"] = cfg.idle_timeout_ms / 1000;
         return j;
     }
 
@@ -238,9 +277,22 @@ public:
         }
         registry& r = servers();
         std::lock_guard lock(r.mutex);
-        auto rc = _srv->remove_export(_name);
+        if (!_removing) {
+            auto removing = _srv->begin_remove_export(_name);
+            if (!removing) {
+                return std::unexpected(removing.error());
+            }
+            _removing = *removing;
+        }
+        // Bounded (stop_timeout_ms): on failure the export stays removing
+        // and the device in use; a later stop() waits again.
+        if (auto rc = _srv->wait_closed(*_removing); !rc) {
+            return rc;
+        }
+        _removing.reset();
+        result<void> rc;
         if (_srv->export_count() == 0) {
-            _srv->stop();
+            rc = _srv->stop();
             r.servers.erase(_key);
         }
         _srv.reset();
@@ -249,6 +301,7 @@ public:
 
 private:
     std::shared_ptr<server> _srv;
+    std::shared_ptr<server_export> _removing;  // removed, connections closing
     std::string _key;
     std::string _name;
     bool _read_only;
@@ -309,6 +362,33 @@ result<std::unique_ptr<device_export>> start_export(device& dev, const export_co
     if (cfg.socket_path.empty() && cfg.tcp_host.empty()) {
         return make_error(EINVAL, "socket=none needs tcp=PORT");
     }
+    cfg.insecure = o.flag("insecure");
+    if (!cfg.tcp_host.empty() && cfg.tls != tls_mode::require && !cfg.insecure) {
+        return make_error(
+            EPERM,
+            fmt::format("tcp={}{}: {}", o.text("tcp"),
+                        cfg.tls == tls_mode::on ? " with tls=on (optional)" : "", k_tcp_policy));
+    }
+    if (cfg.insecure && cfg.tcp_host.empty()) {
+        return make_error(EINVAL, "insecure=1 without tcp=: only a TCP listener can be insecure");
+    }
+    auto mode = parse_socket_mode(o.text("mode"));
+    if (!mode) {
+        return std::unexpected(mode.error());
+    }
+    cfg.socket_mode = *mode;
+    auto group = parse_socket_group(o.text("group"));
+    if (!group) {
+        return std::unexpected(group.error());
+    }
+    cfg.socket_group = *group;
+    if (cfg.socket_path.empty() && (o.given("mode") || o.given("group"))) {
+        return make_error(EINVAL,
+                          "mode=/group= apply to the unix socket, and socket=none has none");
+    }
+    cfg.idle_timeout_ms = static_cast<uint32_t>(o.u64("idle-timeout") * 1000);
+    cfg.conn_buffer_bytes = o.u64("buffer-per-connection") << 20;
+    cfg.total_buffer_bytes = o.u64("buffer-total") << 20;
     cfg.max_connections = static_cast<unsigned>(o.u64("max-connections"));
     cfg.threads = static_cast<unsigned>(o.u64("threads"));
     cfg.handshake_timeout_ms = static_cast<uint32_t>(o.u64("handshake-timeout") * 1000);
@@ -338,19 +418,31 @@ result<std::unique_ptr<device_export>> start_export(device& dev, const export_co
             (!o.given("handshake-timeout") ||
              run.handshake_timeout_ms == cfg.handshake_timeout_ms) &&
             (!o.given("poll-us") || run.poll_us == cfg.poll_us) &&
-            (!o.given("coalesce-us") || run.coalesce_us == cfg.coalesce_us);
+            (!o.given("coalesce-us") || run.coalesce_us == cfg.coalesce_us) &&
+            run.insecure == cfg.insecure &&
+            (!o.given("mode") || run.socket_mode == cfg.socket_mode) &&
+            (!o.given("group") || run.socket_group == cfg.socket_group) &&
+            (!o.given("idle-timeout") || run.idle_timeout_ms == cfg.idle_timeout_ms) &&
+            (!o.given("buffer-per-connection") || run.conn_buffer_bytes == cfg.conn_buffer_bytes) &&
+            (!o.given("buffer-total") || run.total_buffer_bytes == cfg.total_buffer_bytes);
         if (!same) {
             return make_error(
                 EBUSY,
                 fmt::format(
                     "nbd: a server on {} already runs with tls={} tls-verify-peer={} tcp={} "
-                    "max-connections={} threads={} handshake-timeout={} poll-us={} coalesce-us={}; "
-                    "export there with the same settings, or choose another socket=",
+                    "max-connections={} threads={} handshake-timeout={} poll-us={} coalesce-us={} "
+                    "insecure={} mode={:04o} group={} idle-timeout={} buffer-per-connection={} "
+                    "buffer-total={}; export there with the same settings, or choose another "
+                    "socket=",
                     key, to_string(run.tls), run.tls_verify_peer ? 1 : 0,
                     run.tcp_host.empty() ? std::string("off")
                                          : fmt::format("{}:{}", run.tcp_host, srv->tcp_port()),
                     run.max_connections, run.threads, run.handshake_timeout_ms / 1000, run.poll_us,
-                    run.coalesce_us));
+                    run.coalesce_us, run.insecure ? 1 : 0, run.socket_mode,
+                    run.socket_group < 0 ? std::string("default")
+                                         : std::to_string(run.socket_group),
+                    run.idle_timeout_ms / 1000, run.conn_buffer_bytes >> 20,
+                    run.total_buffer_bytes >> 20));
         }
     } else {
         if (!cfg.socket_path.empty()) {
@@ -366,9 +458,13 @@ result<std::unique_ptr<device_export>> start_export(device& dev, const export_co
         srv = *started;
         r.servers.emplace(key, srv);
     }
+    if (!cfg.tcp_host.empty() && cfg.tls != tls_mode::require) {
+        fmt::print(stderr, "nbd: {}: serving TCP {}:{} without TLS (insecure=1)\n", dev.name(),
+                   srv->config().tcp_host, srv->tcp_port());
+    }
     if (auto rc = srv->add_export(dev, read_only, o.text("description")); !rc) {
         if (srv->export_count() == 0) {
-            srv->stop();
+            (void)srv->stop();
             r.servers.erase(key);
         }
         return std::unexpected(rc.error());
@@ -390,9 +486,7 @@ void cleanup_stale(const export_context& ctx)
             return;  // ours, alive
         }
     }
-    if (path.size() < sizeof(sockaddr_un::sun_path) && !unix_socket_listened_on(path)) {
-        ::unlink(path.c_str());
-    }
+    (void)claim_socket_path(path);  // removes it only when stale and ours
 }
 
 }  // namespace softblk::nbd

@@ -8,7 +8,6 @@
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/un.h>
 #include <thread>
 #include <unistd.h>
 
@@ -32,6 +31,8 @@ constexpr option_def k_options[] = {
      .unit = "path",
      .help = "unix socket the front end connects to (QEMU: -chardev socket,path=PATH); default "
              "RUN_DIR/vhost-user-blk/NAME.sock"},
+    k_socket_mode_option,
+    k_socket_group_option,
     {.name = "num-queues",
      .kind = option_kind::integer,
      .default_value = "0",
@@ -70,38 +71,16 @@ public:
     }
     ~export_impl() override { (void)stop(); }
 
-    result<void> listen()
+    // Binds the socket (permissions `mode`, group `group` before it
+    // listens) and starts the export's thread. Control thread.
+    result<void> listen(unsigned mode, int64_t group)
     {
-        const std::string& path = _settings.socket_path;
-        sockaddr_un addr{};
-        if (path.size() >= sizeof addr.sun_path) {
-            return make_error(ENAMETOOLONG,
-                              fmt::format("socket={}: a unix socket path is at most {} bytes", path,
-                                          sizeof addr.sun_path - 1));
+        auto listener = listen_unix_socket(_settings.socket_path, mode, group, 4, SOCK_NONBLOCK);
+        if (!listener) {
+            return std::unexpected(listener.error());
         }
-        struct stat st;
-        if (::lstat(path.c_str(), &st) == 0) {
-            if (!S_ISSOCK(st.st_mode)) {
-                return make_error(EEXIST,
-                                  fmt::format("socket={}: exists and is not a socket", path));
-            }
-            if (unix_socket_listened_on(path)) {
-                return make_error(
-                    EADDRINUSE, fmt::format("socket={}: another process serves it; choose another "
-                                            "socket= or stop that export",
-                                            path));
-            }
-            ::unlink(path.c_str());  // left by a back end that died
-        }
-        addr.sun_family = AF_UNIX;
-        std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-        _listen_fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-        if (_listen_fd < 0 ||
-            ::bind(_listen_fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
-            ::listen(_listen_fd, 4) != 0) {
-            const int e = errno;
-            return make_error(e, fmt::format("socket={}: {}", path, std::strerror(e)));
-        }
+        _listener = *listener;
+        _listen_fd = listener->fd;
         _stop_fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
         if (_stop_fd < 0) {
             const int e = errno;
@@ -154,7 +133,9 @@ public:
         if (_listen_fd >= 0) {
             ::close(_listen_fd);
             _listen_fd = -1;
-            ::unlink(_settings.socket_path.c_str());
+            // Only the socket listen() bound: not a file someone put there since.
+            remove_socket_file(_settings.socket_path, _listener);
+            _listener = {};
         }
         if (_stop_fd >= 0) {
             ::close(_stop_fd);
@@ -242,6 +223,7 @@ private:
     device& _dev;
     export_settings _settings;
     std::unique_ptr<ring_counters[]> _counters;
+    unix_listener _listener;  // the socket file listen() bound
     int _listen_fd = -1;
     int _stop_fd = -1;
     std::thread _thread;
@@ -288,8 +270,16 @@ result<std::unique_ptr<device_export>> start_export(device& dev, const export_co
     s.read_only = o.flag("readonly");
     s.poll_us = static_cast<uint32_t>(o.u64("poll-us"));
     s.serial = dev.name().substr(0, VIRTIO_BLK_ID_BYTES);
+    auto mode = parse_socket_mode(o.text("mode"));
+    if (!mode) {
+        return std::unexpected(mode.error());
+    }
+    auto group = parse_socket_group(o.text("group"));
+    if (!group) {
+        return std::unexpected(group.error());
+    }
     auto e = std::make_unique<export_impl>(dev, std::move(s));
-    if (auto rc = e->listen(); !rc) {
+    if (auto rc = e->listen(*mode, *group); !rc) {
         return std::unexpected(rc.error());
     }
     return e;
@@ -309,9 +299,8 @@ void cleanup_stale(const export_context& ctx)
         }
         const std::string path = dir + "/" + name;
         struct stat st;
-        if (::lstat(path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode) &&
-            !unix_socket_listened_on(path)) {
-            ::unlink(path.c_str());
+        if (::lstat(path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) {
+            (void)claim_socket_path(path);  // removes it only when stale and ours
         }
     }
     ::closedir(d);

@@ -12,7 +12,7 @@
 
 namespace softblk::vhost_user_blk {
 
-// The export options (socket, num-queues, readonly, poll-us).
+// The export options (socket, mode, group, num-queues, readonly, poll-us).
 std::span<const option_def> export_options();
 
 // export_type::start. Control thread.
