@@ -5,16 +5,19 @@
 // memory, short headers, no status byte) fail that request and the ring
 // goes on; a driver that breaks the ring itself (heads out of range or
 // twice in flight) loses its connection; memory that does not fit its
-// file is refused; a second front end waits for the first; and chains the
-// inflight region says were in flight are resubmitted oldest first.
+// file is refused; a second front end waits for the first; chains the
+// inflight region says were in flight are resubmitted oldest first; and
+// the export's socket is taken and removed safely.
 #include "virtio_test_util.hpp"
 
 #include <chrono>
 #include <fcntl.h>
+#include <fstream>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <thread>
 #include <unistd.h>
@@ -453,4 +456,92 @@ TEST(vhost_user_blk_backend, inflight_chains_are_resubmitted_oldest_first)
     ASSERT_TRUE(fe.used(id, len));
     EXPECT_EQ(id, 1u);
     ::munmap(base, region);
+}
+
+// The export's socket follows the shared rules (support/unix_socket.hpp):
+// mode 0600 whatever the umask, mode= and group= applied, a regular file,
+// a symbolic link or a live socket refused and left as they were, a stale
+// socket replaced, and stop() removing only the socket it bound.
+TEST(vhost_user_blk_backend, the_socket_is_taken_safely)
+{
+    temp_dir dir;
+    const std::vector<std::string> options = {"size=16", "submit_queues=1", "poll_queues=0"};
+    auto d = device::create("vsock", "null", options);
+    ASSERT_TRUE(d) << d.error().message;
+    const export_type* t = find_export_type("vhost-user-blk");
+    ASSERT_NE(t, nullptr);
+    auto start = [&](const std::string& path, std::vector<std::string> more = {}) {
+        more.push_back("socket=" + path);
+        return start_export(*t, **d, export_context{dir.path, false}, more);
+    };
+    auto mode_of = [](const std::string& path) {
+        struct stat st {};
+        return ::lstat(path.c_str(), &st) == 0 ? (st.st_mode & 07777) : 0u;
+    };
+
+    const std::string a = dir.path + "/a.sock";
+    const mode_t old_umask = ::umask(0);
+    auto e = start(a);
+    ::umask(old_umask);
+    ASSERT_TRUE(e) << e.error().message;
+    EXPECT_EQ(mode_of(a), 0600u) << "under umask 000";
+    // A second export on the same, live socket is refused; the first stays.
+    auto twice = start(a);
+    ASSERT_FALSE(twice);
+    EXPECT_NE(twice.error().message.find("listens"), std::string::npos) << twice.error().message;
+    auto front = make_virtio(a, {"poll_queues=0"});
+    EXPECT_TRUE(front) << "the first export still serves its socket";
+    front.reset();
+    // stop() leaves a file that replaced the socket meanwhile.
+    ASSERT_EQ(::unlink(a.c_str()), 0);
+    {
+        std::ofstream(a) << "not ours";
+    }
+    ASSERT_TRUE((*e)->stop());
+    std::string kept;
+    std::getline(std::ifstream(a), kept);
+    EXPECT_EQ(kept, "not ours");
+
+    // A regular file and a symbolic link are refused and left alone.
+    auto on_file = start(a);
+    ASSERT_FALSE(on_file);
+    EXPECT_NE(on_file.error().message.find("not a socket"), std::string::npos)
+        << on_file.error().message;
+    std::getline(std::ifstream(a), kept);
+    EXPECT_EQ(kept, "not ours");
+    const std::string link = dir.path + "/link.sock";
+    ASSERT_EQ(::symlink(a.c_str(), link.c_str()), 0);
+    auto on_link = start(link);
+    ASSERT_FALSE(on_link);
+    EXPECT_NE(on_link.error().message.find("symbolic link"), std::string::npos)
+        << on_link.error().message;
+    struct stat st {};
+    EXPECT_EQ(::lstat(link.c_str(), &st), 0);
+    EXPECT_TRUE(S_ISLNK(st.st_mode));
+
+    // A stale socket (bound, nobody listening) is replaced; mode= applies;
+    // stop() removes the socket it bound.
+    const std::string b = dir.path + "/b.sock";
+    {
+        const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        sockaddr_un addr{};
+        addr.sun_family = AF_UNIX;
+        std::strncpy(addr.sun_path, b.c_str(), sizeof addr.sun_path - 1);
+        ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+        ::close(fd);
+    }
+    auto stale = start(b, {"mode=0660"});
+    ASSERT_TRUE(stale) << stale.error().message;
+    EXPECT_EQ(mode_of(b), 0660u);
+    ASSERT_TRUE((*stale)->stop());
+    EXPECT_NE(::access(b.c_str(), F_OK), 0) << "stop() left its socket";
+
+    // Bad mode= and group= name the option and create nothing.
+    for (const char* bad : {"mode=0999", "group=no-such-group-here"}) {
+        auto r = start(dir.path + "/c.sock", {bad});
+        ASSERT_FALSE(r) << bad;
+        const std::string key = std::string(bad).substr(0, std::string(bad).find('=') + 1);
+        EXPECT_NE(r.error().message.find(key), std::string::npos) << r.error().message;
+        EXPECT_NE(::access((dir.path + "/c.sock").c_str(), F_OK), 0);
+    }
 }
