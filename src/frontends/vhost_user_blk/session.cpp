@@ -12,6 +12,8 @@
 #include <fmt/core.h>
 
 #include <linux/virtio_config.h>
+
+#include <softblk/support/fd_guard.hpp>
 #include <softblk/virtio/split_ring.hpp>
 
 #include <softblk/virtio/inflight.hpp>
@@ -252,11 +254,11 @@ session::outcome session::dispatch(vu::message& m)
 
 bool session::map_region(const vu::region_desc& r, int fd)
 {
+    const fd_guard owned{fd};  // the mapping keeps the memory; the descriptor goes
     struct stat st;
     if (::fstat(fd, &st) != 0) {
         log(fmt::format("memory region at guest address {:#x}: fstat: {}", r.guest_addr,
                         std::strerror(errno)));
-        ::close(fd);
         return false;
     }
     // Touching a page beyond the end of the file would kill this process
@@ -266,7 +268,6 @@ bool session::map_region(const vu::region_desc& r, int fd)
             fmt::format("memory region at guest address {:#x}: {} bytes at offset {} reach "
                         "beyond its file ({} bytes)",
                         r.guest_addr, r.size, r.mmap_offset, st.st_size));
-        ::close(fd);
         return false;
     }
     const int seals = ::fcntl(fd, F_GET_SEALS);
@@ -282,7 +283,6 @@ bool session::map_region(const vu::region_desc& r, int fd)
     void* base = ::mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd,
                         static_cast<off_t>(aligned));
     const int e = errno;
-    ::close(fd);
     if (base == MAP_FAILED) {
         log(fmt::format("memory region at guest address {:#x} ({} bytes): mmap: {}", r.guest_addr,
                         r.size, std::strerror(e)));
@@ -562,19 +562,16 @@ session::outcome session::get_inflight_fd(const vu::message& m)
     }
     const vu::inflight_info& in = m.body.inflight;
     const uint64_t size = in.num_queues * virtio::inflight_queue_bytes(in.queue_size);
-    const int fd = ::memfd_create("softblk-vhost-inflight", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    const fd_guard memfd{::memfd_create("softblk-vhost-inflight", MFD_CLOEXEC | MFD_ALLOW_SEALING)};
+    const int fd = memfd.fd;  // closed when the reply has passed it on
     if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(size)) != 0) {
         log(fmt::format("GET_INFLIGHT_FD: a memfd of {} bytes: {}", size, std::strerror(errno)));
-        if (fd >= 0) {
-            ::close(fd);
-        }
         return outcome::failed;
     }
     ::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
     void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) {
         log(fmt::format("GET_INFLIGHT_FD: mmap: {}", std::strerror(errno)));
-        ::close(fd);
         return outcome::failed;
     }
     if (_inflight != nullptr) {
@@ -588,18 +585,16 @@ session::outcome session::get_inflight_fd(const vu::message& m)
                           .mmap_offset = 0,
                           .num_queues = in.num_queues,
                           .queue_size = in.queue_size};
-    const bool sent = reply(m, &out, sizeof out, fd);
-    ::close(fd);
-    return sent ? outcome::replied : outcome::close;
+    return reply(m, &out, sizeof out, fd) ? outcome::replied : outcome::close;
 }
 
 session::outcome session::set_inflight_fd(vu::message& m)
 {
-    const int fd = m.fds[0];
+    const fd_guard owned{m.fds[0]};  // the mapping keeps the region; the descriptor goes
+    const int fd = owned.fd;
     m.fds[0] = -1;
     const vu::inflight_info& in = m.body.inflight;
     if (any_ring_running()) {
-        ::close(fd);
         log("SET_INFLIGHT_FD while rings run: refused");
         return outcome::failed;
     }
@@ -612,13 +607,11 @@ session::outcome session::set_inflight_fd(vu::message& m)
             fmt::format("SET_INFLIGHT_FD: {} bytes at offset {} for {} queues of {}: the region "
                         "needs {} bytes inside its file at a page-aligned offset",
                         in.mmap_size, in.mmap_offset, in.num_queues, in.queue_size, need));
-        ::close(fd);
         return outcome::failed;
     }
     void* p = ::mmap(nullptr, in.mmap_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
                      static_cast<off_t>(in.mmap_offset));
     const int e = errno;
-    ::close(fd);
     if (p == MAP_FAILED) {
         log(fmt::format("SET_INFLIGHT_FD: mmap: {}", std::strerror(e)));
         return outcome::failed;
