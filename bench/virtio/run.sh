@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # virtio benchmark: softblk's virtio-blk driver (softblk-bench-virtio, in
-# one process) against three vhost-user-blk back ends, in the same run:
+# one process) against five vhost-user-blk back ends, in the same run:
 #   softblk    the softblk daemon's vhost-user-blk export of a null device
 #              (no memory: completes at once, as null-co does; max_sectors=2048
 #              so that 128 KiB requests are not split, as null-co does not)
 #   softblk-poll  the same with poll-us=50 (each ring polls 50 us before it
 #              sleeps, as qemu-storage-daemon's event loop polls)
+#   softblk-file  the daemon's export of a file device (target file) on a
+#              raw 1 GiB file in /dev/shm
 #   qsd-null   qemu-storage-daemon's export of a null-co node
-#   qsd-file   qemu-storage-daemon's export of a raw file in /dev/shm
+#   qsd-file   qemu-storage-daemon's export of a raw 1 GiB file in /dev/shm
+#              (aio=io_uring)
 # Jobs: 4 KiB random reads at QD 1 and QD 32, 4 KiB random writes at QD 32,
 # 128 KiB sequential reads at QD 8 (bandwidth); one queue. Each job runs
 # --repeat times, back ends interleaved; the table shows the median.
@@ -68,6 +71,8 @@ for b in softblk softblk-poll; do
   "$softblk" add null size=1024 max_sectors=2048 submit_queues=1 poll_queues=0 --name $b \
     --export vhost-user-blk --export-opt socket="$work/$b.sock" --export-opt poll-us=$poll >/dev/null
 done
+"$softblk" add file path="$work/softblk-disk.raw" size=1G create=1 submit_queues=1 \
+  poll_queues=0 --name softblk-file --export vhost-user-blk --export-opt socket="$work/softblk-file.sock" >/dev/null
 softblk_pid=$(cat "$work/run/daemon.pid")
 qemu-storage-daemon --blockdev driver=null-co,node-name=n0,size=1073741824 \
   --export type=vhost-user-blk,id=e0,node-name=n0,addr.type=unix,addr.path="$work/qsd-null.sock",writable=on,num-queues=1 \
@@ -79,11 +84,14 @@ qemu-storage-daemon --blockdev driver=file,node-name=f0,filename="$work/disk.raw
   >"$work/qsd-file.log" 2>&1 &
 qfile=$!; pids+=("$qfile")
 wait_socket "$work/softblk.sock"; wait_socket "$work/softblk-poll.sock"; wait_socket "$work/qsd-null.sock"; wait_socket "$work/qsd-file.sock"
-# The file is read back, not holes: fill it once.
-"$client" --path "$work/qsd-file.sock" --rw write --bs 1048576 --qd 4 --seconds 3 --size 1024 >/dev/null
+# The files are read back, not holes: fill each once.
+for b in qsd-file softblk-file; do
+  "$client" --path "$work/$b.sock" --rw write --bs 1048576 --qd 4 --seconds 3 --size 1024 >/dev/null
+done
 
-backends=(softblk softblk-poll qsd-null qsd-file)
-declare -A pid_of=([softblk]=$softblk_pid [softblk-poll]=$softblk_pid [qsd-null]=$qnull [qsd-file]=$qfile)
+backends=(softblk softblk-poll softblk-file qsd-null qsd-file)
+declare -A pid_of=([softblk]=$softblk_pid [softblk-poll]=$softblk_pid [softblk-file]=$softblk_pid
+  [qsd-null]=$qnull [qsd-file]=$qfile)
 
 # name rw bs qd
 jobs=("4k-randread-qd1 randread 4096 1" "4k-randread-qd32 randread 4096 32"
@@ -120,8 +128,16 @@ for job in "${jobs[@]}"; do
   done
 done
 echo
-q=4k-randread-qd32
-s_iops=$(median <<<"${iops[$q,softblk]}"); n_iops=$(median <<<"${iops[$q,qsd-null]}")
-s_cpu=$(median <<<"${bcpu[$q,softblk]}"); n_cpu=$(median <<<"${bcpu[$q,qsd-null]}")
-awk -v a="$s_iops" -v b="$n_iops" -v c="$s_cpu" -v d="$n_cpu" 'BEGIN {
-  printf "4 KiB QD 32 random reads, softblk vs qsd-null: %.2fx the IOPS at %.2fx the back-end CPU per I/O\n", a / b, (d > 0 ? c / d : 0) }'
+# The goal's figure: 4 KiB random reads and writes at QD 32, each softblk
+# back end against qemu-storage-daemon's on the same kind of storage.
+ratio() { # job softblk-backend qsd-backend
+  local a b c d
+  a=$(median <<<"${iops[$1,$2]}"); b=$(median <<<"${iops[$1,$3]}")
+  c=$(median <<<"${bcpu[$1,$2]}"); d=$(median <<<"${bcpu[$1,$3]}")
+  awk -v j="$1" -v s="$2" -v q="$3" -v a="$a" -v b="$b" -v c="$c" -v d="$d" 'BEGIN {
+    printf "%s, %s vs %s: %.2fx the IOPS at %.2fx the back-end CPU per I/O\n", j, s, q, a / b, (d > 0 ? c / d : 0) }'
+}
+for q in 4k-randread-qd32 4k-randwrite-qd32; do
+  ratio $q softblk qsd-null
+  ratio $q softblk-file qsd-file
+done
