@@ -257,8 +257,8 @@ TEST(virtio_driver, zoned_device_through_virtio)
     ASSERT_TRUE(v);
     const block_limits& l = v->limits();
     ASSERT_TRUE(l.zoned);
-    EXPECT_EQ(l.zone_size_bytes, vzoned_fake_target::k_zone);
-    EXPECT_EQ(l.zone_capacity_bytes, vzoned_fake_target::k_cap) << "learnt from a report";
+    EXPECT_EQ(l.zone_size_bytes, k_vzoned.zone_bytes);
+    EXPECT_EQ(l.zone_capacity_bytes, k_vzoned.capacity_bytes) << "learnt from a report";
     EXPECT_EQ(l.conventional_zones, 2u);
     EXPECT_EQ(l.max_open_zones, 4u);
     EXPECT_EQ(l.max_active_zones, 6u);
@@ -271,10 +271,10 @@ TEST(virtio_driver, zoned_device_through_virtio)
     EXPECT_EQ((*zones)[1].type, zone_type::conventional);
     EXPECT_EQ((*zones)[2].type, zone_type::sequential_write_required);
     EXPECT_EQ((*zones)[2].condition, zone_condition::empty);
-    EXPECT_EQ((*zones)[5].start, 5 * vzoned_fake_target::k_zone);
-    EXPECT_EQ((*zones)[5].length, vzoned_fake_target::k_zone);
+    EXPECT_EQ((*zones)[5].start, 5 * k_vzoned.zone_bytes);
+    EXPECT_EQ((*zones)[5].length, k_vzoned.zone_bytes);
 
-    const uint64_t z3 = 3 * vzoned_fake_target::k_zone;
+    const uint64_t z3 = 3 * k_vzoned.zone_bytes;
     auto data = pattern(64 << 10, 9);
     ASSERT_EQ(v->execute(io_op::write, z3, 32 << 10, data.data()), 32 << 10);
     // Not at the write pointer: the device refuses, the error comes back.
@@ -295,9 +295,9 @@ TEST(virtio_driver, zoned_device_through_virtio)
     EXPECT_EQ((*zones)[0].write_pointer, z3 + (48 << 10));
     EXPECT_EQ((*zones)[0].condition, zone_condition::implicit_open);
 
-    ASSERT_EQ(v->execute(io_op::zone_open, 4 * vzoned_fake_target::k_zone, 0, nullptr), 0);
+    ASSERT_EQ(v->execute(io_op::zone_open, 4 * k_vzoned.zone_bytes, 0, nullptr), 0);
     ASSERT_EQ(v->execute(io_op::zone_close, z3, 0, nullptr), 0);
-    ASSERT_EQ(v->execute(io_op::zone_finish, 5 * vzoned_fake_target::k_zone, 0, nullptr), 0);
+    ASSERT_EQ(v->execute(io_op::zone_finish, 5 * k_vzoned.zone_bytes, 0, nullptr), 0);
     zones = v->report_zones(z3, 3);
     ASSERT_TRUE(zones && zones->size() == 3);
     EXPECT_EQ((*zones)[0].condition, zone_condition::closed);
