@@ -545,3 +545,86 @@ TEST(vhost_user_blk_backend, the_socket_is_taken_safely)
         EXPECT_NE(::access((dir.path + "/c.sock").c_str(), F_OK), 0);
     }
 }
+
+// ADD_MEM_REG maps a region of another file that requests may then use;
+// after REM_MEM_REG a request into it is a bad chain (length 0, counted,
+// nothing touched); GET_VRING_BASE stops the ring and returns the next
+// available index, and the ring takes nothing more.
+TEST(vhost_user_blk_backend, regions_come_and_go_and_get_vring_base_stops_the_ring)
+{
+    backend be("null", {"size=16", "memory_backed=1", "submit_queues=1", "poll_queues=0"});
+    ASSERT_TRUE(be.exp);
+    raw_front_end fe(be.socket);
+    ASSERT_GE(fe.client.fd(), 0);
+
+    constexpr size_t k_extra = 64 << 10;
+    const int extra = ::memfd_create("raw-extra", MFD_CLOEXEC);
+    ASSERT_EQ(::ftruncate(extra, k_extra), 0);
+    auto* xmem = static_cast<uint8_t*>(
+        ::mmap(nullptr, k_extra, PROT_READ | PROT_WRITE, MAP_SHARED, extra, 0));
+    ASSERT_NE(xmem, MAP_FAILED);
+    const uint64_t xguest = uint64_t{1} << 40;  // far from the first region
+    auto region_request = [&](uint32_t request) -> uint64_t {
+        vu::message m;
+        m.hdr = {request, vu::k_version | vu::k_flag_need_reply, sizeof(vu::single_region)};
+        m.body.region.region = vu::region_desc{xguest, k_extra, raw_front_end::addr(xmem), 0};
+        if (request == vu::k_add_mem_reg) {
+            m.fds[0] = extra;
+            m.nfds = 1;
+        }
+        EXPECT_EQ(vu::send(fe.client.fd(), m), 0);
+        vu::message reply;
+        EXPECT_EQ(vu::receive(fe.client.fd(), reply), 1);
+        EXPECT_EQ(reply.hdr.request, request);
+        return reply.body.u64;  // 0: done
+    };
+    // A 4 KiB write whose data lies in the extra region.
+    auto write_from_extra = [&] {
+        auto* h = reinterpret_cast<virtio_blk_outhdr*>(fe.buffer(0));
+        *h = virtio_blk_outhdr{VIRTIO_BLK_T_OUT, 0, 8};
+        *fe.status(0) = 0xff;
+        fe.set(0, raw_front_end::addr(h), 16, VRING_DESC_F_NEXT, 1);
+        fe.set(1, xguest, 4096, VRING_DESC_F_NEXT, 2);
+        fe.set(2, raw_front_end::addr(fe.status(0)), 1, VRING_DESC_F_WRITE);
+        fe.go(0);
+    };
+
+    ASSERT_EQ(region_request(vu::k_add_mem_reg), 0u);
+    std::memset(xmem, 0x6b, 4096);
+    write_from_extra();
+    uint32_t id = 0;
+    uint32_t len = 0;
+    ASSERT_TRUE(fe.used(id, len));
+    EXPECT_EQ(id, 0u);
+    EXPECT_EQ(*fe.status(0), VIRTIO_BLK_S_OK);
+    // Read back into the first region: the extra region's bytes arrived.
+    fe.request(3, 8192, VIRTIO_BLK_T_IN, 8, 4096, true);
+    fe.go(3);
+    ASSERT_TRUE(fe.used(id, len));
+    EXPECT_EQ(id, 3u);
+    EXPECT_EQ(*fe.status(8192), VIRTIO_BLK_S_OK);
+    EXPECT_EQ(fe.buffer(8192 + 4096)[0], 0x6b);
+    EXPECT_EQ(fe.buffer(8192 + 4096)[4095], 0x6b);
+
+    ASSERT_EQ(region_request(vu::k_rem_mem_reg), 0u);
+    EXPECT_NE(region_request(vu::k_rem_mem_reg), 0u) << "removed twice";
+    const uint64_t bad_before = be.stat("bad_requests");
+    write_from_extra();
+    ASSERT_TRUE(fe.used(id, len));
+    EXPECT_EQ(id, 0u);
+    EXPECT_EQ(len, 0u);
+    EXPECT_EQ(*fe.status(0), 0xff) << "a chain into a removed region was served";
+    EXPECT_EQ(be.stat("bad_requests"), bad_before + 1);
+
+    auto base = fe.client.get_vring_base(0);
+    ASSERT_TRUE(base) << base.error().message;
+    EXPECT_EQ(*base, 3u) << "three chains taken";
+    fe.request(6, 16384, VIRTIO_BLK_T_FLUSH, 0, 0, false);
+    fe.go(6);
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    EXPECT_FALSE(fe.ring.next_used(id, len)) << "a stopped ring took a chain";
+    EXPECT_EQ(*fe.status(16384), 0xff);
+
+    ::munmap(xmem, k_extra);
+    ::close(extra);
+}
