@@ -14,6 +14,7 @@
 
 #include <rados/librados.h>
 #include <rbd/librbd.h>
+#include <poll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -259,8 +260,21 @@ private:
 
 rbd_queue::~rbd_queue()
 {
-    // The core destroys a queue with nothing in flight, but a callback that
-    // pushed the last request may not have returned yet.
+    // A queue may be destroyed while librbd still holds requests (a front
+    // end stopped while the cluster was away): librbd will call back into
+    // this queue, so wait for every request to come back (the completions
+    // are dropped, as the core already gave up on them), then for the last
+    // callback to return.
+    while (_in_flight != 0) {
+        pollfd p{_event_fd, POLLIN, 0};
+        ::poll(&p, 1, 100);
+        eventfd_t value = 0;
+        eventfd_read(_event_fd, &value);
+        for (io_request* r = _done.exchange(nullptr, std::memory_order_acquire); r != nullptr;
+             r = r->next) {
+            --_in_flight;
+        }
+    }
     while (_outstanding.load(std::memory_order_acquire) != 0) {
         std::this_thread::yield();
     }
