@@ -17,14 +17,13 @@
 #   - the OSD stopped (SIGTERM) under I/O and started again: the writes
 #     that waited complete, nothing acknowledged is lost.
 # Usage: rbd_target.sh PATH/TO/softblk          (exit 77: skipped)
-set -euo pipefail
-
 softblk=${1:?usage: $0 PATH/TO/softblk}
 here=$(cd "$(dirname "$0")" && pwd)
-skip() { echo "SKIP: $*"; exit 77; }
-sb() { timeout 120 "$softblk" "$@"; }
+# shellcheck source=../cli/lib_cli.sh
+source "$here/../cli/lib_cli.sh"
 # shellcheck source=lib_ceph.sh
 source "$here/lib_ceph.sh"
+sb() { timeout 120 "$softblk" "$@"; }
 if why=$(ceph_missing); then skip "$why"; fi
 for tool in nbdinfo fio /usr/bin/python3; do
   command -v "$tool" >/dev/null || skip "$tool is not installed (scripts/install-deps.sh)"
@@ -32,34 +31,15 @@ done
 /usr/bin/python3 -c 'import nbd' 2>/dev/null || skip "python3-libnbd is not installed"
 "$softblk" features rbd >/dev/null 2>&1 || skip "this softblk was built without the rbd target"
 
-run_dir=$(mktemp -d /tmp/softblk-rbd.XXXXXX)
-export SOFTBLK_RUN_DIR=$run_dir
+setup_run_dir rbd
 work=$run_dir/work
 mkdir -p "$work"
 writer_pid=
-cleanup() {
-  set +e
-  [ -n "$writer_pid" ] && kill -9 "$writer_pid" 2>/dev/null
-  local pid=
-  [ -s "$run_dir/daemon.pid" ] && pid=$(cat "$run_dir/daemon.pid")
-  if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
-    sb del --all >/dev/null 2>&1
-    sb shutdown --force >/dev/null 2>&1
-    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$pid" 2>/dev/null
-  fi
-  awk -v d="$run_dir/" 'index($2, d) == 1 {print $2}' /proc/self/mounts | sort -r |
-    while read -r m; do umount -l "$m"; done
-  ceph_stop
-  rm -rf "$run_dir"
-}
-trap cleanup EXIT
-fail() {
-  echo "FAIL: $*" >&2
-  [ -f "$run_dir/daemon.log" ] && tail -20 "$run_dir/daemon.log" >&2
-  exit 1
-}
-note() { echo "== $*"; }
+# Before lib_cli's own cleanup (daemons, mounts, loop devices): the
+# writer, the daemon's devices while the cluster still serves them, then
+# the cluster.
+extra_cleanup=('[ -n "$writer_pid" ] && kill -9 "$writer_pid"'
+  'sb shutdown --force >/dev/null 2>&1' 'ceph_stop')
 uri_of() { awk '$1 == "uri:" {print $2}' <<<"$1"; }
 MiB=$((1 << 20))
 # `rbd export` of img0 into a new file.
