@@ -403,6 +403,11 @@ void rbd_queue::finish(io_request& r, int64_t res)
         _target->count_error();
         result = static_cast<int>(res);
     } else if (r.op == io_op::read || r.op == io_op::write) {
+        if (r.op == io_op::read && res < static_cast<int64_t>(r.length)) {
+            // librbd ends a read at the image's end (an image shrunk under
+            // the device): the rest reads as zeros, as QEMU's driver does.
+            std::memset(static_cast<char*>(r.buffer) + res, 0, r.length - res);
+        }
         result = static_cast<int>(r.length);
     }
     _sink.complete(r, result);
