@@ -333,6 +333,12 @@ int run_features(const std::string& type, bool json_output)
     if (!features) {
         return fail(features.error());
     }
+#ifdef SOFTBLK_NOT_BUILT
+    // Optional target types this build left out, and why.
+    if (type.empty()) {
+        (*features)["not_built"] = json::array({SOFTBLK_NOT_BUILT});
+    }
+#endif
     if (json_output) {
         fmt::print("{}\n", dump(*features));
         return 0;
@@ -342,6 +348,9 @@ int run_features(const std::string& type, bool json_output)
                    t["description"].get<std::string>());
         print_option_table(t["options"]);
         fmt::print("\n");
+    }
+    for (const json& n : features->value("not_built", json::array())) {
+        fmt::print("target type {} (not built)\n\n", n.get<std::string>());
     }
     fmt::print("export types (default: {}):\n", (*features)["default_export"].get<std::string>());
     for (const json& e : (*features)["exports"]) {

@@ -105,7 +105,13 @@ queue_impl::queue_impl(device_impl& dev, unsigned index, bool poll_queue, unsign
     }
 }
 
-queue_impl::~queue_impl() = default;
+queue_impl::~queue_impl()
+{
+    // The target's half goes first, while the requests it may still hold
+    // exist: a target whose library still owns requests (the rbd target)
+    // waits for them in its destructor.
+    _tq.reset();
+}
 
 result<void> queue_impl::open(target& t)
 {
