@@ -1,8 +1,9 @@
 # Shared helpers for the NBD host tests (sourced). Each test gets its own
-# directory and softblk-nbd servers that are stopped on exit, pass or fail.
+# directory and NBD servers (softblk-driver --export nbd) that are stopped
+# on exit, pass or fail.
 set -euo pipefail
 
-: "${SOFTBLK_NBD:?set SOFTBLK_NBD to the softblk-nbd driver}"
+: "${SOFTBLK_DRIVER:?set SOFTBLK_DRIVER to softblk-driver (src/driver)}"
 work=$(mktemp -d /tmp/softblk-nbd-test.XXXXXX)
 server_pids=()
 
@@ -23,11 +24,14 @@ skip() { echo "SKIP: $*"; exit 77; }
 fail() { echo "FAIL: $*" >&2; exit 1; }
 need() { local t; for t in "$@"; do command -v "$t" >/dev/null || skip "$t not installed"; done; }
 
-# start_server NAME [softblk-nbd args...]: runs the driver with its output in
+# nbd_driver ARGS...: softblk-driver serving NBD in this test's directory.
+nbd_driver() { "$SOFTBLK_DRIVER" --export nbd --run-dir "$work" "$@"; }
+
+# start_server NAME [driver args...]: runs the driver with its output in
 # $work/NAME.out; sets SERVER_PID and waits for "ready".
 start_server() {
   local name=$1; shift
-  "$SOFTBLK_NBD" --run-dir "$work" "$@" >"$work/$name.out" 2>"$work/$name.err" &
+  nbd_driver "$@" >"$work/$name.out" 2>"$work/$name.err" &
   SERVER_PID=$!
   server_pids+=("$SERVER_PID")
   local i
