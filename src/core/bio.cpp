@@ -79,15 +79,7 @@ int queue_impl::plan(bio& b) const
     b.transferred = 0;
     b.result_offset = 0;
 
-    auto check_range = [&]() -> int {
-        if (b.offset % block != 0 || b.length % block != 0) {
-            return -EINVAL;
-        }
-        if (b.offset > lim.capacity_bytes || b.length > lim.capacity_bytes - b.offset) {
-            return -EIO;  // beyond the end of the device, as the block layer says
-        }
-        return 0;
-    };
+    auto check_range = [&] { return check_block_range(lim, b.offset, b.length); };
     // Anything that would change a read-only device is refused first, as
     // the block layer does (bio_check_ro), whatever the target offers.
     switch (b.op) {
