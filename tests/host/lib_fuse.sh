@@ -70,6 +70,10 @@ cleanup_host() {
     exit $rc
 }
 
+# fio saves a write job's verify state (local-JOB-N-verify.state) in the
+# current directory: run it in the test's run directory, which goes with it.
+fio() { (cd "${RUN_DIR:?start_daemon first}" && command fio "$@"); }
+
 # Starts the daemon with a fresh run directory.
 start_daemon() {
     RUN_DIR=$(mktemp -d /tmp/softblk-host.XXXXXX)
