@@ -24,14 +24,22 @@ skip() { echo "SKIP: $*"; exit 77; }
 fail() { echo "FAIL: $*" >&2; exit 1; }
 need() { local t; for t in "$@"; do command -v "$t" >/dev/null || skip "$t not installed"; done; }
 
-# nbd_driver ARGS...: softblk-driver serving NBD in this test's directory.
+# fio saves a write job's verify state (local-JOB-N-verify.state) in the
+# current directory: run it in this test's directory, which goes with it.
+fio() { (cd "$work" && command fio "$@"); }
+
+# nbd_driver ARGS...: softblk-driver serving NBD in this test's directory,
+# in the foreground (a start that must fail).
 nbd_driver() { "$SOFTBLK_DRIVER" --export nbd --run-dir "$work" "$@"; }
 
 # start_server NAME [driver args...]: runs the driver with its output in
-# $work/NAME.out; sets SERVER_PID and waits for "ready".
+# $work/NAME.out; sets SERVER_PID and waits for "ready". The driver is
+# started here, not through nbd_driver: in the background a function runs
+# in a subshell, whose pid is not the server's (a signal to it would leave
+# the server running).
 start_server() {
   local name=$1; shift
-  nbd_driver "$@" >"$work/$name.out" 2>"$work/$name.err" &
+  "$SOFTBLK_DRIVER" --export nbd --run-dir "$work" "$@" >"$work/$name.out" 2>"$work/$name.err" &
   SERVER_PID=$!
   server_pids+=("$SERVER_PID")
   local i
