@@ -532,9 +532,9 @@ int main(int argc, char** argv)
     add_cmd->add_option("type", add.type, "target type (see `softblk features`)")->required();
     add_cmd->add_option("options", add.options, "null_blk-style options: key=value ...");
     add_cmd->add_option("--name", add.name, "device name (default: TYPE + the lowest free number)");
-    add_cmd->add_option(
-        "--export", add.export_type,
-        "export type: ublk, fuse, nbd or none (default: the first available of ublk, fuse)");
+    add_cmd->add_option("--export", add.export_type,
+                        "export type: ublk, fuse, nbd, vhost-user-blk or none (default: the first "
+                        "available of ublk, fuse)");
     add_cmd->add_option("--export-opt", add.export_options, "export option key=value (repeatable)")
         ->allow_extra_args(false);
     add_cmd->add_option("--size", add.flags.size,

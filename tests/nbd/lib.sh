@@ -21,7 +21,22 @@ PYTHONPATH="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)${PYTHONPATH:+:$PYTHONP
 export PYTHONPATH PYTHONDONTWRITEBYTECODE=1
 
 skip() { echo "SKIP: $*"; exit 77; }
-fail() { echo "FAIL: $*" >&2; exit 1; }
+fail() {
+  echo "FAIL: $*" >&2
+  # A test that failed with a daemon says whether it still ran and what it
+  # logged last (a crash, a refused request): the work directory goes away.
+  if [ -n "${SOFTBLK_RUN_DIR:-}" ] && [ -f "$SOFTBLK_RUN_DIR/daemon.log" ]; then
+    local pid
+    pid=$(cat "$SOFTBLK_RUN_DIR/daemon.pid" 2>/dev/null) || true
+    if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
+      echo "daemon $pid still runs; the end of its log:" >&2
+    else
+      echo "daemon ${pid:-?} is gone; the end of its log:" >&2
+    fi
+    tail -20 "$SOFTBLK_RUN_DIR/daemon.log" | sed 's/^/  | /' >&2
+  fi
+  exit 1
+}
 need() { local t; for t in "$@"; do command -v "$t" >/dev/null || skip "$t not installed"; done; }
 
 # fio saves a write job's verify state (local-JOB-N-verify.state) in the

@@ -31,7 +31,10 @@ SIZE = 64 * MiB
 
 
 def client(path, structured=False):
-    s = nbd_raw.connect(path)
+    # 30 s: while 31 others flood it, the server takes a few seconds to
+    # answer a handshake on a loaded 2-CPU machine (2.5 s at load 14); the
+    # bound is there to catch a hang, not to time the handshake.
+    s = nbd_raw.connect(path, timeout=30)
     greet(s)
     go(s, b"", structured=structured)
     return s

@@ -7,7 +7,6 @@
 
 namespace softblk::nbd {
 
-
 namespace {
 
 // Receive coalescing: a connection measures its request rate over epochs

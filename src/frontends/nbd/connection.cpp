@@ -21,7 +21,6 @@
 
 namespace softblk::nbd {
 
-
 namespace {
 
 // Who is at the other end of `fd`, for log lines: ADDRESS:PORT over TCP,
@@ -363,7 +362,7 @@ void event_loop::enter_transmission(connection& c)
 queue_binding* event_loop::bind(server_export& exp)
 {
     for (auto& b : _bindings) {
-        if (b->exp.get() == &exp) {
+        if (b->exp.get() == &exp && !b->retired) {
             ++b->users;
             return b.get();
         }
@@ -390,7 +389,7 @@ queue_binding* event_loop::bind(server_export& exp)
 queue_binding* event_loop::binding_at(uintptr_t address) const
 {
     for (const auto& b : _bindings) {
-        if (reinterpret_cast<uintptr_t>(b.get()) == address) {
+        if (reinterpret_cast<uintptr_t>(b.get()) == address && !b->retired) {
             return b.get();
         }
     }
@@ -409,12 +408,17 @@ void event_loop::unbind(queue_binding* b)
         io_uring_prep_poll_remove(s, reinterpret_cast<uint64_t>(make_user_data(b, k_token_device)));
         io_uring_sqe_set_data(s, make_user_data(this, k_token_ignore));
     }
-    for (auto it = _bindings.begin(); it != _bindings.end(); ++it) {
-        if (it->get() == b) {
-            _bindings.erase(it);
-            return;
-        }
+    b->retired = true;
+    _bindings_retired = true;
+}
+
+void event_loop::sweep_bindings()
+{
+    if (!_bindings_retired) {
+        return;
     }
+    _bindings_retired = false;
+    std::erase_if(_bindings, [](const std::unique_ptr<queue_binding>& b) { return b->retired; });
 }
 
 void event_loop::begin_close(connection& c, bool graceful)

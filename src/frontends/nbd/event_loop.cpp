@@ -12,9 +12,9 @@
 #include <fmt/core.h>
 
 #include <softblk/support/clock.hpp>
+#include <softblk/support/cpu_relax.hpp>
 
 namespace softblk::nbd {
-
 
 // ---------------------------------------------------------------- ring helpers
 
@@ -203,7 +203,13 @@ void event_loop::run()
         // brings (a completion timer, a throttle): the loop wakes then.
         uint64_t device_wake = deferred_wake;
         bool device_fd = false;  // a queue whose descriptor the ring does not watch
+        // process() runs completions, which may close a connection and
+        // unbind its queue: retired bindings stay in the vector until the
+        // sweep after this pass.
         for (auto& b : _bindings) {
+            if (b->retired) {
+                continue;
+            }
             for (int round = 0; round < 4 && b->queue->process() != 0; ++round) {
             }
             if (b->queue->in_flight() != 0) {
@@ -228,6 +234,7 @@ void event_loop::run()
             flush(*c);
             maybe_free(*c);
         }
+        sweep_bindings();
         // A small reply's send on a socket completes while it is submitted,
         // and its completion only gives buffers back: when nothing waits for
         // it, wait for one event more than the sends posted, so that a round
@@ -368,9 +375,7 @@ void event_loop::wait_polling(unsigned wait_nr)
                 io_uring_get_events(&_ring);  // runs the completions, does not sleep
                 continue;
             }
-#if defined(__x86_64__) || defined(__i386__)
-            __builtin_ia32_pause();
-#endif
+            cpu_relax();
             now = monotonic_ns();
         } while (now - start < _poll_ns);
     }

@@ -262,6 +262,9 @@ private:
     // The binding at `address` (a device poll's user_data), or nullptr.
     queue_binding* binding_at(uintptr_t address) const;
     void unbind(queue_binding* b);
+    // Erases the bindings unbind() retired. Loop thread, never inside a pass
+    // over _bindings.
+    void sweep_bindings();
 
     // request.cpp: requests, from parsing to queuing the reply.
     bool parse_requests(connection& c);
@@ -299,6 +302,7 @@ private:
     // Connections whose next receive is held back (receive coalescing).
     std::vector<connection*> _deferred;
     std::vector<std::unique_ptr<queue_binding>> _bindings;
+    bool _bindings_retired = false;  // some binding waits for sweep_bindings()
     connection* _dirty = nullptr;
     buffer_pool _pool;
     std::vector<sockaddr_storage> _accept_addr;

@@ -56,6 +56,11 @@ struct queue_binding {
     // A multishot poll on queue->event_fd() is in the loop's ring (targets
     // that complete on a descriptor, e.g. the file target's io_uring).
     bool event_poll_armed = false;
+    // No connection uses it any more: the loop erases it at its next safe
+    // point (sweep_bindings). unbind() can run inside a pass over the
+    // bindings (a completion that closes the last connection), which must
+    // not see the vector change under it.
+    bool retired = false;
 };
 
 }  // namespace softblk::nbd
