@@ -13,7 +13,8 @@
 #   --device-opts  null-target options added to softblk's device (default:
 #              none beyond size, memory_backed=1 and blocksize=4096, so one
 #              submit queue and one FUSE worker, as `softblk add` gives)
-#   --driver   softblk-fuse-driver (default: build*/tests/host/ of this tree)
+#   --driver   softblk-driver (default: the newest build*/src/driver/ of this tree),
+#              or an older build's softblk-fuse-driver
 #   --variant  also measure softblk with these export options (e.g.
 #              "threads=1 poll_us=50"), as one more system in the same run;
 #              "softblk" alone is always the default configuration
@@ -41,10 +42,10 @@ while [ $# -gt 0 ]; do
     esac
 done
 if [ -z "$driver" ]; then
-    driver=$(ls -t "$root"/build*/tests/host/softblk-fuse-driver 2>/dev/null | head -1 || true)
+    driver=$(ls -t "$root"/build*/src/driver/softblk-driver 2>/dev/null | head -1 || true)
 fi
 [ "$(id -u)" -eq 0 ] || { echo "needs root" >&2; exit 1; }
-[ -x "$driver" ] || { echo "softblk-fuse-driver not found; build it or pass --driver" >&2; exit 1; }
+[ -x "$driver" ] || { echo "softblk-driver not found; build it or pass --driver" >&2; exit 1; }
 for tool in fio qemu-storage-daemon nbdkit nbdfuse losetup fusermount3; do
     command -v "$tool" >/dev/null || { echo "$tool is missing (scripts/install-deps.sh)" >&2; exit 1; }
 done
@@ -91,10 +92,18 @@ cpu_ticks() { local t=0 p; for p in $1; do t=$((t + $(awk '{print $14 + $15}' "/
 # machine the load drifts: interleaving keeps the comparison fair.
 echo "== softblk (null memory_backed=1 $device_opts)" >&2
 mkfifo "$work/cmd" "$work/reply"
-"$driver" --run-dir "$work/softblk" <"$work/cmd" >"$work/reply" 2>"$work/driver.log" &
+# The softblk-fuse-driver of builds before softblk-driver replaced it
+# takes commands without being asked and says no "ready".
+how=(--export fuse --commands)
+[ "$(basename "$driver")" != softblk-fuse-driver ] || how=()
+"$driver" "${how[@]}" --run-dir "$work/softblk" <"$work/cmd" >"$work/reply" 2>"$work/driver.log" &
 pids+=($!)
 server[softblk]=$!
 exec 7>"$work/cmd" 8<"$work/reply"
+if [ ${#how[@]} -gt 0 ]; then
+    read -r answer <&8
+    [ "$answer" = ready ] || { echo "softblk-driver: $answer $(cat "$work/driver.log")" >&2; exit 1; }
+fi
 echo "add bench null size=$size_mib memory_backed=1 blocksize=4096 $device_opts -- loop=0" >&7
 read -r answer <&8
 case "$answer" in ok*) ;; *) echo "softblk: $answer" >&2; exit 1 ;; esac

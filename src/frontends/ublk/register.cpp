@@ -13,6 +13,8 @@ const bool g_registered = softblk::register_export_type(softblk::export_type{
         "recovery= outlive a killed daemon and are re-attached by `softblk recover`",
     .start = softblk::ublk::start_export,
     .cleanup_stale = softblk::ublk::cleanup_stale,
+    .saved_exports = softblk::ublk::saved_exports,
+    .host_features = softblk::ublk::host_features,
     .available = softblk::ublk::available,
     .options = softblk::ublk::export_options(),
 });

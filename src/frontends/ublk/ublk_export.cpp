@@ -534,6 +534,57 @@ result<void> ublk_export::stop()
     return first_error;
 }
 
+// A device whose ublk state file survives under RUN_DIR/ublk, with the
+// kernel's view of it now.
+struct state_entry {
+    export_state saved;
+    std::string state;         // LIVE, QUIESCED, FAIL_IO, DEAD; GONE: the kernel has no such device
+    int32_t daemon_pid = 0;    // the pid the kernel has
+    bool recoverable = false;  // USER_RECOVERY device whose daemon is gone
+};
+
+// Every state file under ctx.run_dir/ublk, in name order. Control thread.
+result<std::vector<state_entry>> list_state(const export_context& ctx)
+{
+    std::vector<state_entry> out;
+    const std::string dir = ctx.run_dir + "/ublk";
+    DIR* d = ::opendir(dir.c_str());
+    if (d == nullptr) {
+        if (errno == ENOENT) {
+            return out;
+        }
+        const int e = errno;
+        return make_error(e, fmt::format("{}: {}", dir, std::strerror(e)));
+    }
+    std::vector<std::string> files;
+    while (dirent* e = ::readdir(d)) {
+        const std::string name = e->d_name;
+        if (name.size() > 5 && name.ends_with(".json")) {
+            files.push_back(dir + "/" + name);
+        }
+    }
+    ::closedir(d);
+    std::sort(files.begin(), files.end());
+    auto ctl = control::open();
+    for (const auto& file : files) {
+        auto st = read_state(file);
+        if (!st) {
+            continue;
+        }
+        state_entry r{.saved = std::move(*st), .state = "GONE"};
+        if (ctl) {
+            if (auto info = (*ctl)->get_dev_info(r.saved.dev_id)) {
+                r.state = state_name(info->state);
+                r.daemon_pid = info->ublksrv_pid;
+                r.recoverable = (info->flags & k_f_user_recovery) != 0 &&
+                                info->state != k_state_dead && !pid_alive(info->ublksrv_pid);
+            }
+        }
+        out.push_back(std::move(r));
+    }
+    return out;
+}
+
 }  // namespace
 
 std::span<const option_def> export_options()
@@ -605,7 +656,7 @@ void cleanup_stale(const export_context& ctx)
     }
     auto ctl = control::open();
     for (const auto& d : *list) {
-        const std::string path = state_path(ctx.run_dir, d.device);
+        const std::string path = state_path(ctx.run_dir, d.saved.device);
         if (d.state == "GONE") {
             ::unlink(path.c_str());
             continue;
@@ -614,11 +665,31 @@ void cleanup_stale(const export_context& ctx)
             continue;
         }
         if (ctl) {
-            (void)(*ctl)->stop_dev(d.dev_id);
-            (void)(*ctl)->del_dev(d.dev_id);
+            (void)(*ctl)->stop_dev(d.saved.dev_id);
+            (void)(*ctl)->del_dev(d.saved.dev_id);
         }
         ::unlink(path.c_str());
     }
+}
+
+result<std::vector<saved_export>> saved_exports(const export_context& ctx)
+{
+    auto list = list_state(ctx);
+    if (!list) {
+        return std::unexpected(list.error());
+    }
+    std::vector<saved_export> out;
+    for (auto& d : *list) {
+        out.push_back(saved_export{
+            .device = std::move(d.saved.device),
+            .target_type = std::move(d.saved.target_type),
+            .device_options = std::move(d.saved.device_options),
+            .export_options = std::move(d.saved.export_options),
+            .recoverable = d.recoverable,
+            .state = {{"dev_id", d.saved.dev_id}, {"state", d.state}, {"daemon_pid", d.daemon_pid}},
+        });
+    }
+    return out;
 }
 
 result<kernel_features> query_kernel_features()
@@ -636,51 +707,15 @@ result<kernel_features> query_kernel_features()
     return f;
 }
 
-result<std::vector<recoverable_device>> list_state(const export_context& ctx)
+result<nlohmann::json> host_features()
 {
-    std::vector<recoverable_device> out;
-    const std::string dir = ctx.run_dir + "/ublk";
-    DIR* d = ::opendir(dir.c_str());
-    if (d == nullptr) {
-        if (errno == ENOENT) {
-            return out;
-        }
-        const int e = errno;
-        return make_error(e, fmt::format("{}: {}", dir, std::strerror(e)));
+    auto f = query_kernel_features();
+    if (!f) {
+        return std::unexpected(f.error());
     }
-    std::vector<std::string> files;
-    while (dirent* e = ::readdir(d)) {
-        const std::string name = e->d_name;
-        if (name.size() > 5 && name.ends_with(".json")) {
-            files.push_back(dir + "/" + name);
-        }
-    }
-    ::closedir(d);
-    std::sort(files.begin(), files.end());
-    auto ctl = control::open();
-    for (const auto& file : files) {
-        auto st = read_state(file);
-        if (!st) {
-            continue;
-        }
-        recoverable_device r;
-        r.device = st->device;
-        r.target_type = st->target_type;
-        r.device_options = st->device_options;
-        r.export_options = st->export_options;
-        r.dev_id = st->dev_id;
-        r.state = "GONE";
-        if (ctl) {
-            if (auto info = (*ctl)->get_dev_info(st->dev_id)) {
-                r.state = state_name(info->state);
-                r.daemon_pid = info->ublksrv_pid;
-                r.recoverable = (info->flags & k_f_user_recovery) != 0 &&
-                                info->state != k_state_dead && !pid_alive(info->ublksrv_pid);
-            }
-        }
-        out.push_back(std::move(r));
-    }
-    return out;
+    return nlohmann::json{{"bits", f->bits ? nlohmann::json(*f->bits) : nlohmann::json(nullptr)},
+                          {"names", f->names},
+                          {"ioctl_encode", f->ioctl_encode}};
 }
 
 }  // namespace softblk::ublk
