@@ -5,6 +5,7 @@
 #include <softblk/target.hpp>
 
 #include <algorithm>
+#include <cerrno>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -119,6 +120,17 @@ result<std::unique_ptr<device_export>> start_export(const export_type& type, dev
                                      : fmt::format("zoned devices are exported by: {} (or "
                                                    "--export none for in-process use)",
                                                    able)));
+    }
+    if (type.max_block_size) {
+        const auto [limit, why] = type.max_block_size(options);
+        if (limit != 0 && dev.limits().logical_block_size > limit) {
+            return make_error(
+                EINVAL, fmt::format("{}: blocksize={}: the {} export carries blocks of at most "
+                                    "{} bytes ({}); use blocksize={} or less, or another "
+                                    "export",
+                                    dev.name(), dev.limits().logical_block_size, type.name, limit,
+                                    why, limit));
+        }
     }
     return type.start(dev, ctx, options);
 }
