@@ -135,6 +135,12 @@ result<std::unique_ptr<device_export>> start_export(const export_type& type, dev
     return type.start(dev, ctx, options);
 }
 
+result<void> target::apply_option(const option_def& def, const option_set&)
+{
+    return make_error(EOPNOTSUPP,
+                      fmt::format("{}: this target cannot change it while powered on", def.name));
+}
+
 int target::map_extents(uint64_t offset, uint64_t length, std::vector<extent>& out)
 {
     const uint64_t capacity = limits().capacity_bytes;
