@@ -183,16 +183,7 @@ int queue_impl::validate(const io_request& r) const
         return -ENODEV;
     }
     const block_limits& lim = _dev.info().limits;
-    const uint64_t mask = lim.logical_block_size - 1;
-    auto check_range = [&]() -> int {
-        if ((r.offset & mask) != 0 || (r.length & mask) != 0) {
-            return -EINVAL;
-        }
-        if (r.offset > lim.capacity_bytes || r.length > lim.capacity_bytes - r.offset) {
-            return -EIO;  // beyond the end of the device, as the block layer says
-        }
-        return 0;
-    };
+    auto check_range = [&] { return check_block_range(lim, r.offset, r.length); };
     switch (r.op) {
     case io_op::read:
     case io_op::write:

@@ -1,0 +1,231 @@
+// The FUSE export's inner pieces, shared by its two source files:
+// fuse_export.cpp (options, lifecycle, worker threads and their polling)
+// and file_ops.cpp (the FUSE operations on the one file: attributes and the
+// data path). Private to this folder.
+#pragma once
+
+#define FUSE_USE_VERSION 312
+
+#include "fuse_export.hpp"
+#include "loop_device.hpp"
+
+#include <softblk/device.hpp>
+#include <softblk/support/buffer_pool.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <ctime>
+#include <fuse_lowlevel.h>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <pthread.h>
+#include <string>
+#include <sys/stat.h>
+#include <thread>
+#include <vector>
+
+namespace softblk::fuse {
+
+inline constexpr fuse_ino_t k_file_ino = 2;
+// Largest FUSE read or write: libfuse 3.14's receive buffer holds 256 pages.
+inline constexpr uint32_t k_max_io = 1u << 20;
+// Requests the kernel keeps in flight towards us (async direct I/O from the
+// loop driver counts as background requests; the kernel's default is 12).
+inline constexpr unsigned k_max_background = 128;
+// lseek(SEEK_DATA/SEEK_HOLE) reads the allocation map in windows this big.
+inline constexpr uint64_t k_map_window = 256ull << 20;
+inline constexpr std::chrono::milliseconds k_join_timeout{10'000};
+
+inline uint64_t align_down(uint64_t value, uint64_t block)
+{
+    return value - value % block;
+}
+inline uint64_t align_up(uint64_t value, uint64_t block)
+{
+    return align_down(value + block - 1, block);
+}
+
+class fuse_export;
+struct pending_io;
+
+// One FUSE worker thread and what it owns.
+struct worker {
+    fuse_export* owner = nullptr;
+    unsigned index = 0;
+    std::thread thread;
+    pthread_t handle{};
+    std::atomic<bool> done{false};
+    // Bounce buffer for reads, read-modify-write and zero filling:
+    // k_max_io plus one block at each edge.
+    char* scratch = nullptr;
+    size_t scratch_size = 0;
+    device* dev = nullptr;
+    // The submit queue this worker drives alone, or nullptr when there are
+    // more workers than submit queues (then device::execute shares them).
+    io_queue* queue = nullptr;
+    // Current busy-poll window (ns), between 0 and the export's poll_us.
+    uint64_t poll_ns = 0;
+    // Requests taken after a busy poll, after sleeping, and the time spent
+    // polling (ns); read by describe() while the worker runs.
+    std::atomic<uint64_t> polled_requests{0};
+    std::atomic<uint64_t> slept_requests{0};
+    std::atomic<uint64_t> poll_time_ns{0};
+
+    // Asynchronous mode (the export's only worker, owning its queue):
+    // reads and writes are submitted and replied to from their completion,
+    // so that a device that takes time (completion_nsec, a file) has many
+    // requests in flight; the worker sleeps on /dev/fuse and the queue's
+    // event at once while any are.
+    bool async = false;
+    unsigned in_flight = 0;
+    // Whether /dev/fuse is currently O_NONBLOCK (async mode sets it while
+    // requests are in flight, so that a request gone between poll and read
+    // cannot block the worker with completions waiting).
+    bool fd_nonblocking = false;
+    // libfuse's receive buffer of the request being processed: a write that
+    // outlives its call keeps the buffer its data lies in.
+    fuse_buf* receive = nullptr;
+    std::vector<std::unique_ptr<pending_io>> pending_store;
+    std::vector<pending_io*> pending_free;
+    // Read buffers of async mode, reused.
+    buffer_pool buffers;
+
+    ~worker();
+
+    // Synchronous I/O of any length (the core splits it): on the worker's
+    // own queue, or through device::execute when workers share queues.
+    // Returns 0 or -errno. Worker thread.
+    int execute(io_op op, uint64_t offset, uint64_t length, void* buffer, uint32_t flags = 0);
+
+    // The allocation map, through the worker's queue as execute() goes.
+    result<std::vector<extent>> map(uint64_t offset, uint64_t length);
+
+    pending_io* take_pending();
+};
+
+// A read or write in flight in async mode.
+struct pending_io {
+    bio request;
+    worker* owner = nullptr;
+    fuse_req_t req = nullptr;
+    bool is_read = false;
+    // Set by the completion, which also returns the record to the free
+    // list (the submitter checks it right after submitting).
+    bool completed = false;
+    // Read: the buffer the device fills, its class, and where in it the
+    // reply starts.
+    uint8_t* data = nullptr;
+    unsigned data_class = 0;
+    uint64_t skip = 0;
+    // Bytes to reply (read) or to acknowledge (write).
+    size_t size = 0;
+    // Write: libfuse's receive buffer holding the data, once the write
+    // outlived the receive (freed at completion).
+    void* receive_mem = nullptr;
+};
+
+// The worker running on this thread (set by run_worker), for the FUSE
+// operations, which libfuse calls without it.
+extern thread_local worker* t_worker;
+
+class fuse_export final : public device_export {
+public:
+    fuse_export(device& dev, const export_context& ctx, const option_set& options);
+    ~fuse_export() override;
+
+    result<void> start();
+    nlohmann::json describe() const override;
+    result<void> stop() override;
+    std::string in_use() const override;
+
+private:
+    // ---- FUSE operations (worker threads)
+    static void op_init(void* userdata, fuse_conn_info* conn);
+    static void op_lookup(fuse_req_t req, fuse_ino_t parent, const char* name);
+    static void op_getattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi);
+    static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set,
+                           fuse_file_info* fi);
+    static void op_open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi);
+    static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi);
+    static void op_write(fuse_req_t req, fuse_ino_t ino, const char* buf, size_t size, off_t off,
+                         fuse_file_info* fi);
+    static void op_flush(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi);
+    static void op_release(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi);
+    static void op_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, fuse_file_info* fi);
+    static void op_opendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi);
+    static void op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+                           fuse_file_info* fi);
+    static void op_releasedir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi);
+    static void op_statfs(fuse_req_t req, fuse_ino_t ino);
+    static void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t offset, off_t length,
+                             fuse_file_info* fi);
+    static void op_lseek(fuse_req_t req, fuse_ino_t ino, off_t off, int whence, fuse_file_info* fi);
+
+    static fuse_export& self(fuse_req_t req)
+    {
+        return *static_cast<fuse_export*>(fuse_req_userdata(req));
+    }
+    static const fuse_lowlevel_ops& operations();
+
+    void run_worker(worker& w);
+    // Busy-polls /dev/fuse until a request is pending (true) or `deadline`
+    // (monotonic ns) passes or the session ends (false). Worker thread.
+    bool poll_for_request(uint64_t deadline) const;
+    // Adapts the worker's poll window to how long it waited for its last
+    // request (QEMU's rule): a wait the window did not cover but poll_us
+    // would have grows it, a longer wait resets it to 0. Worker thread.
+    void adapt_poll_window(worker& w, bool caught_by_poll, uint64_t waited_ns) const;
+    // Async mode: sleeps until /dev/fuse has a request, the queue's event
+    // descriptor fires or its next completion is due. False when it slept
+    // and /dev/fuse has nothing to read. Worker thread.
+    bool wait_request_or_completion(worker& w) const;
+    void set_fd_nonblocking(worker& w, bool on) const;
+    // Async mode: submits a read into a pooled buffer (reply: `size` bytes
+    // from `skip`) or a write of `data`, replying at completion.
+    static void submit_async(worker& w, fuse_req_t req, io_op op, uint64_t offset, uint32_t length,
+                             const char* data, uint64_t skip, size_t size);
+    struct stat file_attr() const;
+    struct stat dir_attr() const;
+
+    // Writes `length` bytes of `data` (nullptr: zeros) at an offset or
+    // length that need not be block aligned, reading the edge blocks first.
+    int write_unaligned(worker& w, uint64_t offset, size_t length, const char* data);
+    // Makes [offset, offset+length) read as zeros: the aligned middle with
+    // `op` (discard or write_zeroes), the edges by read-modify-write.
+    int zero_range(worker& w, uint64_t offset, uint64_t length, bool punch);
+
+    result<void> stop_impl(bool force);
+    void join_workers();
+
+    device& _dev;
+    const block_limits _limits;
+    std::string _name;
+    std::string _mount_point;
+    std::string _file_path;
+    bool _privileged = false;
+    bool _want_loop = false;
+    unsigned _thread_count = 0;
+    // Busy-poll limit (poll_us in ns; 0: never poll) and the token that lets
+    // one worker at a time poll: on a machine with few CPUs two spinning
+    // workers would take the CPUs the requests need.
+    uint64_t _poll_max_ns = 0;
+    std::atomic<bool> _polling{false};
+    uid_t _uid = 0;
+    gid_t _gid = 0;
+    struct timespec _created {};
+
+    fuse_session* _session = nullptr;
+    bool _mounted = false;
+    bool _registered = false;
+    std::vector<std::unique_ptr<worker>> _workers;
+    std::optional<loop_attachment> _loop;
+
+    std::mutex _stop_lock;
+    bool _stopped = false;
+    // Serialises read-modify-write of partial blocks (unaligned writes
+    // from programs; the loop driver always sends aligned requests).
+    std::mutex _rmw_lock;
+};
+
+}  // namespace softblk::fuse
