@@ -26,7 +26,7 @@ namespace softblk {
 
 enum class option_kind : uint8_t {
     integer,         // unsigned, `bits` wide, kstrtoull base 0; range [min, max]
-    signed_integer,  // signed 64-bit, kstrtoll base 0; range [smin, smax]
+    signed_integer,  // signed, `bits` wide, kstrtoll base 0; range [smin, smax]
     boolean,         // kstrtobool: 1/y/Y/t/T/on true, 0/n/N/f/F/off false
     text,            // free text, validated by the owner (badblocks, fault specs)
 };

@@ -199,9 +199,14 @@ result<void> option_set::store(const option_def& def, std::string_view text, boo
         break;
     }
     case option_kind::signed_integer: {
-        auto n = parse_kernel_signed(text);
+        // An int attribute (kstrtoint) is ERANGE outside 32 bits.
+        const int64_t low = def.bits >= 64 ? INT64_MIN : -(int64_t{1} << (def.bits - 1));
+        const int64_t high = def.bits >= 64 ? INT64_MAX : (int64_t{1} << (def.bits - 1)) - 1;
+        auto n = parse_kernel_signed(text, low, high);
         if (!n) {
-            return bad(n.error(), fmt::format("a number, {}{}", range_text(def), unit_suffix(def)));
+            return bad(n.error(),
+                       fmt::format("a signed {}-bit number, {}{}", def.bits >= 64 ? 64 : def.bits,
+                                   range_text(def), unit_suffix(def)));
         }
         v.s = *n;
         v.u = static_cast<uint64_t>(*n);

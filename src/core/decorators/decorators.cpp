@@ -566,9 +566,15 @@ std::optional<std::string> decorator_option_text(const decorator_state& state,
     }
     unsigned kind = 0;
     fault_attr::field f{};
-    if (fault_field_of(name, kind, f) && (f == fault_attr::times || f == fault_attr::space)) {
-        // Counters the failures change.
-        return fmt::format("{}\n", state.faults[kind]->get(f));
+    if (fault_field_of(name, kind, f)) {
+        // The state is what counts: the module parameter set it, failures
+        // count times and space down. times and space are atomic_t
+        // (signed), the others unsigned as the kernel shows them.
+        const int64_t v = state.faults[kind]->get(f);
+        if (f == fault_attr::times || f == fault_attr::space) {
+            return fmt::format("{}\n", v);
+        }
+        return fmt::format("{}\n", static_cast<uint64_t>(v));
     }
     return std::nullopt;
 }
