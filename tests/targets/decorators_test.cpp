@@ -15,18 +15,6 @@ using namespace softblk::test;
 
 namespace {
 
-bool all_zero(const std::vector<char>& v)
-{
-    return std::all_of(v.begin(), v.end(), [](char c) { return c == 0; });
-}
-
-std::vector<char> read_back(device& d, uint64_t offset, uint32_t length)
-{
-    std::vector<char> b(length, 'x');
-    EXPECT_EQ(d.execute(io_op::read, offset, length, b.data()), static_cast<int>(length));
-    return b;
-}
-
 void power_cycle(device& d)
 {
     ASSERT_TRUE(d.set_power(false));
