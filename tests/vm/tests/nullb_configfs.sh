@@ -1,0 +1,51 @@
+#!/bin/bash
+# softblk's configfs-shaped tree against the kernel's null_blk configfs:
+# the same shell session (tests/cli/nullb_script.sh: mkdir, attribute
+# writes and reads, power cycles with data and bad blocks, the
+# fault-injection directories, rmdir) runs against
+# /sys/kernel/config/nullb and against `softblk nullb mount` (ublk
+# export); the two transcripts (every read, every write's errno, every
+# data check) must be equal, and the kernel's must be the one the host
+# test expects (tests/cli/nullb_expected.txt).
+set -euo pipefail
+. /softblk-vm/lib.sh
+vm_require_tool softblk dd cmp diff
+files=/softblk-vm/files
+modprobe null_blk nr_devices=0 || vm_skip "no null_blk in this kernel"
+modprobe ublk_drv || vm_skip "no ublk_drv in this kernel"
+modprobe fuse 2>/dev/null || true
+[ -c /dev/fuse ] || vm_skip "no /dev/fuse"
+vm_wait_for /dev/ublk-control
+
+export SOFTBLK_RUN_DIR=/tmp/softblk-run
+tree=/tmp/nullb
+cleanup() {
+  softblk nullb umount "$tree" >/dev/null 2>&1 || true
+  softblk shutdown --force >/dev/null 2>&1 || true
+}
+trap cleanup EXIT
+
+# A kernel without CONFIG_BLK_DEV_NULL_BLK_FAULT_INJECTION has no
+# timeout_inject/ directories: both sides then leave them out.
+flags=
+mkdir /sys/kernel/config/nullb/probe
+[ -d /sys/kernel/config/nullb/probe/timeout_inject ] || flags=--no-faults
+rmdir /sys/kernel/config/nullb/probe
+echo "kernel $(uname -r), fault injection: ${flags:-yes}"
+
+vm_step "the session against the kernel's configfs"
+sh "$files/nullb_script.sh" /sys/kernel/config/nullb k0 $flags >/tmp/kernel.txt 2>&1 || true
+cat /tmp/kernel.txt
+
+vm_step "the same session against softblk's tree"
+mkdir -p "$tree"
+softblk nullb mount "$tree" || vm_fail "softblk nullb mount failed"
+sh "$files/nullb_script.sh" "$tree" s0 $flags >/tmp/softblk.txt 2>&1 || true
+
+vm_step "the transcripts"
+diff -u /tmp/kernel.txt /tmp/softblk.txt || vm_fail "softblk's tree differs from the kernel's configfs"
+if [ -z "$flags" ]; then
+  diff -u "$files/nullb_expected.txt" /tmp/kernel.txt ||
+    vm_fail "the kernel's transcript is not tests/cli/nullb_expected.txt"
+fi
+echo "ok: the kernel's configfs and softblk's tree give the same transcript"
