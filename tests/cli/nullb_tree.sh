@@ -8,12 +8,17 @@
 #     configfs' errors as exit status and message, clamped values read
 #     back in `get` and in `list`, a power cycle that keeps the data;
 #  3. features lists null_blk's attribute names; the tree shows devices
-#     made with `softblk add`, and rmdir of a powered-on device deletes it.
+#     made with `softblk add`, and rmdir of a powered-on device deletes it;
+#  4. 64 KiB blocks through the loop device where the kernel takes them,
+#     and a larger block refused naming the limit;
+#  5. `softblk daemon gb=1 bs=4096 nr_devices=2`: null_blk's module
+#     parameters make nullb0 and nullb1 and are the defaults of later
+#     devices; state (power) and malformed values are refused.
 # Usage: nullb_tree.sh PATH/TO/softblk        (exit 77: skipped)
 softblk=${1:?usage: $0 PATH/TO/softblk}
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/lib_cli.sh"
-require_root_fuse cmp dd
+require_root_fuse cmp dd blockdev
 setup_run_dir nullb
 # The tree's FUSE mount lives below the run directory: the trap unmounts it.
 tree=$run_dir/nullb
@@ -69,8 +74,35 @@ rmdir "$tree/c0" || fail "rmdir c0"
 "$softblk" list --json | jq -e 'map(select(.name == "c0")) | length == 0' >/dev/null ||
   fail "c0 still listed after rmdir"
 
+note "blocks of 64 KiB through the loop device (Linux 6.15+)"
+if [ "$(printf '%s\n' "$(uname -r)" 6.15 | sort -V | head -1)" = 6.15 ]; then
+  "$softblk" add null size=16 bs=65536 memory_backed=1 --export fuse --name big >/dev/null ||
+    fail "bs=65536 refused with the FUSE export"
+  [ "$(blockdev --getss "$(field big .export.loop)")" = 65536 ] || fail "the loop device's block is not 64 KiB"
+  "$softblk" del big >/dev/null
+else
+  echo "kernel $(uname -r): the loop device takes the page size at most"
+fi
+if msg=$("$softblk" add null size=16 bs=131072 --export none 2>&1); then fail "bs=131072 accepted"; fi
+grep -q "65536" <<<"$msg" || fail "the block size error does not name the limit: $msg"
+
 note "unmount"
 "$softblk" nullb umount "$tree" || fail "nullb umount"
 ! findmnt -rn "$tree" >/dev/null || fail "still mounted"
+"$softblk" del --all >/dev/null
+"$softblk" shutdown >/dev/null
+
+note "module parameters and nr_devices"
+if "$softblk" daemon power=0 2>/dev/null; then fail "power accepted as a module parameter"; fi
+if "$softblk" daemon bs=x 2>/dev/null; then fail "bs=x accepted as a module parameter"; fi
+"$softblk" daemon gb=1 bs=4096 nr_devices=2 >/dev/null || fail "daemon with module parameters"
+remember_daemon
+[ "$("$softblk" list --json | jq -r '[.[].name] | sort | join(",")')" = nullb0,nullb1 ] ||
+  fail "nr_devices=2 did not make nullb0 and nullb1: $("$softblk" list)"
+[ "$(field nullb1 .capacity_bytes)" = $((1 << 30)) ] || fail "gb=1 not the default size"
+[ "$(field nullb1 .logical_block_size)" = 4096 ] || fail "bs=4096 not the default block size"
+"$softblk" add null --export none --name later >/dev/null
+[ "$("$softblk" get later blocksize)" = 4096 ] || fail "a later device does not get the module's bs"
+"$softblk" del --all >/dev/null
 "$softblk" shutdown >/dev/null
 echo "PASS"

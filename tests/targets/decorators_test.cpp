@@ -310,6 +310,21 @@ TEST(mbps, is_shared_by_the_queues)
     EXPECT_GE(std::max(a, b), 40'000'000u) << a << " " << b;
 }
 
+TEST(mbps, counts_discard_as_null_blk_does)
+{
+    // blk_rq_bytes() of a discard is its length: 8 MiB at 50 MiB/s take
+    // well over 100 ms, though no data moves.
+    auto d = make_null({"mbps=50", "size=64", "memory_backed=1", "discard=1"});
+    ASSERT_TRUE(d);
+    const uint64_t start = now_ns();
+    for (int i = 0; i < 8; ++i) {
+        ASSERT_EQ(d->execute(io_op::discard, uint64_t(i) << 20, 1 << 20, nullptr), 0);
+    }
+    const uint64_t ns = now_ns() - start;
+    EXPECT_GE(ns, 100'000'000u) << ns;
+    EXPECT_GE(describe(*d)["target"]["throttle"]["admitted_bytes"].get<uint64_t>(), 8u << 20);
+}
+
 TEST(mbps, is_clamped_to_null_blks_maximum)
 {
     auto d = make_null({"mbps=100000"});

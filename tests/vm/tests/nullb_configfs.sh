@@ -6,7 +6,8 @@
 # /sys/kernel/config/nullb and against `softblk nullb mount` (ublk
 # export); the two transcripts (every read, every write's errno, every
 # data check) must be equal, and the kernel's must be the one the host
-# test expects (tests/cli/nullb_expected.txt).
+# test expects (tests/cli/nullb_expected.txt). A device with 8 KiB blocks
+# is refused by the ublk export with an error naming its limit.
 set -euo pipefail
 . /softblk-vm/lib.sh
 vm_require_tool softblk dd cmp diff
@@ -54,3 +55,10 @@ fi
 diff -u /tmp/expected.txt /tmp/kernel.txt ||
   vm_fail "the kernel's transcript is not tests/cli/nullb_expected.txt"
 echo "ok: the kernel's configfs and softblk's tree give the same transcript"
+
+vm_step "a block larger than ublk carries is refused naming the limit"
+if msg=$(softblk add null size=16 bs=8192 --name big 2>&1); then
+  vm_fail "bs=8192 exported through ublk: $msg"
+fi
+echo "$msg"
+echo "$msg" | grep -q "at most 4096 bytes" || vm_fail "the error does not name ublk's limit"
