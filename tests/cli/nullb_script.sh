@@ -152,3 +152,29 @@ echo "== power off and rmdir"
 w power 0
 rmdir "$dir" && echo "rmdir: ok" || echo "rmdir: failed"
 [ -e "$dir" ] && echo "still there" || echo "gone"
+
+echo "== refused power ons: the clamps are written back all the same"
+dir=$root/${name}b
+mkdir "$dir" && echo "mkdir: ok" || echo "mkdir: failed"
+w submit_queues 0
+w irqmode 7
+w cache_size 16
+w mbps 99999
+w blocksize 1536
+w power 1
+r power submit_queues irqmode cache_size mbps
+w blocksize 4096
+w queue_mode 1
+w power 1
+w queue_mode 2
+w hw_queue_depth 0
+w power 1
+r power queue_mode hw_queue_depth
+w hw_queue_depth 64
+w completion_nsec 0x10
+w home_node 999
+w index 7
+w power 1
+r power hw_queue_depth completion_nsec home_node index
+w power 0
+rmdir "$dir" && echo "rmdir: ok" || echo "rmdir: failed"
