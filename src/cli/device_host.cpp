@@ -101,7 +101,7 @@ nlohmann::json option_json(const option_def& def)
         o["changes"] = "any time";
         break;
     case option_update::reconfigure:
-        o["changes"] = "any time (queues re-made)";
+        o["changes"] = "queues re-made";
         break;
     case option_update::powered_on:
         o["changes"] = "powered on";
@@ -254,7 +254,11 @@ result<nlohmann::json> features_json(std::string_view type)
     for (const export_type* e : export_types()) {
         nlohmann::json options = nlohmann::json::array();
         for (const option_def& def : e->options) {
-            options.push_back(option_json(def));
+            // Export options are given when the export starts, not
+            // written as device attributes: no update rule to show.
+            nlohmann::json o = option_json(def);
+            o.erase("changes");
+            options.push_back(std::move(o));
         }
         out["exports"].push_back({{"name", e->name},
                                   {"description", e->description},
