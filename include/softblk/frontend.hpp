@@ -3,11 +3,13 @@
 // starts one on a device. The daemon knows no front end by name.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -52,6 +54,13 @@ public:
     // so that it does not pull a device from under a mounted file system.
     // Control thread; answers at once.
     virtual std::string in_use() const { return {}; }
+
+    // Export options that make the export started again after a power
+    // cycle reach the same kernel device (ublk: "id=N", the same
+    // /dev/ublkbN); empty when there is no such thing. The daemon adds the
+    // ones the user did not give, and starts without them if the device is
+    // taken meanwhile. Control thread.
+    virtual std::vector<std::string> restart_options() const { return {}; }
 };
 
 // An export whose state outlives its process under a run directory (ublk's
@@ -104,6 +113,12 @@ struct export_type {
     // management, zone append). start_export refuses a zoned device to one
     // that does not.
     bool zoned = false;
+    // The largest logical block size the front end carries with these
+    // export options, and why (e.g. {4096, "ublk_drv limits logical_bs_shift
+    // to the page size"}); start_export refuses a device with larger blocks,
+    // naming the limit. Empty: no limit of its own.
+    std::function<std::pair<uint32_t, std::string>(std::span<const std::string> options)>
+        max_block_size = {};
 };
 
 // Starts `type` on `dev`: what every caller uses instead of calling

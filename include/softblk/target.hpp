@@ -93,8 +93,19 @@ public:
 
     // power=0 / power=1 (null_blk's `power` attribute). Powering off drops
     // what a volatile cache held and was not flushed. Control thread, with
-    // no I/O in flight.
+    // no I/O in flight. (The core destroys the target when its device is
+    // powered off and makes a new one at power on; this tells the target
+    // first.)
     virtual void set_power(bool on) {}
+
+    // Applies a change of one of its own `live` or `powered_on` options
+    // (option_update) while the device is powered on: `options` holds every
+    // value with the new one. Returns an error with the errno a configfs
+    // write would give (the device then keeps the old value). The default
+    // knows no option (EOPNOTSUPP: a table that declares an option live
+    // must have a target that applies it). Control thread; I/O may be in
+    // flight.
+    virtual result<void> apply_option(const option_def& def, const option_set& options);
 
     // Bytes of memory the target holds for data (the memory store, the
     // cache); for benchmarks and `softblk list`.
@@ -126,6 +137,10 @@ public:
         return _inner->map_extents(offset, length, out);
     }
     void set_power(bool on) override { _inner->set_power(on); }
+    result<void> apply_option(const option_def& def, const option_set& options) override
+    {
+        return _inner->apply_option(def, options);
+    }
     uint64_t memory_bytes() const override { return _inner->memory_bytes(); }
     void describe(nlohmann::json& out) const override { _inner->describe(out); }
 
@@ -134,6 +149,18 @@ public:
 
 protected:
     std::unique_ptr<target> _inner;
+};
+
+// What a target keeps while its device is powered off, and hands to the
+// target made at the next power on: null_blk keeps a device's data in the
+// configfs item (nullb_device), not in the disk (nullb), so `power=0`,
+// attribute changes and `power=1` bring the same data back. Owned by the
+// device (shared with the target while powered on).
+class target_data {
+public:
+    virtual ~target_data() = default;
+    // Bytes of RAM it holds (shown while the device is powered off).
+    virtual uint64_t memory_bytes() const { return 0; }
 };
 
 // ---------------------------------------------------------------- registry
@@ -154,6 +181,18 @@ struct target_type {
     // sets submit_queues to the number of NUMA nodes). 0 keeps
     // submit_queues. Called before create.
     std::function<unsigned(const option_set& options)> submit_queues;
+    // Optional, used instead of `create` when given: null_blk's power on.
+    // Applies what the kernel counterpart clamps and ignores at power on
+    // (null_validate_conf), writing the effective values back into
+    // `options` (a later read shows them) and adding a line to `notes` for
+    // each value ignored; then makes the target, reusing `kept` (what the
+    // device kept from the previous power on, nullptr the first time) and
+    // leaving in it what must outlive the power-off (the data). The core
+    // has applied its own rules and the tables' ranges before. Control
+    // thread.
+    std::function<result<std::unique_ptr<target>>(
+        option_set& options, std::shared_ptr<target_data>& kept, std::vector<std::string>& notes)>
+        power_on = {};
 };
 
 // Registers a target type; called from a static initialiser in the target's

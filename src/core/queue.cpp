@@ -275,7 +275,7 @@ void queue_impl::submit(io_request& r)
     r.status = 0;
     r.transferred = 0;
     r.attempts = 0;
-    r.submit_ns = _timeout_ns != 0 ? coarse_monotonic_ns() : 0;
+    r.submit_ns = timeout_ns() != 0 ? coarse_monotonic_ns() : 0;
     ++_in_flight;
     ++_in_target;
     bump(_submitted);
@@ -354,7 +354,7 @@ unsigned queue_impl::check_timeouts(uint64_t now)
     unsigned n = 0;
     for (unsigned t = 0; t < _depth && _in_target > 0; ++t) {
         io_request& r = _requests[t];
-        if (r.state == k_in_target && now - r.submit_ns >= _timeout_ns) {
+        if (r.state == k_in_target && now - r.submit_ns >= timeout_ns()) {
             if (_tq->timed_out(r)) {
                 bump(_timeouts);
                 complete(r, -ETIMEDOUT);
@@ -403,12 +403,12 @@ unsigned queue_impl::process()
         }
         _delivering = false;
     }
-    if (_in_target > 0 && _timeout_ns != 0) {
+    if (_in_target > 0 && timeout_ns() != 0) {
         const uint64_t now = coarse_monotonic_ns();
         if (now >= _next_timeout_scan) {
             check_timeouts(now);
             _next_timeout_scan =
-                now + std::min<uint64_t>(_timeout_ns / 4 + 1, uint64_t{100'000'000});
+                now + std::min<uint64_t>(timeout_ns() / 4 + 1, uint64_t{100'000'000});
         }
     }
     return _delivered - before;
@@ -433,7 +433,7 @@ uint64_t queue_impl::next_event_ns() const
         // descriptor: look again soon (as wait() does).
         wake = std::min(wake, monotonic_ns() + uint64_t{1'000'000});
     }
-    if (_in_target > 0 && _timeout_ns != 0) {
+    if (_in_target > 0 && timeout_ns() != 0) {
         // The scan runs on the coarse clock, which may lag the precise one
         // by a tick: never ask for a wake-up sooner than 1 ms from now for
         // it, or the owner would spin until the coarse clock catches up.
@@ -487,11 +487,11 @@ unsigned queue_impl::wait(unsigned min_completions, int64_t timeout_ns)
             // The target holds requests and named no time: look again soon.
             wake = std::min(wake, now + uint64_t{1'000'000});
         }
-        if (_in_target > 0 && _timeout_ns != 0) {
+        if (_in_target > 0 && this->timeout_ns() != 0) {
             // Timed-out requests must be noticed even when nothing else
             // happens; coarse clock granularity is a few ms.
-            wake = std::min(wake,
-                            now + std::min<uint64_t>(_timeout_ns / 4 + 1, uint64_t{100'000'000}));
+            wake = std::min(
+                wake, now + std::min<uint64_t>(this->timeout_ns() / 4 + 1, uint64_t{100'000'000}));
         }
         if (wake <= now) {
             continue;

@@ -199,6 +199,14 @@ public:
 
     nlohmann::json describe() const override;
     result<void> stop() override;
+    std::vector<std::string> restart_options() const override
+    {
+        // The same /dev/ublkbN after a power cycle, unless the user chose.
+        if (_cfg.id >= 0 || !_added) {
+            return {};
+        }
+        return {fmt::format("id={}", _info.dev_id)};
+    }
 
 private:
     result<void> start_queues(unsigned nr_queues, unsigned depth, uint32_t buf_bytes,
