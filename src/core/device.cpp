@@ -300,6 +300,19 @@ result<void> device_impl::set_power(bool on)
     return {};
 }
 
+result<void> device_impl::set_zone_condition(uint64_t offset, zone_condition condition)
+{
+    if (!_info.limits.zoned) {
+        return make_error(EOPNOTSUPP, fmt::format("{}: not a zoned device", _info.name));
+    }
+    auto r = _target->set_zone_condition(offset, condition);
+    if (!r) {
+        return make_error(r.error().code.value(),
+                          fmt::format("{}: {}", _info.name, r.error().message));
+    }
+    return {};
+}
+
 void device_impl::describe(nlohmann::json& out) const
 {
     const block_limits& l = _info.limits;

@@ -29,6 +29,7 @@ public:
     int execute(bio& b) override;
     result<std::vector<extent>> map(uint64_t offset, uint64_t length) override;
     result<void> set_power(bool on) override;
+    result<void> set_zone_condition(uint64_t offset, zone_condition condition) override;
     bool powered() const override { return _powered.load(std::memory_order_relaxed); }
     const option_set& options() const override { return _options; }
     void describe(nlohmann::json& out) const override;
