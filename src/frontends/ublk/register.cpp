@@ -15,6 +15,9 @@ const bool g_registered = softblk::register_export_type(softblk::export_type{
     .cleanup_stale = softblk::ublk::cleanup_stale,
     .available = softblk::ublk::available,
     .options = softblk::ublk::export_options(),
+    // UBLK_F_ZONED (with USER_COPY): zone geometry, report, management and
+    // the append sector go to the kernel.
+    .zoned = true,
 });
 
 }  // namespace
