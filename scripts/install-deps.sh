@@ -15,8 +15,10 @@ packages=(
   nbdkit libnbd-bin python3-libnbd qemu-utils qemu-system-common gnutls-bin jq
   # VM lab
   qemu-system-x86 busybox-static cpio zstd xz-utils squashfs-tools nbd-client btrfs-progs f2fs-tools
-  # fuzzing
+  # fuzzing: clang 14 for the NBD codec; clang 16 with libc++ for the
+  # fuzzers that need std::expected (fuzz/*/run_fuzz.sh)
   clang libclang-rt-14-dev
+  clang-16 libc++-16-dev libc++abi-16-dev libclang-rt-16-dev
 )
 
 missing=()

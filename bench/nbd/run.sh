@@ -12,8 +12,12 @@
 # of one CPU it used, which is what bounds IOPS when the client saturates a
 # CPU (fio runs one thread; the machine may have few CPUs).
 #
-#   bench/nbd/run.sh [--softblk-nbd PATH] [--runtime SECONDS] [--size MiB] [--threads N]
-#                    [--export-opt KEY=VALUE]...
+#   bench/nbd/run.sh [--softblk-nbd PATH] [--baseline PATH] [--runtime SECONDS] [--size MiB]
+#                    [--threads N] [--export-opt KEY=VALUE]...
+#
+# --baseline PATH also serves the same device with another softblk-nbd (an
+# older build), run job by job beside the others, and adds a table of
+# softblk against it: a change's cost measured under the same load.
 #
 # PATH defaults to build-nbd/src/frontends/nbd/softblk-nbd under the
 # repository. Prints a table (markdown) on stdout.
@@ -22,6 +26,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 driver="$repo/build-nbd/src/frontends/nbd/softblk-nbd"
+baseline=""
 runtime=5
 size_mib=256
 threads=1
@@ -29,11 +34,12 @@ export_opts=()
 while (($#)); do
   case "$1" in
     --softblk-nbd) driver=$2; shift 2 ;;
+    --baseline) baseline=$2; shift 2 ;;
     --runtime) runtime=$2; shift 2 ;;
     --size) size_mib=$2; shift 2 ;;
     --threads) threads=$2; shift 2 ;;
     --export-opt) export_opts+=(-o "$2"); shift 2 ;;  # e.g. poll-us=20, passed to softblk-nbd
-    *) echo "usage: $0 [--softblk-nbd PATH] [--runtime S] [--size MiB] [--threads N] [--export-opt K=V]..." >&2
+    *) echo "usage: $0 [--softblk-nbd PATH] [--baseline PATH] [--runtime S] [--size MiB] [--threads N] [--export-opt K=V]..." >&2
        exit 2 ;;
   esac
 done
@@ -42,6 +48,7 @@ for tool in fio nbdkit qemu-storage-daemon python3; do
 done
 fio --enghelp 2>/dev/null | grep -qw nbd || { echo "SKIP: this fio has no nbd engine" >&2; exit 77; }
 [ -x "$driver" ] || { echo "softblk-nbd not found at $driver (build it, or --softblk-nbd PATH)" >&2; exit 2; }
+[ -z "$baseline" ] || [ -x "$baseline" ] || { echo "--baseline $baseline: not an executable" >&2; exit 2; }
 
 work=$(mktemp -d /dev/shm/softblk-nbd-bench.XXXXXX)
 pids=()
@@ -73,6 +80,15 @@ qsd_pid=$!; pids+=("$qsd_pid")
 wait_socket "$work/softblk.sock"; wait_socket "$work/nbdkit.sock"; wait_socket "$work/qsd.sock"
 
 declare -A pid_of=([softblk]=$softblk_pid [nbdkit]=$nbdkit_pid [qsd]=$qsd_pid)
+servers=(softblk nbdkit qsd)
+if [ -n "$baseline" ]; then
+  mkdir -p "$work/baseline"
+  "$baseline" --run-dir "$work/baseline" -o socket="$work/baseline.sock" -o threads="$threads" \
+    "${export_opts[@]}" d0 null memory_backed=1 size=1024 >"$work/baseline.log" 2>&1 &
+  pid_of[baseline]=$!; pids+=("${pid_of[baseline]}")
+  wait_socket "$work/baseline.sock"
+  servers+=(baseline)
+fi
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 hz=$(getconf CLK_TCK)
 
@@ -110,20 +126,27 @@ PY
 }
 
 # Fill the area first so reads return data, not holes, on every server.
-for s in softblk nbdkit qsd; do
+for s in "${servers[@]}"; do
   fio --name=fill --ioengine=nbd --uri="nbd+unix:///d0?socket=$work/$s.sock" --rw=write --bs=1m \
       --iodepth=8 --size="${size_mib}M" >/dev/null 2>&1
 done
 
 client_rows=()
+baseline_rows=()
 echo "| job | softblk IOPS | nbdkit IOPS | qsd IOPS | softblk CPU ns/IO | nbdkit CPU ns/IO | qsd CPU ns/IO | IOPS vs best peer | CPU/IO vs that peer |"
 echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
 for j in "${jobs[@]}"; do
   read -r name rw bs qd <<<"$j"
   declare -A iops=() cpu=() fcpu=() futil=()
-  for s in softblk nbdkit qsd; do
+  for s in "${servers[@]}"; do
     read -r iops[$s] cpu[$s] fcpu[$s] futil[$s] < <(run_fio "$s" "$name" "$rw" "$bs" "$qd")
   done
+  if [ -n "$baseline" ]; then
+    baseline_rows+=("$(python3 -c 'import sys
+n, si, bi, sc, bc = sys.argv[1], *map(float, sys.argv[2:])
+print(f"| {n} | {si:.0f} | {bi:.0f} | {si / bi:.3f}x | {sc:.0f} | {bc:.0f} | {sc / bc:.3f}x |")' \
+      "$name" "${iops[softblk]}" "${iops[baseline]}" "${cpu[softblk]}" "${cpu[baseline]}")")
+  fi
   client_rows+=("| $name | ${fcpu[softblk]} (${futil[softblk]}%) | ${fcpu[nbdkit]} (${futil[nbdkit]}%) | ${fcpu[qsd]} (${futil[qsd]}%) |")
   best=nbdkit
   if ((${iops[qsd]} > ${iops[nbdkit]})); then best=qsd; fi
@@ -143,3 +166,11 @@ echo
 echo "| job | fio vs softblk | fio vs nbdkit | fio vs qsd |"
 echo "|---|---:|---:|---:|"
 printf '%s\n' "${client_rows[@]}"
+if [ -n "$baseline" ]; then
+  echo
+  echo "softblk ($driver) against the baseline ($baseline), job by job in the same run:"
+  echo
+  echo "| job | softblk IOPS | baseline IOPS | IOPS ratio | softblk CPU ns/IO | baseline CPU ns/IO | CPU ratio |"
+  echo "|---|---:|---:|---:|---:|---:|---:|"
+  printf '%s\n' "${baseline_rows[@]}"
+fi

@@ -1,17 +1,31 @@
 #!/bin/sh
 # Builds the FAT libFuzzer target with clang-16 and libc++ (std::expected
 # needs clang >= 19 with libstdc++ 12) in its own build directory, makes a
-# seed corpus with mkfs.fat and mcopy, and fuzzes for FUZZ_SECONDS (30).
+# seed corpus with mkfs.fat and mtools (including images whose directories
+# form cycles), and fuzzes for FUZZ_SECONDS (30). Exit 77 (skip) when the
+# compiler, libc++ or the libFuzzer runtime is missing; a finding fails,
+# with the input left as crash-*/timeout-*/oom-* in the build directory.
 #   fuzz/fat/run_fuzz.sh [build-dir]
 # Needs: apt-get install clang-16 libc++-16-dev libc++abi-16-dev libclang-rt-16-dev dosfstools mtools
+# (scripts/install-deps.sh installs them). The ctest fat_mount_fuzz runs it.
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 build=${1:-$root/build-fat-fuzz}
 seconds=${FUZZ_SECONDS:-30}
 cxx=${CXX_FUZZ:-clang++-16}
+install="apt-get install clang-16 libc++-16-dev libc++abi-16-dev libclang-rt-16-dev"
 if ! command -v "$cxx" >/dev/null 2>&1; then
-    echo "SKIP: $cxx not installed (apt-get install clang-16 libc++-16-dev libc++abi-16-dev libclang-rt-16-dev)"
+    echo "SKIP: $cxx not installed ($install)"
+    exit 77
+fi
+if ! echo '#include <expected>' | "$cxx" -std=c++2b -stdlib=libc++ -x c++ -fsyntax-only - 2>/dev/null; then
+    echo "SKIP: $cxx cannot compile <expected> with libc++ ($install)"
+    exit 77
+fi
+runtime="$("$cxx" -print-runtime-dir)/libclang_rt.fuzzer-x86_64.a"
+if [ ! -f "$runtime" ]; then
+    echo "SKIP: no libFuzzer runtime at $runtime ($install)"
     exit 77
 fi
 mkdir -p "$build/corpus"
@@ -19,16 +33,17 @@ src="$root/src/fs/fat"
 # The libFuzzer runtime itself is built against libstdc++: link both (no
 # standard-library types cross between it and the target).
 objs=""
-for f in "$here/mount_walk_fuzzer.cpp" "$src/block_device.cpp" "$src/format.cpp" "$src/names.cpp" \
-         "$src/sector_cache.cpp" "$src/volume.cpp"; do
+library=$(cmake -P "$src/sources.cmake" 2>&1 | sed "s|^|$src/|")
+for f in "$here/mount_walk_fuzzer.cpp" $library; do
     o="$build/$(basename "$f" .cpp).o"
-    if [ ! -f "$o" ] || [ "$f" -nt "$o" ]; then
+    # Rebuilt when the source or any header it may include changed.
+    if [ ! -f "$o" ] || [ "$f" -nt "$o" ] ||
+       [ -n "$(find "$src" "$root/include/softblk" -name '*.hpp' -newer "$o" | head -n 1)" ]; then
         "$cxx" -std=c++2b -stdlib=libc++ -O1 -g -fsanitize=fuzzer,address,undefined -DFMT_HEADER_ONLY=1 \
             -I"$root/include" -I"$src" -c "$f" -o "$o"
     fi
     objs="$objs $o"
 done
-runtime="$("$cxx" -print-runtime-dir)/libclang_rt.fuzzer-x86_64.a"
 stdcxx=$(ls /usr/lib/*-linux-gnu/libstdc++.so.6 2>/dev/null | head -n 1)
 "$cxx" -stdlib=libc++ -fsanitize=address,undefined $objs "$runtime" "${stdcxx:--lstdc++}" \
     -o "$build/fat_mount_fuzzer"
@@ -52,6 +67,11 @@ if command -v mkfs.fat >/dev/null 2>&1 && command -v mcopy >/dev/null 2>&1; then
     seed fat16.img 2200 "-F 16 -s 1"
     cp "$build/corpus/fat12.img" "$build/corpus/fat12-rw.img"
     printf 'x' >> "$build/corpus/fat12-rw.img"
+    if command -v python3 >/dev/null 2>&1; then
+        python3 "$here/make_cycle_seeds.py" "$build/corpus"
+        cp "$build/corpus/cycle-long.img" "$build/corpus/cycle-long-rw.img"
+        printf 'x' >> "$build/corpus/cycle-long-rw.img"
+    fi
 fi
 cp -n "$here"/corpus/* "$build/corpus/" 2>/dev/null || true
 cd "$build"

@@ -1,6 +1,9 @@
 #!/usr/bin/env python3
-"""Seed corpus for fuzz/nbd: two prefix bytes (TLS mode, piece size), then
-client byte streams that reach transmission and send requests."""
+"""Seed corpus for fuzz/nbd. make_seeds.py TARGET DIR.
+codec: two prefix bytes (TLS mode, piece size), then client byte streams
+that reach transmission and send requests. handshake: the same streams
+after a prefix that describes two exports, d0 (64 MiB, trim) and ro (1 MiB,
+read-only), as handshake_fuzzer.cpp reads it."""
 import os
 import struct
 import sys
@@ -32,7 +35,15 @@ seeds = {
                  option(2),
     "tls": b"\x02\x08" + struct.pack(">I", 3) + option(3) + option(5) + option(8) + go(7, b"") + reqs,
 }
-os.makedirs(sys.argv[1], exist_ok=True)
+target, out = sys.argv[1], sys.argv[2]
+if target == "handshake":
+    # count, then per export: name length, name, bits (min block index,
+    # read-only 4, trim 8), size byte and shift, description length.
+    exports = b"\x02" + b"\x02d0" + b"\x09" + b"\x01\x1a" + b"\x03" + b"\x02ro" + b"\x05" + b"\x01\x14" + b"\x00"
+    seeds = {name: exports + data for name, data in seeds.items()}
+    seeds["one_export_default"] = (b"\x01\x00\x01\x01\x10\x00" + b"\x00\x03" + struct.pack(">I", 3) +
+                                   option(3) + go(6, b"", (0, 1, 2, 3)) + go(7, b""))
+os.makedirs(out, exist_ok=True)
 for name, data in seeds.items():
-    with open(os.path.join(sys.argv[1], name), "wb") as f:
+    with open(os.path.join(out, name), "wb") as f:
         f.write(data)

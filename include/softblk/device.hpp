@@ -87,6 +87,18 @@ struct bio {
     } split;
 };
 
+// A bio for the common case (no report buffer, no completion callback).
+inline bio make_bio(io_op op, uint64_t offset, uint64_t length, void* buffer, uint32_t flags = 0)
+{
+    bio b;
+    b.op = op;
+    b.flags = flags;
+    b.offset = offset;
+    b.length = length;
+    b.buffer = buffer;
+    return b;
+}
+
 enum class completion_mode : uint8_t {
     inline_completion = 0,  // irqmode=0
     deferred = 1,           // irqmode=1 (null_blk: softirq)

@@ -70,12 +70,18 @@ std::string export_summary(const json& exp)
                            exp.value("state", std::string("?")), exp.value("daemon_pid", -1),
                            exp.value("queues", 0u), exp.value("depth", 0u));
     }
+    std::string summary = type;
     for (const char* key : {"loop", "device", "uri", "file", "socket"}) {
         if (exp.contains(key) && exp[key].is_string()) {
-            return fmt::format("{} {}", type, exp[key].get<std::string>());
+            summary = fmt::format("{} {}", type, exp[key].get<std::string>());
+            break;
         }
     }
-    return type;
+    // What the export wants a person to know (an NBD listener without TLS).
+    if (exp.contains("warning") && exp["warning"].is_string()) {
+        summary += fmt::format(" ({})", exp["warning"].get<std::string>());
+    }
+    return summary;
 }
 
 std::string dump(const json& value)
@@ -91,6 +97,64 @@ softblk::result<control_client> connect(bool autostart)
     }
     return control_client::connect(*paths, autostart);
 }
+
+#ifdef SOFTBLK_HAVE_FAT
+// ------------------------------------------------------------------ fat
+
+// How `softblk fat ... softblk:NAME` finds NAME: this daemon's `list`,
+// translated into what the FAT tools need (they know nothing of the
+// protocol). Connects at the first question; never starts a daemon.
+class fat_daemon_directory final : public softblk::fat::daemon_directory {
+public:
+    std::string location() const override
+    {
+        auto paths = softblk::cli::resolve_run_paths();
+        return paths ? paths->dir : std::string("(no run directory)");
+    }
+
+    softblk::result<std::vector<softblk::fat::daemon_device>> devices() override
+    {
+        auto paths = softblk::cli::resolve_run_paths();
+        if (!paths) {
+            return std::unexpected(paths.error());
+        }
+        auto client = control_client::connect(*paths, false);
+        if (!client) {
+            return softblk::make_error(
+                client.error().code.value(),
+                fmt::format("no softblk daemon answers at {} ({}); `softblk list` starts one (it "
+                            "brings back the devices it kept) and shows the devices, `softblk "
+                            "add` creates one",
+                            paths->socket, client.error().message));
+        }
+        auto list = client->call("list", json::object());
+        if (!list) {
+            return std::unexpected(list.error());
+        }
+        std::vector<softblk::fat::daemon_device> out;
+        for (const auto& d : *list) {
+            softblk::fat::daemon_device dev;
+            dev.name = d.value("name", std::string());
+            dev.type = d.value("type", std::string());
+            for (const auto& o : d.value("options", json::array())) {
+                if (o.is_string()) {
+                    dev.options.push_back(o.get<std::string>());
+                }
+            }
+            dev.state = d.value("state", std::string());
+            dev.error = d.value("error", std::string());
+            dev.logical_block_size = d.value("logical_block_size", 512u);
+            const json exp = d.value("export", json::object());
+            dev.export_type = exp.is_object() ? exp.value("type", std::string("none")) : "none";
+            for (auto& [key, value] : export_paths(exp)) {
+                dev.export_location[key] = value;
+            }
+            out.push_back(std::move(dev));
+        }
+        return out;
+    }
+};
+#endif
 
 // ------------------------------------------------------------------ add
 
@@ -218,6 +282,12 @@ int run_list(bool json_output)
                    limit == 0 ? human_bytes(used)
                               : fmt::format("{}/{}", human_bytes(used), human_bytes(limit)),
                    state, export_summary(d.value("export", json::object())));
+        // What a target wants its user to see (the file target's O_DIRECT
+        // fall-back): one indented line under the row.
+        const json target = d.value("target", json::object());
+        if (target.is_object() && target.contains("notice") && target["notice"].is_string()) {
+            fmt::print("  {}\n", target["notice"].get<std::string>());
+        }
     }
     if (daemon_memory.is_object()) {
         const uint64_t limit = daemon_memory.value("daemon_limit_bytes", uint64_t{0});
@@ -439,7 +509,8 @@ int main(int argc, char** argv)
 {
     if (argc >= 2 && std::strcmp(argv[1], "fat") == 0) {
 #ifdef SOFTBLK_HAVE_FAT
-        return softblk::fat::cli_main(argc - 1, argv + 1);
+        fat_daemon_directory daemon;
+        return softblk::fat::cli_main(argc - 1, argv + 1, &daemon);
 #else
         fmt::print(stderr,
                    "softblk: this build has no FAT library (softblk fat is not available)\n");

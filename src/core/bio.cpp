@@ -79,15 +79,26 @@ int queue_impl::plan(bio& b) const
     b.transferred = 0;
     b.result_offset = 0;
 
-    auto check_range = [&]() -> int {
-        if (b.offset % block != 0 || b.length % block != 0) {
-            return -EINVAL;
+    auto check_range = [&] { return check_block_range(lim, b.offset, b.length); };
+    // Anything that would change a read-only device is refused first, as
+    // the block layer does (bio_check_ro), whatever the target offers.
+    switch (b.op) {
+    case io_op::write:
+    case io_op::discard:
+    case io_op::write_zeroes:
+    case io_op::zone_open:
+    case io_op::zone_close:
+    case io_op::zone_finish:
+    case io_op::zone_reset:
+    case io_op::zone_reset_all:
+    case io_op::zone_append:
+        if (lim.read_only) {
+            return -EPERM;
         }
-        if (b.offset > lim.capacity_bytes || b.length > lim.capacity_bytes - b.offset) {
-            return -EIO;  // beyond the end of the device, as the block layer says
-        }
-        return 0;
-    };
+        break;
+    default:
+        break;
+    }
     const uint32_t transfer_max = piece_limit(
         lim.max_transfer_bytes != 0 ? lim.max_transfer_bytes : uint64_t{UINT32_MAX}, block);
 

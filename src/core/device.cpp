@@ -102,12 +102,7 @@ std::span<const option_def> core_options()
 
 int device::execute(io_op op, uint64_t offset, uint32_t length, void* buffer, uint32_t flags)
 {
-    bio b;
-    b.op = op;
-    b.flags = flags;
-    b.offset = offset;
-    b.length = length;
-    b.buffer = buffer;
+    bio b = make_bio(op, offset, length, buffer, flags);
     const int rc = execute(b);
     if (rc < 0) {
         return rc;

@@ -183,13 +183,9 @@ int queue_impl::validate(const io_request& r) const
         return -ENODEV;
     }
     const block_limits& lim = _dev.info().limits;
-    const uint64_t mask = lim.logical_block_size - 1;
     auto check_range = [&]() -> int {
-        if ((r.offset & mask) != 0 || (r.length & mask) != 0) {
-            return -EINVAL;
-        }
-        if (r.offset > lim.capacity_bytes || r.length > lim.capacity_bytes - r.offset) {
-            return -EIO;  // beyond the end of the device, as the block layer says
+        if (const int rc = check_block_range(lim, r.offset, r.length); rc != 0) {
+            return rc;
         }
         // A data request stays inside one zone (the block layer splits
         // bios on chunk_sectors; a single request cannot be split).

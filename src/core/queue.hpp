@@ -3,6 +3,7 @@
 #pragma once
 
 #include <atomic>
+#include <cerrno>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -32,6 +33,21 @@ private:
 };
 
 class device_impl;
+
+// The block layer's range check of a request: -EINVAL when `offset` or
+// `length` is not a multiple of the logical block size, -EIO when the range
+// goes past the capacity, else 0.
+inline int check_block_range(const block_limits& lim, uint64_t offset, uint64_t length)
+{
+    const uint64_t mask = lim.logical_block_size - 1;  // a power of two
+    if (((offset | length) & mask) != 0) {
+        return -EINVAL;
+    }
+    if (offset > lim.capacity_bytes || length > lim.capacity_bytes - offset) {
+        return -EIO;  // beyond the end of the device, as the block layer says
+    }
+    return 0;
+}
 
 // Where a request of a queue is (io_request::state).
 enum request_state : uint8_t {

@@ -5,30 +5,13 @@
 #include <cerrno>
 #include <functional>
 
+#include "image_layout.hpp"
 #include "layout.hpp"
 
 using namespace fat_test;
 using namespace softblk::fat::detail;
 
 namespace {
-
-struct image_layout {
-    uint32_t bps, spc, reserved, fats, fat_size, root_entries;
-    uint64_t data;
-};
-
-image_layout layout_of(const std::vector<uint8_t>& img)
-{
-    image_layout l{};
-    l.bps = le16(&img[11]);
-    l.spc = img[13];
-    l.reserved = le16(&img[14]);
-    l.fats = img[16];
-    l.root_entries = le16(&img[17]);
-    l.fat_size = le16(&img[22]) != 0 ? le16(&img[22]) : le32(&img[36]);
-    l.data = l.reserved + uint64_t{l.fats} * l.fat_size + (l.root_entries * 32 + l.bps - 1) / l.bps;
-    return l;
-}
 
 // A FAT16 image with /file.bin (3 clusters), /dir/inner.txt.
 std::unique_ptr<memory_block_device> sample()

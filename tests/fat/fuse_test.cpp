@@ -2,6 +2,7 @@
 // clean (fsck.fat) and readable by mtools after fusermount3 -u. The mount
 // is always taken down, even when an assertion fails.
 #include "fat_test_util.hpp"
+#include "fuse_util.hpp"
 
 #include <chrono>
 #include <csignal>
@@ -12,72 +13,6 @@
 using namespace fat_test;
 
 namespace {
-
-bool is_mounted(const std::string& dir)
-{
-    std::ifstream in("/proc/self/mountinfo");
-    std::string line;
-    while (std::getline(in, line)) {
-        if (line.find(" " + dir + " ") != std::string::npos) {
-            return true;
-        }
-    }
-    return false;
-}
-
-class fuse_mount {
-public:
-    fuse_mount(const std::string& image, const std::string& dir) : _dir(dir)
-    {
-        _pid = fork();
-        if (_pid == 0) {
-            std::string bin = SOFTBLK_FAT_BIN;
-            execl(bin.c_str(), bin.c_str(), "mount", image.c_str(), dir.c_str(), "-f",
-                  static_cast<char*>(nullptr));
-            _exit(127);
-        }
-        for (int i = 0; i < 100 && !is_mounted(dir); ++i) {
-            std::this_thread::sleep_for(std::chrono::milliseconds(50));
-            int st = 0;
-            if (waitpid(_pid, &st, WNOHANG) == _pid) {
-                _pid = -1;
-                break;
-            }
-        }
-    }
-    bool ok() const { return _pid > 0 && is_mounted(_dir); }
-    // Unmounts and waits for the server; returns its exit status.
-    int unmount()
-    {
-        if (_pid <= 0) {
-            return -1;
-        }
-        run("fusermount3 -u " + quote(_dir));
-        int st = 0;
-        for (int i = 0; i < 100; ++i) {
-            if (waitpid(_pid, &st, WNOHANG) == _pid) {
-                _pid = -1;
-                return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-            }
-            std::this_thread::sleep_for(std::chrono::milliseconds(50));
-        }
-        kill(_pid, SIGKILL);
-        waitpid(_pid, &st, 0);
-        _pid = -1;
-        return -1;
-    }
-    ~fuse_mount()
-    {
-        if (_pid > 0) {
-            run("fusermount3 -u -z " + quote(_dir));
-            unmount();
-        }
-    }
-
-private:
-    std::string _dir;
-    pid_t _pid = -1;
-};
 
 TEST(FatFuse, MountServesPosixIoAndLeavesACleanImage)
 {

@@ -51,3 +51,31 @@ for line in open(sys.argv[1]):
 
 # server_alive PID: the process still runs (not crashed, not exited).
 server_alive() { kill -0 "$1" 2>/dev/null; }
+
+# The softblk daemon (SOFTBLK_CLI) in a run directory of this test's own.
+# sb ARGS...: one CLI command with a time limit, so that a hung daemon fails
+# the test instead of blocking it (exit 124 on timeout). use_daemon sets up
+# the run directory and makes cleanup stop the daemon, by pid, even when it
+# no longer answers.
+sb() { timeout "${SB_TIMEOUT:-20}" "$SOFTBLK_CLI" "$@"; }
+daemon_pid() { cat "$SOFTBLK_RUN_DIR/daemon.pid" 2>/dev/null; }
+use_daemon() {
+  [ -n "${SOFTBLK_CLI:-}" ] && [ -x "$SOFTBLK_CLI" ] || skip "the softblk CLI is not built"
+  export SOFTBLK_RUN_DIR="$work/run"
+  mkdir -p "$SOFTBLK_RUN_DIR"
+  trap 'stop_daemon; cleanup' EXIT
+}
+stop_daemon() {
+  local pid
+  pid=$(daemon_pid) || true
+  SB_TIMEOUT=10 sb del --all >/dev/null 2>&1 || true
+  SB_TIMEOUT=10 sb shutdown >/dev/null 2>&1 || true
+  if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
+    sleep 1
+    kill -9 "$pid" 2>/dev/null || true
+  fi
+}
+# daemon_sockets: how many sockets the daemon holds open.
+daemon_sockets() { ls -l "/proc/$(daemon_pid)/fd" 2>/dev/null | grep -c 'socket:' || true; }
+# daemon_rss_mib: the daemon's resident memory in MiB.
+daemon_rss_mib() { awk '/^VmRSS/ {print int($2 / 1024)}' "/proc/$(daemon_pid)/status"; }

@@ -14,7 +14,7 @@ trap 'stop_daemon; cleanup' EXIT
 uri=$(grep -o 'nbd+unix:///[^ ]*' "$work/add1" | head -1)
 [ -n "$uri" ] || fail "add printed no URI: $(cat "$work/add1")"
 [ "$(nbdinfo --size "$uri")" = $((32 << 20)) ] || fail "size through $uri"
-"$SOFTBLK_CLI" add null memory_backed=1 size=16 --export nbd --export-opt tcp=0 >"$work/add2" 2>&1 &&
+"$SOFTBLK_CLI" add null memory_backed=1 size=16 --export nbd --export-opt tcp=0 --export-opt insecure=1 >"$work/add2" 2>&1 &&
   fail "a second export with other server settings was accepted: $(cat "$work/add2")"
 "$SOFTBLK_CLI" add null size=1 --export nbd --export-opt tls-verify-peer=1 >"$work/add3" 2>&1 &&
   fail "tls-verify-peer=1 without TLS was accepted: $(cat "$work/add3")"

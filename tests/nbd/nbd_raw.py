@@ -81,3 +81,41 @@ def closed_within(s, seconds):
         return closed(s)
     except socket.timeout:
         return False
+
+
+def request(s, typ, off, ln, flags=0, cookie=1, payload=b""):
+    """Sends one transmission request (a payload follows a WRITE)."""
+    s.sendall(struct.pack(">IHHQQI", 0x25609513, flags, typ, cookie, off, ln) + payload)
+
+
+def flood_reads(s, count, length, size, seconds=5):
+    """Pipelines up to `count` READs of `length` bytes over a device of `size`
+    bytes without reading a reply; stops early when the server stops taking
+    requests for 1 s (back-pressure) or after `seconds`. Returns how many
+    requests were sent whole."""
+    import time
+    s.setblocking(False)
+    sent = 0
+    deadline = time.monotonic() + seconds
+    buf = b""
+    stalled_since = None
+    while sent < count and time.monotonic() < deadline:
+        if not buf:
+            off = (sent * length) % (size - length + 1)
+            buf = struct.pack(">IHHQQI", 0x25609513, 0, 0, sent, off - off % 512, length)
+        try:
+            n = s.send(buf)
+        except BlockingIOError:
+            n = 0
+        if n == 0:
+            stalled_since = stalled_since or time.monotonic()
+            if time.monotonic() - stalled_since > 1:
+                break
+            time.sleep(0.01)
+            continue
+        stalled_since = None
+        buf = buf[n:]
+        if not buf:
+            sent += 1
+    s.setblocking(True)
+    return sent

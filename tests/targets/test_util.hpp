@@ -33,10 +33,11 @@ inline std::unique_ptr<device> make_null(std::vector<std::string> options,
     return d ? std::move(*d) : nullptr;
 }
 
-// The error message of a creation that must fail.
-inline std::string create_error(std::vector<std::string> options, int* code = nullptr)
+// The error message of a creation (of a `type` device) that must fail.
+inline std::string create_error(std::vector<std::string> options, int* code = nullptr,
+                                std::string_view type = "null")
 {
-    auto d = device::create("nulltest", "null", options);
+    auto d = device::create("nulltest", type, options);
     EXPECT_FALSE(d.has_value()) << "created with options that should be refused";
     if (d) {
         return {};

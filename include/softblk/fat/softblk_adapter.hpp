@@ -1,10 +1,12 @@
 // fat::block_device over a softblk device, through the in-process consumer
 // API (device::execute, which splits requests on the device's limits).
-// FLUSH goes to the device only when it has
+// Whether writes are gathered is measured, not looked up by target type
+// (write_gather_bytes). FLUSH goes to the device only when it has
 // a volatile write cache; -EOPNOTSUPP from a flush counts as success.
 #pragma once
 
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
@@ -26,8 +28,13 @@ public:
     uint32_t sector_size() const override;
     uint64_t sector_count() const override;
     bool read_only() const override;
-    // 0 (no gathering) for the null target, whose requests are a function
-    // call and at most a copy into memory; 1 MiB for targets that do I/O.
+    // Measured once, at the first call (a volume's mount): the fastest of
+    // a few one-block reads at LBA 0 against copying 16 KiB in memory. A
+    // device whose request costs less than that copy (an in-process memory
+    // store, a null device) gets 0: every aligned write goes straight from
+    // the caller's buffer. Dearer requests (I/O, a completion delay, a
+    // throttle) get 1 MiB runs, as does a device whose read fails. Any
+    // thread; the first caller measures, others wait for it.
     uint32_t write_gather_bytes() const override;
     softblk::device& device() { return *_device; }
 
@@ -38,8 +45,12 @@ protected:
 
 private:
     int transfer(io_op op, uint64_t lba, uint32_t count, void* buffer);
+    // The fastest of a few one-block reads at LBA 0, in ns; 0 if a read fails.
+    uint64_t request_cost_ns() const;
     std::unique_ptr<softblk::device> _owned;
     softblk::device* _device;
+    mutable std::once_flag _gather_once;
+    mutable uint32_t _gather_bytes = 0;
 };
 
 }  // namespace softblk::fat

@@ -6,8 +6,11 @@
 //
 // Errors: metadata operations return result<T> (std::expected with an
 // errno-style code and a message); file I/O returns bytes done or -errno.
-// A corrupt image gives EIO (or EUCLEAN where noted) with a message naming
-// the cluster or entry; volume::problems() keeps what was seen.
+// A corrupt image gives EIO with a message naming the cluster or entry; a
+// path through a directory entry that leads back to one of its ancestors
+// (a directory cycle, the root included) gives ELOOP naming that entry's
+// path. volume::problems() keeps what was seen. To walk a tree, use
+// fat::walk (walk.hpp), which also refuses cycles and cross-links.
 //
 // Ownership: the caller owns the block_device and keeps it alive while the
 // volume is mounted. A file handle that outlives its volume only closes.
@@ -62,7 +65,8 @@ struct mount_options {
     // request of up to this many bytes; 0: every aligned write of 4 KiB or
     // more goes straight from the caller's buffer to the device.
     // k_write_behind_auto: as block_device::write_gather_bytes() says (0 for
-    // in-process memory, 1 MiB for files and remote devices).
+    // in-process memory, 1 MiB for files and remote devices), asked at the
+    // first direct write.
     static constexpr uint32_t k_write_behind_auto = UINT32_MAX;
     uint32_t write_behind_bytes = k_write_behind_auto;
 };

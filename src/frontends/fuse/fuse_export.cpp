@@ -231,12 +231,7 @@ pending_io* worker::take_pending()
 
 int worker::execute(io_op op, uint64_t offset, uint64_t length, void* buffer, uint32_t flags)
 {
-    bio b;
-    b.op = op;
-    b.flags = flags;
-    b.offset = offset;
-    b.length = length;
-    b.buffer = buffer;
+    bio b = make_bio(op, offset, length, buffer, flags);
     return queue != nullptr ? queue->run(b) : dev->execute(b);
 }
 

@@ -1,5 +1,7 @@
 #include "loop_device.hpp"
 
+#include <softblk/support/fd_guard.hpp>
+
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -20,16 +22,6 @@ namespace softblk::fuse {
 
 namespace {
 
-// Closes a file descriptor when it goes out of scope.
-struct fd_guard {
-    int fd = -1;
-    ~fd_guard()
-    {
-        if (fd >= 0) {
-            ::close(fd);
-        }
-    }
-};
 
 std::string read_sysfs_line(const std::string& path)
 {

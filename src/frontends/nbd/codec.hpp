@@ -2,8 +2,8 @@
 // fed with bytes, request header parsing and validation, and reply
 // encoding. Pure: it does no I/O and knows no device; the server feeds it
 // what it received and sends what it produced, and so do the unit tests
-// and the libFuzzer target. Depends on the standard library only (the
-// fuzzer is built by clang 14, whose C++23 support lacks std::expected).
+// and the libFuzzer targets (fuzz/nbd). Depends on the standard library
+// only, so that the fuzzers build with clang-16 and libc++ without the core.
 #pragma once
 
 #include <cstddef>

@@ -3,12 +3,14 @@
 #include <cerrno>
 #include <charconv>
 #include <cstring>
+#include <grp.h>
 #include <map>
 #include <mutex>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <thread>
+#include <vector>
 #include <unistd.h>
 
 #include <fmt/core.h>
@@ -28,12 +30,29 @@ constexpr option_def k_options[] = {
      .help = "unix socket to listen on (default: RUN_DIR/nbd.sock, shared by every device exported "
              "there); "
              "none: TCP only"},
+    {.name = "mode",
+     .kind = option_kind::text,
+     .default_value = "0600",
+     .unit = "octal",
+     .help = "permissions of the unix socket, set before it listens whatever the umask (0600: "
+             "the daemon's user only; 0660 with group= for a group)"},
+    {.name = "group",
+     .kind = option_kind::text,
+     .default_value = "",
+     .unit = "name or gid",
+     .help = "group of the unix socket (default: the daemon's)"},
     {.name = "tcp",
      .kind = option_kind::text,
      .default_value = "",
      .unit = "",
      .help = "also listen on TCP: PORT (on 127.0.0.1) or HOST:PORT ([::1]:PORT); port 0 picks a "
              "free one"},
+    {.name = "insecure",
+     .kind = option_kind::boolean,
+     .default_value = "0",
+     .unit = "",
+     .help = "allow tcp= without tls=require: anyone who reaches the port reads and writes the "
+             "device; `softblk list` shows the export as insecure"},
     {.name = "tls",
      .kind = option_kind::text,
      .default_value = "off",
@@ -88,6 +107,31 @@ constexpr option_def k_options[] = {
          "connection slot); 0: never",
      .min = 0,
      .max = 86400},
+    {.name = "idle-timeout",
+     .kind = option_kind::integer,
+     .default_value = "300",
+     .unit = "s",
+     .help = "a connection that neither sends nor reads a byte for this long is closed (idle "
+             "clients, clients that do not read their replies); 0: never (kernel nbd clients "
+             "that sit idle)",
+     .min = 0,
+     .max = 604800},
+    {.name = "buffer-per-connection",
+     .kind = option_kind::integer,
+     .default_value = "64",
+     .unit = "MiB",
+     .help = "a connection stops reading requests while its buffers (write payloads, read data "
+             "not yet sent) hold this much",
+     .min = 1,
+     .max = 4096},
+    {.name = "buffer-total",
+     .kind = option_kind::integer,
+     .default_value = "512",
+     .unit = "MiB",
+     .help = "every connection of the server stops reading requests while their buffers "
+             "together would pass this",
+     .min = 32,
+     .max = 1048576},
     {.name = "poll-us",
      .kind = option_kind::integer,
      .default_value = "0",
@@ -181,6 +225,38 @@ result<void> parse_tcp(const std::string& v, std::string& host, uint16_t& port)
     return {};
 }
 
+result<unsigned> parse_mode(const std::string& v)
+{
+    unsigned mode = 0;
+    const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), mode, 8);
+    if (v.empty() || ec != std::errc() || end != v.data() + v.size() || mode > 0777) {
+        return make_error(
+            EINVAL, fmt::format("mode={}: expected octal permissions 0000..0777, e.g. 0660", v));
+    }
+    return mode;
+}
+
+// A group name or number, as a gid; -1 for "".
+result<int64_t> parse_group(const std::string& v)
+{
+    if (v.empty()) {
+        return int64_t{-1};
+    }
+    unsigned gid = 0;
+    const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), gid);
+    if (ec == std::errc() && end == v.data() + v.size()) {
+        return int64_t{gid};
+    }
+    group g{};
+    group* found = nullptr;
+    std::vector<char> buf(16384);
+    const int rc = ::getgrnam_r(v.c_str(), &g, buf.data(), buf.size(), &found);
+    if (rc != 0 || found == nullptr) {
+        return make_error(EINVAL, fmt::format("group={}: no such group", v));
+    }
+    return int64_t{found->gr_gid};
+}
+
 std::string uri_host(const std::string& host)
 {
     if (host.find(':') != std::string::npos) {
@@ -226,6 +302,15 @@ public:
             j["tls_verify_peer"] = cfg.tls_verify_peer;
         }
         j["read_only"] = _read_only;
+        if (!cfg.tcp_host.empty() && cfg.tls != tls_mode::require) {
+            // insecure=1: say so wherever the export is shown.
+            j["insecure"] = true;
+            j["warning"] = fmt::format(
+                "insecure: TCP {}:{} without TLS (insecure=1), anyone who "
+                "reaches it reads and writes the device",
+                cfg.tcp_host, _srv->tcp_port());
+        }
+        j["idle_timeout_s"] = cfg.idle_timeout_ms / 1000;
         return j;
     }
 
@@ -236,9 +321,22 @@ public:
         }
         registry& r = servers();
         std::lock_guard lock(r.mutex);
-        auto rc = _srv->remove_export(_name);
+        if (!_removing) {
+            auto removing = _srv->begin_remove_export(_name);
+            if (!removing) {
+                return std::unexpected(removing.error());
+            }
+            _removing = *removing;
+        }
+        // Bounded (stop_timeout_ms): on failure the export stays removing
+        // and the device in use; a later stop() waits again.
+        if (auto rc = _srv->wait_closed(*_removing); !rc) {
+            return rc;
+        }
+        _removing.reset();
+        result<void> rc;
         if (_srv->export_count() == 0) {
-            _srv->stop();
+            rc = _srv->stop();
             r.servers.erase(_key);
         }
         _srv.reset();
@@ -247,6 +345,7 @@ public:
 
 private:
     std::shared_ptr<server> _srv;
+    std::shared_ptr<server_export> _removing;  // removed, connections closing
     std::string _key;
     std::string _name;
     bool _read_only;
@@ -307,6 +406,33 @@ result<std::unique_ptr<device_export>> start_export(device& dev, const export_co
     if (cfg.socket_path.empty() && cfg.tcp_host.empty()) {
         return make_error(EINVAL, "socket=none needs tcp=PORT");
     }
+    cfg.insecure = o.flag("insecure");
+    if (!cfg.tcp_host.empty() && cfg.tls != tls_mode::require && !cfg.insecure) {
+        return make_error(
+            EPERM,
+            fmt::format("tcp={}{}: {}", o.text("tcp"),
+                        cfg.tls == tls_mode::on ? " with tls=on (optional)" : "", k_tcp_policy));
+    }
+    if (cfg.insecure && cfg.tcp_host.empty()) {
+        return make_error(EINVAL, "insecure=1 without tcp=: only a TCP listener can be insecure");
+    }
+    auto mode = parse_mode(o.text("mode"));
+    if (!mode) {
+        return std::unexpected(mode.error());
+    }
+    cfg.socket_mode = *mode;
+    auto group = parse_group(o.text("group"));
+    if (!group) {
+        return std::unexpected(group.error());
+    }
+    cfg.socket_group = *group;
+    if (cfg.socket_path.empty() && (o.given("mode") || o.given("group"))) {
+        return make_error(EINVAL,
+                          "mode=/group= apply to the unix socket, and socket=none has none");
+    }
+    cfg.idle_timeout_ms = static_cast<uint32_t>(o.u64("idle-timeout") * 1000);
+    cfg.conn_buffer_bytes = o.u64("buffer-per-connection") << 20;
+    cfg.total_buffer_bytes = o.u64("buffer-total") << 20;
     cfg.max_connections = static_cast<unsigned>(o.u64("max-connections"));
     cfg.threads = static_cast<unsigned>(o.u64("threads"));
     cfg.handshake_timeout_ms = static_cast<uint32_t>(o.u64("handshake-timeout") * 1000);
@@ -336,19 +462,31 @@ result<std::unique_ptr<device_export>> start_export(device& dev, const export_co
             (!o.given("handshake-timeout") ||
              run.handshake_timeout_ms == cfg.handshake_timeout_ms) &&
             (!o.given("poll-us") || run.poll_us == cfg.poll_us) &&
-            (!o.given("coalesce-us") || run.coalesce_us == cfg.coalesce_us);
+            (!o.given("coalesce-us") || run.coalesce_us == cfg.coalesce_us) &&
+            run.insecure == cfg.insecure &&
+            (!o.given("mode") || run.socket_mode == cfg.socket_mode) &&
+            (!o.given("group") || run.socket_group == cfg.socket_group) &&
+            (!o.given("idle-timeout") || run.idle_timeout_ms == cfg.idle_timeout_ms) &&
+            (!o.given("buffer-per-connection") || run.conn_buffer_bytes == cfg.conn_buffer_bytes) &&
+            (!o.given("buffer-total") || run.total_buffer_bytes == cfg.total_buffer_bytes);
         if (!same) {
             return make_error(
                 EBUSY,
                 fmt::format(
                     "nbd: a server on {} already runs with tls={} tls-verify-peer={} tcp={} "
-                    "max-connections={} threads={} handshake-timeout={} poll-us={} coalesce-us={}; "
-                    "export there with the same settings, or choose another socket=",
+                    "max-connections={} threads={} handshake-timeout={} poll-us={} coalesce-us={} "
+                    "insecure={} mode={:04o} group={} idle-timeout={} buffer-per-connection={} "
+                    "buffer-total={}; export there with the same settings, or choose another "
+                    "socket=",
                     key, to_string(run.tls), run.tls_verify_peer ? 1 : 0,
                     run.tcp_host.empty() ? std::string("off")
                                          : fmt::format("{}:{}", run.tcp_host, srv->tcp_port()),
                     run.max_connections, run.threads, run.handshake_timeout_ms / 1000, run.poll_us,
-                    run.coalesce_us));
+                    run.coalesce_us, run.insecure ? 1 : 0, run.socket_mode,
+                    run.socket_group < 0 ? std::string("default")
+                                         : std::to_string(run.socket_group),
+                    run.idle_timeout_ms / 1000, run.conn_buffer_bytes >> 20,
+                    run.total_buffer_bytes >> 20));
         }
     } else {
         if (!cfg.socket_path.empty()) {
@@ -364,9 +502,13 @@ result<std::unique_ptr<device_export>> start_export(device& dev, const export_co
         srv = *started;
         r.servers.emplace(key, srv);
     }
+    if (!cfg.tcp_host.empty() && cfg.tls != tls_mode::require) {
+        fmt::print(stderr, "nbd: {}: serving TCP {}:{} without TLS (insecure=1)\n", dev.name(),
+                   srv->config().tcp_host, srv->tcp_port());
+    }
     if (auto rc = srv->add_export(dev, read_only, o.text("description")); !rc) {
         if (srv->export_count() == 0) {
-            srv->stop();
+            (void)srv->stop();
             r.servers.erase(key);
         }
         return std::unexpected(rc.error());
@@ -388,21 +530,7 @@ void cleanup_stale(const export_context& ctx)
             return;  // ours, alive
         }
     }
-    sockaddr_un addr{};
-    if (path.size() >= sizeof addr.sun_path) {
-        return;
-    }
-    addr.sun_family = AF_UNIX;
-    std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-    const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    const bool alive =
-        fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
-    if (fd >= 0) {
-        ::close(fd);
-    }
-    if (!alive) {
-        ::unlink(path.c_str());
-    }
+    (void)claim_socket_path(path);  // removes it only when stale and ours
 }
 
 }  // namespace softblk::nbd

@@ -18,6 +18,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <sys/types.h>
 #include <thread>
 #include <vector>
 
@@ -33,8 +34,16 @@ class event_loop;
 
 struct server_config {
     std::string socket_path;  // "" = no unix socket
-    std::string tcp_host;     // "" = no TCP listener
-    uint16_t tcp_port = 0;    // 0 = any free port (see server::tcp_port)
+    // The unix socket's permissions and group (-1: the daemon's). It is
+    // created with these before it listens, whatever the umask.
+    unsigned socket_mode = 0600;
+    int64_t socket_group = -1;
+    std::string tcp_host;   // "" = no TCP listener
+    uint16_t tcp_port = 0;  // 0 = any free port (see server::tcp_port)
+    // TCP without tls=require was asked for explicitly (insecure=1):
+    // anyone who reaches the port may use the exports. start() refuses a
+    // TCP listener without either.
+    bool insecure = false;
     tls_mode tls = tls_mode::off;
     std::string tls_certs_dir;
     std::string tls_psk_file;
@@ -47,6 +56,20 @@ struct server_config {
     // after it was accepted is closed, so that a stalled client cannot hold
     // a connection slot. 0: never.
     uint32_t handshake_timeout_ms = 10'000;
+    // A connection in transmission that neither received nor sent a byte
+    // for this long is closed: idle clients and clients that do not read
+    // their replies give their slot and buffers back. 0: never.
+    uint32_t idle_timeout_ms = 300'000;
+    // Buffers (write payloads being received or written, read data not yet
+    // sent): a connection stops reading requests while its own hold
+    // conn_buffer_bytes (it always takes one request when it holds none),
+    // and every connection does while the server's together would pass
+    // total_buffer_bytes. The socket then pushes back on the client.
+    uint64_t conn_buffer_bytes = 64ull << 20;
+    uint64_t total_buffer_bytes = 512ull << 20;
+    // Export removal and stop() wait this long for connections to close and
+    // loop threads to end (they are shut down first); then they fail.
+    uint32_t stop_timeout_ms = 10'000;
     // Before a loop thread sleeps, it polls its completion ring for up to
     // this long (adaptively, as QEMU's poll-max-ns). 0: never poll.
     uint32_t poll_us = 0;
@@ -62,7 +85,18 @@ struct server_export : export_details {
     std::atomic<bool> removed{false};
 };
 
-class server final : public export_catalog {
+// Why `path` cannot be bound as an NBD unix socket, or "" when it may:
+// nothing is there, or a socket of this user that nobody listens on
+// (connect() is refused: a server that ended without cleaning up left it),
+// which is then removed. Anything else (a file of another type, a symbolic
+// link, another user's socket, a socket a server listens on) is left alone.
+// Control thread.
+std::string claim_socket_path(const std::string& path);
+
+// Why a TCP listener needs tls=require or insecure=1 (the error's text).
+extern const char* const k_tcp_policy;
+
+class server final : public export_catalog, public std::enable_shared_from_this<server> {
 public:
     ~server() override;
 
@@ -73,16 +107,25 @@ public:
     // zoned (NBD has no zone commands). Control thread.
     result<void> add_export(device& dev, bool read_only, std::string description);
 
-    // Stops serving `name`: new handshakes no longer find it, its
-    // connections are closed after their in-flight requests complete, and
-    // the call returns when none is left. Control thread.
-    result<void> remove_export(const std::string& name);
+    // Stops serving `name`: new handshakes no longer find it and its
+    // connections are shut down (their in-flight device requests still
+    // complete). Returns the export, to wait for with wait_closed. Control
+    // thread.
+    result<std::shared_ptr<server_export>> begin_remove_export(const std::string& name);
+
+    // Waits until no connection of `exp` is left (the loops dropped the
+    // device), at most config().stop_timeout_ms; an error naming how many
+    // are left after that. May be called again. Control thread.
+    result<void> wait_closed(const server_export& exp);
 
     size_t export_count() const;
 
     // Closes the listeners and every connection, joins the threads and
-    // removes the unix socket. Control thread; idempotent.
-    void stop();
+    // removes the unix socket if it is still the one start() created.
+    // Waits at most config().stop_timeout_ms for the threads: an error
+    // then, and the server (threads, loops, devices they hold) stays until
+    // the process ends. Control thread; idempotent.
+    result<void> stop();
 
     const server_config& config() const { return _config; }
     // The TCP port actually bound (when tcp_port was 0), or 0 without TCP.
@@ -94,6 +137,8 @@ public:
 
     // Used by the loops.
     std::atomic<unsigned>& connection_count() { return _connection_count; }
+    // Bytes of buffers held by all connections (server_config::total_buffer_bytes).
+    std::atomic<uint64_t>& buffered_total() { return _buffered_total; }
     const tls_credentials* tls() const { return _tls.get(); }
     event_loop& loop(unsigned i) { return *_loops[i]; }
     unsigned loop_count() const { return static_cast<unsigned>(_loops.size()); }
@@ -111,7 +156,14 @@ private:
     std::vector<std::unique_ptr<event_loop>> _loops;
     std::vector<std::thread> _threads;
     std::atomic<unsigned> _connection_count{0};
+    std::atomic<uint64_t> _buffered_total{0};
     bool _stopped = false;
+    // The unix socket start() bound (device and inode), so that stop()
+    // removes it only while it is still that socket.
+    dev_t _socket_dev = 0;
+    ino_t _socket_ino = 0;
+    // Loop threads that ended (counted under _mutex, signalled by _closed).
+    unsigned _threads_done = 0;
 
     mutable std::mutex _mutex;
     std::condition_variable _closed;

@@ -14,6 +14,7 @@
 #include <ctime>
 #include <fcntl.h>
 #include <filesystem>
+#include <functional>
 #include <stdexcept>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -23,19 +24,9 @@
 
 #include <softblk/fat/block_device.hpp>
 #include <softblk/fat/volume.hpp>
-#if defined(SOFTBLK_FAT_HAVE_DEVICE)
-#include <softblk/fat/softblk_adapter.hpp>
-#endif
-#if defined(SOFTBLK_FAT_HAVE_NBD)
-#include <softblk/fat/nbd_adapter.hpp>
-#endif
-#if defined(SOFTBLK_FAT_HAVE_DAEMON)
-#include <nlohmann/json.hpp>
+#include <softblk/fat/walk.hpp>
 
-#include "client.hpp"
-#include "run_dir.hpp"
-#endif
-
+#include "cli_target.hpp"
 #include "fuse_mount.hpp"
 
 namespace softblk::fat {
@@ -81,173 +72,6 @@ uint64_t parse_size(const std::string& text)
             fmt::format("size \"{}\": use a number with an optional K, M or G suffix", text));
     }
     return value * mult;
-}
-
-#if defined(SOFTBLK_FAT_HAVE_DAEMON)
-// A device hosted by the softblk daemon: asks the daemon (over its control
-// socket, `list`) where the device is exported and opens that export from
-// this process: a ublk block node or a FUSE-exported file (O_DIRECT where
-// aligned), or an NBD export through libnbd.
-std::unique_ptr<block_device> open_daemon_device(const std::string& name, bool read_only)
-{
-    const std::string spec = "softblk:" + name;
-    auto paths = softblk::cli::resolve_run_paths();
-    if (!paths) {
-        throw cli_error(fmt::format("{}: {}", spec, paths.error().message));
-    }
-    auto client = softblk::cli::control_client::connect(*paths, false);
-    if (!client) {
-        throw cli_error(fmt::format(
-            "{}: no softblk daemon answers at {} ({}); `softblk list` starts one (it brings "
-            "back the devices it kept) and shows the devices, `softblk add` creates one",
-            spec, paths->socket, client.error().message));
-    }
-    auto list = check(client->call("list", nlohmann::json::object()));
-    const nlohmann::json* found = nullptr;
-    std::string names;
-    for (const auto& d : list) {
-        std::string n = d.value("name", std::string());
-        if (n == name) {
-            found = &d;
-        }
-        names += names.empty() ? n : ", " + n;
-    }
-    if (found == nullptr) {
-        throw cli_error(
-            fmt::format("{}: the daemon at {} has no device \"{}\" (its devices: {}); create it "
-                        "with `softblk add null "
-                        "memory_backed=1 size=1024 --name {} --export nbd`, or write "
-                        "softblk:TYPE:OPTIONS for a device that "
-                        "lives only in this process",
-                        spec, paths->dir, name, names.empty() ? "none" : names, name));
-    }
-    const nlohmann::json& d = *found;
-    if (d.value("state", std::string()) != "running") {
-        throw cli_error(fmt::format("{}: the device is {} in the daemon: {} (see `softblk list`)",
-                                    spec, d.value("state", std::string("?")),
-                                    d.value("error", std::string("no reason"))));
-    }
-    const uint32_t block_size = d.value("logical_block_size", 512u);
-    const nlohmann::json exp = d.value("export", nlohmann::json::object());
-    const std::string type = exp.value("type", std::string("none"));
-    std::string recreate = fmt::format("softblk del {0} && softblk add {1}", name,
-                                       d.value("type", std::string("TYPE")));
-    for (const auto& o : d.value("options", nlohmann::json::array())) {
-        recreate += " " + o.get<std::string>();
-    }
-    recreate += fmt::format(" --name {} --export nbd", name);
-
-    auto open_path = [&](const std::string& key) -> result<std::unique_ptr<block_device>> {
-        std::string path = exp.value(key, std::string());
-        if (path.empty()) {
-            return make_error(ENOENT, fmt::format("the {} export names no {}", type, key));
-        }
-        auto dev = file_block_device::open(path, read_only, block_size, true);
-        if (!dev) {
-            return std::unexpected(dev.error());
-        }
-        return std::unique_ptr<block_device>(std::move(*dev));
-    };
-    if (type == "ublk") {
-        auto dev = open_path("block");
-        if (!dev) {
-            throw cli_error(fmt::format(
-                "{}: its ublk block device cannot be opened here: {} (ublk nodes belong to "
-                "root unless the export is unprivileged)",
-                spec, dev.error().message));
-        }
-        return std::move(*dev);
-    }
-    if (type == "fuse") {
-        // The file the daemon serves through FUSE: one hop less than its
-        // loop device, which sits on the same file.
-        auto dev = open_path("file");
-        if (!dev && exp.contains("loop")) {
-            dev = open_path("loop");
-        }
-        if (!dev) {
-            throw cli_error(
-                fmt::format("{}: its FUSE-exported file cannot be opened here: {} (the FUSE mount "
-                            "admits only the daemon's user; run as that user, or export the device "
-                            "over NBD: {})",
-                            spec, dev.error().message, recreate));
-        }
-        return std::move(*dev);
-    }
-    if (type == "nbd") {
-#if defined(SOFTBLK_FAT_HAVE_NBD)
-        std::string uri = exp.value("uri", std::string());
-        auto dev = nbd_block_device::connect(uri, read_only, block_size);
-        if (!dev) {
-            throw cli_error(fmt::format("{}: {}", spec, dev.error().message));
-        }
-        return std::unique_ptr<block_device>(std::move(*dev));
-#else
-        throw cli_error(fmt::format(
-            "{}: the device is exported over NBD, and this build has no libnbd (install "
-            "libnbd-dev and rebuild)",
-            spec));
-#endif
-    }
-    if (type == "none") {
-        throw cli_error(fmt::format(
-            "{}: the device has no export, so only the daemon can reach it; re-create it "
-            "with one (this loses its data): {}",
-            spec, recreate));
-    }
-    throw cli_error(
-        fmt::format("{}: its export ({}) cannot be opened by softblk fat; use an nbd, fuse or ublk "
-                    "export: {}",
-                    spec, type, recreate));
-}
-#endif
-
-// `softblk:TYPE:OPTIONS` is a fresh device of this process, `softblk:NAME`
-// a device of the daemon, anything else an image file or block device.
-std::unique_ptr<block_device> open_target(const std::string& spec, bool read_only,
-                                          uint64_t create_size = 0)
-{
-    if (spec.rfind("softblk:", 0) == 0) {
-        if (create_size != 0) {
-            throw cli_error(fmt::format(
-                "{}: --size applies to image files; a softblk device has its own size", spec));
-        }
-        std::string rest = spec.substr(8);
-        size_t colon = rest.find(':');
-        if (colon == std::string::npos) {
-#if defined(SOFTBLK_FAT_HAVE_DAEMON)
-            return open_daemon_device(rest, read_only);
-#else
-            throw cli_error(
-                fmt::format("{}: devices of the softblk daemon are not reachable from this build "
-                            "(built without src/cli)",
-                            spec));
-#endif
-        }
-#if defined(SOFTBLK_FAT_HAVE_DEVICE)
-        std::string type = rest.substr(0, colon);
-        std::vector<std::string> options;
-        std::string list = rest.substr(colon + 1);
-        size_t i = 0;
-        while (i <= list.size()) {
-            size_t j = list.find(',', i);
-            if (j == std::string::npos) {
-                j = list.size();
-            }
-            if (j > i) {
-                options.push_back(list.substr(i, j - i));
-            }
-            i = j + 1;
-        }
-        return check(softblk_block_device::create("fat0", type, options));
-#else
-        throw cli_error("softblk devices are not available in this build");
-#endif
-    }
-    if (create_size != 0) {
-        return check(file_block_device::create(spec, create_size));
-    }
-    return check(file_block_device::open(spec, read_only));
 }
 
 std::string inner(std::string p)
@@ -367,23 +191,8 @@ void copy_host_to_image(volume& v, const std::string& host, const std::string& d
     (void)v.set_times(dst, st.st_mtime, st.st_atime);
 }
 
-void copy_image_to_host(volume& v, const std::string& src, const std::string& host, bool recursive)
+void copy_file_to_host(volume& v, const std::string& src, const std::string& host)
 {
-    auto st = check(v.stat(src));
-    if (st.is_directory) {
-        if (!recursive) {
-            throw cli_error(fmt::format("::{}: is a directory (use -r)", src));
-        }
-        std::error_code ec;
-        std::filesystem::create_directories(host, ec);
-        if (ec) {
-            throw cli_error(fmt::format("{}: {}", host, ec.message()));
-        }
-        for (auto& e : check(v.readdir(src))) {
-            copy_image_to_host(v, join(src, e.name), join(host, e.name), true);
-        }
-        return;
-    }
     auto f = check(v.open(src, k_open_read));
     int fd = ::open(host.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) {
@@ -410,21 +219,8 @@ void copy_image_to_host(volume& v, const std::string& src, const std::string& ho
     ::close(fd);
 }
 
-void copy_image_to_image(volume& v, const std::string& src, const std::string& dst, bool recursive)
+void copy_file_in_image(volume& v, const std::string& src, const std::string& dst)
 {
-    auto st = check(v.stat(src));
-    if (st.is_directory) {
-        if (!recursive) {
-            throw cli_error(fmt::format("::{}: is a directory (use -r)", src));
-        }
-        if (!v.stat(dst)) {
-            check(v.mkdir(dst));
-        }
-        for (auto& e : check(v.readdir(src))) {
-            copy_image_to_image(v, join(src, e.name), join(dst, e.name), true);
-        }
-        return;
-    }
     auto in = check(v.open(src, k_open_read));
     auto out = check(v.open(dst, k_open_write | k_open_create | k_open_truncate));
     std::vector<char> buf(k_copy_buffer);
@@ -445,35 +241,177 @@ void copy_image_to_image(volume& v, const std::string& src, const std::string& d
     }
 }
 
-void remove_tree(volume& v, const std::string& path)
-{
-    for (auto& e : check(v.readdir(path))) {
-        std::string child = join(path, e.name);
-        if (e.stat.is_directory) {
-            remove_tree(v, child);
-        } else {
-            check(v.unlink(child));
-        }
+// ---------------------------------------------------------------- walks
+
+// The tree commands (ls -R, cp -r out of the image and within it, rm -r)
+// walk with fat::walk, which refuses directory cycles and cross-linked
+// directories of a damaged image. What it skips is reported on stderr, the
+// rest is done, and the command fails at the end. Errors of the command's
+// own work (a file that cannot be copied) stop it, as they always did.
+class tree_visitor : public walk_visitor {
+public:
+    void skipped(const std::string&, const error& why) override
+    {
+        fmt::print(stderr, "softblk fat: {}\n", why.message);
+        ++_skipped;
     }
-    check(v.rmdir(path));
+    uint64_t skipped_count() const { return _skipped; }
+
+protected:
+    // Runs `work`, turning the tools' exceptions into the walk's errors
+    // (walk() is library code: it returns errors, it does not carry
+    // exceptions).
+    template <class F>
+    static result<void> guarded(F&& work)
+    {
+        try {
+            work();
+        } catch (const cli_error& e) {
+            return make_error(EIO, e.what());
+        }
+        return {};
+    }
+
+private:
+    uint64_t _skipped = 0;
+};
+
+// Runs the walk of `start`; returns how many directories it skipped.
+uint64_t run_walk(volume& v, const std::string& start, tree_visitor& visitor)
+{
+    auto r = walk(v, start, visitor);
+    if (!r) {
+        throw cli_error(r.error().message);
+    }
+    return visitor.skipped_count();
 }
 
-void list(volume& v, const std::string& path, bool long_format, bool recursive, bool header)
-{
-    auto st = check(v.stat(path));
-    if (!st.is_directory) {
-        if (long_format) {
-            fmt::print("-{} {:>10} {} {}\n", (st.attributes & k_attr_read_only) ? "r-" : "rw",
-                       st.size, time_text(st.modified), path);
-        } else {
-            fmt::print("{}\n", path);
+// cp -r out of the image or within it: each directory of the source tree
+// is made at the destination, then its files are copied.
+class tree_copy final : public tree_visitor {
+public:
+    using make_dir_fn = std::function<void(const std::string& dir)>;
+    using copy_fn = std::function<void(const std::string& from, const std::string& to)>;
+
+    tree_copy(const std::string& src, const std::string& dst, make_dir_fn make_dir, copy_fn copy)
+        : _src(src), _dst(dst), _make_dir(std::move(make_dir)), _copy(std::move(copy))
+    {
+    }
+
+    result<void> enter(const std::string& path, const std::vector<dir_entry>& entries) override
+    {
+        return guarded([&] {
+            std::string dir = destination(path);
+            _make_dir(dir);
+            for (auto& e : entries) {
+                if (!e.stat.is_directory) {
+                    _copy(join(path, e.name), join(dir, e.name));
+                }
+            }
+        });
+    }
+
+private:
+    // Where the walk's `path` (the source, or below it) goes.
+    std::string destination(const std::string& path) const
+    {
+        std::string rest = path.substr(std::min(_src.size(), path.size()));
+        while (!rest.empty() && rest.front() == '/') {
+            rest.erase(0, 1);
         }
-        return;
+        return rest.empty() ? _dst : join(_dst, rest);
     }
-    auto entries = check(v.readdir(path));
-    if (header) {
-        fmt::print("{}:\n", path);
+
+    const std::string& _src;
+    const std::string& _dst;
+    make_dir_fn _make_dir;
+    copy_fn _copy;
+};
+
+// The source of a copy out of the image or within it; a directory needs -r.
+file_stat copy_source(volume& v, const std::string& src, bool recursive)
+{
+    auto st = check(v.stat(src));
+    if (st.is_directory && !recursive) {
+        throw cli_error(fmt::format("::{}: is a directory (use -r)", src));
     }
+    return st;
+}
+
+// Copies `src` (a path in the image) to `dst` on the host or in the image;
+// returns how many directories the walk skipped.
+uint64_t copy_from_image(volume& v, const std::string& src, const std::string& dst, bool recursive,
+                         bool to_host)
+{
+    tree_copy::copy_fn copy = [&](const std::string& from, const std::string& to) {
+        to_host ? copy_file_to_host(v, from, to) : copy_file_in_image(v, from, to);
+    };
+    auto st = copy_source(v, src, recursive);
+    if (!st.is_directory) {
+        copy(src, dst);
+        return 0;
+    }
+    tree_copy::make_dir_fn make_dir = [](const std::string& dir) {
+        std::error_code ec;
+        std::filesystem::create_directories(dir, ec);
+        if (ec) {
+            throw cli_error(fmt::format("{}: {}", dir, ec.message()));
+        }
+    };
+    if (!to_host) {
+        // A copy into the source's own subtree would copy what it creates.
+        bool into_itself = st.first_cluster == check(v.stat("/")).first_cluster;
+        for (std::string p = dst; !into_itself && !p.empty() && p != "/";
+             p = p.substr(0, p.rfind('/'))) {
+            auto s = v.stat(p);
+            into_itself = s && s->is_directory && s->first_cluster == st.first_cluster;
+        }
+        if (into_itself) {
+            throw cli_error(
+                fmt::format("::{}: cannot copy a directory into itself (::{})", src, dst));
+        }
+        make_dir = [&](const std::string& dir) {
+            if (!v.stat(dir)) {
+                check(v.mkdir(dir));
+            }
+        };
+    }
+    tree_copy visitor(src, dst, std::move(make_dir), std::move(copy));
+    return run_walk(v, src, visitor);
+}
+
+uint64_t remove_tree(volume& v, const std::string& path)
+{
+    struct remover : tree_visitor {
+        volume& v;
+        explicit remover(volume& vol) : v(vol) {}
+        result<void> enter(const std::string& dir, const std::vector<dir_entry>& entries) override
+        {
+            for (auto& e : entries) {
+                if (!e.stat.is_directory) {
+                    if (auto r = v.unlink(join(dir, e.name)); !r) {
+                        return r;
+                    }
+                }
+            }
+            return {};
+        }
+        result<void> leave(const std::string& dir) override
+        {
+            auto r = v.rmdir(dir);
+            if (!r && r.error().code.value() == ENOTEMPTY && skipped_count() > 0) {
+                // It still holds what the walk refused to enter.
+                fmt::print(stderr, "softblk fat: {}\n", r.error().message);
+                return {};
+            }
+            return r;
+        }
+    } visitor(v);
+    return run_walk(v, path, visitor);
+}
+
+void print_entries(const std::vector<dir_entry>& entries, bool long_format)
+{
     for (auto& e : entries) {
         if (long_format) {
             fmt::print("{}{} {:>10} {} {:<12} {}{}\n", e.stat.is_directory ? 'd' : '-',
@@ -484,19 +422,44 @@ void list(volume& v, const std::string& path, bool long_format, bool recursive, 
             fmt::print("{}{}\n", e.name, e.stat.is_directory ? "/" : "");
         }
     }
-    if (recursive) {
-        for (auto& e : entries) {
-            if (e.stat.is_directory) {
-                fmt::print("\n");
-                list(v, join(path, e.name), long_format, true, true);
-            }
+}
+
+// Returns how many directories a recursive listing skipped.
+uint64_t list(volume& v, const std::string& path, bool long_format, bool recursive)
+{
+    auto st = check(v.stat(path));
+    if (!st.is_directory) {
+        if (long_format) {
+            fmt::print("-{} {:>10} {} {}\n", (st.attributes & k_attr_read_only) ? "r-" : "rw",
+                       st.size, time_text(st.modified), path);
+        } else {
+            fmt::print("{}\n", path);
         }
+        return 0;
     }
+    if (!recursive) {
+        print_entries(check(v.readdir(path)), long_format);
+        return 0;
+    }
+    struct lister : tree_visitor {
+        const std::string& start;
+        bool long_format;
+        lister(const std::string& s, bool l) : start(s), long_format(l) {}
+        result<void> enter(const std::string& dir, const std::vector<dir_entry>& entries) override
+        {
+            if (dir != start) {
+                fmt::print("\n{}:\n", dir);
+            }
+            print_entries(entries, long_format);
+            return {};
+        }
+    } visitor(path, long_format);
+    return run_walk(v, path, visitor);
 }
 
 }  // namespace
 
-int cli_main(int argc, char** argv)
+int cli_main(int argc, char** argv, daemon_directory* daemon)
 {
     CLI::App app{"FAT12/16/32 file systems on image files and softblk devices", "softblk fat"};
     app.require_subcommand(1);
@@ -597,7 +560,7 @@ int cli_main(int argc, char** argv)
     try {
         if (mkfs->parsed()) {
             uint64_t size = size_text.empty() ? 0 : parse_size(size_text);
-            auto dev = open_target(target, false, size);
+            auto dev = check(detail::open_target(target, false, size, daemon));
             format_options o;
             if (fat_bits != 0) {
                 o.type = static_cast<fat_type>(fat_bits);
@@ -623,14 +586,15 @@ int cli_main(int argc, char** argv)
             }
             writes = is_inner(cp_args.back()) || !any_out;
         }
-        auto dev = open_target(target, !writes);
+        auto dev = check(detail::open_target(target, !writes, 0, daemon));
         if (mount->parsed() && mount_mkfs) {
             check(format(*dev, {}));
         }
         auto v = check(volume::mount(*dev, mount_options{.read_only = !writes}));
         int rc = 0;
+        uint64_t skipped = 0;  // directories a walk refused (reported already)
         if (ls->parsed()) {
-            list(*v, inner(path), long_format, recursive, false);
+            skipped += list(*v, inner(path), long_format, recursive);
         } else if (cat->parsed()) {
             auto f = check(v->open(inner(path), k_open_read));
             std::vector<char> buf(k_copy_buffer);
@@ -661,7 +625,7 @@ int cli_main(int argc, char** argv)
                     std::string target_path =
                         into ? join(d, base_name(is_inner(s) ? inner(s) : s)) : d;
                     if (is_inner(s)) {
-                        copy_image_to_image(*v, inner(s), target_path, cp_recursive);
+                        skipped += copy_from_image(*v, inner(s), target_path, cp_recursive, false);
                     } else {
                         copy_host_to_image(*v, s, target_path, cp_recursive);
                     }
@@ -677,7 +641,7 @@ int cli_main(int argc, char** argv)
                             "{}: one side must be inside the image (prefix it with ::)", s));
                     }
                     std::string target_path = into ? join(dest, base_name(inner(s))) : dest;
-                    copy_image_to_host(*v, inner(s), target_path, cp_recursive);
+                    skipped += copy_from_image(*v, inner(s), target_path, cp_recursive, true);
                 }
             }
         } else if (mkd->parsed()) {
@@ -711,7 +675,7 @@ int cli_main(int argc, char** argv)
                     if (!rm_recursive) {
                         throw cli_error(fmt::format("{}: is a directory (use -r)", p));
                     }
-                    remove_tree(*v, full);
+                    skipped += remove_tree(*v, full);
                 } else {
                     check(v->unlink(full));
                 }
@@ -757,7 +721,7 @@ int cli_main(int argc, char** argv)
         }
         print_problems(*v);
         check(v->unmount());
-        return rc;
+        return rc == 0 && skipped > 0 ? 1 : rc;
     } catch (const cli_error& e) {
         fmt::print(stderr, "softblk fat: {}\n", e.what());
         return 1;

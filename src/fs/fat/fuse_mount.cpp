@@ -3,6 +3,8 @@
 
 #include <cerrno>
 #include <cstring>
+#include <ctime>
+#include <mutex>
 #include <fuse.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -18,10 +20,48 @@ volume& vol()
     return *static_cast<volume*>(fuse_get_context()->private_data);
 }
 
+// Damage met while serving (a directory cycle, a broken chain) is logged
+// to stderr, as the kernel logs a lookup that would make a directory its
+// own ancestor: at most k_log_burst lines per k_log_window_s, then a count
+// of what was left out. The volume also keeps the messages (problems()).
+constexpr int k_log_burst = 10;
+constexpr std::time_t k_log_window_s = 5;
+
+void log_damage(const std::string& message)
+{
+    static std::mutex mu;
+    static std::time_t window_start = 0;
+    static int logged = 0;
+    static uint64_t suppressed = 0;
+    std::lock_guard lock(mu);
+    std::time_t now = std::time(nullptr);
+    if (now - window_start >= k_log_window_s) {
+        if (suppressed > 0) {
+            fmt::print(stderr, "softblk fat mount: {} more damage messages not logged\n",
+                       suppressed);
+        }
+        window_start = now;
+        logged = 0;
+        suppressed = 0;
+    }
+    if (logged < k_log_burst) {
+        ++logged;
+        fmt::print(stderr, "softblk fat mount: {}\n", message);
+    } else {
+        ++suppressed;
+    }
+}
+
+// The errno a FUSE operation returns for a failed call; damage (EIO, and
+// ELOOP for a directory that leads back to an ancestor) is logged.
 template <class T>
 int err(const result<T>& r)
 {
-    return -r.error().code.value();
+    int code = r.error().code.value();
+    if (code == EIO || code == ELOOP) {
+        log_damage(r.error().message);
+    }
+    return -code;
 }
 
 file* handle(fuse_file_info* fi)

@@ -1,0 +1,516 @@
+// Connection lifecycle of the NBD server: accept, the handshake (and its
+// TLS handshake), the hand-off to the loop that drives the device's queue,
+// the handshake timer, export removal, and closing and freeing. See loop.hpp.
+#include "loop.hpp"
+
+#include <arpa/inet.h>
+#include <cassert>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <linux/sockios.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <fmt/core.h>
+
+#include <softblk/support/clock.hpp>
+
+namespace softblk::nbd {
+
+
+namespace {
+
+// Who is at the other end of `fd`, for log lines: ADDRESS:PORT over TCP,
+// the process id (SO_PEERCRED) on a unix socket.
+std::string peer_name(int fd)
+{
+    sockaddr_storage ss{};
+    socklen_t len = sizeof ss;
+    if (::getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len) == 0) {
+        char host[INET6_ADDRSTRLEN] = "";
+        if (ss.ss_family == AF_INET) {
+            const auto* a = reinterpret_cast<const sockaddr_in*>(&ss);
+            ::inet_ntop(AF_INET, &a->sin_addr, host, sizeof host);
+            return fmt::format("{}:{}", host, ntohs(a->sin_port));
+        }
+        if (ss.ss_family == AF_INET6) {
+            const auto* a = reinterpret_cast<const sockaddr_in6*>(&ss);
+            ::inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof host);
+            return fmt::format("[{}]:{}", host, ntohs(a->sin6_port));
+        }
+        ucred cred{};
+        socklen_t n = sizeof cred;
+        if (ss.ss_family == AF_UNIX && ::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &n) == 0) {
+            return fmt::format("pid {} on the unix socket", cred.pid);
+        }
+    }
+    return fmt::format("on fd {}", fd);
+}
+
+}  // namespace
+
+void event_loop::adopt_inbox()
+{
+    std::vector<connection*> in;
+    {
+        std::lock_guard lock(_inbox_mutex);
+        in.swap(_inbox);
+    }
+    for (connection* c : in) {
+        c->loop = this;
+        _conns.push_back(c);
+        if (_stopping) {
+            begin_close(*c);
+            maybe_free(*c);
+            continue;
+        }
+        enter_transmission(*c);
+    }
+}
+
+void event_loop::check_exports()
+{
+    for (connection* c : _conns) {
+        if (c->exp != nullptr && c->exp->removed.load()) {
+            begin_close(*c);
+        }
+    }
+    // Connections with nothing posted are freed now.
+    std::vector<connection*> copy = _conns;
+    for (connection* c : copy) {
+        maybe_free(*c);
+    }
+}
+
+// ---------------------------------------------------------------- connections
+
+void event_loop::on_accept(int listener, int fd)
+{
+    auto& count = _srv.connection_count();
+    if (_stopping || count.load() >= _srv.config().max_connections) {
+        ::close(fd);
+        return;
+    }
+    count.fetch_add(1);
+    auto* c = new connection();
+    if (_accept_addr[static_cast<unsigned>(listener)].ss_family != AF_UNIX) {
+        // TCP: no Nagle delay, and a peer that vanished (no FIN or RST: a
+        // cable pulled, a host gone) is noticed by keepalive probes while
+        // the connection is quiet and by the user timeout while it sends.
+        c->tcp = true;
+        const int one = 1;
+        ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+        ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &k_keepalive_idle_s, sizeof(int));
+        ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &k_keepalive_interval_s, sizeof(int));
+        ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &k_keepalive_count, sizeof(int));
+        ::setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &k_tcp_user_timeout_ms, sizeof(unsigned));
+    }
+    c->loop = this;
+    c->fd = fd;
+    c->rbuf = static_cast<uint8_t*>(std::aligned_alloc(4096, k_recv_buffer));
+    c->hs = std::make_unique<handshake>(_srv, _srv.config().tls);
+    c->hs->greet(c->out_bytes);
+    if (const uint32_t ms = _srv.config().handshake_timeout_ms; ms != 0) {
+        c->handshake_deadline_ns = monotonic_ns() + uint64_t{ms} * 1'000'000u;
+        post_timer();
+    }
+    _conns.push_back(c);
+    mark_dirty(*c);
+    post_recv(*c);
+}
+
+void event_loop::post_timer()
+{
+    if (_timer_posted || _stopping) {
+        return;
+    }
+    const uint64_t at = monotonic_ns() + k_timer_period_ns;
+    _timer_ts.tv_sec = static_cast<int64_t>(at / 1'000'000'000u);
+    _timer_ts.tv_nsec = static_cast<long long>(at % 1'000'000'000u);
+    io_uring_sqe* s = sqe();
+    io_uring_prep_timeout(s, &_timer_ts, 0, IORING_TIMEOUT_ABS);
+    io_uring_sqe_set_data(s, make_user_data(this, k_token_timer));
+    _timer_posted = true;
+}
+
+// Closes the connections whose handshake outlived handshake_timeout_ms and
+// those in transmission that made no progress for idle_timeout_ms, and
+// posts the timer again while any connection has a deadline. The timer
+// fires every k_timer_period_ns then (timeouts are whole seconds, so a
+// deadline is at most that late): a deadline set after it was posted is
+// never before it.
+void event_loop::on_timer()
+{
+    _timer_posted = false;
+    const uint64_t now = monotonic_ns();
+    bool again = false;
+    std::vector<std::pair<connection*, std::string>> expired;
+    for (connection* c : _conns) {
+        if (c->closing) {
+            continue;
+        }
+        if (c->ph != phase::transmission) {
+            if (c->handshake_deadline_ns == 0) {
+                continue;
+            }
+            if (c->handshake_deadline_ns <= now) {
+                expired.emplace_back(
+                    c,
+                    fmt::format("dropped: still in the {} {} ms after it connected "
+                                "(handshake-timeout)",
+                                c->ph == phase::tls_handshake ? "TLS handshake" : "NBD handshake",
+                                _srv.config().handshake_timeout_ms));
+            } else {
+                again = true;
+            }
+            continue;
+        }
+        if (_idle_timeout_ns == 0) {
+            continue;
+        }
+        // Progress since the last tick: bytes received or sent, or (for a
+        // send the peer takes slowly, which completes late) a change in
+        // what waits in the socket's send queue.
+        bool moved = c->progress != c->progress_seen;
+        c->progress_seen = c->progress;
+        if (c->send_posted) {
+            int queued = 0;
+            if (::ioctl(c->fd, SIOCOUTQ, &queued) == 0) {
+                moved = moved || queued != c->send_queue_seen;
+                c->send_queue_seen = queued;
+            }
+        }
+        if (moved) {
+            c->last_progress_ns = now;
+        }
+        if (now - c->last_progress_ns >= _idle_timeout_ns) {
+            expired.emplace_back(
+                c, fmt::format("dropped: nothing received or sent for {} s (idle-timeout){}",
+                               (now - c->last_progress_ns) / 1'000'000'000u,
+                               c->send_posted ? ", its replies unread" : ""));
+        } else {
+            again = true;
+        }
+    }
+    for (auto& [c, why] : expired) {
+        log_client(*c, why);
+        begin_close(*c);
+        maybe_free(*c);
+    }
+    if (again) {
+        post_timer();
+    }
+}
+
+bool event_loop::parse_input(connection& c)
+{
+    if (c.ph == phase::handshake) {
+        return parse_handshake(c);
+    }
+    return parse_requests(c);
+}
+
+bool event_loop::parse_handshake(connection& c)
+{
+    std::vector<uint8_t> plain;
+    const handshake_step step =
+        c.hs->feed({c.rbuf + c.rstart, c.rend - c.rstart}, c.tls ? plain : c.out_bytes);
+    c.rstart += step.consumed;
+    if (c.tls && !plain.empty()) {
+        // Options after STARTTLS are answered inside the session.
+        size_t off = 0;
+        while (off < plain.size()) {
+            const ssize_t w = gnutls_record_send(c.session, plain.data() + off, plain.size() - off);
+            if (w == GNUTLS_E_AGAIN || w == GNUTLS_E_INTERRUPTED) {
+                continue;
+            }
+            if (w < 0) {
+                begin_close(c);
+                return false;
+            }
+            off += static_cast<size_t>(w);
+        }
+    }
+    switch (step.action) {
+    case handshake_action::need_more:
+        mark_dirty(c);
+        return true;
+    case handshake_action::close:
+        mark_dirty(c);
+        begin_close(c, true);
+        return false;
+    case handshake_action::start_tls: {
+        const tls_credentials* creds = _srv.tls();
+        c.pipe.in.resize(k_tls_in_buffer);
+        // The client may already have sent its first TLS bytes.
+        const size_t early = c.rend - c.rstart;
+        if (early > c.pipe.in.size()) {
+            begin_close(c);
+            return false;
+        }
+        std::memcpy(c.pipe.in.data(), c.rbuf + c.rstart, early);
+        c.pipe.in_start = 0;
+        c.pipe.in_end = early;
+        c.rstart = c.rend = 0;
+        // The ACK goes out in clear before anything the session writes.
+        c.session = creds != nullptr ? creds->new_session(c.pipe) : nullptr;
+        if (c.session == nullptr) {
+            begin_close(c);
+            return false;
+        }
+        c.tls = true;
+        c.ph = phase::tls_handshake;
+        mark_dirty(c);
+        return true;
+    }
+    case handshake_action::transmission:
+        c.neg = c.hs->result();
+        c.hs.reset();
+        c.exp = const_cast<server_export*>(static_cast<const server_export*>(c.neg.exp.get()));
+        c.exp->connections.fetch_add(1);
+        c.counted = true;
+        if (c.exp->removed.load()) {
+            begin_close(c);
+            return false;
+        }
+        c.ph = phase::transmission;
+        c.last_progress_ns = monotonic_ns();
+        if (_idle_timeout_ns != 0) {
+            post_timer();  // for the idle timeout (also while it waits to be handed off)
+        }
+        mark_dirty(c);
+        {
+            // Loop i drives queue i; a device with fewer queues than loops
+            // is served by its first loops only.
+            const unsigned queues = c.exp->dev->info().queues.submit_queues;
+            const unsigned serving = std::min(queues, _srv.loop_count());
+            unsigned target = _index;
+            if (_index >= serving) {
+                static std::atomic<unsigned> spread{0};
+                target = spread.fetch_add(1) % serving;
+            } else if (serving > 1) {
+                static std::atomic<unsigned> spread{0};
+                target = spread.fetch_add(1) % serving;
+            }
+            if (target != _index) {
+                c.handoff = true;
+                c.handoff_to = target;
+                return false;
+            }
+        }
+        enter_transmission(c);
+        return !c.closing;
+    }
+    return false;
+}
+
+void event_loop::run_tls_handshake(connection& c)
+{
+    const int rc = gnutls_handshake(c.session);
+    mark_dirty(c);  // whatever it wrote goes out
+    if (rc == GNUTLS_E_SUCCESS) {
+        if (std::string why = _srv.tls()->check_peer(c.session); !why.empty()) {
+            log_client(c, fmt::format("refused after the TLS handshake: {}", why));
+            gnutls_alert_send(c.session, GNUTLS_AL_FATAL, GNUTLS_A_BAD_CERTIFICATE);
+            begin_close(c, true);
+            return;
+        }
+        c.hs->tls_established();
+        c.ph = phase::handshake;
+        return;
+    }
+    if (rc == GNUTLS_E_AGAIN || rc == GNUTLS_E_INTERRUPTED || gnutls_error_is_fatal(rc) == 0) {
+        return;
+    }
+    // Tell the client why (an alert), then hang up once that is sent.
+    log_client(c, fmt::format("TLS handshake failed: {}",
+                              tls_credentials::describe_failure(c.session, rc)));
+    gnutls_alert_send_appropriate(c.session, rc);
+    begin_close(c, true);
+}
+
+void event_loop::log_client(const connection& c, const std::string& what)
+{
+    fmt::print(stderr, "nbd: client {}: {}\n", peer_name(c.fd), what);
+}
+
+void event_loop::enter_transmission(connection& c)
+{
+    c.binding = bind(*c.exp);
+    if (c.binding == nullptr) {
+        begin_close(c);
+        return;
+    }
+    c.ops.resize(k_max_ops);
+    c.free_ops.reserve(k_max_ops);
+    for (unsigned i = k_max_ops; i > 0; --i) {
+        c.ops[i - 1].conn = &c;
+        c.free_ops.push_back(&c.ops[i - 1]);
+    }
+    c.last_progress_ns = monotonic_ns();
+    if (_idle_timeout_ns != 0) {
+        post_timer();
+    }
+    mark_dirty(c);
+    pump_input(c);
+}
+
+queue_binding* event_loop::bind(server_export& exp)
+{
+    for (auto& b : _bindings) {
+        if (b->exp.get() == &exp) {
+            ++b->users;
+            return b.get();
+        }
+    }
+    if (_index >= exp.dev->queue_count()) {
+        return nullptr;
+    }
+    auto b = std::make_unique<queue_binding>();
+    // Keep the export alive while this loop holds its queue.
+    {
+        auto shared = _srv.find(exp.name);
+        b->exp = std::const_pointer_cast<server_export>(
+            std::static_pointer_cast<const server_export>(shared));
+    }
+    if (!b->exp || b->exp.get() != &exp) {
+        return nullptr;
+    }
+    b->queue = &exp.dev->queue(_index);
+    b->users = 1;
+    _bindings.push_back(std::move(b));
+    return _bindings.back().get();
+}
+
+queue_binding* event_loop::binding_at(uintptr_t address) const
+{
+    for (const auto& b : _bindings) {
+        if (reinterpret_cast<uintptr_t>(b.get()) == address) {
+            return b.get();
+        }
+    }
+    return nullptr;
+}
+
+void event_loop::unbind(queue_binding* b)
+{
+    if (--b->users != 0) {
+        return;
+    }
+    assert(b->queue->in_flight() == 0);
+    if (b->event_poll_armed) {
+        // The poll's last completion finds no binding at this address.
+        io_uring_sqe* s = sqe();
+        io_uring_prep_poll_remove(s, reinterpret_cast<uint64_t>(make_user_data(b, k_token_device)));
+        io_uring_sqe_set_data(s, make_user_data(this, k_token_ignore));
+    }
+    for (auto it = _bindings.begin(); it != _bindings.end(); ++it) {
+        if (it->get() == b) {
+            _bindings.erase(it);
+            return;
+        }
+    }
+}
+
+void event_loop::begin_close(connection& c, bool graceful)
+{
+    if (c.closing) {
+        return;
+    }
+    if (graceful && !c.read_eof && (c.send_posted || !c.out_bytes.empty() || !c.pipe.out.empty())) {
+        // Say the last word (an option's reply) first.
+        c.close_after_send = true;
+        c.input_blocked = true;
+        mark_dirty(c);
+        return;
+    }
+    c.closing = true;
+    // Wakes a posted recv (and fails a posted send) so that nothing of this
+    // connection stays in the ring; the cancellation is for what a shut
+    // down socket would not end (it makes them complete with -ECANCELED).
+    ::shutdown(c.fd, SHUT_RDWR);
+    if (c.recv_posted || c.send_posted || c.hup_posted) {
+        io_uring_sqe* s = sqe();
+        io_uring_prep_cancel_fd(s, c.fd, IORING_ASYNC_CANCEL_ALL);
+        io_uring_sqe_set_data(s, reinterpret_cast<void*>(uintptr_t{k_token_ignore}));
+        // Now, while the descriptor is surely still this connection's (it
+        // is closed only once nothing is posted on it).
+        io_uring_submit(&_ring);
+    }
+    if (c.buffer_wait) {
+        std::erase(_buffer_waiters, &c);
+        c.buffer_wait = false;
+    }
+}
+
+void event_loop::maybe_free(connection& c)
+{
+    if (c.handoff && !c.recv_posted && !c.send_posted && !c.hup_posted && !c.closing) {
+        // Move to the loop that drives the device's queue.
+        c.handoff = false;
+        if (c.dirty) {
+            // Unlink from the flush list.
+            connection** p = &_dirty;
+            while (*p != nullptr && *p != &c) {
+                p = &(*p)->next_dirty;
+            }
+            if (*p == &c) {
+                *p = c.next_dirty;
+            }
+            c.dirty = false;
+            c.next_dirty = nullptr;
+        }
+        if (!c.out_bytes.empty()) {
+            // The GO reply must leave first: keep it here until sent.
+            c.handoff = true;
+            mark_dirty(c);
+            return;
+        }
+        std::erase(_conns, &c);
+        _srv.loop(c.handoff_to).adopt(&c);
+        return;
+    }
+    if (!c.closing || c.recv_posted || c.recv_deferred || c.send_posted || c.hup_posted ||
+        c.ops_in_device != 0) {
+        return;
+    }
+    if (c.dirty) {
+        return;  // freed from the flush pass, after its unlink
+    }
+    // Ops still queued for sending belong to this connection: release them.
+    while (nbd_op* o = c.replies.pop()) {
+        release_op(*o);
+    }
+    for (unsigned i = c.iov_first; i < c.iov_count; ++i) {
+        if (c.iov_op[i] != nullptr) {
+            release_op(*c.iov_op[i]);
+        }
+    }
+    if (c.payload_op != nullptr) {
+        release_op(*c.payload_op);
+        c.payload_op = nullptr;
+    }
+    if (c.binding != nullptr) {
+        unbind(c.binding);
+        c.binding = nullptr;
+    }
+    if (c.session != nullptr) {
+        gnutls_deinit(c.session);
+    }
+    ::close(c.fd);
+    std::free(c.rbuf);
+    std::erase(_conns, &c);
+    server_export* exp = c.counted ? c.exp : nullptr;
+    delete &c;
+    _srv.connection_count().fetch_sub(1);
+    if (exp != nullptr) {
+        _srv.connection_closed(*exp);
+    }
+}
+
+}  // namespace softblk::nbd

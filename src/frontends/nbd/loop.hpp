@@ -1,0 +1,323 @@
+// The NBD server's event loop (private to src/frontends/nbd): a loop
+// thread's io_uring, the connections it owns and their state. Who does what:
+//   event_loop.cpp  the ring, the loop itself, socket receive/send, TLS records
+//   connection.cpp  accept, handshake, hand-off between loops, timers, close/free
+//   request.cpp     requests: parse -> device requests -> replies
+//   coalesce.cpp    the receive-coalescing policy
+//   server.cpp      listeners, exports, starting and stopping the loops
+#pragma once
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <cstdint>
+#include <liburing.h>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <sys/socket.h>
+#include <sys/eventfd.h>
+#include <sys/uio.h>
+#include <unistd.h>
+#include <vector>
+
+#include <fmt/core.h>
+
+#include "codec.hpp"
+#include "request.hpp"
+#include "server.hpp"
+#include "tls.hpp"
+
+namespace softblk::nbd {
+
+// Per connection: requests taken in and not yet fully answered.
+inline constexpr unsigned k_max_ops = 128;
+inline constexpr size_t k_recv_buffer = 256 * 1024;
+// A write payload at least this large with nothing else buffered is
+// received straight into the request's buffer.
+inline constexpr uint32_t k_direct_recv = 32 * 1024;
+inline constexpr unsigned k_max_iov = 256;
+inline constexpr size_t k_tls_in_buffer = 64 * 1024;
+inline constexpr unsigned k_ring_entries = 1024;
+// A reply send at most this large on a socket whose peer reads is expected
+// to complete while it is submitted (see event_loop::run).
+inline constexpr size_t k_inline_send = 128 * 1024;
+// How long a wait that counts on such sends completing inline may last
+// before the loop looks again (in case one did not: the socket was full).
+inline constexpr long long k_inline_send_wait_ns = 1'000'000;
+
+// user_data tags in the low 3 bits of an 8-aligned pointer (a listener's
+// index shifted for accepts).
+enum token : uintptr_t {
+    k_token_recv = 0,    // connection*
+    k_token_send = 1,    // connection*
+    k_token_accept = 2,  // listener index << 3
+    k_token_wake = 3,    // event_loop*: the eventfd read
+    k_token_timer = 4,   // event_loop*: the connection timer
+    k_token_hup = 5,     // connection*: the poll for a peer gone while input is blocked
+    k_token_ignore = 6,  // cancellations: nothing to do
+    k_token_device = 7,  // queue_binding*: its device queue's event_fd() is readable
+};
+inline constexpr uintptr_t k_token_mask = 7;
+// TCP keepalive of accepted connections: the first probe after this long
+// without traffic, then every k_keepalive_interval_s, and the peer is
+// declared dead after k_keepalive_count unanswered probes. Sent data left
+// unacknowledged for k_tcp_user_timeout_ms also ends the connection.
+inline constexpr int k_keepalive_idle_s = 30;
+inline constexpr int k_keepalive_interval_s = 10;
+inline constexpr int k_keepalive_count = 3;
+inline constexpr unsigned k_tcp_user_timeout_ms = 60'000;
+// The connection timer (handshake and idle timeouts) looks at least this
+// often while it has deadlines: timeouts are whole seconds, so a deadline
+// set later is never before the posted timer.
+inline constexpr uint64_t k_timer_period_ns = 1'000'000'000;
+// How long a loop with connections waiting for the server-wide buffer
+// limit (server_config::total_buffer_bytes) sleeps before it looks again:
+// other loops free buffers without waking it.
+inline constexpr long long k_buffer_wait_ns = 1'000'000;
+
+inline void* make_user_data(void* p, token t)
+{
+    return reinterpret_cast<void*>(reinterpret_cast<uintptr_t>(p) | t);
+}
+
+enum class phase : uint8_t { handshake, tls_handshake, transmission };
+
+// Receive coalescing of a connection: off (not pipelining), measuring the
+// request rate without (measure_plain) or with (measure_held) holding
+// receives back, or using the better of the two (exploit).
+enum class coalesce_phase : uint8_t { off, measure_plain, measure_held, exploit };
+
+struct alignas(8) connection {
+    event_loop* loop = nullptr;
+    int fd = -1;
+    phase ph = phase::handshake;
+    std::unique_ptr<handshake> hs;
+    negotiated neg;
+    server_export* exp = nullptr;
+    queue_binding* binding = nullptr;
+
+    // Plain text input.
+    uint8_t* rbuf = nullptr;
+    size_t rstart = 0;
+    size_t rend = 0;
+    nbd_op* payload_op = nullptr;  // write payload being received
+    uint64_t payload_left = 0;     // bytes of payload still to come
+    uint32_t payload_pos = 0;
+    bool payload_discard = false;
+    bool recv_posted = false;
+    bool recv_direct = false;  // the posted recv targets payload_op's buffer
+    bool read_eof = false;
+    bool input_blocked = false;
+    bool buffer_wait = false;  // blocked on the server-wide buffer limit (on _buffer_waiters)
+    bool hup_posted = false;   // a poll for the peer hanging up (k_token_hup)
+    bool tcp = false;
+
+    // Receive coalescing (server_config::coalesce_us, docs/nbd.md): for a
+    // connection that pipelines, the next receive may be held back for the
+    // window so that one wake-up takes several requests. The connection
+    // measures its request rate in epochs, without and then with holding
+    // back, and keeps the better for a while before measuring again.
+    coalesce_phase coalesce = coalesce_phase::off;
+    bool coalesce_wins = false;
+    bool recv_deferred = false;  // on the loop's deferred list
+    uint8_t exploit_left = 0;    // epochs before measuring again
+    uint64_t recv_at_ns = 0;     // when the deferred receive is posted
+    uint64_t epoch_start_ns = 0;
+    uint64_t epoch_requests = 0;
+    uint64_t rate_plain = 0;     // requests per second without holding back
+    uint64_t parsed = 0;         // requests parsed so far
+    uint64_t parsed_before = 0;  // ... at the last coalesce_receive
+    bool disc = false;
+
+    // Output.
+    std::vector<uint8_t> out_bytes;     // handshake replies, or TLS ciphertext
+    std::vector<uint8_t> out_inflight;  // what the posted send is sending
+    op_fifo replies;                    // ops whose reply waits to go out
+    iovec iov[k_max_iov];
+    nbd_op* iov_op[k_max_iov];  // op whose reply ends with this iovec
+    unsigned iov_count = 0;
+    unsigned iov_first = 0;
+    size_t send_bytes = 0;  // what the posted send carries
+    msghdr msg{};
+    bool send_posted = false;
+    bool dirty = false;  // on the loop's flush list
+
+    // TLS.
+    bool tls = false;
+    gnutls_session_t session = nullptr;
+    tls_pipe pipe;
+
+    // Bookkeeping.
+    std::vector<nbd_op> ops;
+    std::vector<nbd_op*> free_ops;
+    unsigned ops_in_device = 0;
+    uint64_t buffered = 0;
+    bool closing = false;
+    bool close_after_send = false;  // close once the pending output is sent
+    bool handoff = false;           // move to `handoff_to` once no I/O is posted
+    unsigned handoff_to = 0;
+    bool counted = false;                // counted in exp->connections
+    uint64_t handshake_deadline_ns = 0;  // CLOCK_MONOTONIC; 0: none
+    // Idle timeout: receives and sends that moved bytes (counted on the hot
+    // path, no clock read), and when the timer last saw the count change.
+    uint32_t progress = 0;
+    uint32_t progress_seen = 0;
+    uint64_t last_progress_ns = 0;
+    int send_queue_seen = -1;  // SIOCOUTQ at the last timer, for a posted send
+
+    connection* next_dirty = nullptr;
+};
+
+class event_loop {
+public:
+    event_loop(server& srv, unsigned index)
+        : _srv(srv),
+          _index(index),
+          _poll_max_ns(uint64_t{srv.config().poll_us} * 1000),
+          _coalesce_ns(uint64_t{srv.config().coalesce_us} * 1000),
+          _idle_timeout_ns(uint64_t{srv.config().idle_timeout_ms} * 1'000'000)
+    {
+    }
+    ~event_loop()
+    {
+        if (_wake_fd >= 0) {
+            ::close(_wake_fd);
+        }
+    }
+
+    result<void> init()
+    {
+        _wake_fd = ::eventfd(0, EFD_CLOEXEC);
+        if (_wake_fd < 0) {
+            return make_error(errno, fmt::format("nbd: eventfd: {}", std::strerror(errno)));
+        }
+        return {};
+    }
+
+    void run();
+
+    // Any thread.
+    void wake()
+    {
+        const uint64_t one = 1;
+        [[maybe_unused]] ssize_t n = ::write(_wake_fd, &one, sizeof one);
+    }
+    void request_stop()
+    {
+        _stop.store(true);
+        wake();
+    }
+    void drop_export()
+    {
+        _check_exports.store(true);
+        wake();
+    }
+    void adopt(connection* c)
+    {
+        {
+            std::lock_guard lock(_inbox_mutex);
+            _inbox.push_back(c);
+        }
+        wake();
+    }
+
+private:
+    // event_loop.cpp: the ring, socket I/O and TLS records.
+    io_uring_sqe* sqe();
+    void post_recv(connection& c);
+    void post_send(connection& c);
+    void post_accept(unsigned listener);
+    void post_wake_read();
+    void on_recv(connection& c, int res);
+    void on_send(connection& c, int res);
+    void pump_input(connection& c);
+    void mark_dirty(connection& c);
+    void flush(connection& c);
+    void wait_polling(unsigned wait_nr);
+    void submit_and_block(unsigned wait_nr);
+    static bool send_needs_no_wake(const connection& c);
+
+    // connection.cpp: accept, handshake, hand-off, timers, close/free.
+    void on_accept(int listener, int fd);
+    bool parse_input(connection& c);
+    bool parse_handshake(connection& c);
+    void run_tls_handshake(connection& c);
+    // One line on stderr (the daemon's log) about a client. Control path:
+    // refusals and timeouts only, never per request.
+    static void log_client(const connection& c, const std::string& what);
+    void enter_transmission(connection& c);
+    void begin_close(connection& c, bool graceful = false);
+    void maybe_free(connection& c);
+    void adopt_inbox();
+    void check_exports();
+    // The connection timer: closes connections past their handshake or
+    // idle deadline and posts itself for the next (at most
+    // k_timer_period_ns on). post_timer posts it if it is not.
+    void post_timer();
+    void on_timer();
+    void post_hup_poll(connection& c);
+    void on_hup(connection& c, int res);
+    queue_binding* bind(server_export& exp);
+    // The binding at `address` (a device poll's user_data), or nullptr.
+    queue_binding* binding_at(uintptr_t address) const;
+    void unbind(queue_binding* b);
+
+    // request.cpp: requests, from parsing to queuing the reply.
+    bool parse_requests(connection& c);
+    // Whether `c` may take a request that needs a buffer of `bytes` now
+    // (server_config::conn_buffer_bytes, total_buffer_bytes).
+    bool buffer_allowed(connection& c, uint64_t bytes);
+    void buffer_acquired(connection& c, uint64_t bytes);
+    void buffer_released(connection& c, uint64_t bytes);
+    // Gives connections waiting for the server-wide limit another try.
+    void retry_buffer_waiters();
+    nbd_op* take_op(connection& c);
+    void release_op(nbd_op& o);
+    void start_op(nbd_op& o);
+    static void on_device_complete(bio& b, int status);
+    void finish_op(nbd_op& o);
+    void reply_error(connection& c, const request_header& h, uint32_t error);
+    void queue_reply(nbd_op& o);
+    // BLOCK_STATUS: the reply chunk from the extents the device reported.
+    void block_status_reply(nbd_op& o);
+
+    // coalesce.cpp: decides whether c's next receive is held back; true
+    // when it was put on _deferred. Loop thread.
+    bool coalesce_receive(connection& c);
+
+    server& _srv;
+    unsigned _index;
+    io_uring _ring{};
+    int _wake_fd = -1;
+    uint64_t _wake_value = 0;
+    std::atomic<bool> _stop{false};
+    std::atomic<bool> _check_exports{false};
+    std::mutex _inbox_mutex;
+    std::vector<connection*> _inbox;
+    std::vector<connection*> _conns;
+    // Connections whose next receive is held back (receive coalescing).
+    std::vector<connection*> _deferred;
+    std::vector<std::unique_ptr<queue_binding>> _bindings;
+    connection* _dirty = nullptr;
+    buffer_pool _pool;
+    std::vector<sockaddr_storage> _accept_addr;
+    std::vector<socklen_t> _accept_len;
+    bool _stopping = false;
+    // Adaptive polling before sleeping (server_config::poll_us): the current
+    // window and its bound, in ns; 0 bound = never poll.
+    uint64_t _poll_max_ns = 0;
+    uint64_t _coalesce_ns = 0;
+    uint64_t _poll_ns = 0;
+    bool _taskrun_flag = false;  // the ring sets IORING_SQ_TASKRUN
+    // Sends posted since the last wait (see run()).
+    std::vector<connection*> _sends_now;
+    // The connection timer (an IORING_OP_TIMEOUT, see post_timer).
+    __kernel_timespec _timer_ts{};
+    bool _timer_posted = false;
+    uint64_t _idle_timeout_ns = 0;
+    // Connections blocked on the server-wide buffer limit.
+    std::vector<connection*> _buffer_waiters;
+};
+
+}  // namespace softblk::nbd

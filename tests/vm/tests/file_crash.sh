@@ -1,0 +1,70 @@
+#!/bin/bash
+# Crash consistency of the file target over ublk: in each of 20 rounds a
+# writer (softblk-crash-writer) writes 4 KiB blocks to the device and
+# flushes every 8 writes, recording what was acknowledged and what was
+# flushed; the daemon is killed with SIGKILL at a random moment (0.3 to
+# 1.5 s in); the image file is then read directly and every write that
+# was acknowledged and flushed must be there, whole. The next round's
+# daemon re-opens the same image (`softblk recover`) and the writer goes on
+# where it stopped, so each check covers every earlier round too.
+#
+# What this proves: the daemon never acknowledges a write or a flush it has
+# not done. The guest kernel survives the kill (its page cache with it);
+# losing power is a different test (docs/file.md says what FLUSH promises).
+set -euo pipefail
+. /softblk-vm/lib.sh
+vm_require_tool softblk softblk-crash-writer mkfs.ext4
+modprobe ublk_drv || vm_skip "no ublk_drv in this kernel"
+vm_wait_for /dev/ublk-control
+vm_require_module brd rd_nr=1 rd_size=786432
+
+export SOFTBLK_RUN_DIR=/tmp/softblk-run
+writer_pid=
+cleanup() {
+  [ -n "$writer_pid" ] && kill -9 "$writer_pid" 2>/dev/null
+  softblk del --all >/dev/null 2>&1 || true
+  softblk shutdown >/dev/null 2>&1 || true
+  umount /mnt/data 2>/dev/null || true
+}
+trap cleanup EXIT
+
+mkfs.ext4 -q -F /dev/ram0
+mkdir -p /mnt/data
+mount /dev/ram0 /mnt/data
+img=/mnt/data/crash.img
+log=/tmp/writes.log
+blocks=65536  # 256 MiB of 4 KiB blocks
+rounds=${ROUNDS:-20}
+: >"$log"
+
+softblk add file "path=$img" size=256M create=1 --name c0 --queues 2 --depth 32 | tee /tmp/add.txt
+for round in $(seq "$rounds"); do
+  vm_step "round $round"
+  dev=$(softblk list | grep '^c0 ' | grep -o '/dev/ublkb[0-9]*' | head -n1)
+  [ -n "$dev" ] && [ -b "$dev" ] || vm_fail "round $round: no device ($(softblk list))"
+  pid=$(softblk list | sed -n 's/.* pid \([0-9]*\) .*/\1/p' | head -n1)
+  [ -n "$pid" ] || vm_fail "round $round: no daemon pid"
+  before=$(wc -l <"$log")
+  softblk-crash-writer write "$dev" "$log" $blocks >/tmp/writer.txt 2>&1 &
+  writer_pid=$!
+  # Let the writer get going, then kill at a random moment.
+  for _ in $(seq 100); do [ "$(wc -l <"$log")" -gt $((before + 4)) ] && break; sleep 0.05; done
+  delay_ms=$((300 + RANDOM % 1200))
+  sleep "$(printf '0.%03d' $((delay_ms % 1000)))"
+  [ $delay_ms -ge 1000 ] && sleep 1
+  kill -9 "$pid"
+  while kill -0 "$pid" 2>/dev/null; do sleep 0.05; done
+  # The writer's next I/O fails once the kernel has aborted the device.
+  for _ in $(seq 200); do kill -0 "$writer_pid" 2>/dev/null || break; sleep 0.05; done
+  kill -0 "$writer_pid" 2>/dev/null && vm_fail "round $round: the writer still runs 10 s after the kill"
+  wait "$writer_pid" || true
+  writer_pid=
+  cat /tmp/writer.txt
+  softblk-crash-writer check "$img" "$log" $blocks || vm_fail "round $round: an acknowledged and flushed write is missing"
+  # The next daemon re-opens the image from the state file.
+  softblk recover >/dev/null 2>&1 || true
+  for _ in $(seq 100); do softblk list 2>/dev/null | grep -q '^c0 .*/dev/ublkb' && break; sleep 0.1; done
+done
+flushes=$(grep -c '^F' "$log")
+[ "$flushes" -ge "$rounds" ] || vm_fail "only $flushes flushes in $rounds rounds: the writer hardly ran"
+echo "PASS: $rounds rounds, $(grep -c '^W' "$log") writes, $flushes flushes"
