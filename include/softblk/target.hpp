@@ -195,6 +195,9 @@ struct target_type {
     // sets submit_queues to the number of NUMA nodes). 0 keeps
     // submit_queues. Called before create.
     std::function<unsigned(const option_set& options)> submit_queues;
+    // Optional: the same for the queue depth (zloop's queue_depth sets
+    // hw_queue_depth). 0 keeps hw_queue_depth. Called before create.
+    std::function<unsigned(const option_set& options)> queue_depth = {};
 };
 
 // Registers a target type; called from a static initialiser in the target's

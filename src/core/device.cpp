@@ -178,6 +178,11 @@ result<std::unique_ptr<device>> device::create(std::string name, std::string_vie
             queues.submit_queues = n;
         }
     }
+    if (tt->queue_depth) {
+        if (const unsigned n = tt->queue_depth(*options); n != 0) {
+            queues.queue_depth = n;
+        }
+    }
     auto t = tt->create(*options);
     if (!t) {
         return std::unexpected(t.error());
