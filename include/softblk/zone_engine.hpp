@@ -37,6 +37,7 @@
 #pragma once
 
 #include <atomic>
+#include <cerrno>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -57,8 +58,10 @@ const char* to_string(zone_flavor flavor);
 
 // The errno values of the kernel's zone resource statuses (what
 // blk_status_to_errno gives for them, and errno_to_blk_status maps back).
-constexpr int k_zone_open_resource_error = 105;   // ETOOMANYREFS: BLK_STS_ZONE_OPEN_RESOURCE
-constexpr int k_zone_active_resource_error = 75;  // EOVERFLOW: BLK_STS_ZONE_ACTIVE_RESOURCE
+// (The kernel's table in block/blk-core.c; any other errno becomes
+// BLK_STS_IOERR, i.e. EIO, on its way back through ublk.)
+constexpr int k_zone_open_resource_error = ETOOMANYREFS;  // BLK_STS_ZONE_OPEN_RESOURCE
+constexpr int k_zone_active_resource_error = EOVERFLOW;   // BLK_STS_ZONE_ACTIVE_RESOURCE
 
 // A write pointer that points nowhere: null_blk's read-only and offline
 // zones (NULL_ZONE_INVALID_WP), zloop's full and conventional zones.

@@ -26,6 +26,8 @@ namespace {
 constexpr uint64_t k_kib = 1024;
 constexpr uint64_t k_zone = 64 * k_kib;
 constexpr uint32_t k_block = 4096;
+// The values blk_status_to_errno gives (x86-64): 109 and 75.
+static_assert(k_zone_open_resource_error == 109 && k_zone_active_resource_error == 75);
 constexpr int k_open_err = -k_zone_open_resource_error;
 constexpr int k_active_err = -k_zone_active_resource_error;
 
