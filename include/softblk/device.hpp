@@ -260,6 +260,14 @@ public:
     // (report_zones through execute()). -EOPNOTSUPP if not zoned.
     result<std::vector<zone_descriptor>> report_zones(uint64_t offset, uint32_t max_zones);
 
+    // null_blk's zone_readonly / zone_offline (a live attribute): the
+    // sequential zone holding byte `offset` becomes read-only or offline
+    // (finished first); asking again for the condition it has makes it
+    // empty. Errors (-EINVAL: a conventional zone, beyond the device;
+    // -EOPNOTSUPP: no such zones in this model) name the cause. Any thread,
+    // safe against I/O.
+    virtual result<void> set_zone_condition(uint64_t offset, zone_condition condition) = 0;
+
     // null_blk's `power`. On: applies the power-on rules to the options
     // (clamped and ignored values are written back; notes() says what was
     // ignored), makes the target (with the data kept from before), its

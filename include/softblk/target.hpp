@@ -71,6 +71,24 @@ public:
     virtual bool timed_out(io_request& request) { return true; }
 };
 
+// Media errors that a decorator injects (bad blocks) and that a target
+// applies to its writes itself, because only it knows where a write lands
+// and in which order the checks come: a zoned target checks a zone
+// append's real position, after the zone-state checks and the implicit
+// open, as null_blk does (drivers/block/null_blk/zoned.c, null_zone_write).
+class media_errors {
+public:
+    // For a write of `length` bytes at `offset`: -1 when no bad block is
+    // met, else the bytes to transfer before the write fails with -EIO (0:
+    // none; badblocks_partial_io: the whole blocks before the first bad
+    // one). Counts the failure and, with badblocks_once, clears the bad
+    // record met. Any queue thread.
+    virtual int64_t check_write(uint64_t offset, uint32_t length) = 0;
+
+protected:
+    ~media_errors() = default;
+};
+
 // The target as a whole.
 class target {
 public:
@@ -113,6 +131,21 @@ public:
 
     // State for `softblk list --json`: counters, cache fill, bad blocks...
     virtual void describe(nlohmann::json& out) const {}
+
+    // A decorator that injects media errors offers them: a target that
+    // checks its writes itself (the zoned ones) keeps `errors` (which
+    // outlives it), calls it from its queues and returns true; the
+    // decorator then leaves writes and zone appends to it. The default
+    // declines: the decorator checks before the target. Control thread,
+    // before any queue is opened.
+    virtual bool take_media_errors(media_errors* errors) { return false; }
+
+    // null_blk's zone_readonly / zone_offline attributes: the sequential
+    // zone holding `offset` (bytes) becomes read-only or offline; asking
+    // again for the condition it has makes it empty again. Any thread, safe
+    // against I/O. Errors name the attribute and the cause. The default:
+    // -EOPNOTSUPP (no zoned model with such zones).
+    virtual result<void> set_zone_condition(uint64_t offset, zone_condition condition);
 };
 
 // The answer to a report_extents request from `t.map_extents`: fills the
@@ -143,6 +176,14 @@ public:
     }
     uint64_t memory_bytes() const override { return _inner->memory_bytes(); }
     void describe(nlohmann::json& out) const override { _inner->describe(out); }
+    bool take_media_errors(media_errors* errors) override
+    {
+        return _inner->take_media_errors(errors);
+    }
+    result<void> set_zone_condition(uint64_t offset, zone_condition condition) override
+    {
+        return _inner->set_zone_condition(offset, condition);
+    }
 
     target& inner() { return *_inner; }
     const target& inner() const { return *_inner; }
@@ -193,6 +234,10 @@ struct target_type {
     std::function<result<std::unique_ptr<target>>(
         option_set& options, std::shared_ptr<target_data>& kept, std::vector<std::string>& notes)>
         power_on = {};
+
+    // Optional: the same for the queue depth (zloop's queue_depth sets
+    // hw_queue_depth). 0 keeps hw_queue_depth. Called before create.
+    std::function<unsigned(const option_set& options)> queue_depth = {};
 };
 
 // Registers a target type; called from a static initialiser in the target's

@@ -397,7 +397,13 @@ result<void> device_impl::power_on()
         }
         made = std::move(*t);
     }
-    const queue_config q = queue_config_from(cfg);
+    queue_config q = queue_config_from(cfg);
+    if (_type.queue_depth) {
+        // A target's own name for the depth (zloop's queue_depth).
+        if (const unsigned n = _type.queue_depth(cfg); n != 0) {
+            q.queue_depth = static_cast<unsigned>(std::min<uint64_t>(n, k_max_depth));
+        }
+    }
     auto chain = apply_decorators(std::move(made), cfg, q, *_decorator_state);
     if (!chain) {
         return std::unexpected(chain.error());
@@ -549,6 +555,22 @@ result<void> device_impl::resize_queues(option_set& next)
         _options = before;
         (void)power_on();
         return r;
+    }
+    return {};
+}
+
+result<void> device_impl::set_zone_condition(uint64_t offset, zone_condition condition)
+{
+    if (!_info.limits.zoned) {
+        return make_error(EOPNOTSUPP, fmt::format("{}: not a zoned device", _info.name));
+    }
+    if (!_target) {
+        return make_error(ENODEV, fmt::format("{}: powered off", _info.name));
+    }
+    auto r = _target->set_zone_condition(offset, condition);
+    if (!r) {
+        return make_error(r.error().code.value(),
+                          fmt::format("{}: {}", _info.name, r.error().message));
     }
     return {};
 }

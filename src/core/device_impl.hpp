@@ -31,6 +31,7 @@ public:
     int execute(bio& b) override;
     result<std::vector<extent>> map(uint64_t offset, uint64_t length) override;
     result<void> set_power(bool on) override;
+    result<void> set_zone_condition(uint64_t offset, zone_condition condition) override;
     bool powered() const override { return _powered.load(std::memory_order_relaxed); }
     result<void> set_option(std::string_view key, std::string_view value) override;
     bool releases_queues(std::string_view key) const override;

@@ -189,7 +189,25 @@ int queue_impl::validate(const io_request& r) const
         return -ENODEV;
     }
     const block_limits& lim = _dev.info().limits;
-    auto check_range = [&] { return check_block_range(lim, r.offset, r.length); };
+    auto check_range = [&]() -> int {
+        if (const int rc = check_block_range(lim, r.offset, r.length); rc != 0) {
+            return rc;
+        }
+        // A data request stays inside one zone (the block layer splits
+        // bios on chunk_sectors; a single request cannot be split).
+        if (lim.zoned && lim.zone_size_bytes != 0 && r.length != 0 &&
+            r.op != io_op::report_extents &&
+            r.offset / lim.zone_size_bytes != (r.offset + r.length - 1) / lim.zone_size_bytes) {
+            return -EINVAL;
+        }
+        return 0;
+    };
+    // Zone operations name a zone by its first byte: blkdev_zone_mgmt
+    // refuses another sector with -EINVAL, blk_check_zone_append with
+    // BLK_STS_IOERR.
+    auto zone_start = [&]() {
+        return lim.zone_size_bytes == 0 || r.offset % lim.zone_size_bytes == 0;
+    };
     switch (r.op) {
     case io_op::read:
     case io_op::write:
@@ -258,12 +276,21 @@ int queue_impl::validate(const io_request& r) const
             if (r.buffer == nullptr || r.length == 0 || r.length > lim.max_zone_append_bytes) {
                 return -EINVAL;
             }
-            return check_range();
+            if (const int rc = check_range(); rc != 0) {
+                return rc;
+            }
+            return zone_start() ? 0 : -EIO;
         }
         if (r.offset >= lim.capacity_bytes) {
             return -EIO;
         }
-        return r.op == io_op::zone_reset_all ? 0 : check_range();
+        if (r.op == io_op::zone_reset_all) {
+            return 0;
+        }
+        if (const int rc = check_range(); rc != 0) {
+            return rc;
+        }
+        return zone_start() ? 0 : -EINVAL;
     }
     return -EOPNOTSUPP;
 }

@@ -141,6 +141,14 @@ result<void> target::apply_option(const option_def& def, const option_set&)
                       fmt::format("{}: this target cannot change it while powered on", def.name));
 }
 
+result<void> target::set_zone_condition(uint64_t offset, zone_condition condition)
+{
+    return make_error(EOPNOTSUPP,
+                      fmt::format("{}: this device has no zones that can be made {} (null_blk's "
+                                  "zone_readonly/zone_offline need a zoned null device)",
+                                  offset >> 9, to_string(condition)));
+}
+
 int target::map_extents(uint64_t offset, uint64_t length, std::vector<extent>& out)
 {
     const uint64_t capacity = limits().capacity_bytes;

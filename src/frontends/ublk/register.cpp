@@ -19,7 +19,9 @@ const bool g_registered = softblk::register_export_type(softblk::export_type{
     .host_features = softblk::ublk::host_features,
     .available = softblk::ublk::available,
     .options = softblk::ublk::export_options(),
-    .zoned = false,
+    // UBLK_F_ZONED (with USER_COPY): zone geometry, report, management and
+    // the append sector go to the kernel.
+    .zoned = true,
     // ublk_validate_params refuses logical_bs_shift > PAGE_SHIFT (every
     // kernel so far, 6.15's larger blocks included).
     .max_block_size =

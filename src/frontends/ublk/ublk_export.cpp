@@ -69,6 +69,7 @@ struct export_config {
     std::string recovery = "none";
     uint64_t recovery_flags = 0;
     bool user_copy = false;
+    bool user_copy_given = false;
     bool unprivileged = false;
     int add_timeout_ms = 10'000;
     std::vector<std::string> args;  // as given, persisted for recovery
@@ -96,6 +97,7 @@ result<export_config> parse_config(const export_context& ctx, std::span<const st
             EINVAL, fmt::format("recovery={}: one of none, recover, reissue, fail_io", c.recovery));
     }
     c.user_copy = o->flag("user_copy");
+    c.user_copy_given = o->given("user_copy");
     c.unprivileged = o->given("unprivileged") ? o->flag("unprivileged") : !ctx.privileged;
     c.add_timeout_ms = static_cast<int>(o->u64("add_timeout"));
     c.args.assign(args.begin(), args.end());
@@ -172,6 +174,8 @@ std::string kernel_requirement(uint64_t flag)
     case k_f_user_copy:
     case k_f_unprivileged_dev:
         return " (Linux 6.5+)";
+    case k_f_zoned:
+        return " (Linux 6.6+ built with CONFIG_BLK_DEV_ZONED)";
     case k_f_user_recovery:
     case k_f_user_recovery_reissue:
         return " (Linux 6.0+)";
@@ -330,6 +334,20 @@ result<void> ublk_export::start_new()
     uint64_t want = _cfg.recovery_flags;
     if (_cfg.user_copy) {
         want |= k_f_user_copy;
+    }
+    if (lim.zoned) {
+        // ublk_drv serves zoned devices only with USER_COPY (ublk_ctrl_add_dev).
+        if (_cfg.user_copy_given && !_cfg.user_copy) {
+            return make_error(EINVAL,
+                              "user_copy=0: a zoned device needs user_copy=1 (the "
+                              "kernel takes UBLK_F_ZONED only with UBLK_F_USER_COPY)");
+        }
+        if (_cfg.unprivileged) {
+            return make_error(EINVAL,
+                              "unprivileged=1: a zoned device needs USER_COPY, which the kernel "
+                              "refuses for unprivileged devices; run the daemon as root");
+        }
+        want |= k_f_zoned | k_f_user_copy;
     }
     if (_cfg.unprivileged) {
         want |= k_f_unprivileged_dev;

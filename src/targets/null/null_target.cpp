@@ -10,8 +10,14 @@
 // The queue options (submit_queues, irqmode ...) belong to the core and the
 // cross-cutting ones (mbps, cache_size, badblocks, timeout ...) to the
 // decorators (src/core/decorators); this table holds what only null has.
+//
+// zoned=1 makes it null_blk's zoned device: the zone engine
+// (include/softblk/zone_engine.hpp, null_blk flavour) keeps the zones, this
+// target moves the data and applies bad blocks to writes itself, after the
+// zone checks, as null_blk does.
 #include <softblk/memory_store.hpp>
 #include <softblk/target.hpp>
+#include <softblk/zone_engine.hpp>
 
 #include <cerrno>
 #include <cstring>
@@ -130,6 +136,60 @@ constexpr option_def k_null_options[] = {
      .help = "device index: the lowest free one is assigned at power on (a value written is "
              "ignored, as in null_blk)",
      .bits = 32},
+    // The zoned model (null_blk's zoned.c); units are null_blk's.
+    {.name = "zoned",
+     .kind = option_kind::boolean,
+     .default_value = "0",
+     .unit = "",
+     .help = "a host-managed zoned device (null_blk's zoned model)"},
+    {.name = "zone_size",
+     .kind = option_kind::integer,
+     .default_value = "256",
+     .unit = "MiB",
+     .help = "zone size, a power of two at most the device size",
+     .min = 1,
+     .max = k_max_size_mib},
+    {.name = "zone_capacity",
+     .kind = option_kind::integer,
+     .default_value = "0",
+     .unit = "MiB",
+     .help = "writable MiB of each sequential zone, at most zone_size; 0: zone_size",
+     .min = 0,
+     .max = k_max_size_mib},
+    {.name = "zone_nr_conv",
+     .kind = option_kind::integer,
+     .default_value = "0",
+     .unit = "zones",
+     .help = "conventional zones at the start (clamped to zones - 1, as null_blk does)",
+     .min = 0,
+     .max = UINT32_MAX},
+    {.name = "zone_max_open",
+     .kind = option_kind::integer,
+     .default_value = "0",
+     .unit = "zones",
+     .help = "most open zones; 0 or >= the sequential zones: no limit; at most zone_max_active",
+     .min = 0,
+     .max = UINT32_MAX},
+    {.name = "zone_max_active",
+     .kind = option_kind::integer,
+     .default_value = "0",
+     .unit = "zones",
+     .help = "most active (open or closed) zones; 0 or >= the sequential zones: no limit",
+     .min = 0,
+     .max = UINT32_MAX},
+    {.name = "zone_append_max_sectors",
+     .kind = option_kind::integer,
+     .default_value = "2147483647",
+     .unit = "512-byte sectors",
+     .help = "largest zone append, rounded down to whole blocks and to the zone capacity; 0: "
+             "no zone append (the kernel emulates it)",
+     .min = 0,
+     .max = INT32_MAX},
+    {.name = "zone_full",
+     .kind = option_kind::boolean,
+     .default_value = "0",
+     .unit = "",
+     .help = "sequential zones start full"},
 };
 
 // Process-wide index allocator (null_blk's nullb_indexes ida).
@@ -199,7 +259,7 @@ private:
     completion_sink& _sink;
 };
 
-class null_target final : public target {
+class null_target final : public target, public zone_backend {
 public:
     // `data` holds the store when memory_backed=1 (null otherwise).
     null_target(const block_limits& limits, std::shared_ptr<null_data> data, bool discard,
@@ -215,6 +275,47 @@ public:
     {
     }
     ~null_target() override { indexes().give_back(_index); }
+
+    // zoned=1: the zones (built after the store, which reset discards).
+    result<void> make_zoned(const zone_engine_config& config, uint32_t max_zone_append_bytes)
+    {
+        auto engine = zone_engine::create(config, this);
+        if (!engine) {
+            return std::unexpected(engine.error());
+        }
+        _zones = std::move(*engine);
+        _zones->apply_limits(_limits);
+        _limits.max_zone_append_bytes = max_zone_append_bytes;
+        return {};
+    }
+    zone_engine* zones() { return _zones.get(); }
+
+    // zone_backend: a reset (and a read-only or offline zone made empty
+    // again) discards the zone's data, as null_handle_discard does.
+    int reset_zone(uint32_t zone) override
+    {
+        if (_store) {
+            _store->discard(_zones->zone_start(zone), _zones->zone_length(zone));
+        }
+        return 0;
+    }
+
+    result<void> set_zone_condition(uint64_t offset, zone_condition condition) override
+    {
+        if (!_zones) {
+            return target::set_zone_condition(offset, condition);
+        }
+        return _zones->set_condition(offset, condition);
+    }
+
+    bool take_media_errors(media_errors* errors) override
+    {
+        if (!_zones) {
+            return false;
+        }
+        _media_errors = errors;
+        return true;
+    }
 
     const block_limits& limits() const override { return _limits; }
 
@@ -272,11 +373,17 @@ public:
             out["memory_limit_bytes"] = _store->budget().limit();
             out["memory_refused"] = _store->budget().refused();
         }
+        if (_zones) {
+            _zones->describe(out);
+        }
     }
 
     // The hot path: bytes done or -errno.
     int execute(io_request& r)
     {
+        if (_zones) {
+            return execute_zoned(r);
+        }
         switch (r.op) {
         case io_op::read:
             if (_store) {
@@ -313,11 +420,77 @@ public:
         case io_op::report_extents:
             return answer_report_extents(*this, r);
         default:
-            return -EOPNOTSUPP;  // zone operations: the zoned target's
+            return -EOPNOTSUPP;  // zone operations need zoned=1
         }
     }
 
 private:
+    // null_process_zoned_cmd.
+    int execute_zoned(io_request& r)
+    {
+        zone_hold h;
+        switch (r.op) {
+        case io_op::read: {
+            const int valid = _zones->begin_read(r, h);
+            if (valid < 0) {
+                return valid;
+            }
+            if (_store) {
+                // Below the write pointer the data, beyond it 0xff
+                // (nullb_fill_pattern).
+                auto* out = static_cast<char*>(r.buffer);
+                if (valid > 0) {
+                    _store->read(r.offset, out, static_cast<uint64_t>(valid));
+                }
+                std::memset(out + valid, 0xff, r.length - static_cast<uint32_t>(valid));
+            }
+            _zones->end_read(h);
+            return static_cast<int>(r.length);
+        }
+        case io_op::write:
+        case io_op::zone_append: {
+            if (const int rc = _zones->begin_write(r, h); rc != 0) {
+                return rc;
+            }
+            r.result_offset = h.offset;
+            // Bad blocks after the zone checks and the implicit open; a
+            // partial write moves the write pointer over what it wrote.
+            uint32_t bytes = r.length;
+            int rc = static_cast<int>(r.length);
+            if (_media_errors != nullptr) {
+                const int64_t before_bad = _media_errors->check_write(h.offset, r.length);
+                if (before_bad >= 0) {
+                    bytes = static_cast<uint32_t>(before_bad);
+                    rc = -EIO;
+                }
+            }
+            if (_store && bytes > 0 && _store->write(h.offset, r.buffer, bytes) < 0) {
+                _zones->end_write(h, 0);
+                return -ENOSPC;
+            }
+            _zones->end_write(h, bytes);
+            if (rc < 0) {
+                r.transferred = bytes;
+            }
+            return rc;
+        }
+        case io_op::flush:
+            return 0;
+        case io_op::zone_open:
+        case io_op::zone_close:
+        case io_op::zone_finish:
+        case io_op::zone_reset:
+        case io_op::zone_reset_all:
+            return _zones->manage(r);
+        case io_op::report_zones:
+            return _zones->report(r);
+        case io_op::report_extents:
+            return answer_report_extents(*this, r);
+        default:
+            return -EOPNOTSUPP;  // discard and write zeroes: null_blk has none when zoned
+        }
+    }
+
     block_limits _limits;
     std::shared_ptr<null_data> _data;
     memory_store* _store;  // _data's, or null (memory_backed=0)
@@ -326,12 +499,76 @@ private:
     int _index;
     bool _no_sched;
     bool _use_per_node_hctx;
+    std::unique_ptr<zone_engine> _zones;
+    media_errors* _media_errors = nullptr;
 };
 
 void null_queue::submit(io_request& r)
 {
     _sink.complete(r, _target.execute(r));
 }
+
+// null_init_zoned_dev (Linux 6.12): the checks, clamps and limits of a
+// zoned null device.
+result<void> make_zoned(null_target& t, const option_set& o, uint64_t size_mib, uint64_t bs)
+{
+    if (o.flag("discard")) {
+        return make_error(EINVAL,
+                          "discard=1: a zoned device has no discard (null_blk ignores it "
+                          "with a log line; softblk refuses rather than ignore it)");
+    }
+    const uint64_t zone_mib = o.u64("zone_size");
+    if ((zone_mib & (zone_mib - 1)) != 0) {
+        return make_error(
+            EINVAL, fmt::format("zone_size={}: zone_size must be a power of two (MiB)", zone_mib));
+    }
+    if (zone_mib > size_mib) {
+        return make_error(EINVAL, fmt::format("zone_size={}: larger than the device (size={} MiB)",
+                                              zone_mib, size_mib));
+    }
+    uint64_t cap_mib = o.u64("zone_capacity");
+    if (cap_mib == 0) {
+        cap_mib = zone_mib;
+    }
+    if (cap_mib > zone_mib) {
+        return make_error(EINVAL, fmt::format("zone_capacity={}: larger than zone_size={} (MiB)",
+                                              cap_mib, zone_mib));
+    }
+    if (cap_mib != zone_mib && size_mib % zone_mib != 0) {
+        return make_error(EINVAL,
+                          fmt::format("zone_capacity={} with size={}: a smaller last zone is not "
+                                      "allowed with a zone capacity below zone_size={} (as in "
+                                      "null_blk: no real device looks like that)",
+                                      cap_mib, size_mib, zone_mib));
+    }
+    const uint64_t nr_zones = (size_mib + zone_mib - 1) / zone_mib;
+    uint64_t nr_conv = o.u64("zone_nr_conv");
+    if (nr_conv >= nr_zones) {
+        nr_conv = nr_zones - 1;  // null_blk: "changed the number of conventional zones"
+    }
+    // zone_append_max_sectors: whole blocks, at most the zone capacity.
+    const uint64_t block_sectors = bs / 512;
+    uint64_t append_sectors = o.u64("zone_append_max_sectors");
+    append_sectors -= append_sectors % block_sectors;
+    append_sectors = std::min(append_sectors, cap_mib * k_mib / 512);
+    zone_engine_config c;
+    c.flavor = zone_flavor::null_blk;
+    c.capacity_bytes = size_mib * k_mib;
+    c.zone_size_bytes = zone_mib * k_mib;
+    c.zone_capacity_bytes = cap_mib * k_mib;
+    c.conventional_zones = static_cast<uint32_t>(nr_conv);
+    c.max_open_zones = static_cast<uint32_t>(o.u64("zone_max_open"));
+    c.max_active_zones = static_cast<uint32_t>(o.u64("zone_max_active"));
+    c.block_size = static_cast<uint32_t>(bs);
+    c.start_full = o.flag("zone_full");
+    c.lock_reads = true;
+    // The block layer bounds it by the largest request too
+    // (blk_validate_zoned_limits: max_hw_sectors).
+    const uint64_t append_bytes =
+        std::min<uint64_t>(append_sectors * 512, t.limits().max_transfer_bytes);
+    return t.make_zoned(c, static_cast<uint32_t>(append_bytes));
+}
+
 
 // Copies every allocated block of `from` into `to` (a store of another
 // block granularity, size or NUMA node), whole blocks of `to` at a time
@@ -525,8 +762,21 @@ result<std::unique_ptr<target>> power_on_null(option_set& o, std::shared_ptr<tar
     // volatile_write_cache and fua are the cache decorator's (cache_size).
     lim.volatile_write_cache = false;
     lim.fua = false;
-    return std::make_unique<null_target>(lim, memory_backed ? data : nullptr, discard, home_node,
-                                         index, o.flag("no_sched"), o.flag("use_per_node_hctx"));
+    auto t = std::make_unique<null_target>(lim, memory_backed ? data : nullptr, discard, home_node,
+                                           index, o.flag("no_sched"), o.flag("use_per_node_hctx"));
+    if (o.flag("zoned")) {
+        if (auto r = make_zoned(*t, o, size_mib, bs); !r) {
+            return std::unexpected(r.error());
+        }
+    } else {
+        for (const char* name : {"zone_size", "zone_capacity", "zone_nr_conv", "zone_max_open",
+                                 "zone_max_active", "zone_append_max_sectors", "zone_full"}) {
+            if (o.given(name)) {
+                return make_error(EINVAL, fmt::format("{}: a zone attribute needs zoned=1", name));
+            }
+        }
+    }
+    return t;
 }
 
 // For callers of target_type::create: a power on with nothing kept.
