@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Installs every Debian package that softblk's build, tests and benchmarks
 # need. Idempotent: packages already present are left as they are, and
-# apt-get update runs only when something is missing.
+# apt-get update runs only when something is missing. Installing needs root:
+# as root it runs apt-get itself, otherwise through sudo; with neither it
+# names the missing packages and fails.
 set -euo pipefail
 
 packages=(
   # build
-  build-essential cmake ninja-build pkg-config git ccache
+  build-essential cmake ninja-build pkg-config git ccache clang-format-14
   liburing-dev libfuse3-dev libcli11-dev nlohmann-json3-dev libfmt-dev
   libspdlog-dev libgtest-dev libgmock-dev libbenchmark-dev libgnutls28-dev
   libnbd-dev
@@ -35,9 +37,19 @@ done
 
 if ((${#missing[@]})); then
   echo "install-deps: installing ${missing[*]}"
-  if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; else SUDO=; fi
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  as_root=()
+  if [ "$(id -u)" -ne 0 ]; then
+    if ! command -v sudo >/dev/null; then
+      echo "install-deps: these packages are missing and installing them needs root, but this" \
+        "is not root and has no sudo: run scripts/install-deps.sh as root, or install them:" \
+        "apt-get install ${missing[*]}" >&2
+      exit 1
+    fi
+    as_root=(sudo)
+  fi
+  "${as_root[@]}" apt-get update -qq
+  "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive \
+    apt-get install -y -qq --no-install-recommends "${missing[@]}"
 else
   echo "install-deps: all ${#packages[@]} packages present"
 fi

@@ -1,28 +1,35 @@
 #!/usr/bin/env bash
-# softblk quickstart, the README's first command (run as root:
-# `sudo ./scripts/quickstart.sh`). On a fresh Debian 12 machine it
-#   1. installs the Debian packages (scripts/install-deps.sh),
-#   2. configures and builds softblk (build/, Release, Ninja),
+# softblk quickstart, the README's first command (`./scripts/quickstart.sh`,
+# as root or as a user with sudo). On a fresh Debian 12 machine it
+#   1. installs the Debian packages (scripts/install-deps.sh; through sudo
+#      when not root),
+#   2. configures and builds softblk (build/, Release, Ninja) as the caller,
 #   3. runs softblk's main job once: creates a memory-backed null device
 #      through the `softblk` CLI, exported through FUSE as a loop device;
 #      runs fio with crc32c verification on it; makes an ext4 file system,
 #      mounts it, writes files, syncs, unmounts, checks it with fsck and
 #      reads the files back; prints what happened (device, sizes,
 #      throughput, memory used) and tears everything down, also on failure.
+#      The job needs root (a loop device, a mount): a caller that is not
+#      root runs this script again through sudo for step 3.
 #
 # Options:
 #   --no-deps       skip step 1          --no-build     skip step 2
+#   --no-sudo       not root: skip the job (exit 77) instead of using sudo
 #   --bin PATH      the softblk executable to use (default build/src/cli/softblk)
 #   --size SIZE     device size (default 1G)
 #   --quick         smaller runs (the test suite uses it)
 # The job runs its own daemon in a private run directory (or
-# $SOFTBLK_RUN_DIR), so a softblk daemon you already run is not touched.
+# $SOFTBLK_RUN_DIR, which sudo does not pass on), so a softblk daemon you
+# already run is not touched.
 # Exit status: 0 done, 1 failed, 77 this machine cannot run the job.
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+args=("$@")
 deps=1
 build=1
+use_sudo=1
 softblk=$repo/build/src/cli/softblk
 size=1G
 fio_size=256M
@@ -31,6 +38,7 @@ while (($#)); do
   case $1 in
     --no-deps) deps=0 ;;
     --no-build) build=0 ;;
+    --no-sudo) use_sudo=0 ;;
     --bin) softblk=$2; shift ;;
     --size) size=$2; shift ;;
     --quick) size=256M fio_size=64M file_mib=16 ;;
@@ -42,11 +50,6 @@ done
 
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 
-if [ "$(id -u)" -ne 0 ]; then
-  echo "quickstart: run as root (sudo $0): the job attaches a loop device and mounts a file system" >&2
-  exit 77
-fi
-
 if ((deps)); then
   step "installing Debian packages"
   "$repo/scripts/install-deps.sh"
@@ -57,8 +60,18 @@ if ((build)); then
   ninja -C "$repo/build" -j"$(nproc)" softblk
 fi
 
+if [ "$(id -u)" -ne 0 ]; then
+  if ((use_sudo)) && command -v sudo >/dev/null; then
+    step "running the job as root (sudo): it attaches a loop device and mounts a file system"
+    exec sudo -- "$repo/scripts/quickstart.sh" "${args[@]}" --no-deps --no-build
+  fi
+  echo "SKIP: quickstart's job attaches a loop device and mounts a file system, which needs" \
+    "root: run $0 as root or as a user with sudo" >&2
+  exit 77
+fi
+
 for need in /dev/fuse /dev/loop-control; do
-  [ -e "$need" ] || { echo "quickstart: $need is missing: the FUSE export and loop devices cannot run here"; exit 77; }
+  [ -e "$need" ] || { echo "SKIP: quickstart: $need is missing: the FUSE export and loop devices cannot run here"; exit 77; }
 done
 [ -x "$softblk" ] || { echo "quickstart: $softblk is not built" >&2; exit 1; }
 
