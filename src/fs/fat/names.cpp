@@ -290,7 +290,9 @@ short_plan plan_short_name(std::string_view name)
     plan.basis_base = convert(b, 8);
     plan.basis_ext = convert(e, 3);
     if (plan.basis_base.empty()) {
-        plan.basis_base = "_";
+        // push_back, not = "_": GCC 12 warns -Wrestrict, wrongly, on a
+        // string assigned a literal after inlining (GCC bug 105329).
+        plan.basis_base.push_back('_');
     }
     return plan;
 }
