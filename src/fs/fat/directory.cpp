@@ -488,12 +488,14 @@ int volume_state::resolve_parts(const std::vector<std::string>& parts, size_t co
         auto seen = std::find(ancestors.begin(), ancestors.end(), out.first_cluster);
         if (seen != ancestors.end()) {
             size_t depth = static_cast<size_t>(seen - ancestors.begin());
+            // fmt::format, not "/" + string: GCC 12 warns -Wrestrict, wrongly,
+            // on that operator+ after inlining (GCC bug 105329).
+            const std::string back = depth == 0 ? std::string("the root directory")
+                                                : fmt::format("/{}", join_parts(parts, depth));
             return damage.corrupt(
                 fmt::format("directory cycle: /{} leads back to {} (cluster {}); the image is "
                             "damaged (fsck.fat repairs it)",
-                            join_parts(parts, i + 1),
-                            depth == 0 ? "the root directory" : "/" + join_parts(parts, depth),
-                            out.first_cluster),
+                            join_parts(parts, i + 1), back, out.first_cluster),
                 -ELOOP);
         }
         ancestors.push_back(out.first_cluster);
