@@ -76,6 +76,7 @@ fi
 echo "format: ${#bad[@]} of ${#files[@]} files are not formatted (fix: scripts/format.sh ${bad[*]}):"
 for f in "${bad[@]}"; do
   echo "--- $f"
-  "$clang_format" --style=file "$f" | diff -u "$f" - | sed -n '3,14p'
+  # diff exits 1 on a difference: not the end of the listing (pipefail).
+  "$clang_format" --style=file "$f" | diff -u "$f" - | sed -n '3,14p' || true
 done
 exit 1
