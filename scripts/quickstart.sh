@@ -122,6 +122,7 @@ echo "kernel block device: $loop, $(blockdev --getsize64 "$loop") bytes, logical
 step "fio: random writes, then reads that verify every block (crc32c)"
 fio_out=$(fio --name=verify --filename="$loop" --direct=1 --ioengine=libaio --iodepth=16 --rw=randwrite \
   --bs=64k --size="$fio_size" --verify=crc32c --verify_fatal=1 --do_verify=1 --randrepeat=0 \
+  --verify_state_save=0 \
   --output-format=normal 2>&1) || { echo "$fio_out"; echo "quickstart: fio verification failed" >&2; exit 1; }
 grep -E '^ +(READ|WRITE):|verify|err=' <<<"$fio_out" | sed 's/^ *//'
 fio_write=$(grep -E '^ +WRITE:' <<<"$fio_out" | sed -E 's/.*bw=([^ ]+) \(([^)]+)\).*/\2/')
