@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# softblk's whole test suite, the README's second command (`sudo
-# ./scripts/test.sh`; .ci/run calls it). Installs the Debian packages,
+# softblk's whole test suite, the README's second command
+# (`./scripts/test.sh`, as root or any user; .ci/run calls it). Installs the
+# Debian packages (through sudo when not root, only if some are missing),
 # builds everything (build/, Release, Ninja), runs every test with CTest
 # (two at a time, a timeout on each) and prints a summary: passed, failed,
 # and skipped with the reason, both whole tests (exit 77) and GoogleTest
