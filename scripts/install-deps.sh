@@ -12,9 +12,14 @@ packages=(
   liburing-dev libfuse3-dev libcli11-dev nlohmann-json3-dev libfmt-dev
   libspdlog-dev libgtest-dev libgmock-dev libbenchmark-dev libgnutls28-dev
   libnbd-dev
+  # optional rbd target (built only when librbd-dev is present)
+  librbd-dev
   # host tests and benchmarks
   fuse3 util-linux e2fsprogs xfsprogs dosfstools mtools fio procps kmod
   nbdkit libnbd-bin python3-libnbd qemu-utils qemu-system-common gnutls-bin jq
+  # rbd target tests and benchmark: a single-node Ceph cluster and the
+  # peer (qemu-storage-daemon's rbd driver)
+  ceph-mon ceph-osd ceph-common qemu-block-extra
   # VM lab
   qemu-system-x86 busybox-static cpio zstd xz-utils squashfs-tools nbd-client btrfs-progs f2fs-tools
   # fuzzing: clang 14 for the NBD codec; clang 16 with libc++ for the

@@ -6,6 +6,10 @@
 //
 // Usage: softblk-bench-fat [--volume-mib N] [--file-mib N] [--files N]
 //                          [--random-ops N] [--no-fuse] [--no-mtools]
+//                          [--device TYPE:KEY=VALUE,...]
+// --device runs the library on another softblk device type (e.g.
+// virtio:path=SOCKET,poll_queues=0: through softblk's virtio-blk driver to
+// a vhost-user-blk back end) instead of the memory-backed null device.
 // Prints a Markdown table (absolute figures and ratios) to stdout, with the
 // bandwidth of one memcpy of the same buffers measured in the same run (the
 // bound for a memory-backed device, which must copy the data at least once).
@@ -55,6 +59,7 @@ struct settings {
     int random_ops = 20000;
     bool fuse = true;
     bool mtools = true;
+    std::string device;  // TYPE:KEY=VALUE,... (empty: null, memory_backed=1)
 };
 
 struct figures {
@@ -350,6 +355,26 @@ figures run_suite(backend& b, const std::string& name, const settings& s)
 std::unique_ptr<block_device> make_device(const settings& s, std::string& label)
 {
 #if defined(SOFTBLK_FAT_HAVE_DEVICE)
+    if (!s.device.empty()) {
+        const size_t colon = s.device.find(':');
+        std::vector<std::string> opts;
+        std::string list = colon == std::string::npos ? "" : s.device.substr(colon + 1);
+        for (size_t at = 0; at < list.size();) {
+            size_t comma = list.find(',', at);
+            if (comma == std::string::npos) {
+                comma = list.size();
+            }
+            opts.push_back(list.substr(at, comma - at));
+            at = comma + 1;
+        }
+        auto dev = softblk_block_device::create("fatbench", s.device.substr(0, colon), opts);
+        if (!dev) {
+            fmt::print(stderr, "--device {}: {}\n", s.device, dev.error().message);
+            std::exit(1);
+        }
+        label = "softblk " + s.device;
+        return std::move(*dev);
+    }
     std::vector<std::string> opts = {"memory_backed=1", fmt::format("size={}", s.volume_mib),
                                      "bs=512", "irqmode=0"};
     auto dev = softblk_block_device::create("fatbench", "null", opts);
@@ -528,10 +553,12 @@ int main(int argc, char** argv)
             s.fuse = false;
         } else if (a == "--no-mtools") {
             s.mtools = false;
+        } else if (a == "--device" && i + 1 < argc) {
+            s.device = argv[++i];
         } else {
             fmt::print(stderr,
                        "usage: {} [--volume-mib N] [--file-mib N] [--files N] [--random-ops N] "
-                       "[--no-fuse] [--no-mtools]\n",
+                       "[--no-fuse] [--no-mtools] [--device TYPE:KEY=VALUE,...]\n",
                        argv[0]);
             return 2;
         }

@@ -13,7 +13,11 @@
 #   --device-opts  null-target options added to softblk's device (default:
 #              none beyond size, memory_backed=1 and blocksize=4096, so one
 #              submit queue and one FUSE worker, as `softblk add` gives)
-#   --driver   softblk-fuse-driver (default: build*/tests/host/ of this tree)
+#   --driver   softblk-driver (default: the newest build*/src/driver/ of this tree),
+#              or an older build's softblk-fuse-driver
+#   --baseline another softblk-driver (or an older build's softblk-fuse-driver)
+#              serving the same device, as one more peer in the same run: the
+#              old binary against the new, under the same load
 #   --variant  also measure softblk with these export options (e.g.
 #              "threads=1 poll_us=50"), as one more system in the same run;
 #              "softblk" alone is always the default configuration
@@ -24,6 +28,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 driver=""
+baseline=""
 runtime=5
 rounds=3
 size_mib=1024
@@ -32,6 +37,7 @@ device_opts=""
 while [ $# -gt 0 ]; do
     case "$1" in
         --driver) driver=$2; shift 2 ;;
+        --baseline) baseline=$2; shift 2 ;;
         --runtime) runtime=$2; shift 2 ;;
         --size) size_mib=$2; shift 2 ;;
         --rounds) rounds=$2; shift 2 ;;
@@ -41,10 +47,10 @@ while [ $# -gt 0 ]; do
     esac
 done
 if [ -z "$driver" ]; then
-    driver=$(ls -t "$root"/build*/tests/host/softblk-fuse-driver 2>/dev/null | head -1 || true)
+    driver=$(ls -t "$root"/build*/src/driver/softblk-driver 2>/dev/null | head -1 || true)
 fi
 [ "$(id -u)" -eq 0 ] || { echo "needs root" >&2; exit 1; }
-[ -x "$driver" ] || { echo "softblk-fuse-driver not found; build it or pass --driver" >&2; exit 1; }
+[ -x "$driver" ] || { echo "softblk-driver not found; build it or pass --driver" >&2; exit 1; }
 for tool in fio qemu-storage-daemon nbdkit nbdfuse losetup fusermount3; do
     command -v "$tool" >/dev/null || { echo "$tool is missing (scripts/install-deps.sh)" >&2; exit 1; }
 done
@@ -57,6 +63,7 @@ cleanup() {
         losetup -d "$l"
     done
     [ -e "$work/cmd" ] && { echo quit >&7; exec 7>&-; } 2>/dev/null
+    [ -e "$work/base-cmd" ] && { echo quit >&5; exec 5>&-; } 2>/dev/null
     for m in $(awk -v d="$work/" 'index($2, d) == 1 {print $2}' /proc/self/mounts | sort -r); do
         umount "$m" 2>/dev/null || umount -l "$m"
     done
@@ -89,16 +96,41 @@ cpu_ticks() { local t=0 p; for p in $1; do t=$((t + $(awk '{print $14 + $15}' "/
 # Every export is set up first; then each case runs on every system in
 # turn, `rounds` times, and the median per system is reported. On a shared
 # machine the load drifts: interleaving keeps the comparison fair.
+# start_driver PATH NAME IN OUT: runs a driver on fifos NAME-cmd/NAME-reply
+# with the command stream on descriptor IN and its answers on OUT (set up
+# by the caller), sets DRIVER_PID, adds the bench device. The
+# softblk-fuse-driver of builds before softblk-driver replaced it takes
+# commands without being asked and says no "ready".
+start_driver() {
+    local path=$1 name=$2 in=$3 out=$4 answer how=(--export fuse --commands)
+    [ "$(basename "$path")" != softblk-fuse-driver ] || how=()
+    "$path" "${how[@]}" --run-dir "$work/$name" <"$work/$name-cmd" >"$work/$name-reply" \
+        2>"$work/$name.log" &
+    DRIVER_PID=$!
+    pids+=($!)
+    eval "exec $in>\"\$work/\$name-cmd\" $out<\"\$work/\$name-reply\""
+    if [ ${#how[@]} -gt 0 ]; then
+        read -r answer <&"$out"
+        [ "$answer" = ready ] || { echo "$path: $answer $(cat "$work/$name.log")" >&2; exit 1; }
+    fi
+    echo "add bench null size=$size_mib memory_backed=1 blocksize=4096 $device_opts -- loop=0" >&"$in"
+    read -r answer <&"$out"
+    case "$answer" in ok*) ;; *) echo "$path: $answer" >&2; exit 1 ;; esac
+}
+
 echo "== softblk (null memory_backed=1 $device_opts)" >&2
-mkfifo "$work/cmd" "$work/reply"
-"$driver" --run-dir "$work/softblk" <"$work/cmd" >"$work/reply" 2>"$work/driver.log" &
-pids+=($!)
-server[softblk]=$!
-exec 7>"$work/cmd" 8<"$work/reply"
-echo "add bench null size=$size_mib memory_backed=1 blocksize=4096 $device_opts -- loop=0" >&7
-read -r answer <&8
-case "$answer" in ok*) ;; *) echo "softblk: $answer" >&2; exit 1 ;; esac
+mkfifo "$work/softblk-cmd" "$work/softblk-reply"
+ln -s softblk-cmd "$work/cmd"
+start_driver "$driver" softblk 7 8
+server[softblk]=$DRIVER_PID
 device[softblk]=$(attach "$work/softblk/fuse/bench/bench")
+if [ -n "$baseline" ]; then
+    echo "== baseline: $baseline" >&2
+    mkfifo "$work/base-cmd" "$work/base-reply"
+    start_driver "$baseline" base 5 6
+    server[baseline]=$DRIVER_PID
+    device[baseline]=$(attach "$work/base/fuse/bench/bench")
+fi
 softblk_systems=(softblk)
 for i in "${!variants[@]}"; do
     # Same driver process, one more device with other export options.
@@ -134,7 +166,9 @@ server[nbdfuse]="$! $(cat "$work/nbdkit.pid")"
 for _ in $(seq 100); do [ -e "$work/nbd/disk" ] && break; sleep 0.1; done
 device[nbdfuse]=$(attach "$work/nbd/disk")
 
-systems=("${softblk_systems[@]}" qsd-threads qsd-io_uring nbdfuse)
+peers=(qsd-threads qsd-io_uring nbdfuse)
+[ -z "$baseline" ] || peers=(baseline "${peers[@]}")
+systems=("${softblk_systems[@]}" "${peers[@]}")
 declare -A samples cpu_samples
 tick_us=$((1000000 / $(getconf CLK_TCK)))
 for round in $(seq "$rounds"); do
@@ -161,7 +195,6 @@ for k in "${!samples[@]}"; do
     cpu_us[$k]=$(median "${cpu_samples[$k]}")
 done
 
-peers=(qsd-threads qsd-io_uring nbdfuse)
 declare -A width
 for sys in "${systems[@]}"; do width[$sys]=$((${#sys} > 14 ? ${#sys} : 14)); done
 printf '\nIOPS (median)\n%-10s %-5s' case jobs

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# NBD server benchmark: softblk (softblk-nbd, null target with
-# memory_backed=1) against nbdkit's memory plugin and qemu-storage-daemon's
+# NBD server benchmark: softblk (softblk-driver --export nbd, null target
+# with memory_backed=1) against nbdkit's memory plugin and qemu-storage-daemon's
 # NBD export of a raw image in tmpfs (qemu has no RAM block driver that
 # keeps data; null-co drops writes), all over unix sockets, measured in
 # the same run with fio's nbd engine (libnbd, one connection per job).
@@ -12,20 +12,22 @@
 # of one CPU it used, which is what bounds IOPS when the client saturates a
 # CPU (fio runs one thread; the machine may have few CPUs).
 #
-#   bench/nbd/run.sh [--softblk-nbd PATH] [--baseline PATH] [--runtime SECONDS] [--size MiB]
+#   bench/nbd/run.sh [--driver PATH] [--baseline PATH] [--runtime SECONDS] [--size MiB]
 #                    [--threads N] [--export-opt KEY=VALUE]...
 #
-# --baseline PATH also serves the same device with another softblk-nbd (an
-# older build), run job by job beside the others, and adds a table of
+# --threads N gives the device N submit queues and the server N loop
+# threads. --baseline PATH also serves the same device with another build
+# (its softblk-driver, or the softblk-nbd of builds before softblk-driver
+# replaced it), run job by job beside the others, and adds a table of
 # softblk against it: a change's cost measured under the same load.
 #
-# PATH defaults to build-nbd/src/frontends/nbd/softblk-nbd under the
+# --driver defaults to the newest build*/src/driver/softblk-driver under the
 # repository. Prints a table (markdown) on stdout.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
-driver="$repo/build-nbd/src/frontends/nbd/softblk-nbd"
+driver=""
 baseline=""
 runtime=5
 size_mib=256
@@ -33,13 +35,13 @@ threads=1
 export_opts=()
 while (($#)); do
   case "$1" in
-    --softblk-nbd) driver=$2; shift 2 ;;
+    --driver) driver=$2; shift 2 ;;
     --baseline) baseline=$2; shift 2 ;;
     --runtime) runtime=$2; shift 2 ;;
     --size) size_mib=$2; shift 2 ;;
     --threads) threads=$2; shift 2 ;;
-    --export-opt) export_opts+=(-o "$2"); shift 2 ;;  # e.g. poll-us=20, passed to softblk-nbd
-    *) echo "usage: $0 [--softblk-nbd PATH] [--baseline PATH] [--runtime S] [--size MiB] [--threads N] [--export-opt K=V]..." >&2
+    --export-opt) export_opts+=(-o "$2"); shift 2 ;;  # e.g. coalesce-us=20, passed to the server
+    *) echo "usage: $0 [--driver PATH] [--baseline PATH] [--runtime S] [--size MiB] [--threads N] [--export-opt K=V]..." >&2
        exit 2 ;;
   esac
 done
@@ -47,7 +49,8 @@ for tool in fio nbdkit qemu-storage-daemon python3; do
   command -v "$tool" >/dev/null || { echo "SKIP: $tool not installed" >&2; exit 77; }
 done
 fio --enghelp 2>/dev/null | grep -qw nbd || { echo "SKIP: this fio has no nbd engine" >&2; exit 77; }
-[ -x "$driver" ] || { echo "softblk-nbd not found at $driver (build it, or --softblk-nbd PATH)" >&2; exit 2; }
+[ -n "$driver" ] || driver=$(ls -t "$repo"/build*/src/driver/softblk-driver 2>/dev/null | head -1 || true)
+[ -x "$driver" ] || { echo "softblk-driver not found (build it, or --driver PATH)" >&2; exit 2; }
 [ -z "$baseline" ] || [ -x "$baseline" ] || { echo "--baseline $baseline: not an executable" >&2; exit 2; }
 
 work=$(mktemp -d /dev/shm/softblk-nbd-bench.XXXXXX)
@@ -64,9 +67,19 @@ wait_socket() {
   echo "server did not create $1" >&2; exit 1
 }
 
+# serve_softblk PROGRAM RUN_DIR SOCKET: the device d0 over NBD, in this
+# (background) subshell's place so that $! is the server. The softblk-nbd
+# of older builds (for --baseline) takes the same arguments without --export.
+serve_softblk() {
+  local program=$1 run_dir=$2 socket=$3 how=(--export nbd) queues=()
+  [ "$(basename "$program")" != softblk-nbd ] || how=()
+  [ "$threads" = 0 ] || queues=(submit_queues="$threads")
+  exec "$program" "${how[@]}" --run-dir "$run_dir" -o socket="$socket" -o threads="$threads" \
+    "${export_opts[@]}" d0 null memory_backed=1 size=1024 "${queues[@]}"
+}
+
 # A capacity of 1 GiB for all three; jobs touch the first $size_mib MiB.
-"$driver" --run-dir "$work" -o socket="$work/softblk.sock" -o threads="$threads" "${export_opts[@]}" \
-  d0 null memory_backed=1 size=1024 >"$work/softblk.log" 2>&1 &
+serve_softblk "$driver" "$work" "$work/softblk.sock" >"$work/softblk.log" 2>&1 &
 softblk_pid=$!; pids+=("$softblk_pid")
 nbdkit --foreground --unix "$work/nbdkit.sock" --exportname d0 memory size=1G >"$work/nbdkit.log" 2>&1 &
 nbdkit_pid=$!; pids+=("$nbdkit_pid")
@@ -83,8 +96,7 @@ declare -A pid_of=([softblk]=$softblk_pid [nbdkit]=$nbdkit_pid [qsd]=$qsd_pid)
 servers=(softblk nbdkit qsd)
 if [ -n "$baseline" ]; then
   mkdir -p "$work/baseline"
-  "$baseline" --run-dir "$work/baseline" -o socket="$work/baseline.sock" -o threads="$threads" \
-    "${export_opts[@]}" d0 null memory_backed=1 size=1024 >"$work/baseline.log" 2>&1 &
+  serve_softblk "$baseline" "$work/baseline" "$work/baseline.sock" >"$work/baseline.log" 2>&1 &
   pid_of[baseline]=$!; pids+=("${pid_of[baseline]}")
   wait_socket "$work/baseline.sock"
   servers+=(baseline)

@@ -113,10 +113,10 @@ struct queue_config {
     unsigned queue_depth = 64;  // hw_queue_depth
     completion_mode mode = completion_mode::deferred;
     uint64_t completion_nsec = 10'000;
-    bool shared_tags = false;         // one tag set for all devices with shared_tags=1
-    bool shared_tag_bitmap = false;   // one tag bitmap for all queues of this device
-    bool blocking = false;            // the target may sleep in submit (BLK_MQ_F_BLOCKING)
-    uint64_t io_timeout_ms = 30'000;  // the block layer's request timeout
+    bool shared_tags = false;        // one tag set for all devices with shared_tags=1
+    bool shared_tag_bitmap = false;  // one tag bitmap for all queues of this device
+    bool blocking = false;           // the target may sleep in submit (BLK_MQ_F_BLOCKING)
+    uint64_t io_timeout_ms = 5'000;  // the request timeout (null_blk's tag set: 5 s)
 };
 
 struct device_info {
@@ -213,26 +213,36 @@ public:
     virtual ~device() = default;
 
     // Creates a device of target type `type` (e.g. "null") from null_blk
-    // style key=value options ("memory_backed=1", "size=4096", "bs=4096").
-    // Errors name the offending attribute and its valid range.
+    // style key=value options ("memory_backed=1", "size=4096", "bs=4096"):
+    // configfs' mkdir, the writes, and `echo 1 > power` unless the options
+    // say power=0 (then the device is made powered off, with no queues, and
+    // set_power(true) powers it on later). Values are parsed as configfs
+    // parses them; the power-on rules (ranges, clamps, what null_blk
+    // ignores) apply at power on. Errors name the offending attribute and
+    // its valid range, with the errno the kernel's write would give.
     // Control thread; the caller owns the device.
     static result<std::unique_ptr<device>> create(std::string name, std::string_view type,
                                                   std::span<const std::string> options);
 
+    // The geometry and queue settings of the device as last powered on
+    // (before the first power on: name and type only).
     virtual const device_info& info() const = 0;
     const block_limits& limits() const { return info().limits; }
     const std::string& name() const { return info().name; }
 
     // Queues 0 .. submit_queues-1 are submit queues, then the poll queues.
+    // None while powered off: power-off destroys them (references to them
+    // end there) and power-on makes new ones.
     virtual unsigned queue_count() const = 0;
     virtual io_queue& queue(unsigned index) = 0;
 
     // Thread-safe synchronous I/O for callers that own no queue (FUSE
     // workers, tools, the FAT library): picks a submit queue for the calling
     // thread, locks it, submits `b` as a bio (split by the core) and waits.
-    // Returns `b`'s status (0 or -errno); `b.transferred` and
-    // `b.result_offset` are filled, `b.on_complete` is not called.
-    // Do not mix with asynchronous use of the same queues from other threads.
+    // Returns `b`'s status (0 or -errno; -ENODEV while powered off);
+    // `b.transferred` and `b.result_offset` are filled, `b.on_complete` is
+    // not called. Do not mix with asynchronous use of the same queues from
+    // other threads, nor with set_power or set_option from another thread.
     virtual int execute(bio& b) = 0;
 
     // The same for the common case. Returns bytes done for read, write and
@@ -243,25 +253,66 @@ public:
     // The allocation map of [offset, offset+length), clipped to the
     // capacity, in order and without gaps (SEEK_DATA/SEEK_HOLE, NBD
     // base:allocation). Travels through a submit queue as report_extents
-    // requests, like execute(). Any thread.
+    // requests, like execute(). Any thread (ENODEV while powered off).
     virtual result<std::vector<extent>> map(uint64_t offset, uint64_t length) = 0;
 
     // Zones from the one that holds `offset` on, at most `max_zones`
     // (report_zones through execute()). -EOPNOTSUPP if not zoned.
     result<std::vector<zone_descriptor>> report_zones(uint64_t offset, uint32_t max_zones);
 
-    // null_blk's `power`: off drops the volatile cache's unflushed data and
-    // fails I/O with -ENODEV until powered on. No I/O may be in flight.
+    // null_blk's zone_readonly / zone_offline (a live attribute): the
+    // sequential zone holding byte `offset` becomes read-only or offline
+    // (finished first); asking again for the condition it has makes it
+    // empty. Errors (-EINVAL: a conventional zone, beyond the device;
+    // -EOPNOTSUPP: no such zones in this model) name the cause. Any thread,
+    // safe against I/O.
+    virtual result<void> set_zone_condition(uint64_t offset, zone_condition condition) = 0;
+
+    // null_blk's `power`. On: applies the power-on rules to the options
+    // (clamped and ignored values are written back; notes() says what was
+    // ignored), makes the target (with the data kept from before), its
+    // decorators and the queues; on an error the device stays off. Off:
+    // destroys the queues and the target; the data of a memory-backed
+    // device, the bad blocks and the fault-injection state stay, the
+    // volatile cache's unflushed data does not. Writing the state it has is
+    // a no-op. EBUSY when I/O is in flight. Control thread; nobody may be
+    // driving the queues (front ends are stopped first).
     virtual result<void> set_power(bool on) = 0;
     virtual bool powered() const = 0;
 
-    // Every option with its effective value (what re-creates the device).
+    // One configfs write of attribute `key` (a name or an alias, or
+    // "power"): the value is parsed first (EINVAL, ERANGE), then the
+    // attribute's update rule applies (option_update): EBUSY for one that
+    // changes only while powered off, EPERM for a creation-only one, EINVAL
+    // for a powered-on-only one while off; a live one is applied at once; a
+    // `reconfigure` one while powered on re-creates the queues (EINVAL where
+    // null_blk refuses the count), for which nobody may be driving them
+    // (see releases_queues). On an error nothing changes. Control thread.
+    virtual result<void> set_option(std::string_view key, std::string_view value) = 0;
+
+    // True when writing `key` now would destroy the queues (power, and
+    // `reconfigure` attributes while powered on): a caller that drives them
+    // (an export) must stop first and start again after. Control thread.
+    virtual bool releases_queues(std::string_view key) const = 0;
+
+    // What a configfs read of attribute `key` returns, newline included
+    // ("1\n"; badblocks as "start length" lines; nothing for an empty list).
+    // Errors: ENOENT unknown, EACCES write-only. Control thread.
+    virtual result<std::string> get_option(std::string_view key) const = 0;
+
+    // Lines saying what the last power-on or set_option clamped or ignored
+    // (null_blk's log lines: "discard=1 ignored: ..."). Control thread.
+    virtual const std::vector<std::string>& notes() const = 0;
+
+    // Every option with its value as a read shows it (what re-creates the
+    // device). Control thread.
     virtual const option_set& options() const = 0;
 
-    // Counters and target state for `softblk list --json`. Any thread.
+    // Counters and target state for `softblk list --json`. Control thread
+    // (the counters themselves are read without locks).
     virtual void describe(nlohmann::json& out) const = 0;
 
-    // Bytes of RAM held for data.
+    // Bytes of RAM held for data (kept while powered off).
     virtual uint64_t memory_bytes() const = 0;
 };
 
@@ -272,5 +323,21 @@ std::span<const option_def> core_options();
 // Every option a target type accepts (core + target), for `softblk
 // features` and documentation.
 std::vector<option_def> options_for(std::string_view type);
+
+// null_blk's module parameters for target type `type` ("gb=1", "bs=4096",
+// "poll_queues=4"): defaults that every device of the type made afterwards
+// starts from (device::create parses them before its own options and
+// counts them as given, so they are persisted with the device), and the
+// limit of poll_queues (null_blk clamps a device's poll_queues to the
+// module's). Replaces earlier defaults. Errors as option_set::parse_values,
+// and EPERM for an option that is not a module parameter of null_blk's
+// (power, index, badblocks, the fault-injection fields). Control thread,
+// before devices are made.
+result<void> set_option_defaults(std::string_view type, std::span<const std::string> args);
+std::vector<std::string> option_defaults(std::string_view type);
+
+// The number of CPUs the kernel could run (nr_cpu_ids: the count in
+// /sys/devices/system/cpu/possible), to which null_blk clamps submit_queues.
+unsigned possible_cpus();
 
 }  // namespace softblk

@@ -3,11 +3,13 @@
 // starts one on a device. The daemon knows no front end by name.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -52,6 +54,32 @@ public:
     // so that it does not pull a device from under a mounted file system.
     // Control thread; answers at once.
     virtual std::string in_use() const { return {}; }
+
+    // Export options that make the export started again after a power
+    // cycle reach the same kernel device (ublk: "id=N", the same
+    // /dev/ublkbN); empty when there is no such thing. The daemon adds the
+    // ones the user did not give, and starts without them if the device is
+    // taken meanwhile. Control thread.
+    virtual std::vector<std::string> restart_options() const { return {}; }
+};
+
+// An export whose state outlives its process under a run directory (ublk's
+// RUN_DIR/ublk/NAME.json), as its front end sees it now: what re-creates
+// the device and the export, and whether starting that export takes over
+// what the dead process left.
+struct saved_export {
+    std::string device;                       // the device's name
+    std::string target_type;                  // device::create(device, target_type,
+    std::vector<std::string> device_options;  //                device_options)
+    std::vector<std::string> export_options;  // start_export(..., export_options)
+    // Starting the export on a device of this name, re-created as above,
+    // takes over what was left (ublk: START/END_USER_RECOVERY on the same
+    // /dev/ublkbN) instead of starting afresh: its process is gone and the
+    // kernel kept the device for it.
+    bool recoverable = false;
+    // The front end's own view, for people and tests, e.g. {"dev_id": 0,
+    // "state": "QUIESCED", "daemon_pid": 4711}.
+    nlohmann::json state = nlohmann::json::object();
 };
 
 struct export_type {
@@ -65,6 +93,16 @@ struct export_type {
     // Removes what a crashed daemon left behind under ctx.run_dir (stale
     // FUSE mounts, loop devices, sockets). May be empty. Control thread.
     std::function<void(const export_context& ctx)> cleanup_stale;
+    // Every export of this type whose state survives under ctx.run_dir
+    // (what `cleanup_stale` keeps because a later process can take it
+    // over, and the exports running now), in name order. May be empty: the
+    // type keeps no state across processes. Control thread.
+    std::function<result<std::vector<saved_export>>(const export_context& ctx)> saved_exports = {};
+    // What this machine offers the front end beyond `available` (ublk: the
+    // kernel driver's feature bits by name), as a JSON object; the error
+    // says why the front end could not be asked. May be empty (nothing to
+    // report). Control thread.
+    std::function<result<nlohmann::json>()> host_features = {};
     // True when this front end works on this machine now (e.g. /dev/fuse
     // or /dev/ublk-control exists). May be empty (always available).
     std::function<bool()> available;
@@ -75,6 +113,12 @@ struct export_type {
     // management, zone append). start_export refuses a zoned device to one
     // that does not.
     bool zoned = false;
+    // The largest logical block size the front end carries with these
+    // export options, and why (e.g. {4096, "ublk_drv limits logical_bs_shift
+    // to the page size"}); start_export refuses a device with larger blocks,
+    // naming the limit. Empty: no limit of its own.
+    std::function<std::pair<uint32_t, std::string>(std::span<const std::string> options)>
+        max_block_size = {};
 };
 
 // Starts `type` on `dev`: what every caller uses instead of calling

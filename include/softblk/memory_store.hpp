@@ -112,9 +112,11 @@ inline constexpr option_def k_memory_limit_option = {
     .unit = "MiB",
     .help =
         "most RAM the device's data may take (with memory_backed=1); writes that need more fail "
-        "with ENOSPC, discard gives memory back; 0: only the daemon's budget limits it",
+        "with ENOSPC, discard gives memory back; 0: only the daemon's budget limits it; changes "
+        "at any time",
     .min = 0,
     .max = (uint64_t{1} << 44) - 1,
+    .update = option_update::live,
 };
 
 class memory_store {
@@ -182,6 +184,9 @@ public:
     virtual uint64_t contended() const = 0;
     // The store's own budget (limit = config::limit_bytes). Any thread.
     virtual const memory_budget& budget() const = 0;
+    // Changes the store's own limit (memory_limit written while the device
+    // runs); what is held stays. Any thread.
+    virtual void set_limit(uint64_t limit_bytes) = 0;
 
     virtual uint64_t capacity_bytes() const = 0;
     virtual uint32_t block_size() const = 0;

@@ -71,6 +71,24 @@ public:
     virtual bool timed_out(io_request& request) { return true; }
 };
 
+// Media errors that a decorator injects (bad blocks) and that a target
+// applies to its writes itself, because only it knows where a write lands
+// and in which order the checks come: a zoned target checks a zone
+// append's real position, after the zone-state checks and the implicit
+// open, as null_blk does (drivers/block/null_blk/zoned.c, null_zone_write).
+class media_errors {
+public:
+    // For a write of `length` bytes at `offset`: -1 when no bad block is
+    // met, else the bytes to transfer before the write fails with -EIO (0:
+    // none; badblocks_partial_io: the whole blocks before the first bad
+    // one). Counts the failure and, with badblocks_once, clears the bad
+    // record met. Any queue thread.
+    virtual int64_t check_write(uint64_t offset, uint32_t length) = 0;
+
+protected:
+    ~media_errors() = default;
+};
+
 // The target as a whole.
 class target {
 public:
@@ -93,8 +111,19 @@ public:
 
     // power=0 / power=1 (null_blk's `power` attribute). Powering off drops
     // what a volatile cache held and was not flushed. Control thread, with
-    // no I/O in flight.
+    // no I/O in flight. (The core destroys the target when its device is
+    // powered off and makes a new one at power on; this tells the target
+    // first.)
     virtual void set_power(bool on) {}
+
+    // Applies a change of one of its own `live` or `powered_on` options
+    // (option_update) while the device is powered on: `options` holds every
+    // value with the new one. Returns an error with the errno a configfs
+    // write would give (the device then keeps the old value). The default
+    // knows no option (EOPNOTSUPP: a table that declares an option live
+    // must have a target that applies it). Control thread; I/O may be in
+    // flight.
+    virtual result<void> apply_option(const option_def& def, const option_set& options);
 
     // Bytes of memory the target holds for data (the memory store, the
     // cache); for benchmarks and `softblk list`.
@@ -102,6 +131,21 @@ public:
 
     // State for `softblk list --json`: counters, cache fill, bad blocks...
     virtual void describe(nlohmann::json& out) const {}
+
+    // A decorator that injects media errors offers them: a target that
+    // checks its writes itself (the zoned ones) keeps `errors` (which
+    // outlives it), calls it from its queues and returns true; the
+    // decorator then leaves writes and zone appends to it. The default
+    // declines: the decorator checks before the target. Control thread,
+    // before any queue is opened.
+    virtual bool take_media_errors(media_errors* errors) { return false; }
+
+    // null_blk's zone_readonly / zone_offline attributes: the sequential
+    // zone holding `offset` (bytes) becomes read-only or offline; asking
+    // again for the condition it has makes it empty again. Any thread, safe
+    // against I/O. Errors name the attribute and the cause. The default:
+    // -EOPNOTSUPP (no zoned model with such zones).
+    virtual result<void> set_zone_condition(uint64_t offset, zone_condition condition);
 };
 
 // The answer to a report_extents request from `t.map_extents`: fills the
@@ -126,14 +170,38 @@ public:
         return _inner->map_extents(offset, length, out);
     }
     void set_power(bool on) override { _inner->set_power(on); }
+    result<void> apply_option(const option_def& def, const option_set& options) override
+    {
+        return _inner->apply_option(def, options);
+    }
     uint64_t memory_bytes() const override { return _inner->memory_bytes(); }
     void describe(nlohmann::json& out) const override { _inner->describe(out); }
+    bool take_media_errors(media_errors* errors) override
+    {
+        return _inner->take_media_errors(errors);
+    }
+    result<void> set_zone_condition(uint64_t offset, zone_condition condition) override
+    {
+        return _inner->set_zone_condition(offset, condition);
+    }
 
     target& inner() { return *_inner; }
     const target& inner() const { return *_inner; }
 
 protected:
     std::unique_ptr<target> _inner;
+};
+
+// What a target keeps while its device is powered off, and hands to the
+// target made at the next power on: null_blk keeps a device's data in the
+// configfs item (nullb_device), not in the disk (nullb), so `power=0`,
+// attribute changes and `power=1` bring the same data back. Owned by the
+// device (shared with the target while powered on).
+class target_data {
+public:
+    virtual ~target_data() = default;
+    // Bytes of RAM it holds (shown while the device is powered off).
+    virtual uint64_t memory_bytes() const { return 0; }
 };
 
 // ---------------------------------------------------------------- registry
@@ -154,6 +222,22 @@ struct target_type {
     // sets submit_queues to the number of NUMA nodes). 0 keeps
     // submit_queues. Called before create.
     std::function<unsigned(const option_set& options)> submit_queues;
+    // Optional, used instead of `create` when given: null_blk's power on.
+    // Applies what the kernel counterpart clamps and ignores at power on
+    // (null_validate_conf), writing the effective values back into
+    // `options` (a later read shows them) and adding a line to `notes` for
+    // each value ignored; then makes the target, reusing `kept` (what the
+    // device kept from the previous power on, nullptr the first time) and
+    // leaving in it what must outlive the power-off (the data). The core
+    // has applied its own rules and the tables' ranges before. Control
+    // thread.
+    std::function<result<std::unique_ptr<target>>(
+        option_set& options, std::shared_ptr<target_data>& kept, std::vector<std::string>& notes)>
+        power_on = {};
+
+    // Optional: the same for the queue depth (zloop's queue_depth sets
+    // hw_queue_depth). 0 keeps hw_queue_depth. Called before create.
+    std::function<unsigned(const option_set& options)> queue_depth = {};
 };
 
 // Registers a target type; called from a static initialiser in the target's

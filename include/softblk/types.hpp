@@ -208,8 +208,11 @@ struct zone_descriptor {
     uint64_t start = 0;
     uint64_t length = 0;    // the zone's size
     uint64_t capacity = 0;  // writable bytes from `start`
-    // Absolute byte offset of the next write; for conventional zones and
-    // zones without a write pointer (offline, read-only), start + length.
+    // Absolute byte offset of the next write, as the device's model reports
+    // it: null_blk gives start + length for conventional zones and
+    // UINT64_MAX for read-only and offline zones, zloop UINT64_MAX for
+    // conventional and full zones (k_no_write_pointer in zone_engine.hpp).
+    // Front ends pass UINT64_MAX on as "all ones" in their own unit.
     uint64_t write_pointer = 0;
     zone_type type = zone_type::sequential_write_required;
     zone_condition condition = zone_condition::empty;

@@ -278,6 +278,25 @@ std::optional<result<nlohmann::json>> control_service::handle(const request& req
     if (m == "list") {
         return _host.list();
     }
+    if (m == "set" || m == "get") {
+        auto name = param_string(req.params, "name", true);
+        auto options = param_strings(req.params, m == "set" ? "options" : "keys");
+        auto force = param_bool(req.params, "force", false);
+        for (const auto* err :
+             {name ? nullptr : &name.error(), options ? nullptr : &options.error(),
+              force ? nullptr : &force.error()}) {
+            if (err != nullptr) {
+                return std::unexpected(*err);
+            }
+        }
+        if (m == "get") {
+            return _host.get(*name, *options);
+        }
+        if (!_stop_reason.empty()) {
+            return make_error(ESHUTDOWN, fmt::format("the daemon is stopping ({})", _stop_reason));
+        }
+        return _host.set(*name, *options, *force);
+    }
     if (m == "features") {
         auto type = param_string(req.params, "type", false);
         if (!type) {
@@ -292,8 +311,8 @@ std::optional<result<nlohmann::json>> control_service::handle(const request& req
         return shutdown(req.params);
     }
     return make_error(EOPNOTSUPP,
-                      fmt::format("unknown method '{}' (known: add, del, list, features, status, "
-                                  "shutdown)",
+                      fmt::format("unknown method '{}' (known: add, del, set, get, list, features, "
+                                  "status, shutdown)",
                                   m.size() > 64 ? m.substr(0, 64) + "..." : m));
 }
 
@@ -450,10 +469,30 @@ int run_daemon(const run_paths& paths, const daemon_options& options)
     {
         device_host host(export_context{.run_dir = paths.dir, .privileged = privileged},
                          paths.devices);
+        if (!options.module_parameters.empty()) {
+            // Checked by the command before the daemon started.
+            (void)set_option_defaults("null", options.module_parameters);
+            spdlog::info("module parameters for null devices: {}",
+                         fmt::join(options.module_parameters, " "));
+        }
         const nlohmann::json recovered = host.recover();
         if (!recovered["recovered"].empty() || !recovered["failed"].empty()) {
             spdlog::info("recovery: {} device(s) re-created, {} failed",
                          recovered["recovered"].size(), recovered["failed"].size());
+        }
+        // null_blk's nr_devices: that many devices with the module's
+        // defaults, named as the module names them (a name recovery brought
+        // back counts).
+        for (unsigned i = 0; i < options.nr_devices; ++i) {
+            add_request req;
+            req.type = "null";
+            req.name = fmt::format("nullb{}", i);
+            if (host.contains(req.name)) {
+                continue;
+            }
+            if (auto added = host.add(req); !added) {
+                spdlog::error("nr_devices: {}: {}", req.name, added.error().message);
+            }
         }
         server_limits limits;
         limits.request_timeout = options.client_timeout;

@@ -3,6 +3,8 @@
 //
 //   add       {type, name?, options: ["k=v"...], export?, export_options?}
 //   del       {name} or {all: true}
+//   set       {name, options: ["k=v"...], force?} -> configfs writes (power too)
+//   get       {name, keys?: [...]}  -> {values: {key: text}, power, export}
 //   list      {}            -> [device::describe() + state + memory + export]
 //   features  {type?}       -> targets with options, export types
 //   status    {}            -> pid, uid, run_dir, devices, uptime, state, memory
@@ -42,6 +44,12 @@ struct daemon_options {
     // up on it (it goes on stopping in the background; at exit the daemon
     // leaves it behind).
     std::chrono::milliseconds stop_timeout{30'000};
+    // null_blk's module parameters for null devices ("gb=1", "bs=4096",
+    // "poll_queues=2"; set_option_defaults) and nr_devices, the number of
+    // devices nullb0.. to make at start (null_blk's default is 1, the
+    // daemon's 0: a daemon started on demand makes none).
+    std::vector<std::string> module_parameters;
+    unsigned nr_devices = 0;
 };
 
 // Answers the protocol's methods and runs the daemon's shutdown, on the

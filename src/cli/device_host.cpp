@@ -82,13 +82,36 @@ nlohmann::json option_json(const option_def& def)
     o["unit"] = def.unit;
     o["help"] = def.help;
     if (def.kind == option_kind::integer) {
+        const uint64_t width = def.bits >= 64 ? UINT64_MAX : (uint64_t{1} << def.bits) - 1;
         o["min"] = def.min;
-        o["max"] = def.max;
+        o["max"] = std::min(def.max, width);
+        o["bits"] = def.bits;
         o["out_of_range"] = def.range == option_range::clamp ? "clamp" : "reject";
     } else if (def.kind == option_kind::signed_integer) {
         o["min"] = def.smin;
         o["max"] = def.smax;
         o["out_of_range"] = def.range == option_range::clamp ? "clamp" : "reject";
+    }
+    // When it may change (option_update): configfs' rules.
+    switch (def.update) {
+    case option_update::powered_off:
+        o["changes"] = "powered off";
+        break;
+    case option_update::live:
+        o["changes"] = "any time";
+        break;
+    case option_update::reconfigure:
+        o["changes"] = "queues re-made";
+        break;
+    case option_update::powered_on:
+        o["changes"] = "powered on";
+        break;
+    case option_update::creation:
+        o["changes"] = "at creation";
+        break;
+    }
+    if (def.write_only) {
+        o["write_only"] = true;
     }
     if (!def.alias.empty()) {
         o["alias"] = def.alias;
@@ -231,7 +254,11 @@ result<nlohmann::json> features_json(std::string_view type)
     for (const export_type* e : export_types()) {
         nlohmann::json options = nlohmann::json::array();
         for (const option_def& def : e->options) {
-            options.push_back(option_json(def));
+            // Export options are given when the export starts, not
+            // written as device attributes: no update rule to show.
+            nlohmann::json o = option_json(def);
+            o.erase("changes");
+            options.push_back(std::move(o));
         }
         out["exports"].push_back({{"name", e->name},
                                   {"description", e->description},
@@ -273,11 +300,6 @@ std::string device_host::next_name(std::string_view type) const
 
 result<void> device_host::create(hosted_device& entry)
 {
-    auto dev = device::create(entry.name, entry.type, entry.options);
-    if (!dev) {
-        return std::unexpected(dev.error());
-    }
-    std::unique_ptr<device_export> exp;
     if (entry.export_type != "none") {
         const export_type* type = find_export_type(entry.export_type);
         if (type == nullptr) {
@@ -294,18 +316,78 @@ result<void> device_host::create(hosted_device& entry)
                               fmt::format("export type '{}' is not available on this machine ({})",
                                           entry.export_type, type->description));
         }
-        auto started = start_export(*type, **dev, _ctx, entry.export_options);
-        if (!started) {
-            error err = started.error();
-            err.message = fmt::format("export {}: {}", entry.export_type, err.message);
-            return std::unexpected(std::move(err));
-        }
-        exp = std::move(*started);
     }
-    entry.options = given_options((*dev)->options());
+    auto dev = device::create(entry.name, entry.type, entry.options);
+    if (!dev) {
+        return std::unexpected(dev.error());
+    }
     entry.dev = std::move(*dev);
-    entry.exp = std::move(exp);
+    if (entry.dev->powered()) {
+        if (auto started = start_entry_export(entry); !started) {
+            entry.dev.reset();
+            return started;
+        }
+    }
+    entry.options = given_options(entry.dev->options());
     entry.failure.clear();
+    return {};
+}
+
+result<void> device_host::start_entry_export(hosted_device& entry)
+{
+    if (entry.export_type == "none") {
+        return {};
+    }
+    const export_type* type = find_export_type(entry.export_type);
+    if (type == nullptr) {
+        return make_error(ENOENT, fmt::format("unknown export type '{}'", entry.export_type));
+    }
+    std::vector<std::string> options = entry.export_options;
+    for (const std::string& r : entry.restart_options) {
+        const std::string_view key = option_key(r);
+        if (std::none_of(options.begin(), options.end(),
+                         [&](const std::string& o) { return option_key(o) == key; })) {
+            options.push_back(r);
+        }
+    }
+    auto started = start_export(*type, *entry.dev, _ctx, options);
+    if (!started && options.size() != entry.export_options.size()) {
+        // The kernel device it had is taken: a new one.
+        spdlog::info("{}: export {} cannot have [{}] again ({}); starting a new one", entry.name,
+                     entry.export_type, fmt::join(entry.restart_options, " "),
+                     started.error().message);
+        started = start_export(*type, *entry.dev, _ctx, entry.export_options);
+    }
+    if (!started) {
+        error err = started.error();
+        err.message = fmt::format("export {}: {}", entry.export_type, err.message);
+        return std::unexpected(std::move(err));
+    }
+    entry.exp = std::move(*started);
+    return {};
+}
+
+result<void> device_host::stop_entry_export(hosted_device& entry, bool force)
+{
+    if (!entry.exp) {
+        return {};
+    }
+    if (!force) {
+        if (std::string why = entry.exp->in_use(); !why.empty()) {
+            return make_error(EBUSY, fmt::format("{}: the {} export is in use ({}); unmount it "
+                                                 "first, or force",
+                                                 entry.name, entry.export_type, why));
+        }
+    }
+    entry.restart_options = entry.exp->restart_options();
+    if (auto stopped = entry.exp->stop(); !stopped) {
+        if (!force) {
+            return stopped;
+        }
+        spdlog::warn("{}: export {} stopped by force: {}", entry.name, entry.export_type,
+                     stopped.error().message);
+    }
+    entry.exp.reset();
     return {};
 }
 
@@ -365,21 +447,168 @@ result<nlohmann::json> device_host::add(const add_request& request)
         return std::unexpected(written.error());
     }
     ++_next_sequence;
-    spdlog::info("added {} {} [{}] export {} [{}]", entry.name, entry.type,
+    spdlog::info("added {} {} [{}] export {} [{}]{}", entry.name, entry.type,
                  fmt::join(entry.options, " "), entry.export_type,
-                 fmt::join(entry.export_options, " "));
+                 fmt::join(entry.export_options, " "), entry.dev->powered() ? "" : " powered off");
+    for (const std::string& note : entry.dev->notes()) {
+        spdlog::info("{}: {}", entry.name, note);
+    }
     const std::string name = entry.name;
     auto [it, inserted] = _devices.emplace(name, std::move(entry));
+    return summary(it->second);
+}
+
+nlohmann::json device_host::summary(const hosted_device& entry) const
+{
     nlohmann::json out;
-    out["name"] = name;
-    out["type"] = it->second.type;
-    out["capacity_bytes"] = it->second.dev->limits().capacity_bytes;
-    out["logical_block_size"] = it->second.dev->limits().logical_block_size;
-    out["options"] = it->second.options;
-    nlohmann::json exp = it->second.exp ? it->second.exp->describe() : nlohmann::json::object();
-    exp["type"] = it->second.export_type;
+    out["name"] = entry.name;
+    out["type"] = entry.type;
+    out["power"] = entry.dev->powered() ? 1 : 0;
+    out["capacity_bytes"] = entry.dev->limits().capacity_bytes;
+    out["logical_block_size"] = entry.dev->limits().logical_block_size;
+    out["options"] = entry.options;
+    if (!entry.dev->notes().empty()) {
+        out["notes"] = entry.dev->notes();
+    }
+    nlohmann::json exp = entry.exp ? entry.exp->describe() : nlohmann::json::object();
+    exp["type"] = entry.export_type;
+    if (!entry.dev->powered() && entry.export_type != "none") {
+        exp["state"] = "powered off";
+    }
     out["export"] = std::move(exp);
     return out;
+}
+
+result<void> device_host::set_one(hosted_device& entry, std::string_view key,
+                                  std::string_view value, bool force)
+{
+    device& dev = *entry.dev;
+    const option_def* def = option_set::find_def(dev.options().defs(), key);
+    if (def != nullptr && def->name == "power") {
+        auto on = parse_kernel_bool(value);
+        if (!on) {
+            return make_error(
+                EINVAL, fmt::format("power={}: power takes 0 or 1 (also y/n, on/off)", value));
+        }
+        if (*on == dev.powered()) {
+            return {};  // configfs: writing the state it has does nothing
+        }
+        if (*on) {
+            if (auto r = dev.set_power(true); !r) {
+                return r;
+            }
+            if (auto r = start_entry_export(entry); !r) {
+                (void)dev.set_power(false);
+                return r;
+            }
+            return {};
+        }
+        if (auto r = stop_entry_export(entry, force); !r) {
+            return r;
+        }
+        return dev.set_power(false);
+    }
+    if (!dev.releases_queues(key)) {
+        return dev.set_option(key, value);
+    }
+    // The queues are made anew: the export lets go of them and comes back.
+    if (auto r = stop_entry_export(entry, force); !r) {
+        return r;
+    }
+    auto changed = dev.set_option(key, value);
+    if (auto r = start_entry_export(entry); !r) {
+        spdlog::error("{}: export {} did not come back after {}={}: {}", entry.name,
+                      entry.export_type, key, value, r.error().message);
+        return changed ? r : changed;
+    }
+    return changed;
+}
+
+result<nlohmann::json> device_host::set(std::string_view name,
+                                        const std::vector<std::string>& options, bool force)
+{
+    auto it = _devices.find(name);
+    if (it == _devices.end()) {
+        return make_error(ENOENT, fmt::format("no device named '{}'", name));
+    }
+    hosted_device& entry = it->second;
+    if (entry.stopping) {
+        return make_error(EBUSY, fmt::format("{} is being removed", entry.name));
+    }
+    if (!entry.dev) {
+        return make_error(EINVAL, fmt::format("{} failed to recover ({}); `softblk del {}` "
+                                              "removes it",
+                                              entry.name, entry.failure, entry.name));
+    }
+    std::vector<std::string> notes;
+    result<void> outcome;
+    for (const std::string& arg : options) {
+        const size_t eq = arg.find('=');
+        if (eq == std::string::npos || eq == 0) {
+            outcome = make_error(EINVAL, fmt::format("{}: expected key=value", arg));
+            break;
+        }
+        const std::string_view key = std::string_view(arg).substr(0, eq);
+        const std::string_view value = std::string_view(arg).substr(eq + 1);
+        outcome = set_one(entry, key, value, force);
+        for (const std::string& note : entry.dev->notes()) {
+            spdlog::info("{}: {}", entry.name, note);
+            notes.push_back(note);
+        }
+        if (!outcome) {
+            break;
+        }
+        spdlog::info("{}: {}", entry.name, arg);
+    }
+    // What was applied is recorded, even when a later write failed.
+    entry.options = given_options(entry.dev->options());
+    if (auto written = write_state(entry); !written && outcome) {
+        outcome = written;
+    }
+    if (!outcome) {
+        return std::unexpected(outcome.error());
+    }
+    nlohmann::json out = summary(entry);
+    out["notes"] = notes;
+    return out;
+}
+
+result<nlohmann::json> device_host::get(std::string_view name,
+                                        const std::vector<std::string>& keys) const
+{
+    auto it = _devices.find(name);
+    if (it == _devices.end()) {
+        return make_error(ENOENT, fmt::format("no device named '{}'", name));
+    }
+    const hosted_device& entry = it->second;
+    if (entry.stopping || !entry.dev) {
+        return make_error(entry.stopping ? EBUSY : EINVAL,
+                          fmt::format("{} is {}", entry.name,
+                                      entry.stopping ? "being removed" : "a failed recovery"));
+    }
+    std::vector<std::string> wanted = keys;
+    if (wanted.empty()) {
+        for (const option_def& def : entry.dev->options().defs()) {
+            if (def.update != option_update::creation && !def.write_only) {
+                wanted.emplace_back(def.name);
+            }
+        }
+    }
+    nlohmann::json values = nlohmann::json::object();
+    for (const std::string& key : wanted) {
+        auto text = entry.dev->get_option(key);
+        if (!text) {
+            return std::unexpected(text.error());
+        }
+        values[key] = *text;
+    }
+    nlohmann::json exp = entry.exp ? entry.exp->describe() : nlohmann::json::object();
+    exp["type"] = entry.export_type;
+    return nlohmann::json{{"name", entry.name},
+                          {"type", entry.type},
+                          {"power", entry.dev->powered() ? 1 : 0},
+                          {"values", values},
+                          {"export", exp}};
 }
 
 result<void> device_host::begin_remove(std::string_view name, bool keep_state, bool force)
@@ -631,7 +860,7 @@ nlohmann::json device_host::entry_json(const hosted_device& entry) const
                                .count();
     } else if (entry.dev) {
         entry.dev->describe(d);
-        d["state"] = "running";
+        d["state"] = entry.dev->powered() ? "running" : "off";
         // Data memory against the budgets: the device's own limit (a target
         // with a memory store reports it, memory_store.hpp) and the
         // daemon's, which every device shares.

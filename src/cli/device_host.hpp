@@ -55,10 +55,30 @@ public:
     device_host(const device_host&) = delete;
     device_host& operator=(const device_host&) = delete;
 
-    // Creates, exports and records a device. On any error nothing is left
-    // behind. Returns {name, type, capacity_bytes, logical_block_size,
-    // export: {type, ...the export's describe()}}. Control thread.
+    // Creates, exports and records a device; with power=0 among the options
+    // the device is made powered off and exported when powered on (`set`).
+    // On any error nothing is left behind. Returns {name, type, power,
+    // capacity_bytes, logical_block_size, options, notes?, export: {type,
+    // ...the export's describe()}}. Control thread.
     result<nlohmann::json> add(const add_request& request);
+
+    // Configfs writes to device `name`, in order ("key=value"): the
+    // device's rules (device::set_option: EBUSY, EINVAL ... with the
+    // kernel's errno); power=1 powers the device on and starts its export
+    // (reaching the same kernel device as before where the front end can),
+    // power=0 stops the export (refused while it is in use unless `force`)
+    // and powers off; an attribute whose change re-creates the queues
+    // (submit_queues, poll_queues while powered on) restarts the export
+    // around it. Stops at the first error; what was applied before stays
+    // and is recorded. Returns {name, power, options, notes, export}.
+    // Control thread.
+    result<nlohmann::json> set(std::string_view name, const std::vector<std::string>& options,
+                               bool force);
+
+    // Configfs reads of device `name`: {name, type, power, values: {key:
+    // text}, export}
+    // for `keys` (every readable attribute when empty). Control thread.
+    result<nlohmann::json> get(std::string_view name, const std::vector<std::string>& keys) const;
 
     // Starts removing device `name`: its export stops and the device is
     // destroyed on a teardown thread. `keep_state`: its state file stays
@@ -146,9 +166,22 @@ private:
         std::unique_ptr<device_export> exp;
         std::string failure;                 // recovery failed: why (dev is null)
         std::shared_ptr<teardown> stopping;  // being removed
+        // Export options that reach the same kernel device again after a
+        // power cycle (device_export::restart_options); this daemon only.
+        std::vector<std::string> restart_options;
     };
 
     result<void> create(hosted_device& entry);
+    // Starts the entry's export on its powered-on device (nothing for
+    // "none"). Control thread.
+    result<void> start_entry_export(hosted_device& entry);
+    // Stops the entry's export (refused while in use unless `force`).
+    result<void> stop_entry_export(hosted_device& entry, bool force);
+    // One configfs write (set's body).
+    result<void> set_one(hosted_device& entry, std::string_view key, std::string_view value,
+                         bool force);
+    // The reply of add and set.
+    nlohmann::json summary(const hosted_device& entry) const;
     result<void> write_state(const hosted_device& entry) const;
     std::string state_path(std::string_view name) const;
     std::string next_name(std::string_view type) const;

@@ -20,6 +20,7 @@
 #include "daemon.hpp"
 #include "device_host.hpp"
 #include "memory_limit.hpp"
+#include "nullb_fs.hpp"
 #include "run_dir.hpp"
 
 #ifdef SOFTBLK_HAVE_UBLK
@@ -198,6 +199,72 @@ int run_add(const add_command& cmd)
     for (const auto& [key, value] : export_paths(exp)) {
         fmt::print("  {}: {}\n", key, value);
     }
+    for (const json& note : res->value("notes", json::array())) {
+        fmt::print("  note: {}\n", note.get<std::string>());
+    }
+    return 0;
+}
+
+// ------------------------------------------------------------------ set, get
+
+int run_set(const std::string& name, const std::vector<std::string>& options, bool force,
+            bool json_output)
+{
+    if (options.empty()) {
+        fmt::print(stderr, "softblk set: give key=value ... (e.g. power=0 badblocks=+0-7)\n");
+        return k_exit_usage;
+    }
+    auto client = connect(true);
+    if (!client) {
+        return fail(client.error());
+    }
+    auto res = client->call("set", {{"name", name}, {"options", options}, {"force", force}});
+    if (!res) {
+        return fail(res.error());
+    }
+    if (json_output) {
+        fmt::print("{}\n", dump(*res));
+        return 0;
+    }
+    const json exp = res->value("export", json::object());
+    fmt::print("{} power={} export {}\n", name, res->value("power", 0), export_summary(exp));
+    for (const json& note : res->value("notes", json::array())) {
+        fmt::print("  note: {}\n", note.get<std::string>());
+    }
+    return 0;
+}
+
+int run_get(const std::string& name, const std::vector<std::string>& keys, bool json_output)
+{
+    auto client = connect(true);
+    if (!client) {
+        return fail(client.error());
+    }
+    auto res = client->call("get", {{"name", name}, {"keys", keys}});
+    if (!res) {
+        return fail(res.error());
+    }
+    if (json_output) {
+        fmt::print("{}\n", dump(*res));
+        return 0;
+    }
+    const json values = res->value("values", json::object());
+    if (keys.size() == 1) {
+        // As `cat` of the configfs file.
+        fmt::print("{}", values.value(keys[0], std::string()));
+        return 0;
+    }
+    for (const auto& [key, value] : values.items()) {
+        std::string text = value.get<std::string>();
+        if (!text.empty() && text.back() == '\n') {
+            text.pop_back();
+        }
+        // Several lines (badblocks): one per line, indented.
+        for (size_t pos = 0; (pos = text.find('\n', pos)) != std::string::npos; pos += 3) {
+            text.replace(pos, 1, "\n  ");
+        }
+        fmt::print("{}={}\n", key, text);
+    }
     return 0;
 }
 
@@ -259,6 +326,14 @@ int run_list(bool json_output)
     json daemon_memory;
     for (const json& d : *res) {
         const std::string state = d.value("state", std::string("?"));
+        if (state == "off") {
+            const json exp = d.value("export", json::object());
+            fmt::print("{:<16} {:<6} {:>10} {:>5} {:>6} {:>5} {:>21}  {:<8} {}\n",
+                       d.value("name", std::string()), d.value("type", std::string()), "-", "-",
+                       "-", "-", human_bytes(d.value("memory_bytes", uint64_t{0})), state,
+                       exp.value("type", std::string("none")));
+            continue;
+        }
         if (state != "running") {
             fmt::print("{:<16} {:<6} {:>10} {:>5} {:>6} {:>5} {:>21}  {:<8} {}\n",
                        d.value("name", std::string()), d.value("type", std::string()), "-", "-",
@@ -299,8 +374,8 @@ int run_list(bool json_output)
 // The OPTION / DEFAULT / UNIT / RANGE / MEANING table of option_json()s.
 void print_option_table(const json& options)
 {
-    fmt::print("  {:<22} {:>10} {:<18} {:<24} {}\n", "OPTION", "DEFAULT", "UNIT", "RANGE",
-               "MEANING");
+    fmt::print("  {:<22} {:>10} {:<18} {:<24} {:<14} {}\n", "OPTION", "DEFAULT", "UNIT", "RANGE",
+               "CHANGES", "MEANING");
     for (const json& o : options) {
         std::string range;
         if (o.contains("min")) {
@@ -318,8 +393,9 @@ void print_option_table(const json& options)
         if (o.value("repeatable", false)) {
             range += ", repeatable";
         }
-        fmt::print("  {:<22} {:>10} {:<18} {:<24} {}\n", name, o["default"].get<std::string>(),
-                   o["unit"].get<std::string>(), range, o["help"].get<std::string>());
+        fmt::print("  {:<22} {:>10} {:<18} {:<24} {:<14} {}\n", name,
+                   o["default"].get<std::string>(), o["unit"].get<std::string>(), range,
+                   o.value("changes", std::string("-")), o["help"].get<std::string>());
     }
 }
 
@@ -329,6 +405,12 @@ int run_features(const std::string& type, bool json_output)
     if (!features) {
         return fail(features.error());
     }
+#ifdef SOFTBLK_NOT_BUILT
+    // Optional target types this build left out, and why.
+    if (type.empty()) {
+        (*features)["not_built"] = json::array({SOFTBLK_NOT_BUILT});
+    }
+#endif
     if (json_output) {
         fmt::print("{}\n", dump(*features));
         return 0;
@@ -338,6 +420,9 @@ int run_features(const std::string& type, bool json_output)
                    t["description"].get<std::string>());
         print_option_table(t["options"]);
         fmt::print("\n");
+    }
+    for (const json& n : features->value("not_built", json::array())) {
+        fmt::print("target type {} (not built)\n\n", n.get<std::string>());
     }
     fmt::print("export types (default: {}):\n", (*features)["default_export"].get<std::string>());
     for (const json& e : (*features)["exports"]) {
@@ -372,6 +457,7 @@ int run_features(const std::string& type, bool json_output)
 // ------------------------------------------------------------------ daemon
 
 struct daemon_command {
+    std::vector<std::string> module_parameters;  // null_blk's, nr_devices included
     bool foreground = false;
     bool quiet = false;
     int client_timeout_ms = 10'000;
@@ -395,8 +481,29 @@ int run_daemon_command(const daemon_command& cmd)
     if (!memory) {
         return fail(memory.error());
     }
+    // null_blk's module parameters, checked here so that a bad one is
+    // reported to the user, not only in the background daemon's log.
+    std::vector<std::string> module_parameters;
+    unsigned nr_devices = 0;
+    for (const std::string& p : cmd.module_parameters) {
+        if (p.starts_with("nr_devices=")) {
+            auto n = softblk::parse_kernel_unsigned(std::string_view(p).substr(11), 1024);
+            if (!n) {
+                fmt::print(stderr, "softblk daemon: {}: nr_devices takes 0 to 1024 devices\n", p);
+                return k_exit_usage;
+            }
+            nr_devices = static_cast<unsigned>(*n);
+        } else {
+            module_parameters.push_back(p);
+        }
+    }
+    if (auto checked = softblk::set_option_defaults("null", module_parameters); !checked) {
+        return fail(checked.error());
+    }
     if (cmd.foreground) {
         softblk::cli::daemon_options options;
+        options.module_parameters = module_parameters;
+        options.nr_devices = nr_devices;
         options.log_to_stderr = !cmd.quiet;
         options.client_timeout = std::chrono::milliseconds(cmd.client_timeout_ms);
         options.memory = *memory;
@@ -413,6 +520,7 @@ int run_daemon_command(const daemon_command& cmd)
     if (!cmd.memory_limit.empty()) {
         args.insert(args.end(), {"--memory-limit", cmd.memory_limit});
     }
+    args.insert(args.end(), cmd.module_parameters.begin(), cmd.module_parameters.end());
     auto started = softblk::cli::start_daemon(*paths, std::chrono::seconds(60), args);
     if (!started) {
         return fail(started.error());
@@ -518,13 +626,16 @@ int main(int argc, char** argv)
         "`softblk fat ...` works on FAT file systems on softblk devices and images.");
 
     add_command add;
-    CLI::App* add_cmd = app.add_subcommand("add", "create a device and export it");
+    CLI::App* add_cmd =
+        app.add_subcommand("add",
+                           "create a device and export it (with power=0: made powered off, "
+                           "exported when `softblk set NAME power=1`)");
     add_cmd->add_option("type", add.type, "target type (see `softblk features`)")->required();
     add_cmd->add_option("options", add.options, "null_blk-style options: key=value ...");
     add_cmd->add_option("--name", add.name, "device name (default: TYPE + the lowest free number)");
-    add_cmd->add_option(
-        "--export", add.export_type,
-        "export type: ublk, fuse, nbd or none (default: the first available of ublk, fuse)");
+    add_cmd->add_option("--export", add.export_type,
+                        "export type: ublk, fuse, nbd, vhost-user-blk or none (default: the first "
+                        "available of ublk, fuse)");
     add_cmd->add_option("--export-opt", add.export_options, "export option key=value (repeatable)")
         ->allow_extra_args(false);
     add_cmd->add_option("--size", add.flags.size,
@@ -535,6 +646,47 @@ int main(int argc, char** argv)
     add_cmd->add_option("--queues", add.flags.queues, "submission queues: submit_queues=");
     add_cmd->add_option("--depth", add.flags.depth, "tags per queue: hw_queue_depth=");
     add_cmd->add_flag("--json", add.json_output, "print the result as JSON");
+
+    std::string set_name;
+    std::vector<std::string> set_options;
+    bool set_force = false;
+    bool set_json = false;
+    CLI::App* set_cmd = app.add_subcommand(
+        "set", "write device attributes as configfs does (power=0/1, badblocks=+S-E, ...)");
+    set_cmd->add_option("name", set_name, "device name")->required();
+    set_cmd->add_option("options", set_options, "key=value ..., applied in order")->required();
+    set_cmd->add_flag("--force", set_force,
+                      "power=0 (or a queue change) even while the export is in use: a mounted "
+                      "file system then gets I/O errors");
+    set_cmd->add_flag("--json", set_json, "print JSON");
+
+    std::string get_name;
+    std::vector<std::string> get_keys;
+    bool get_json = false;
+    CLI::App* get_cmd = app.add_subcommand(
+        "get", "read device attributes as configfs shows them (all readable ones by default)");
+    get_cmd->add_option("name", get_name, "device name")->required();
+    get_cmd->add_option("keys", get_keys, "attribute names (one: its value as `cat` shows it)");
+    get_cmd->add_flag("--json", get_json, "print JSON");
+
+    softblk::cli::nullb_fs_options nullb;
+    std::string nullb_umount_dir;
+    CLI::App* nullb_cmd = app.add_subcommand(
+        "nullb", "a directory shaped like null_blk's /sys/kernel/config/nullb (FUSE)");
+    nullb_cmd->require_subcommand(1);
+    CLI::App* nullb_mount_cmd = nullb_cmd->add_subcommand(
+        "mount", "serve the tree at DIR: mkdir DIR/NAME, echo 1 > DIR/NAME/power, rmdir ...");
+    nullb_mount_cmd->add_option("dir", nullb.mount_point, "an existing directory")->required();
+    nullb_mount_cmd->add_flag("--foreground", nullb.foreground,
+                              "serve in this process until unmounted");
+    nullb_mount_cmd->add_option("--export", nullb.export_type,
+                                "export type of the devices made by mkdir (default: as `add`)");
+    nullb_mount_cmd
+        ->add_option("--export-opt", nullb.export_options,
+                     "their export options key=value (repeatable)")
+        ->allow_extra_args(false);
+    CLI::App* nullb_umount_cmd = nullb_cmd->add_subcommand("umount", "unmount the tree at DIR");
+    nullb_umount_cmd->add_option("dir", nullb_umount_dir, "its mount point")->required();
 
     std::vector<std::string> del_names;
     bool del_all = false;
@@ -558,6 +710,10 @@ int main(int argc, char** argv)
     daemon_command daemon;
     CLI::App* daemon_cmd =
         app.add_subcommand("daemon", "start the daemon (normally started by the first command)");
+    daemon_cmd->add_option("module_parameters", daemon.module_parameters,
+                           "null_blk's module parameters for null devices (gb=1 bs=4096 "
+                           "poll_queues=2 ...) and nr_devices=N: that many devices nullb0.. "
+                           "with them at start");
     daemon_cmd->add_flag("--foreground", daemon.foreground,
                          "run in this process until shutdown, SIGTERM or SIGINT");
     daemon_cmd->add_flag("--quiet", daemon.quiet, "log to the log file only, not to stderr");
@@ -608,6 +764,22 @@ int main(int argc, char** argv)
 
     if (add_cmd->parsed()) {
         return run_add(add);
+    }
+    if (set_cmd->parsed()) {
+        return run_set(set_name, set_options, set_force, set_json);
+    }
+    if (get_cmd->parsed()) {
+        return run_get(get_name, get_keys, get_json);
+    }
+    if (nullb_mount_cmd->parsed()) {
+        auto paths = softblk::cli::resolve_run_paths();
+        if (!paths) {
+            return fail(paths.error());
+        }
+        return softblk::cli::run_nullb_fs(*paths, nullb);
+    }
+    if (nullb_umount_cmd->parsed()) {
+        return softblk::cli::unmount_nullb_fs(nullb_umount_dir);
     }
     if (del_cmd->parsed()) {
         return run_del(del_names, del_all);

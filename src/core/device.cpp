@@ -1,3 +1,6 @@
+// Devices: the core's option table, module-parameter defaults, creation,
+// power cycles and attribute changes (null_blk's configfs rules, Linux 6.12
+// drivers/block/null_blk/main.c; docs/null.md has the table).
 #include "device_impl.hpp"
 
 #include "decorators.hpp"
@@ -5,54 +8,68 @@
 #include <cerrno>
 #include <cstring>
 #include <fmt/core.h>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <thread>
+#include <unistd.h>
 
 namespace softblk {
 
 namespace {
 
+// The block layer's most tags per queue (BLK_MQ_MAX_DEPTH): more is
+// reduced to this when the tag set is made (the attribute keeps its value).
+constexpr uint64_t k_max_depth = 10240;
+// completion_nsec is an unsigned long; deadlines must not overflow.
+constexpr uint64_t k_max_completion_nsec = uint64_t{1} << 62;
+
 // The queue settings that every target type shares. Names, units and
-// defaults are null_blk's configfs attributes (Linux 6.12).
+// defaults are null_blk's configfs attributes (Linux 6.12); the rules that
+// apply at power on are in device_impl::apply_core_rules.
 constexpr option_def k_core_options[] = {
     {.name = "submit_queues",
      .kind = option_kind::integer,
      .default_value = "1",
      .unit = "",
-     .help = "number of submission queues; each is driven by its own thread",
-     .min = 1,
-     .max = 256},
+     .help = "submission queues, each driven by its own thread; at power on 0 becomes 1 and more "
+             "than the CPUs the CPU count (null_blk); changes while powered on re-create the "
+             "queues",
+     .bits = 32,
+     .update = option_update::reconfigure},
     {.name = "poll_queues",
      .kind = option_kind::integer,
      .default_value = "1",
      .unit = "",
-     .help = "number of poll queues (after the submission queues): completions only when polled",
-     .min = 0,
-     .max = 256},
+     .help = "poll queues (after the submission queues): completions only when polled; at most "
+             "the module's poll_queues (1 unless the daemon's module parameters say more)",
+     .bits = 32,
+     .update = option_update::reconfigure},
     {.name = "hw_queue_depth",
      .kind = option_kind::integer,
      .default_value = "64",
      .unit = "",
-     .help = "tags per queue (requests in flight per queue)",
+     .help = "tags per queue (requests in flight per queue); 0 fails at power on, more than 10240 "
+             "gives 10240 (the block layer's limit)",
      .min = 1,
-     .max = 4096},
+     .bits = 32},
     {.name = "irqmode",
      .kind = option_kind::integer,
      .default_value = "1",
      .unit = "",
-     .help = "completion mode: 0 inline, 1 deferred to the queue's loop (softirq), 2 timer",
+     .help = "completion mode: 0 inline, 1 deferred to the queue's loop (softirq), 2 timer; "
+             "larger values become 2 at power on",
      .min = 0,
-     .max = 2},
+     .max = 2,
+     .range = option_range::clamp,
+     .bits = 32},
     {.name = "completion_nsec",
      .kind = option_kind::integer,
      .default_value = "10000",
      .unit = "ns",
-     .help = "irqmode=2: time from the target's completion to the callback",
-     .min = 0,
-     .max = 60'000'000'000ull},
+     .help = "irqmode=2: time from the target's completion to the callback"},
     {.name = "shared_tags",
      .kind = option_kind::boolean,
      .default_value = "0",
@@ -70,12 +87,24 @@ constexpr option_def k_core_options[] = {
      .help = "the target may sleep while submitting (BLK_MQ_F_BLOCKING); see docs/null.md"},
     {.name = "io_timeout",
      .kind = option_kind::integer,
-     .default_value = "30000",
+     .default_value = "5000",
      .unit = "ms",
-     .help = "request timeout of the core (the block layer's queue/io_timeout)",
+     .help = "request timeout (null_blk's tag set: 5 s; the block queue's io_timeout), changes "
+             "at any time",
      .min = 1,
-     .max = 3'600'000},
+     .bits = 32,
+     .update = option_update::live},
+    {.name = "power",
+     .kind = option_kind::boolean,
+     .default_value = "0",
+     .unit = "",
+     .help = "1 powers the device on (creates the target and queues), 0 off (data and bad "
+             "blocks stay); `softblk add` powers on unless power=0 is given",
+     .update = option_update::live},
 };
+
+// Options that module parameters cannot preset (state, not configuration).
+constexpr std::string_view k_not_module_parameters[] = {"power", "index", "badblocks"};
 
 // shared_tags=1: one tag pool per queue index, shared by every device that
 // asks for it, alive while one of them is.
@@ -93,11 +122,96 @@ std::shared_ptr<core::shared_tag_pool> global_shared_tags(unsigned queue_index, 
     return pool;
 }
 
+struct type_defaults {
+    std::mutex lock;
+    std::map<std::string, std::vector<std::string>, std::less<>> args;
+};
+
+type_defaults& defaults_registry()
+{
+    static type_defaults d;
+    return d;
+}
+
+// null_blk's g_poll_queues: the module parameter, 1 by default.
+uint64_t poll_queue_limit(std::string_view type)
+{
+    const auto defs = options_for(type);
+    const auto defaults = option_defaults(type);
+    auto parsed = option_set::parse_values(defs, {}, defaults);
+    return parsed ? parsed->u64("poll_queues") : 1;
+}
+
 }  // namespace
 
 std::span<const option_def> core_options()
 {
     return k_core_options;
+}
+
+unsigned possible_cpus()
+{
+    // "0-3" or "0,2-5": the kernel's nr_cpu_ids is the highest + 1.
+    std::ifstream in("/sys/devices/system/cpu/possible");
+    std::string text;
+    unsigned highest = 0;
+    bool any = false;
+    if (std::getline(in, text)) {
+        size_t pos = 0;
+        while (pos < text.size()) {
+            size_t end = text.find(',', pos);
+            if (end == std::string::npos) {
+                end = text.size();
+            }
+            const std::string part = text.substr(pos, end - pos);
+            const size_t dash = part.find('-');
+            const std::string last = dash == std::string::npos ? part : part.substr(dash + 1);
+            if (auto n = parse_kernel_unsigned(last, 1u << 20)) {
+                highest = std::max(highest, static_cast<unsigned>(*n));
+                any = true;
+            }
+            pos = end + 1;
+        }
+    }
+    if (any) {
+        return highest + 1;
+    }
+    const long n = ::sysconf(_SC_NPROCESSORS_CONF);
+    return n > 0 ? static_cast<unsigned>(n) : 1;
+}
+
+result<void> set_option_defaults(std::string_view type, std::span<const std::string> args)
+{
+    if (find_target_type(type) == nullptr) {
+        return make_error(ENOENT, fmt::format("{}: unknown target type", type));
+    }
+    const auto defs = options_for(type);
+    for (const std::string& arg : args) {
+        const std::string_view key = std::string_view(arg).substr(0, arg.find('='));
+        const option_def* def = option_set::find_def(defs, key);
+        for (std::string_view no : k_not_module_parameters) {
+            if (def != nullptr && def->name == no) {
+                return make_error(EPERM, fmt::format("{}: not a module parameter (a device's "
+                                                     "state, set per device)",
+                                                     key));
+            }
+        }
+    }
+    if (auto parsed = option_set::parse_values(defs, args); !parsed) {
+        return std::unexpected(parsed.error());
+    }
+    auto& d = defaults_registry();
+    std::lock_guard guard(d.lock);
+    d.args[std::string(type)].assign(args.begin(), args.end());
+    return {};
+}
+
+std::vector<std::string> option_defaults(std::string_view type)
+{
+    auto& d = defaults_registry();
+    std::lock_guard guard(d.lock);
+    auto it = d.args.find(type);
+    return it == d.args.end() ? std::vector<std::string>{} : it->second;
 }
 
 int device::execute(io_op op, uint64_t offset, uint32_t length, void* buffer, uint32_t flags)
@@ -167,29 +281,23 @@ result<std::unique_ptr<device>> device::create(std::string name, std::string_vie
         }
         return make_error(ENOENT, fmt::format("{}: unknown target type (known: {})", type, known));
     }
-    auto defs = options_for(type);
-    auto options = option_set::parse(defs, args);
+    const auto defs = options_for(type);
+    const auto defaults = option_defaults(type);
+    auto options = option_set::parse_values(defs, args, defaults);
     if (!options) {
         return std::unexpected(options.error());
     }
-    queue_config queues = core::queue_config_from(*options);
-    if (tt->submit_queues) {
-        if (const unsigned n = tt->submit_queues(*options); n != 0) {
-            queues.submit_queues = n;
+    auto state = core::make_decorator_state(*options);
+    if (!state) {
+        return std::unexpected(state.error());
+    }
+    const bool power = !options->given("power") || options->flag("power");
+    auto dev = std::make_unique<core::device_impl>(std::move(name), *tt, std::move(*options),
+                                                   std::move(*state));
+    if (power) {
+        if (auto r = dev->set_power(true); !r) {
+            return std::unexpected(r.error());
         }
-    }
-    auto t = tt->create(*options);
-    if (!t) {
-        return std::unexpected(t.error());
-    }
-    auto decorated = core::apply_decorators(std::move(*t), *options, queues);
-    if (!decorated) {
-        return std::unexpected(decorated.error());
-    }
-    auto dev = std::make_unique<core::device_impl>(
-        std::move(name), std::string(type), std::move(*options), queues, std::move(*decorated));
-    if (auto r = dev->start(); !r) {
-        return std::unexpected(r.error());
     }
     return dev;
 }
@@ -201,9 +309,9 @@ queue_config queue_config_from(const option_set& o)
     queue_config q;
     q.submit_queues = static_cast<unsigned>(o.u64("submit_queues"));
     q.poll_queues = static_cast<unsigned>(o.u64("poll_queues"));
-    q.queue_depth = static_cast<unsigned>(o.u64("hw_queue_depth"));
-    q.mode = static_cast<completion_mode>(o.u64("irqmode"));
-    q.completion_nsec = o.u64("completion_nsec");
+    q.queue_depth = static_cast<unsigned>(std::min(o.u64("hw_queue_depth"), k_max_depth));
+    q.mode = static_cast<completion_mode>(std::min<uint64_t>(o.u64("irqmode"), 2));
+    q.completion_nsec = std::min(o.u64("completion_nsec"), k_max_completion_nsec);
     q.shared_tags = o.flag("shared_tags");
     q.shared_tag_bitmap = o.flag("shared_tag_bitmap");
     q.blocking = o.flag("blocking");
@@ -211,25 +319,99 @@ queue_config queue_config_from(const option_set& o)
     return q;
 }
 
-device_impl::device_impl(std::string name, std::string type, option_set options,
-                         queue_config queues, std::unique_ptr<target> t)
-    : _options(std::move(options)), _target(std::move(t))
+device_impl::device_impl(std::string name, const target_type& type, option_set options,
+                         std::shared_ptr<decorator_state> state)
+    : _type(type), _options(std::move(options)), _decorator_state(std::move(state))
 {
     _info.name = std::move(name);
-    _info.target_type = std::move(type);
-    _info.limits = _target->limits();
-    _info.queues = queues;
+    _info.target_type = std::string(type.name);
 }
 
 device_impl::~device_impl()
 {
     // Queues (and the target's halves) go before the target.
     _queues.clear();
+    _target.reset();
 }
 
-result<void> device_impl::start()
+void device_impl::apply_core_rules(option_set& o)
 {
-    const queue_config& q = _info.queues;
+    // null_validate_conf: per-node queues, then submit_queues within the
+    // CPUs and at least 1; poll_queues within the module's.
+    const uint64_t submit = o.u64("submit_queues");
+    const unsigned per_node = _type.submit_queues ? _type.submit_queues(o) : 0;
+    if (per_node != 0) {
+        if (submit != per_node) {
+            o.set_u64("submit_queues", per_node);
+        }
+    } else if (const unsigned cpus = possible_cpus(); submit > cpus) {
+        _notes.push_back(
+            fmt::format("submit_queues={} clamped to {} (the CPUs of this machine)", submit, cpus));
+        o.set_u64("submit_queues", cpus);
+    } else if (submit == 0) {
+        o.set_u64("submit_queues", 1);
+    }
+    const uint64_t poll_limit = poll_queue_limit(_info.target_type);
+    if (o.u64("poll_queues") > poll_limit) {
+        _notes.push_back(fmt::format(
+            "poll_queues={} clamped to {} (the module's poll_queues; set it with `softblk daemon "
+            "poll_queues=N`)",
+            o.u64("poll_queues"), poll_limit));
+        o.set_u64("poll_queues", poll_limit);
+    }
+    if (o.u64("hw_queue_depth") > k_max_depth) {
+        // blk_mq_alloc_tag_set: "reduced tag depth"; the attribute stays.
+        _notes.push_back(
+            fmt::format("hw_queue_depth={}: the queues have {} tags (the block "
+                        "layer's BLK_MQ_MAX_DEPTH); the attribute keeps its value",
+                        o.u64("hw_queue_depth"), k_max_depth));
+    }
+}
+
+result<void> device_impl::power_on()
+{
+    _notes.clear();
+    option_set cfg = _options;
+    apply_core_rules(cfg);
+    // The effective values are written back whatever happens next, as
+    // null_blk's validation writes them before the block layer can refuse.
+    struct write_back {
+        option_set& from;
+        option_set& to;
+        ~write_back() { to = from; }
+    } guard{cfg, _options};
+    if (auto r = cfg.check_ranges(&_notes); !r) {
+        return r;
+    }
+    std::unique_ptr<target> made;
+    if (_type.power_on) {
+        auto t = _type.power_on(cfg, _kept, _notes);
+        if (!t) {
+            return std::unexpected(t.error());
+        }
+        made = std::move(*t);
+    } else {
+        auto t = _type.create(cfg);
+        if (!t) {
+            return std::unexpected(t.error());
+        }
+        made = std::move(*t);
+    }
+    queue_config q = queue_config_from(cfg);
+    if (_type.queue_depth) {
+        // A target's own name for the depth (zloop's queue_depth).
+        if (const unsigned n = _type.queue_depth(cfg); n != 0) {
+            q.queue_depth = static_cast<unsigned>(std::min<uint64_t>(n, k_max_depth));
+        }
+    }
+    auto chain = apply_decorators(std::move(made), cfg, q, *_decorator_state);
+    if (!chain) {
+        return std::unexpected(chain.error());
+    }
+    _target = std::move(*chain);
+    _info.limits = _target->limits();
+    _info.queues = q;
+
     std::shared_ptr<shared_tag_pool> device_pool;
     if (q.shared_tag_bitmap && !q.shared_tags) {
         device_pool = std::make_shared<shared_tag_pool>(q.queue_depth);
@@ -243,16 +425,34 @@ result<void> device_impl::start()
         auto queue =
             std::make_unique<queue_impl>(*this, i, i >= q.submit_queues, q.queue_depth, pool);
         if (auto r = queue->open(*_target); !r) {
+            _queues.clear();
+            _target.reset();
             return make_error(r.error().code.value(),
                               fmt::format("queue {}: {}", i, r.error().message));
         }
         _queues.push_back(std::move(queue));
     }
+    cfg.set_flag("power", true);
+    _powered.store(true, std::memory_order_relaxed);
     return {};
+}
+
+void device_impl::power_off()
+{
+    _powered.store(false, std::memory_order_relaxed);
+    if (_target) {
+        _target->set_power(false);  // the cache drops what it holds
+    }
+    _queues.clear();
+    _target.reset();
+    _options.set_flag("power", false);
 }
 
 int device_impl::execute(bio& b)
 {
+    if (!powered() || _queues.empty()) {
+        return -ENODEV;
+    }
     queue_impl& q = caller_queue();
     std::lock_guard guard(q.sync_lock());
     return q.run(b);
@@ -270,6 +470,9 @@ queue_impl& device_impl::caller_queue()
 
 result<std::vector<extent>> device_impl::map(uint64_t offset, uint64_t length)
 {
+    if (!powered() || _queues.empty()) {
+        return make_error(ENODEV, fmt::format("{}: powered off", _info.name));
+    }
     queue_impl& q = caller_queue();
     std::lock_guard guard(q.sync_lock());
     auto map = q.map(offset, length);
@@ -281,18 +484,202 @@ result<std::vector<extent>> device_impl::map(uint64_t offset, uint64_t length)
 
 result<void> device_impl::set_power(bool on)
 {
-    for (const auto& q : _queues) {
-        if (q->in_flight() != 0) {
-            return make_error(EBUSY, fmt::format("{}: power={}: I/O in flight on queue {}",
-                                                 _info.name, on ? 1 : 0, q->index()));
-        }
-    }
     if (on == powered()) {
+        return {};  // configfs: writing the state it has does nothing
+    }
+    if (!on) {
+        for (const auto& q : _queues) {
+            if (q->in_flight() != 0) {
+                return make_error(EBUSY, fmt::format("{}: power=0: I/O in flight on queue {}",
+                                                     _info.name, q->index()));
+            }
+        }
+        power_off();
         return {};
     }
-    _target->set_power(on);
-    _powered.store(on, std::memory_order_relaxed);
+    if (auto r = power_on(); !r) {
+        error e = r.error();
+        e.message = fmt::format("{}: power=1: {}", _info.name, e.message);
+        return std::unexpected(std::move(e));
+    }
     return {};
+}
+
+bool device_impl::releases_queues(std::string_view key) const
+{
+    const option_def* def = option_set::find_def(_options.defs(), key);
+    return def != nullptr && def->update == option_update::reconfigure && powered();
+}
+
+result<void> device_impl::resize_queues(option_set& next)
+{
+    // nullb_update_nr_hw_queues.
+    const uint64_t submit = next.u64("submit_queues");
+    const uint64_t poll = next.u64("poll_queues");
+    if (next.flag("shared_tags")) {
+        return make_error(EINVAL, fmt::format("{}: the queue count of a device with shared_tags=1 "
+                                              "cannot change while it is powered on (null_blk: "
+                                              "EINVAL); write power=0 first",
+                                              _info.name));
+    }
+    const unsigned cpus = possible_cpus();
+    const uint64_t poll_limit = poll_queue_limit(_info.target_type);
+    if (submit == 0 || submit > cpus || poll > poll_limit) {
+        return make_error(
+            EINVAL, fmt::format("{}: submit_queues={} poll_queues={}: while powered on "
+                                "submit_queues must be 1 to {} (the CPUs) and poll_queues at most "
+                                "{} (the module's), as null_blk requires",
+                                _info.name, submit, poll, cpus, poll_limit));
+    }
+    for (const auto& q : _queues) {
+        if (q->in_flight() != 0) {
+            return make_error(EBUSY, fmt::format("{}: I/O in flight on queue {}; the queues can "
+                                                 "change only when idle",
+                                                 _info.name, q->index()));
+        }
+    }
+    // The cache keeps its data across blk_mq_update_nr_hw_queues; here the
+    // queues (and the decorators that own per-queue state) are made anew,
+    // so the cache is written back first.
+    bio flush;
+    flush.op = io_op::flush;
+    if (const int rc = execute(flush); rc < 0) {
+        return make_error(-rc, fmt::format("{}: flushing before the queues change: {}", _info.name,
+                                           std::strerror(-rc)));
+    }
+    const option_set before = _options;
+    power_off();
+    _options = next;
+    if (auto r = power_on(); !r) {
+        // As null_blk: the old counts stay.
+        _options = before;
+        (void)power_on();
+        return r;
+    }
+    return {};
+}
+
+result<void> device_impl::set_zone_condition(uint64_t offset, zone_condition condition)
+{
+    if (!_info.limits.zoned) {
+        return make_error(EOPNOTSUPP, fmt::format("{}: not a zoned device", _info.name));
+    }
+    if (!_target) {
+        return make_error(ENODEV, fmt::format("{}: powered off", _info.name));
+    }
+    auto r = _target->set_zone_condition(offset, condition);
+    if (!r) {
+        return make_error(r.error().code.value(),
+                          fmt::format("{}: {}", _info.name, r.error().message));
+    }
+    return {};
+}
+
+result<void> device_impl::set_option(std::string_view key, std::string_view value)
+{
+    const option_def* def = option_set::find_def(_options.defs(), key);
+    if (def == nullptr) {
+        return make_error(ENOENT,
+                          fmt::format("{}: {}: no such attribute (`softblk features` lists them)",
+                                      _info.name, key));
+    }
+    // The value is parsed first: a malformed one is EINVAL whatever the
+    // state (NULLB_DEVICE_ATTR).
+    option_set next = _options;
+    if (auto parsed = next.assign(key, value); !parsed) {
+        return std::unexpected(parsed.error());
+    }
+    if (def->name == "power") {
+        return set_power(next.flag("power"));
+    }
+    _notes.clear();
+    switch (def->update) {
+    case option_update::creation:
+        return make_error(EPERM, fmt::format("{}: {} is a module parameter: give it when the "
+                                             "device is made (`softblk add`, `softblk daemon "
+                                             "{}=...`)",
+                                             _info.name, def->name, def->name));
+    case option_update::powered_off:
+        if (powered()) {
+            return make_error(EBUSY,
+                              fmt::format("{}: {} cannot change while the device is powered on "
+                                          "(null_blk: EBUSY); write power=0 first",
+                                          _info.name, def->name));
+        }
+        _options = std::move(next);
+        return {};
+    case option_update::powered_on:
+        if (!powered()) {
+            return make_error(EINVAL, fmt::format("{}: {} applies only while the device is "
+                                                  "powered on",
+                                                  _info.name, def->name));
+        }
+        if (auto r = _target->apply_option(*def, next); !r) {
+            return r;
+        }
+        _options = std::move(next);
+        return {};
+    case option_update::reconfigure:
+        if (!powered()) {
+            _options = std::move(next);
+            return {};
+        }
+        return resize_queues(next);
+    case option_update::live:
+        break;
+    }
+    auto handled = apply_decorator_option(*_decorator_state, *def, next);
+    if (!handled) {
+        return std::unexpected(handled.error());
+    }
+    if (!*handled && def->name == "io_timeout") {
+        const uint64_t ms = next.u64("io_timeout");
+        if (ms == 0) {
+            return make_error(EINVAL, fmt::format("{}: io_timeout=0: the timeout must be at least "
+                                                  "1 ms (the block layer refuses 0)",
+                                                  _info.name));
+        }
+        for (const auto& q : _queues) {
+            q->set_timeout_ns(ms * 1'000'000);
+        }
+        _info.queues.io_timeout_ms = ms;
+    } else if (!*handled && powered()) {
+        if (auto r = _target->apply_option(*def, next); !r) {
+            return r;
+        }
+    }
+    // Powered off, a target's live option waits for the next power on.
+    _options = std::move(next);
+    return {};
+}
+
+result<std::string> device_impl::get_option(std::string_view key) const
+{
+    const option_def* def = option_set::find_def(_options.defs(), key);
+    if (def == nullptr) {
+        return make_error(ENOENT,
+                          fmt::format("{}: {}: no such attribute (`softblk features` lists them)",
+                                      _info.name, key));
+    }
+    if (def->write_only) {
+        return make_error(EACCES,
+                          fmt::format("{}: {} can be written, not read", _info.name, def->name));
+    }
+    if (def->name == "power") {
+        return std::string(powered() ? "1\n" : "0\n");
+    }
+    if (auto text = decorator_option_text(*_decorator_state, def->name)) {
+        return *text;
+    }
+    return _options.value_text(def->name) + "\n";
+}
+
+uint64_t device_impl::memory_bytes() const
+{
+    if (_target) {
+        return _target->memory_bytes();
+    }
+    return _kept ? _kept->memory_bytes() : 0;
 }
 
 void device_impl::describe(nlohmann::json& out) const
@@ -300,6 +687,7 @@ void device_impl::describe(nlohmann::json& out) const
     const block_limits& l = _info.limits;
     out["name"] = _info.name;
     out["type"] = _info.target_type;
+    out["power"] = powered() ? 1 : 0;
     out["capacity_bytes"] = l.capacity_bytes;
     out["logical_block_size"] = l.logical_block_size;
     out["physical_block_size"] = l.physical_block_size;
@@ -315,8 +703,8 @@ void device_impl::describe(nlohmann::json& out) const
     out["poll_queues"] = _info.queues.poll_queues;
     out["queue_depth"] = _info.queues.queue_depth;
     out["irqmode"] = static_cast<int>(_info.queues.mode);
-    out["power"] = powered() ? 1 : 0;
-    out["memory_bytes"] = _target->memory_bytes();
+    out["io_timeout_ms"] = _info.queues.io_timeout_ms;
+    out["memory_bytes"] = memory_bytes();
     queue_stats total;
     for (const auto& q : _queues) {
         const queue_stats s = q->stats();
@@ -334,9 +722,14 @@ void device_impl::describe(nlohmann::json& out) const
                     {"bytes_written", total.bytes_written},
                     {"timeouts", total.timeouts}};
     nlohmann::json t = nlohmann::json::object();
-    _target->describe(t);
+    if (_target) {
+        _target->describe(t);
+    }
     out["target"] = std::move(t);
     out["options"] = _options.to_args();
+    if (!_notes.empty()) {
+        out["notes"] = _notes;
+    }
 }
 
 }  // namespace core

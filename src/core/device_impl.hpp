@@ -1,5 +1,6 @@
-// The core's device: a target (wrapped in its decorators), its queues and
-// their settings. Internal to src/core.
+// The core's device: its attributes, what survives a power cycle (the
+// target's data, the decorators' state) and, while powered on, the target
+// wrapped in its decorators and the queues. Internal to src/core.
 #pragma once
 
 #include <atomic>
@@ -9,18 +10,19 @@
 #include <softblk/device.hpp>
 #include <softblk/target.hpp>
 
+#include "decorators.hpp"
 #include "queue.hpp"
 
 namespace softblk::core {
 
 class device_impl final : public device {
 public:
-    device_impl(std::string name, std::string type, option_set options, queue_config queues,
-                std::unique_ptr<target> t);
+    // A powered-off device with attributes `options` (parsed, not checked
+    // against the power-on rules yet) and the decorators' state made from
+    // them. Control thread.
+    device_impl(std::string name, const target_type& type, option_set options,
+                std::shared_ptr<decorator_state> state);
     ~device_impl() override;
-
-    // Opens the queues (and the target's halves). Control thread.
-    result<void> start();
 
     const device_info& info() const override { return _info; }
     unsigned queue_count() const override { return static_cast<unsigned>(_queues.size()); }
@@ -29,23 +31,40 @@ public:
     int execute(bio& b) override;
     result<std::vector<extent>> map(uint64_t offset, uint64_t length) override;
     result<void> set_power(bool on) override;
+    result<void> set_zone_condition(uint64_t offset, zone_condition condition) override;
     bool powered() const override { return _powered.load(std::memory_order_relaxed); }
+    result<void> set_option(std::string_view key, std::string_view value) override;
+    bool releases_queues(std::string_view key) const override;
+    result<std::string> get_option(std::string_view key) const override;
+    const std::vector<std::string>& notes() const override { return _notes; }
     const option_set& options() const override { return _options; }
     void describe(nlohmann::json& out) const override;
-    uint64_t memory_bytes() const override { return _target->memory_bytes(); }
+    uint64_t memory_bytes() const override;
 
 private:
+    result<void> power_on();
+    void power_off();
+    // The core's power-on rules (null_validate_conf's queue part) on `o`.
+    void apply_core_rules(option_set& o);
+    // A live change of submit_queues/poll_queues while powered on
+    // (nullb_update_nr_hw_queues): checks, then re-creates the queues.
+    result<void> resize_queues(option_set& next);
     // The submit queue that synchronous calls of this thread use.
     queue_impl& caller_queue();
 
+    const target_type& _type;
     device_info _info;
-    option_set _options;
-    std::unique_ptr<target> _target;
+    option_set _options;  // the attributes, as reads show them
+    std::shared_ptr<decorator_state> _decorator_state;
+    std::shared_ptr<target_data> _kept;  // the target's data across power cycles
+    std::unique_ptr<target> _target;     // while powered on
     std::vector<std::unique_ptr<queue_impl>> _queues;
-    std::atomic<bool> _powered{true};
+    std::atomic<bool> _powered{false};
+    std::vector<std::string> _notes;
 };
 
-// Reads the core's queue options into a queue_config.
+// Reads the core's queue options into a queue_config (with the block
+// layer's limits: at most BLK_MQ_MAX_DEPTH tags).
 queue_config queue_config_from(const option_set& options);
 
 }  // namespace softblk::core

@@ -70,6 +70,7 @@ public:
     }
     uint64_t contended() const override { return _contended.load(std::memory_order_relaxed); }
     const memory_budget& budget() const override { return _budget; }
+    void set_limit(uint64_t limit_bytes) override { _budget.set_limit(limit_bytes); }
     uint64_t capacity_bytes() const override { return _capacity; }
     uint32_t block_size() const override { return _block_size; }
 

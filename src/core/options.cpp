@@ -2,7 +2,6 @@
 
 #include <cassert>
 #include <cerrno>
-#include <charconv>
 #include <fmt/core.h>
 
 namespace softblk {
@@ -32,146 +31,302 @@ std::string unit_suffix(const option_def& def)
     return def.unit.empty() ? std::string() : fmt::format(" ({})", def.unit);
 }
 
-result<uint64_t> parse_unsigned(std::string_view text)
+// A configfs write is a C string: what follows a NUL is not seen.
+std::string_view c_string(std::string_view text)
 {
-    int base = 10;
-    if (text.size() > 2 && text[0] == '0' && (text[1] == 'x' || text[1] == 'X')) {
-        base = 16;
-        text.remove_prefix(2);
+    const size_t nul = text.find('\0');
+    return nul == std::string_view::npos ? text : text.substr(0, nul);
+}
+
+// _kstrtoull: digits in `base` (0: from the prefix), then at most one
+// newline. No sign.
+result<uint64_t> kstrtoull_body(std::string_view s)
+{
+    unsigned base = 10;
+    if (!s.empty() && s[0] == '0') {
+        const bool hex = s.size() >= 3 && (s[1] == 'x' || s[1] == 'X') &&
+                         std::isxdigit(static_cast<unsigned char>(s[2])) != 0;
+        base = hex ? 16 : 8;
+        if (hex) {
+            s.remove_prefix(2);
+        }
     }
     uint64_t value = 0;
-    auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value, base);
-    if (text.empty() || ec != std::errc() || end != text.data() + text.size()) {
+    size_t digits = 0;
+    bool overflow = false;
+    for (; digits < s.size(); ++digits) {
+        const char c = s[digits];
+        unsigned d = 0;
+        if (c >= '0' && c <= '9') {
+            d = static_cast<unsigned>(c - '0');
+        } else if (c >= 'a' && c <= 'f') {
+            d = static_cast<unsigned>(c - 'a' + 10);
+        } else if (c >= 'A' && c <= 'F') {
+            d = static_cast<unsigned>(c - 'A' + 10);
+        } else {
+            break;
+        }
+        if (d >= base) {
+            break;
+        }
+        if (value > (UINT64_MAX - d) / base) {
+            overflow = true;
+        }
+        value = value * base + d;
+    }
+    if (overflow) {
+        return make_error(ERANGE, "out of range");
+    }
+    if (digits == 0) {
+        return make_error(EINVAL, "not a number");
+    }
+    std::string_view rest = s.substr(digits);
+    if (!rest.empty() && rest[0] == '\n') {
+        rest.remove_prefix(1);
+    }
+    if (!rest.empty()) {
         return make_error(EINVAL, "not a number");
     }
     return value;
-}
-
-result<int64_t> parse_signed(std::string_view text)
-{
-    int64_t value = 0;
-    auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value, 10);
-    if (text.empty() || ec != std::errc() || end != text.data() + text.size()) {
-        return make_error(EINVAL, "not a number");
-    }
-    return value;
-}
-
-result<bool> parse_bool(std::string_view text)
-{
-    if (text == "1" || text == "y" || text == "Y" || text == "yes" || text == "true" ||
-        text == "on") {
-        return true;
-    }
-    if (text == "0" || text == "n" || text == "N" || text == "no" || text == "false" ||
-        text == "off") {
-        return false;
-    }
-    return make_error(EINVAL, "not a boolean");
 }
 
 }  // namespace
 
-result<option_set> option_set::parse(std::span<const option_def> defs,
-                                     std::span<const std::string> args)
+result<uint64_t> parse_kernel_unsigned(std::string_view text, uint64_t max_value)
+{
+    std::string_view s = c_string(text);
+    if (!s.empty() && s[0] == '+') {
+        s.remove_prefix(1);
+    }
+    auto v = kstrtoull_body(s);
+    if (v && *v > max_value) {
+        return make_error(ERANGE, "out of range");
+    }
+    return v;
+}
+
+result<int64_t> parse_kernel_signed(std::string_view text, int64_t min_value, int64_t max_value)
+{
+    std::string_view s = c_string(text);
+    int64_t value = 0;
+    if (!s.empty() && s[0] == '-') {
+        auto v = kstrtoull_body(s.substr(1));
+        if (!v) {
+            return std::unexpected(v.error());
+        }
+        if (*v > uint64_t{1} << 63) {
+            return make_error(ERANGE, "out of range");
+        }
+        value = static_cast<int64_t>(0 - *v);
+    } else {
+        auto v = parse_kernel_unsigned(s);
+        if (!v) {
+            return std::unexpected(v.error());
+        }
+        if (*v > static_cast<uint64_t>(INT64_MAX)) {
+            return make_error(ERANGE, "out of range");
+        }
+        value = static_cast<int64_t>(*v);
+    }
+    if (value < min_value || value > max_value) {
+        return make_error(ERANGE, "out of range");
+    }
+    return value;
+}
+
+result<bool> parse_kernel_bool(std::string_view text)
+{
+    const std::string_view s = c_string(text);
+    switch (s.empty() ? '\0' : s[0]) {
+    case 'y':
+    case 'Y':
+    case 't':
+    case 'T':
+    case '1':
+        return true;
+    case 'n':
+    case 'N':
+    case 'f':
+    case 'F':
+    case '0':
+        return false;
+    case 'o':
+    case 'O':
+        if (s.size() >= 2 && (s[1] == 'n' || s[1] == 'N')) {
+            return true;
+        }
+        if (s.size() >= 2 && (s[1] == 'f' || s[1] == 'F')) {
+            return false;
+        }
+        break;
+    default:
+        break;
+    }
+    return make_error(EINVAL, "not a boolean");
+}
+
+const option_def* option_set::find_def(std::span<const option_def> defs, std::string_view key)
+{
+    for (const option_def& def : defs) {
+        if (def.name == key || (!def.alias.empty() && def.alias == key)) {
+            return &def;
+        }
+    }
+    return nullptr;
+}
+
+result<void> option_set::store(const option_def& def, std::string_view text, bool given)
+{
+    value& v = _values[std::string(def.name)];
+    auto bad = [&](const error& why, std::string_view expected) -> result<void> {
+        const bool range = why.code.value() == ERANGE;
+        return make_error(why.code.value(),
+                          fmt::format("{}={}: {}; {} takes {}", def.name, c_string(text),
+                                      range ? "too large" : "not valid", def.name, expected));
+    };
+    switch (def.kind) {
+    case option_kind::integer: {
+        const uint64_t width = def.bits >= 64 ? UINT64_MAX : (uint64_t{1} << def.bits) - 1;
+        auto n = parse_kernel_unsigned(text, width);
+        if (!n) {
+            return bad(n.error(), fmt::format("an unsigned {}-bit number (decimal, 0x hex or 0 "
+                                              "octal), {}{}",
+                                              def.bits >= 64 ? 64 : def.bits, range_text(def),
+                                              unit_suffix(def)));
+        }
+        v.u = *n;
+        v.s = static_cast<int64_t>(*n);
+        break;
+    }
+    case option_kind::signed_integer: {
+        // An int attribute (kstrtoint) is ERANGE outside 32 bits.
+        const int64_t low = def.bits >= 64 ? INT64_MIN : -(int64_t{1} << (def.bits - 1));
+        const int64_t high = def.bits >= 64 ? INT64_MAX : (int64_t{1} << (def.bits - 1)) - 1;
+        auto n = parse_kernel_signed(text, low, high);
+        if (!n) {
+            return bad(n.error(),
+                       fmt::format("a signed {}-bit number, {}{}", def.bits >= 64 ? 64 : def.bits,
+                                   range_text(def), unit_suffix(def)));
+        }
+        v.s = *n;
+        v.u = static_cast<uint64_t>(*n);
+        break;
+    }
+    case option_kind::boolean: {
+        auto b = parse_kernel_bool(text);
+        if (!b) {
+            return bad(b.error(), "0 or 1 (also y/n, t/f, on/off)");
+        }
+        v.u = *b ? 1 : 0;
+        v.s = static_cast<int64_t>(v.u);
+        break;
+    }
+    case option_kind::text: {
+        std::string_view t = c_string(text);
+        if (!t.empty() && t.back() == '\n') {
+            t.remove_suffix(1);  // what `echo` adds
+        }
+        if (def.repeatable && given) {
+            v.texts.emplace_back(t);
+        }
+        v.text = std::string(t);
+        break;
+    }
+    }
+    v.given = v.given || given;
+    return {};
+}
+
+result<option_set> option_set::parse_values(std::span<const option_def> defs,
+                                            std::span<const std::string> args,
+                                            std::span<const std::string> defaults)
 {
     option_set set;
     set._defs.assign(defs.begin(), defs.end());
-
-    auto assign = [&](const option_def& def, std::string_view text, bool given) -> result<void> {
-        value& v = set._values[std::string(def.name)];
-        v.given = v.given || given;
-        switch (def.kind) {
-        case option_kind::integer: {
-            auto n = parse_unsigned(text);
-            if (!n) {
-                return make_error(
-                    EINVAL, fmt::format("{}={}: not a number; {} must be {}{}", def.name, text,
-                                        def.name, range_text(def), unit_suffix(def)));
-            }
-            uint64_t x = *n;
-            if (x < def.min || x > def.max) {
-                if (def.range == option_range::clamp) {
-                    x = x < def.min ? def.min : def.max;
-                } else {
-                    return make_error(
-                        EINVAL, fmt::format("{}={}: out of range; {} must be {}{}", def.name, text,
-                                            def.name, range_text(def), unit_suffix(def)));
-                }
-            }
-            v.u = x;
-            v.s = static_cast<int64_t>(x);
-            v.text = std::string(text);
-            return {};
-        }
-        case option_kind::signed_integer: {
-            auto n = parse_signed(text);
-            if (!n || *n < def.smin || *n > def.smax) {
-                return make_error(EINVAL, fmt::format("{}={}: {}; {} must be {}{}", def.name, text,
-                                                      n ? "out of range" : "not a number", def.name,
-                                                      range_text(def), unit_suffix(def)));
-            }
-            v.s = *n;
-            v.u = static_cast<uint64_t>(*n);
-            v.text = std::string(text);
-            return {};
-        }
-        case option_kind::boolean: {
-            auto b = parse_bool(text);
-            if (!b) {
-                return make_error(
-                    EINVAL, fmt::format("{}={}: {} must be 0 or 1", def.name, text, def.name));
-            }
-            v.u = *b ? 1 : 0;
-            v.s = static_cast<int64_t>(v.u);
-            v.text.assign(1, *b ? '1' : '0');
-            return {};
-        }
-        case option_kind::text:
-            if (def.repeatable && given) {
-                v.texts.emplace_back(text);
-            }
-            v.text = std::string(text);
-            return {};
-        }
-        return {};
-    };
-
     for (const option_def& def : set._defs) {
         if (set._values.contains(def.name)) {
             return make_error(EINVAL, fmt::format("option table declares {} twice", def.name));
         }
-        auto r = assign(def, def.default_value, false);
-        if (!r) {
+        if (auto r = set.store(def, def.default_value, false); !r) {
             return make_error(EINVAL,
                               fmt::format("bad default for {}: {}", def.name, r.error().message));
         }
     }
-
-    for (const std::string& arg : args) {
-        auto eq = arg.find('=');
-        if (eq == std::string::npos || eq == 0) {
-            return make_error(EINVAL, fmt::format("{}: expected key=value", arg));
-        }
-        std::string_view key(arg.data(), eq);
-        std::string_view text(arg.data() + eq + 1, arg.size() - eq - 1);
-        const option_def* found = nullptr;
-        for (const option_def& def : set._defs) {
-            if (def.name == key || (!def.alias.empty() && def.alias == key)) {
-                found = &def;
-                break;
+    for (auto list : {defaults, args}) {
+        for (const std::string& arg : list) {
+            const size_t eq = arg.find('=');
+            if (eq == std::string::npos || eq == 0) {
+                return make_error(EINVAL, fmt::format("{}: expected key=value", arg));
             }
-        }
-        if (found == nullptr) {
-            return make_error(
-                EINVAL, fmt::format("{}: unknown option (`softblk features` lists them)", key));
-        }
-        auto r = assign(*found, text, true);
-        if (!r) {
-            return std::unexpected(r.error());
+            if (auto r = set.assign(std::string_view(arg).substr(0, eq),
+                                    std::string_view(arg).substr(eq + 1));
+                !r) {
+                return std::unexpected(r.error());
+            }
         }
     }
     return set;
+}
+
+result<option_set> option_set::parse(std::span<const option_def> defs,
+                                     std::span<const std::string> args)
+{
+    auto set = parse_values(defs, args);
+    if (!set) {
+        return set;
+    }
+    if (auto r = set->check_ranges(); !r) {
+        return std::unexpected(r.error());
+    }
+    return set;
+}
+
+result<const option_def*> option_set::assign(std::string_view key, std::string_view text)
+{
+    const option_def* def = find_def(_defs, key);
+    if (def == nullptr) {
+        return make_error(ENOENT,
+                          fmt::format("{}: unknown option (`softblk features` lists them)", key));
+    }
+    if (auto r = store(*def, text, true); !r) {
+        return std::unexpected(r.error());
+    }
+    return def;
+}
+
+result<void> option_set::check_ranges(std::vector<std::string>* notes)
+{
+    for (const option_def& def : _defs) {
+        value& v = find(def.name);
+        bool out = false;
+        if (def.kind == option_kind::integer) {
+            out = v.u < def.min || v.u > def.max;
+        } else if (def.kind == option_kind::signed_integer) {
+            out = v.s < def.smin || v.s > def.smax;
+        }
+        if (!out) {
+            continue;
+        }
+        if (def.range == option_range::reject) {
+            return make_error(EINVAL, fmt::format("{}={}: out of range; {} must be {}{}", def.name,
+                                                  value_text(def.name), def.name, range_text(def),
+                                                  unit_suffix(def)));
+        }
+        const std::string before = value_text(def.name);
+        if (def.kind == option_kind::integer) {
+            v.u = v.u < def.min ? def.min : def.max;
+            v.s = static_cast<int64_t>(v.u);
+        } else {
+            v.s = v.s < def.smin ? def.smin : def.smax;
+            v.u = static_cast<uint64_t>(v.s);
+        }
+        if (notes != nullptr) {
+            notes->push_back(fmt::format("{}={} clamped to {} ({} is {}{})", def.name, before,
+                                         value_text(def.name), def.name, range_text(def),
+                                         unit_suffix(def)));
+        }
+    }
+    return {};
 }
 
 const option_set::value& option_set::find(std::string_view name) const
@@ -179,6 +334,34 @@ const option_set::value& option_set::find(std::string_view name) const
     auto it = _values.find(name);
     assert(it != _values.end() && "option not declared in the table");
     return it->second;
+}
+
+option_set::value& option_set::find(std::string_view name)
+{
+    auto it = _values.find(name);
+    assert(it != _values.end() && "option not declared in the table");
+    return it->second;
+}
+
+void option_set::set_u64(std::string_view name, uint64_t value, bool given)
+{
+    option_set::value& v = find(name);
+    v.u = value;
+    v.s = static_cast<int64_t>(value);
+    v.given = v.given || given;
+}
+
+void option_set::set_flag(std::string_view name, bool value)
+{
+    set_u64(name, value ? 1 : 0);
+}
+
+void option_set::set_texts(std::string_view name, std::vector<std::string> values)
+{
+    option_set::value& v = find(name);
+    v.text = values.empty() ? std::string() : values.back();
+    v.texts = std::move(values);
+    v.given = !v.texts.empty();
 }
 
 uint64_t option_set::u64(std::string_view name) const
@@ -207,6 +390,31 @@ bool option_set::given(std::string_view name) const
     return it != _values.end() && it->second.given;
 }
 
+std::string option_set::value_text(std::string_view name) const
+{
+    const option_def* def = find_def(_defs, name);
+    assert(def != nullptr);
+    const value& v = find(def->name);
+    switch (def->kind) {
+    case option_kind::integer:
+    case option_kind::boolean:
+        return std::to_string(v.u);
+    case option_kind::signed_integer:
+        return std::to_string(v.s);
+    case option_kind::text:
+        if (def->repeatable) {
+            std::string out;
+            for (const std::string& t : v.texts) {
+                out += out.empty() ? "" : "\n";
+                out += t;
+            }
+            return out;
+        }
+        return v.text;
+    }
+    return {};
+}
+
 std::vector<std::string> option_set::to_args() const
 {
     std::vector<std::string> out;
@@ -221,23 +429,29 @@ std::vector<std::string> option_set::to_args() const
         if (def.kind == option_kind::text && v.text.empty()) {
             continue;
         }
-        out.push_back(fmt::format("{}={}", def.name, v.text));
+        out.push_back(fmt::format("{}={}", def.name, value_text(def.name)));
     }
     return out;
 }
 
 result<uint64_t> parse_size(std::string_view text)
 {
-    std::string_view digits = text;
     size_t i = 0;
-    while (i < digits.size() && digits[i] >= '0' && digits[i] <= '9') {
+    while (i < text.size() && text[i] >= '0' && text[i] <= '9') {
         ++i;
     }
-    auto number = parse_unsigned(digits.substr(0, i));
-    if (!number) {
+    if (i == 0) {
         return make_error(EINVAL, fmt::format("{}: not a size (e.g. 512M, 4G)", text));
     }
-    std::string_view suffix = digits.substr(i);
+    uint64_t number = 0;
+    for (size_t k = 0; k < i; ++k) {
+        const unsigned d = static_cast<unsigned>(text[k] - '0');
+        if (number > (UINT64_MAX - d) / 10) {
+            return make_error(ERANGE, fmt::format("{}: too large", text));
+        }
+        number = number * 10 + d;
+    }
+    std::string_view suffix = text.substr(i);
     unsigned shift = 0;
     if (!suffix.empty()) {
         switch (suffix[0]) {
@@ -271,10 +485,10 @@ result<uint64_t> parse_size(std::string_view text)
                               fmt::format("{}: unknown size suffix (use K, M, G or T)", text));
         }
     }
-    if (shift != 0 && *number > (UINT64_MAX >> shift)) {
+    if (shift != 0 && number > (UINT64_MAX >> shift)) {
         return make_error(ERANGE, fmt::format("{}: too large", text));
     }
-    return *number << shift;
+    return number << shift;
 }
 
 }  // namespace softblk

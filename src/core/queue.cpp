@@ -105,7 +105,13 @@ queue_impl::queue_impl(device_impl& dev, unsigned index, bool poll_queue, unsign
     }
 }
 
-queue_impl::~queue_impl() = default;
+queue_impl::~queue_impl()
+{
+    // The target's half goes first, while the requests it may still hold
+    // exist: a target whose library still owns requests (the rbd target)
+    // waits for them in its destructor.
+    _tq.reset();
+}
 
 result<void> queue_impl::open(target& t)
 {
@@ -183,7 +189,25 @@ int queue_impl::validate(const io_request& r) const
         return -ENODEV;
     }
     const block_limits& lim = _dev.info().limits;
-    auto check_range = [&] { return check_block_range(lim, r.offset, r.length); };
+    auto check_range = [&]() -> int {
+        if (const int rc = check_block_range(lim, r.offset, r.length); rc != 0) {
+            return rc;
+        }
+        // A data request stays inside one zone (the block layer splits
+        // bios on chunk_sectors; a single request cannot be split).
+        if (lim.zoned && lim.zone_size_bytes != 0 && r.length != 0 &&
+            r.op != io_op::report_extents &&
+            r.offset / lim.zone_size_bytes != (r.offset + r.length - 1) / lim.zone_size_bytes) {
+            return -EINVAL;
+        }
+        return 0;
+    };
+    // Zone operations name a zone by its first byte: blkdev_zone_mgmt
+    // refuses another sector with -EINVAL, blk_check_zone_append with
+    // BLK_STS_IOERR.
+    auto zone_start = [&]() {
+        return lim.zone_size_bytes == 0 || r.offset % lim.zone_size_bytes == 0;
+    };
     switch (r.op) {
     case io_op::read:
     case io_op::write:
@@ -252,12 +276,21 @@ int queue_impl::validate(const io_request& r) const
             if (r.buffer == nullptr || r.length == 0 || r.length > lim.max_zone_append_bytes) {
                 return -EINVAL;
             }
-            return check_range();
+            if (const int rc = check_range(); rc != 0) {
+                return rc;
+            }
+            return zone_start() ? 0 : -EIO;
         }
         if (r.offset >= lim.capacity_bytes) {
             return -EIO;
         }
-        return r.op == io_op::zone_reset_all ? 0 : check_range();
+        if (r.op == io_op::zone_reset_all) {
+            return 0;
+        }
+        if (const int rc = check_range(); rc != 0) {
+            return rc;
+        }
+        return zone_start() ? 0 : -EINVAL;
     }
     return -EOPNOTSUPP;
 }
@@ -269,7 +302,7 @@ void queue_impl::submit(io_request& r)
     r.status = 0;
     r.transferred = 0;
     r.attempts = 0;
-    r.submit_ns = _timeout_ns != 0 ? coarse_monotonic_ns() : 0;
+    r.submit_ns = timeout_ns() != 0 ? coarse_monotonic_ns() : 0;
     ++_in_flight;
     ++_in_target;
     bump(_submitted);
@@ -348,7 +381,7 @@ unsigned queue_impl::check_timeouts(uint64_t now)
     unsigned n = 0;
     for (unsigned t = 0; t < _depth && _in_target > 0; ++t) {
         io_request& r = _requests[t];
-        if (r.state == k_in_target && now - r.submit_ns >= _timeout_ns) {
+        if (r.state == k_in_target && now - r.submit_ns >= timeout_ns()) {
             if (_tq->timed_out(r)) {
                 bump(_timeouts);
                 complete(r, -ETIMEDOUT);
@@ -397,12 +430,12 @@ unsigned queue_impl::process()
         }
         _delivering = false;
     }
-    if (_in_target > 0 && _timeout_ns != 0) {
+    if (_in_target > 0 && timeout_ns() != 0) {
         const uint64_t now = coarse_monotonic_ns();
         if (now >= _next_timeout_scan) {
             check_timeouts(now);
             _next_timeout_scan =
-                now + std::min<uint64_t>(_timeout_ns / 4 + 1, uint64_t{100'000'000});
+                now + std::min<uint64_t>(timeout_ns() / 4 + 1, uint64_t{100'000'000});
         }
     }
     return _delivered - before;
@@ -427,7 +460,7 @@ uint64_t queue_impl::next_event_ns() const
         // descriptor: look again soon (as wait() does).
         wake = std::min(wake, monotonic_ns() + uint64_t{1'000'000});
     }
-    if (_in_target > 0 && _timeout_ns != 0) {
+    if (_in_target > 0 && timeout_ns() != 0) {
         // The scan runs on the coarse clock, which may lag the precise one
         // by a tick: never ask for a wake-up sooner than 1 ms from now for
         // it, or the owner would spin until the coarse clock catches up.
@@ -481,11 +514,11 @@ unsigned queue_impl::wait(unsigned min_completions, int64_t timeout_ns)
             // The target holds requests and named no time: look again soon.
             wake = std::min(wake, now + uint64_t{1'000'000});
         }
-        if (_in_target > 0 && _timeout_ns != 0) {
+        if (_in_target > 0 && this->timeout_ns() != 0) {
             // Timed-out requests must be noticed even when nothing else
             // happens; coarse clock granularity is a few ms.
-            wake = std::min(wake,
-                            now + std::min<uint64_t>(_timeout_ns / 4 + 1, uint64_t{100'000'000}));
+            wake = std::min(
+                wake, now + std::min<uint64_t>(this->timeout_ns() / 4 + 1, uint64_t{100'000'000}));
         }
         if (wake <= now) {
             continue;

@@ -88,6 +88,9 @@ public:
     // Serialises device::execute callers that share this queue.
     std::mutex& sync_lock() { return _sync_lock; }
 
+    // io_timeout changed while the queue runs. Any thread.
+    void set_timeout_ns(uint64_t ns) { _timeout_ns.store(ns, std::memory_order_relaxed); }
+
 private:
     using fifo = intrusive_fifo<io_request>;
 
@@ -116,7 +119,8 @@ private:
     device_impl& _dev;
     completion_mode _mode;
     uint64_t _completion_nsec;
-    uint64_t _timeout_ns;
+    std::atomic<uint64_t> _timeout_ns;  // live (io_timeout); relaxed
+    uint64_t timeout_ns() const { return _timeout_ns.load(std::memory_order_relaxed); }
     unsigned _index;
     bool _poll_queue;
     unsigned _depth;

@@ -5,6 +5,7 @@
 #include <softblk/target.hpp>
 
 #include <algorithm>
+#include <cerrno>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -120,7 +121,32 @@ result<std::unique_ptr<device_export>> start_export(const export_type& type, dev
                                                    "--export none for in-process use)",
                                                    able)));
     }
+    if (type.max_block_size) {
+        const auto [limit, why] = type.max_block_size(options);
+        if (limit != 0 && dev.limits().logical_block_size > limit) {
+            return make_error(
+                EINVAL, fmt::format("{}: blocksize={}: the {} export carries blocks of at most "
+                                    "{} bytes ({}); use blocksize={} or less, or another "
+                                    "export",
+                                    dev.name(), dev.limits().logical_block_size, type.name, limit,
+                                    why, limit));
+        }
+    }
     return type.start(dev, ctx, options);
+}
+
+result<void> target::apply_option(const option_def& def, const option_set&)
+{
+    return make_error(EOPNOTSUPP,
+                      fmt::format("{}: this target cannot change it while powered on", def.name));
+}
+
+result<void> target::set_zone_condition(uint64_t offset, zone_condition condition)
+{
+    return make_error(EOPNOTSUPP,
+                      fmt::format("{}: this device has no zones that can be made {} (null_blk's "
+                                  "zone_readonly/zone_offline need a zoned null device)",
+                                  offset >> 9, to_string(condition)));
 }
 
 int target::map_extents(uint64_t offset, uint64_t length, std::vector<extent>& out)

@@ -123,8 +123,8 @@ TEST_F(daemon_test, bad_options_name_the_attribute_and_the_daemon_stays_up)
         std::string named;
     };
     const bad_case cases[] = {
-        {{"add", "null", "size=0", "--export", "none"}, "size"},
-        {{"add", "null", "hw_queue_depth=99999", "--export", "none"}, "hw_queue_depth"},
+        {{"add", "null", "size=17592186044416", "--export", "none"}, "size"},
+        {{"add", "null", "hw_queue_depth=0", "--export", "none"}, "hw_queue_depth"},
         {{"add", "null", "memory_backed=maybe", "--export", "none"}, "memory_backed"},
         {{"add", "null", "frobnicate=1", "--export", "none"}, "frobnicate"},
         {{"add", "null", "size", "--export", "none"}, "size"},
@@ -452,7 +452,7 @@ TEST_F(daemon_test, broken_state_files_show_as_failed_and_can_be_deleted)
 {
     fs::create_directories(_dir + "/devices");
     std::ofstream(_dir + "/devices/broken.json")
-        << "{\"name\": \"broken\", \"type\": \"null\", \"options\": [\"size=0\"]}";
+        << "{\"name\": \"broken\", \"type\": \"null\", \"options\": [\"size=17592186044416\"]}";
     std::ofstream(_dir + "/devices/junk.json") << "\x01\x02 not json";
     json devices = list();
     ASSERT_EQ(devices.size(), 2u);

@@ -83,7 +83,7 @@ TEST_F(device_host_test, adds_lists_and_removes_devices_with_their_state_files)
 TEST_F(device_host_test, a_failed_add_leaves_nothing_behind)
 {
     auto host = make_host();
-    auto bad = host->add(null_request("x", {"size=0"}));
+    auto bad = host->add(null_request("x", {"size=17592186044416"}));
     ASSERT_FALSE(bad);
     EXPECT_NE(bad.error().message.find("size"), std::string::npos);
     auto unknown = host->add(null_request("x", {"no_such_option=1"}));
@@ -145,7 +145,7 @@ TEST_F(device_host_test, broken_state_files_are_listed_as_failed_until_deleted)
     std::ofstream(_state + "/garbage.json") << "{ not json";
     std::ofstream(_state + "/liar.json") << R"({"name": "other", "type": "null", "options": []})";
     std::ofstream(_state + "/badopt.json")
-        << R"({"name": "badopt", "type": "null", "options": ["size=0"]})";
+        << R"({"name": "badopt", "type": "null", "options": ["size=17592186044416"]})";
     std::ofstream(_state + "/good.json")
         << R"({"name": "good", "type": "null", "options": ["size=8"], "export": {"type": "none"}})";
     std::ofstream(_state + "/half.json.tmp") << "{";

@@ -15,6 +15,8 @@
 #include <softblk/device.hpp>
 #include <softblk/target.hpp>
 
+#include "../support/fake_zoned_target.hpp"
+
 using namespace softblk;
 
 namespace {
@@ -506,139 +508,12 @@ TEST(bio, waits_for_tags_without_blocking_and_takes_turns)
 
 // ---------------------------------------------------------------- zones
 // "zoned_fake": 8 zones of 64 KiB (capacity 48 KiB), the first one
-// conventional, a sequential zone model just rich enough to show that the
-// API carries report, management and append.
+// conventional (the shared fake's default geometry), a sequential zone
+// model just rich enough to show that the API carries report, management
+// and append.
 
-class fake_zoned_queue final : public target_queue {
-public:
-    fake_zoned_queue(std::vector<zone_descriptor>& zones, completion_sink& sink)
-        : _zones(zones), _sink(sink)
-    {
-    }
-    void submit(io_request& r) override { _sink.complete(r, run(r)); }
-
-private:
-    zone_descriptor* zone_at(uint64_t offset)
-    {
-        const uint64_t i = offset / (64 << 10);
-        return i < _zones.size() ? &_zones[i] : nullptr;
-    }
-
-    int run(io_request& r)
-    {
-        zone_descriptor* z = zone_at(r.offset);
-        switch (r.op) {
-        case io_op::read:
-            std::memset(r.buffer, 0, r.length);
-            return static_cast<int>(r.length);
-        case io_op::write:
-        case io_op::zone_append: {
-            if (z->type == zone_type::conventional) {
-                return r.op == io_op::write ? static_cast<int>(r.length) : -EINVAL;
-            }
-            const uint64_t at = r.op == io_op::write ? r.offset : z->write_pointer;
-            if (at != z->write_pointer || at + r.length > z->start + z->capacity) {
-                return -EIO;
-            }
-            z->write_pointer += r.length;
-            z->condition = z->write_pointer == z->start + z->capacity
-                               ? zone_condition::full
-                               : zone_condition::implicit_open;
-            r.result_offset = at;
-            return static_cast<int>(r.length);
-        }
-        case io_op::zone_open:
-            z->condition = zone_condition::explicit_open;
-            return 0;
-        case io_op::zone_close:
-            z->condition =
-                z->write_pointer == z->start ? zone_condition::empty : zone_condition::closed;
-            return 0;
-        case io_op::zone_finish:
-            z->write_pointer = z->start + z->capacity;
-            z->condition = zone_condition::full;
-            return 0;
-        case io_op::zone_reset:
-            z->write_pointer = z->start;
-            z->condition = zone_condition::empty;
-            return 0;
-        case io_op::zone_reset_all:
-            for (auto& each : _zones) {
-                if (each.type != zone_type::conventional) {
-                    each.write_pointer = each.start;
-                    each.condition = zone_condition::empty;
-                }
-            }
-            return 0;
-        case io_op::report_zones: {
-            auto* out = static_cast<zone_descriptor*>(r.buffer);
-            uint32_t n = 0;
-            for (uint64_t i = r.offset / (64 << 10); i < _zones.size() && n < r.report_capacity;
-                 ++i) {
-                out[n++] = _zones[i];
-            }
-            return static_cast<int>(n);
-        }
-        default:
-            return -EOPNOTSUPP;
-        }
-    }
-
-    std::vector<zone_descriptor>& _zones;
-    completion_sink& _sink;
-};
-
-class fake_zoned_target final : public target {
-public:
-    fake_zoned_target()
-    {
-        _limits.capacity_bytes = 8 * (64 << 10);
-        _limits.logical_block_size = 4096;
-        _limits.physical_block_size = 4096;
-        _limits.max_transfer_bytes = 128 << 10;
-        _limits.zoned = true;
-        _limits.zone_size_bytes = 64 << 10;
-        _limits.zone_capacity_bytes = 48 << 10;
-        _limits.conventional_zones = 1;
-        _limits.max_open_zones = 4;
-        _limits.max_active_zones = 6;
-        _limits.max_zone_append_bytes = 16 << 10;
-        for (uint64_t i = 0; i < 8; ++i) {
-            zone_descriptor z;
-            z.start = i * (64 << 10);
-            z.length = 64 << 10;
-            if (i == 0) {
-                z.type = zone_type::conventional;
-                z.condition = zone_condition::not_write_pointer;
-                z.capacity = z.length;
-                z.write_pointer = z.start + z.length;
-            } else {
-                z.capacity = 48 << 10;
-                z.write_pointer = z.start;
-            }
-            _zones.push_back(z);
-        }
-    }
-    const block_limits& limits() const override { return _limits; }
-    result<std::unique_ptr<target_queue>> open_queue(unsigned, completion_sink& sink) override
-    {
-        return std::make_unique<fake_zoned_queue>(_zones, sink);
-    }
-
-private:
-    block_limits _limits;
-    std::vector<zone_descriptor> _zones;
-};
-
-const bool k_zoned_registered = register_target_type(target_type{
-    .name = "zoned_fake",
-    .description = "fake zoned target of the bio tests",
-    .options = {},
-    .create = [](const option_set&) -> result<std::unique_ptr<target>> {
-        return std::make_unique<fake_zoned_target>();
-    },
-    .submit_queues = {},
-});
+const bool k_zoned_registered =
+    test::register_fake_zoned("zoned_fake", "fake zoned target of the bio tests", {});
 
 TEST(zones, geometry_in_the_limits)
 {

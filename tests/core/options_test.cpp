@@ -1,5 +1,8 @@
 #include <gtest/gtest.h>
 
+#include <cerrno>
+#include <cstdint>
+
 #include <softblk/device.hpp>
 #include <softblk/options.hpp>
 
@@ -132,9 +135,80 @@ TEST(options, core_table_has_null_blk_names_and_defaults)
     EXPECT_EQ(set->u64("hw_queue_depth"), 64u);
     EXPECT_EQ(set->u64("irqmode"), 1u);
     EXPECT_EQ(set->u64("completion_nsec"), 10000u);
-    auto bad = args({"irqmode=3"});
-    auto err = option_set::parse(core_options(), bad);
-    ASSERT_FALSE(err);
-    EXPECT_NE(err.error().message.find("irqmode"), std::string::npos);
-    EXPECT_NE(err.error().message.find("0 to 2"), std::string::npos);
+    EXPECT_EQ(set->u64("io_timeout"), 5000u);  // null_blk's tag set: 5 s
+    // irqmode above 2 is clamped (null_validate_conf's min_t), not refused.
+    auto big = args({"irqmode=3"});
+    auto clamped = option_set::parse(core_options(), big);
+    ASSERT_TRUE(clamped);
+    EXPECT_EQ(clamped->u64("irqmode"), 2u);
+    EXPECT_EQ(clamped->value_text("irqmode"), "2");
+}
+
+// lib/kstrtox.c as configfs attributes use it.
+TEST(options, kernel_unsigned_parsing)
+{
+    EXPECT_EQ(parse_kernel_unsigned("42").value(), 42u);
+    EXPECT_EQ(parse_kernel_unsigned("42\n").value(), 42u);
+    EXPECT_EQ(parse_kernel_unsigned("+42").value(), 42u);
+    EXPECT_EQ(parse_kernel_unsigned("0x1F").value(), 31u);
+    EXPECT_EQ(parse_kernel_unsigned("0X1f").value(), 31u);
+    EXPECT_EQ(parse_kernel_unsigned("017").value(), 15u);
+    EXPECT_EQ(parse_kernel_unsigned("0").value(), 0u);
+    EXPECT_EQ(parse_kernel_unsigned(std::string_view("7\0junk", 6)).value(), 7u);  // a C string
+    EXPECT_EQ(parse_kernel_unsigned("18446744073709551615").value(), UINT64_MAX);
+    for (const char* bad : {"", "\n", "-1", " 1", "1 ", "1\n\n", "08", "0x", "0xg", "1a", "+"}) {
+        auto r = parse_kernel_unsigned(bad);
+        ASSERT_FALSE(r) << bad;
+        EXPECT_EQ(r.error().code.value(), EINVAL) << bad;
+    }
+    auto wide = parse_kernel_unsigned("18446744073709551616");
+    ASSERT_FALSE(wide);
+    EXPECT_EQ(wide.error().code.value(), ERANGE);
+    auto past = parse_kernel_unsigned("4294967296", UINT32_MAX);  // kstrtouint
+    ASSERT_FALSE(past);
+    EXPECT_EQ(past.error().code.value(), ERANGE);
+    EXPECT_EQ(parse_kernel_unsigned("4294967295", UINT32_MAX).value(), UINT32_MAX);
+}
+
+TEST(options, kernel_signed_and_bool_parsing)
+{
+    EXPECT_EQ(parse_kernel_signed("-1").value(), -1);
+    EXPECT_EQ(parse_kernel_signed("-0x10\n").value(), -16);
+    EXPECT_EQ(parse_kernel_signed("-2147483648", INT32_MIN, INT32_MAX).value(), INT32_MIN);
+    auto r = parse_kernel_signed("2147483648", INT32_MIN, INT32_MAX);  // kstrtoint
+    ASSERT_FALSE(r);
+    EXPECT_EQ(r.error().code.value(), ERANGE);
+    EXPECT_FALSE(parse_kernel_signed("--1"));
+    for (const char* t : {"1", "y", "Y", "yes", "t", "true", "on", "ON", "oN\n"}) {
+        EXPECT_TRUE(parse_kernel_bool(t).value()) << t;
+    }
+    for (const char* f : {"0", "n", "N", "no", "f", "false", "off", "OFF"}) {
+        EXPECT_FALSE(parse_kernel_bool(f).value()) << f;
+    }
+    for (const char* bad : {"", "2", "o", "x", "maybe", " 1"}) {
+        EXPECT_FALSE(parse_kernel_bool(bad)) << bad;
+    }
+}
+
+// A configfs write only parses; ranges apply at power on (check_ranges).
+TEST(options, parsing_and_range_checks_are_two_steps)
+{
+    auto set = option_set::parse_values(k_defs, args({"size=5000", "blocksize=65536"}));
+    ASSERT_TRUE(set) << set.error().message;
+    EXPECT_EQ(set->u64("size"), 5000u);  // out of range, stored
+    auto checked = *set;
+    auto r = checked.check_ranges();
+    ASSERT_FALSE(r);
+    EXPECT_NE(r.error().message.find("size=5000"), std::string::npos);
+    ASSERT_TRUE(set->assign("size", "0x20\n"));
+    std::vector<std::string> notes;
+    ASSERT_TRUE(set->check_ranges(&notes));
+    EXPECT_EQ(set->u64("size"), 32u);
+    EXPECT_EQ(set->u64("blocksize"), 4096u);  // clamped and written back
+    ASSERT_EQ(notes.size(), 1u);
+    EXPECT_NE(notes[0].find("blocksize=65536 clamped to 4096"), std::string::npos) << notes[0];
+    EXPECT_EQ(set->value_text("blocksize"), "4096");
+    auto unknown = set->assign("nosuch", "1");
+    ASSERT_FALSE(unknown);
+    EXPECT_EQ(unknown.error().code.value(), ENOENT);
 }

@@ -31,23 +31,11 @@ export SOFTBLK_RUN_DIR=$run_dir
 work=$run_dir/work
 mkdir -p "$work"
 fio_pid=
+source "$(dirname "$0")/lib_run_dir.sh"
 cleanup() {
   set +e
   [ -n "$fio_pid" ] && kill -9 "$fio_pid" 2>/dev/null
-  local pid=
-  [ -s "$run_dir/daemon.pid" ] && pid=$(cat "$run_dir/daemon.pid")
-  if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
-    sb del --all >/dev/null 2>&1
-    sb shutdown --force >/dev/null 2>&1
-    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$pid" 2>/dev/null
-  fi
-  awk -v d="$run_dir/" 'index($2, d) == 1 {print $2}' /proc/self/mounts | sort -r |
-    while read -r m; do umount -l "$m"; done
-  for loop in $(losetup -nO NAME,BACK-FILE 2>/dev/null | awk -v d="$run_dir/" 'index($2, d) == 1 {print $1}'); do
-    losetup -d "$loop"
-  done
-  rm -rf "$run_dir"
+  clear_run_dir "$run_dir"
 }
 trap cleanup EXIT
 fail() { echo "FAIL: $*" >&2; [ -f "$run_dir/daemon.log" ] && tail -20 "$run_dir/daemon.log" >&2; exit 1; }

@@ -5,9 +5,10 @@
 #
 # The daemon is the `softblk` CLI's (path in $SOFTBLK_CLI, set by CTest
 # when the CLI is built; SOFTBLK_RUN_DIR points it at the test's run
-# directory), or else tests/host/softblk-fuse-driver ($SOFTBLK_FUSE_DRIVER),
-# which creates devices in-process and exports them with the "fuse" export
-# type, taking commands on a FIFO. The helpers below hide the difference.
+# directory), or else softblk-driver --export fuse ($SOFTBLK_DRIVER, from
+# src/driver), which creates devices in-process and exports them with the
+# "fuse" export type, taking commands on a FIFO. The helpers below hide the
+# difference.
 
 set -euo pipefail
 
@@ -22,8 +23,8 @@ require_host() {
     if [ -n "${SOFTBLK_CLI:-}" ]; then
         [ -x "$SOFTBLK_CLI" ] || skip "SOFTBLK_CLI=$SOFTBLK_CLI is not executable"
     else
-        [ -n "${SOFTBLK_FUSE_DRIVER:-}" ] && [ -x "$SOFTBLK_FUSE_DRIVER" ] ||
-            skip "neither SOFTBLK_CLI nor SOFTBLK_FUSE_DRIVER names a built daemon"
+        [ -n "${SOFTBLK_DRIVER:-}" ] && [ -x "$SOFTBLK_DRIVER" ] ||
+            skip "neither SOFTBLK_CLI nor SOFTBLK_DRIVER names a built daemon"
     fi
     local tool
     for tool in "$@"; do
@@ -69,6 +70,10 @@ cleanup_host() {
     exit $rc
 }
 
+# fio saves a write job's verify state (local-JOB-N-verify.state) in the
+# current directory: run it in the test's run directory, which goes with it.
+fio() { (cd "${RUN_DIR:?start_daemon first}" && command fio "$@"); }
+
 # Starts the daemon with a fresh run directory.
 start_daemon() {
     RUN_DIR=$(mktemp -d /tmp/softblk-host.XXXXXX)
@@ -88,10 +93,15 @@ launch_daemon() {
     fi
     rm -f "$RUN_DIR/cmd" "$RUN_DIR/reply"
     mkfifo "$RUN_DIR/cmd" "$RUN_DIR/reply"
-    "$SOFTBLK_FUSE_DRIVER" --run-dir "$RUN_DIR" <"$RUN_DIR/cmd" >"$RUN_DIR/reply" 2>"$RUN_DIR/daemon.log" &
+    "$SOFTBLK_DRIVER" --export fuse --run-dir "$RUN_DIR" --commands \
+        <"$RUN_DIR/cmd" >"$RUN_DIR/reply" 2>"$RUN_DIR/daemon.log" &
     DAEMON_PID=$!
     exec 7>"$RUN_DIR/cmd"
     exec 8<"$RUN_DIR/reply"
+    # The driver says "ready" once it has cleaned up after a dead one.
+    local line=""
+    read -r -t 60 line <&8 || true
+    [ "$line" = ready ] || fail "driver not ready: '$line' (log: $(cat "$RUN_DIR/daemon.log"))"
 }
 
 # Sends one command; the answer line (without "ok ") lands in REPLY_LINE.

@@ -1,8 +1,9 @@
 # Shared helpers for the NBD host tests (sourced). Each test gets its own
-# directory and softblk-nbd servers that are stopped on exit, pass or fail.
+# directory and NBD servers (softblk-driver --export nbd) that are stopped
+# on exit, pass or fail.
 set -euo pipefail
 
-: "${SOFTBLK_NBD:?set SOFTBLK_NBD to the softblk-nbd driver}"
+: "${SOFTBLK_DRIVER:?set SOFTBLK_DRIVER to softblk-driver (src/driver)}"
 work=$(mktemp -d /tmp/softblk-nbd-test.XXXXXX)
 server_pids=()
 
@@ -38,11 +39,22 @@ fail() {
 }
 need() { local t; for t in "$@"; do command -v "$t" >/dev/null || skip "$t not installed"; done; }
 
-# start_server NAME [softblk-nbd args...]: runs the driver with its output in
-# $work/NAME.out; sets SERVER_PID and waits for "ready".
+# fio saves a write job's verify state (local-JOB-N-verify.state) in the
+# current directory: run it in this test's directory, which goes with it.
+fio() { (cd "$work" && command fio "$@"); }
+
+# nbd_driver ARGS...: softblk-driver serving NBD in this test's directory,
+# in the foreground (a start that must fail).
+nbd_driver() { "$SOFTBLK_DRIVER" --export nbd --run-dir "$work" "$@"; }
+
+# start_server NAME [driver args...]: runs the driver with its output in
+# $work/NAME.out; sets SERVER_PID and waits for "ready". The driver is
+# started here, not through nbd_driver: in the background a function runs
+# in a subshell, whose pid is not the server's (a signal to it would leave
+# the server running).
 start_server() {
   local name=$1; shift
-  "$SOFTBLK_NBD" --run-dir "$work" "$@" >"$work/$name.out" 2>"$work/$name.err" &
+  "$SOFTBLK_DRIVER" --export nbd --run-dir "$work" "$@" >"$work/$name.out" 2>"$work/$name.err" &
   SERVER_PID=$!
   server_pids+=("$SERVER_PID")
   local i

@@ -5,7 +5,8 @@
 source "$(dirname "$0")/lib.sh"
 need nbdinfo nbdcopy qemu-img qemu-io python3
 
-start_server s -o threads=2 d0 null memory_backed=1 size=64 , d1 null memory_backed=1 size=16 bs=4096
+start_server s -o threads=2 d0 null memory_backed=1 size=64 submit_queues=2 , \
+  d1 null memory_backed=1 size=16 bs=4096 submit_queues=2
 U=$(uri_of s d0)
 U1=$(uri_of s d1)
 sock="$work/nbd.sock"

@@ -261,14 +261,14 @@ log_has stall "dropped: still in the NBD handshake 2000 ms after it connected"
 server_alive "$SERVER_PID" || fail "server died with stalled TLS clients"
 
 # Bad settings are refused with a reason.
-if "$SOFTBLK_NBD" --run-dir "$work" -o socket="$work/x.sock" -o tls=require x null size=1 2>"$work/bad.err"; then
+if nbd_driver -o socket="$work/x.sock" -o tls=require x null size=1 2>"$work/bad.err"; then
   fail "tls=require without credentials started"
 fi
 grep -q 'tls-certs' "$work/bad.err" || fail "message: $(cat "$work/bad.err")"
-# refused OUT_NAME TEXT -o ...: softblk-nbd refuses these options and says TEXT.
+# refused OUT_NAME TEXT -o ...: the driver refuses these options and says TEXT.
 refused() {
   local name=$1 text=$2; shift 2
-  if "$SOFTBLK_NBD" --run-dir "$work" "$@" x null size=1 >/dev/null 2>"$work/$name.err"; then
+  if nbd_driver "$@" x null size=1 >/dev/null 2>"$work/$name.err"; then
     fail "$name: started"
   fi
   grep -qF -- "$text" "$work/$name.err" || fail "$name: message: $(cat "$work/$name.err")"

@@ -72,9 +72,15 @@ private:
     io_request* _tail = nullptr;
 };
 
+// Its data outlives power cycles, as a target's must (target_data).
+struct async_data final : target_data {
+    std::unique_ptr<memory_store> store =
+        memory_store::create({.capacity_bytes = 8 << 20, .block_size = 4096});
+};
+
 class async_target final : public target {
 public:
-    async_target() : _store(memory_store::create({.capacity_bytes = 8 << 20, .block_size = 4096}))
+    explicit async_target(std::shared_ptr<async_data> data) : _data(std::move(data))
     {
         _limits.capacity_bytes = 8 << 20;
         _limits.logical_block_size = 4096;
@@ -84,11 +90,11 @@ public:
     const block_limits& limits() const override { return _limits; }
     result<std::unique_ptr<target_queue>> open_queue(unsigned, completion_sink& sink) override
     {
-        return std::make_unique<async_queue>(*_store, sink);
+        return std::make_unique<async_queue>(*_data->store, sink);
     }
 
 private:
-    std::unique_ptr<memory_store> _store;
+    std::shared_ptr<async_data> _data;
     block_limits _limits;
 };
 
@@ -97,9 +103,18 @@ private:
     .description = "test target that completes only from poll()",
     .options = {},
     .create = [](const option_set&) -> result<std::unique_ptr<target>> {
-        return std::make_unique<async_target>();
+        return std::make_unique<async_target>(std::make_shared<async_data>());
     },
     .submit_queues = {},
+    .power_on = [](option_set&, std::shared_ptr<target_data>& kept,
+                   std::vector<std::string>&) -> result<std::unique_ptr<target>> {
+        auto data = std::dynamic_pointer_cast<async_data>(kept);
+        if (!data) {
+            data = std::make_shared<async_data>();
+            kept = data;
+        }
+        return std::make_unique<async_target>(data);
+    },
 });
 
 std::unique_ptr<device> make_async(std::vector<std::string> options)

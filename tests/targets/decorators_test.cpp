@@ -15,18 +15,6 @@ using namespace softblk::test;
 
 namespace {
 
-bool all_zero(const std::vector<char>& v)
-{
-    return std::all_of(v.begin(), v.end(), [](char c) { return c == 0; });
-}
-
-std::vector<char> read_back(device& d, uint64_t offset, uint32_t length)
-{
-    std::vector<char> b(length, 'x');
-    EXPECT_EQ(d.execute(io_op::read, offset, length, b.data()), static_cast<int>(length));
-    return b;
-}
-
 void power_cycle(device& d)
 {
     ASSERT_TRUE(d.set_power(false));
@@ -197,11 +185,16 @@ TEST(cache_size, queues_share_the_cache_under_write_back)
     }
 }
 
-TEST(cache_size, needs_memory_on_the_null_target)
+TEST(cache_size, is_ignored_without_memory_on_the_null_target)
 {
-    const std::string e = create_error({"cache_size=16"});
-    EXPECT_NE(e.find("cache_size=16"), std::string::npos) << e;
-    EXPECT_NE(e.find("memory_backed=1"), std::string::npos) << e;
+    // null_validate_conf: "cache is meaningless" without memory_backed, so
+    // cache_size becomes 0 (a read shows it).
+    auto d = make_null({"cache_size=16", "size=1"});
+    ASSERT_TRUE(d);
+    EXPECT_FALSE(d->limits().volatile_write_cache);
+    EXPECT_EQ(d->get_option("cache_size").value(), "0\n");
+    ASSERT_FALSE(d->notes().empty());
+    EXPECT_NE(d->notes().front().find("cache_size=16 ignored"), std::string::npos);
 }
 
 TEST(cache_size, counts_against_the_process_budget_and_writes_through_past_it)
@@ -315,6 +308,21 @@ TEST(mbps, is_shared_by_the_queues)
     t.join();
     // 4 MiB in all at 50 MiB/s: the slower of the two needs most of 60 ms.
     EXPECT_GE(std::max(a, b), 40'000'000u) << a << " " << b;
+}
+
+TEST(mbps, counts_discard_as_null_blk_does)
+{
+    // blk_rq_bytes() of a discard is its length: 8 MiB at 50 MiB/s take
+    // well over 100 ms, though no data moves.
+    auto d = make_null({"mbps=50", "size=64", "memory_backed=1", "discard=1"});
+    ASSERT_TRUE(d);
+    const uint64_t start = now_ns();
+    for (int i = 0; i < 8; ++i) {
+        ASSERT_EQ(d->execute(io_op::discard, uint64_t(i) << 20, 1 << 20, nullptr), 0);
+    }
+    const uint64_t ns = now_ns() - start;
+    EXPECT_GE(ns, 100'000'000u) << ns;
+    EXPECT_GE(describe(*d)["target"]["throttle"]["admitted_bytes"].get<uint64_t>(), 8u << 20);
 }
 
 TEST(mbps, is_clamped_to_null_blks_maximum)
@@ -469,6 +477,9 @@ TEST(fault_injection, init_hctx_fails_device_creation)
     const std::string e = create_error({"init_hctx=1,100,0,-1", "size=1"}, &code);
     EXPECT_EQ(code, EFAULT);
     EXPECT_NE(e.find("init_hctx"), std::string::npos) << e;
+    if (possible_cpus() < 2) {
+        GTEST_SKIP() << "needs two CPUs for two submit queues";
+    }
     // space=3: the first two queues open, the third fails.
     EXPECT_FALSE(device::create("x", "null",
                                 std::vector<std::string>{"init_hctx_fault_inject=1,100,3,-1",
@@ -480,8 +491,10 @@ TEST(fault_injection, init_hctx_fails_device_creation)
 
 TEST(fault_injection, malformed_specs_are_errors)
 {
-    for (const char* bad :
-         {"timeout=1,100,0", "requeue=a,b,c,d", "timeout=1,101,0,-1", "init_hctx=1,50,0,-5"}) {
+    // setup_fault_attr takes any probability (100 and above always fail) and
+    // any times (below -1 counts down from there, failing all along).
+    EXPECT_TRUE(make_null({"timeout=1,101,0,-1", "init_hctx=1,0,0,-5", "size=1"}));
+    for (const char* bad : {"timeout=1,100,0", "requeue=a,b,c,d", "init_hctx=-1,50,0,1"}) {
         const std::string e = create_error({bad});
         const std::string key(bad, std::string_view(bad).find('='));
         EXPECT_NE(e.find(key + "="), std::string::npos) << e;

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstring>
 #include <ctime>
@@ -105,6 +106,20 @@ inline std::vector<char> pattern(size_t n, unsigned seed)
         v[i] = static_cast<char>((i * 131 + seed * 7 + (i >> 9)) & 0xff);
     }
     return v;
+}
+
+inline bool all_zero(const std::vector<char>& v)
+{
+    return std::all_of(v.begin(), v.end(), [](char c) { return c == 0; });
+}
+
+// `length` bytes read at `offset` through device::execute (which must
+// succeed).
+inline std::vector<char> read_back(device& d, uint64_t offset, uint32_t length)
+{
+    std::vector<char> b(length, 'x');
+    EXPECT_EQ(d.execute(io_op::read, offset, length, b.data()), static_cast<int>(length));
+    return b;
 }
 
 inline nlohmann::json describe(const device& d)

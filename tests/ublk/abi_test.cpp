@@ -6,6 +6,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
+#include <vector>
+
 namespace softblk::ublk {
 namespace {
 
@@ -106,6 +109,43 @@ TEST(ublk_abi, io_op_and_flag_values_match_the_system_header)
     EXPECT_EQ(k_io_f_nounmap, uint32_t{UBLK_IO_F_NOUNMAP});
     EXPECT_EQ(k_attr_volatile_cache, uint32_t{UBLK_ATTR_VOLATILE_CACHE});
     EXPECT_EQ(k_attr_fua, uint32_t{UBLK_ATTR_FUA});
+}
+
+TEST(ublk_abi, report_zones_entries_are_blk_zone_in_sectors)
+{
+    zone_descriptor d;
+    d.start = 8 << 20;
+    d.length = 4 << 20;
+    d.capacity = 3 << 20;
+    d.write_pointer = (8 << 20) + 4096;
+    d.type = zone_type::sequential_write_required;
+    d.condition = zone_condition::implicit_open;
+    const ::blk_zone z = to_blk_zone(d);
+    EXPECT_EQ(z.start, 16384u);
+    EXPECT_EQ(z.len, 8192u);
+    EXPECT_EQ(z.capacity, 6144u);
+    EXPECT_EQ(z.wp, 16392u);
+    EXPECT_EQ(z.type, 2);          // BLK_ZONE_TYPE_SEQWRITE_REQ
+    EXPECT_EQ(z.cond, 2);          // BLK_ZONE_COND_IMP_OPEN
+    d.write_pointer = UINT64_MAX;  // none: stays all ones
+    EXPECT_EQ(to_blk_zone(d).wp, UINT64_MAX);
+
+    // In place, from descriptors to 64-byte entries.
+    std::vector<char> buffer(5 * sizeof(::blk_zone));
+    for (uint32_t i = 0; i < 5; ++i) {
+        zone_descriptor e = d;
+        e.start = uint64_t{i} << 22;
+        e.write_pointer = e.start + 512 * i;
+        std::memcpy(buffer.data() + i * sizeof(zone_descriptor), &e, sizeof(e));
+    }
+    zones_to_blk_zones(buffer.data(), 5);
+    for (uint32_t i = 0; i < 5; ++i) {
+        ::blk_zone out;
+        std::memcpy(&out, buffer.data() + i * sizeof(::blk_zone), sizeof(out));
+        EXPECT_EQ(out.start, uint64_t{i} << 13) << i;
+        EXPECT_EQ(out.wp, (uint64_t{i} << 13) + i) << i;
+        EXPECT_EQ(out.len, 8192u) << i;
+    }
 }
 
 }  // namespace

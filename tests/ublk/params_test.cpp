@@ -104,14 +104,62 @@ TEST(ublk_params, refuses_what_the_kernel_would)
     EXPECT_NE(p.error().message.find("8192"), std::string::npos);
 
     l = null_4k();
-    l.zoned = true;
-    p = make_params(l, 1 << 20, 4096);
-    ASSERT_FALSE(p);
-    EXPECT_EQ(p.error().code.value(), EOPNOTSUPP);
-
-    l = null_4k();
     l.capacity_bytes = 4096 + 512;
     EXPECT_FALSE(make_params(l, 1 << 20, 4096));
+}
+
+block_limits zoned_4k()
+{
+    block_limits l = null_4k();
+    l.capacity_bytes = 64ull << 20;
+    l.zoned = true;
+    l.zone_size_bytes = 4 << 20;
+    l.zone_capacity_bytes = 3 << 20;
+    l.conventional_zones = 1;
+    l.max_open_zones = 3;
+    l.max_active_zones = 5;
+    l.max_zone_append_bytes = 1 << 20;
+    return l;
+}
+
+TEST(ublk_params, zoned_devices_pass_their_geometry)
+{
+    block_limits l = zoned_4k();
+    auto p = make_params(l, 512 << 10, 4096);
+    ASSERT_TRUE(p) << p.error().message;
+    EXPECT_EQ(p->types & k_param_zoned, k_param_zoned);
+    EXPECT_EQ(p->basic.chunk_sectors, (4u << 20) >> 9);
+    EXPECT_EQ(p->zoned.max_open_zones, 3u);
+    EXPECT_EQ(p->zoned.max_active_zones, 5u);
+    // Zone append is bounded by the largest request (max_sectors: 124 KiB
+    // here, the transfer limit), and by the device's own limit below it.
+    EXPECT_EQ(p->zoned.max_zone_append_sectors, p->basic.max_sectors);
+    EXPECT_EQ(p->basic.max_sectors, 248u);
+    l.max_zone_append_bytes = 64 << 10;
+    p = make_params(l, 512 << 10, 4096);
+    ASSERT_TRUE(p) << p.error().message;
+    EXPECT_EQ(p->zoned.max_zone_append_sectors, 128u);
+    EXPECT_EQ(p->types & k_param_discard, 0u);
+}
+
+TEST(ublk_params, refuses_zoned_devices_the_kernel_would)
+{
+    block_limits l = zoned_4k();
+    l.capacity_bytes += 1 << 20;  // a smaller last zone
+    auto p = make_params(l, 512 << 10, 4096);
+    ASSERT_FALSE(p);
+    EXPECT_NE(p.error().message.find("smaller last zone"), std::string::npos);
+    l = zoned_4k();
+    l.max_zone_append_bytes = 0;
+    p = make_params(l, 512 << 10, 4096);
+    ASSERT_FALSE(p);
+    EXPECT_NE(p.error().message.find("zone append"), std::string::npos);
+    l = zoned_4k();
+    l.max_active_zones = 17;
+    EXPECT_FALSE(make_params(l, 512 << 10, 4096));
+    l = zoned_4k();
+    l.zone_size_bytes = 3 << 20;
+    EXPECT_FALSE(make_params(l, 512 << 10, 4096));
 }
 
 TEST(ublk_params, physical_block_below_logical_is_raised)

@@ -28,7 +28,7 @@ struct daemon_device {
     uint32_t logical_block_size = 512;
     std::string export_type;  // "ublk", "fuse", "nbd", "none", ...
     // What the export says where it is: "block" (ublk node), "file" and
-    // "loop" (FUSE), "uri" (NBD).
+    // "loop" (FUSE), "uri" (NBD), "socket" (vhost-user-blk).
     std::map<std::string, std::string> export_location;
 };
 

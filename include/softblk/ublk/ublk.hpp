@@ -33,23 +33,4 @@ struct kernel_features {
 // thread; errors say why ublk is unavailable.
 result<kernel_features> query_kernel_features();
 
-// A device whose ublk state file survives under RUN_DIR/ublk: what
-// `softblk recover` re-creates (the device from target_type and
-// device_options, then the export from export_options, which re-attaches
-// to dev_id with START/END_USER_RECOVERY instead of adding a new device).
-struct recoverable_device {
-    std::string device;
-    std::string target_type;
-    std::vector<std::string> device_options;
-    std::vector<std::string> export_options;
-    uint32_t dev_id = 0;
-    std::string state;         // LIVE, QUIESCED, FAIL_IO, DEAD (the kernel's view)
-    int32_t daemon_pid = 0;    // the pid the kernel has (dead if recoverable)
-    bool recoverable = false;  // USER_RECOVERY device whose daemon is gone
-};
-
-// Every state file under ctx.run_dir/ublk with the kernel's view of its
-// device. Control thread.
-result<std::vector<recoverable_device>> list_state(const export_context& ctx);
-
 }  // namespace softblk::ublk

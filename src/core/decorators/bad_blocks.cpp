@@ -8,6 +8,10 @@
 //                         inner target), then the request fails with -EIO
 //                         and io_request::transferred says how many bytes
 //                         were done.
+// A zoned target checks its own writes and zone appends (take_media_errors):
+// null_blk applies bad blocks there after the zone checks, at the sector a
+// zone append really writes, and advances the write pointer over a partial
+// write; the decorator then handles the other operations only.
 #include "common.hpp"
 
 #include <cerrno>
@@ -120,7 +124,7 @@ private:
     request_fifo _waiting;  // partial I/O waiting for a pool entry
 };
 
-class bad_blocks_target final : public target_decorator {
+class bad_blocks_target final : public target_decorator, public media_errors {
 public:
     bad_blocks_target(std::unique_ptr<target> inner, std::shared_ptr<bad_block_table> table,
                       bool once, bool partial_io, unsigned pool_size)
@@ -130,6 +134,13 @@ public:
           _partial_io(partial_io),
           _pool_size(pool_size)
     {
+        _target_checks_writes = _inner->take_media_errors(this);
+    }
+
+    // The target's own check of a write (media_errors).
+    int64_t check_write(uint64_t offset, uint32_t length) override
+    {
+        return check_range(offset, length);
     }
 
     result<std::unique_ptr<target_queue>> open_queue(unsigned index, completion_sink& sink) override
@@ -153,6 +164,7 @@ public:
         out["badblocks"] = {{"list", _table->list()},
                             {"once", _once},
                             {"partial_io", _partial_io},
+                            {"writes_checked_by_target", _target_checks_writes},
                             {"failed", _failed.load(std::memory_order_relaxed)}};
     }
 
@@ -160,13 +172,23 @@ public:
     // no bad block.
     int64_t check(const io_request& r)
     {
-        if (_table->empty() || !checked_op(r.op)) {
+        if (!checked_op(r.op) ||
+            (_target_checks_writes && (r.op == io_op::write || r.op == io_op::zone_append))) {
             return -1;
         }
-        const uint64_t sector = r.offset >> 9;
+        return check_range(r.offset, r.length);
+    }
+
+private:
+    int64_t check_range(uint64_t offset, uint32_t length)
+    {
+        if (_table->empty()) {
+            return -1;
+        }
+        const uint64_t sector = offset >> 9;
         uint64_t first_bad = 0;
         uint64_t bad_count = 0;
-        if (!_table->check(sector, r.length >> 9, first_bad, bad_count)) {
+        if (!_table->check(sector, length >> 9, first_bad, bad_count)) {
             return -1;
         }
         _failed.fetch_add(1, std::memory_order_relaxed);
@@ -181,10 +203,10 @@ public:
         return sector < first_bad ? static_cast<int64_t>((first_bad - sector) << 9) : 0;
     }
 
-private:
     std::shared_ptr<bad_block_table> _table;
     bool _once;
     bool _partial_io;
+    bool _target_checks_writes = false;
     unsigned _pool_size;
     std::atomic<uint64_t> _failed{0};
 };

@@ -79,31 +79,41 @@ private:
 
 // ---------------------------------------------------------------- faults
 
-// The kernel's fault_attr (lib/fault-inject.c), as null_blk's timeout=,
-// requeue= and init_hctx= take it: "interval,probability,space,times".
-struct fault_spec {
-    uint64_t interval = 1;     // fail at most every interval-th eligible call
-    uint64_t probability = 0;  // percent, 0..100
-    uint64_t space = 0;        // calls (of size 1) that pass before any fails
-    int64_t times = -1;        // failures left; -1: no limit
-};
-
-// Parses "interval,probability,space,times". Errors name `attribute`.
-result<fault_spec> parse_fault_spec(std::string_view attribute, std::string_view text);
-
-// Shared by the queues of a device: atomics only.
+// The kernel's fault_attr (lib/fault-inject.c) with the fields of its
+// configfs directory (timeout_inject/, requeue_inject/,
+// init_hctx_fault_inject/), defaults FAULT_ATTR_INITIALIZER's. Shared by the
+// queues of a device and changed live by the control thread: relaxed
+// atomics only.
 class fault_attr {
 public:
-    explicit fault_attr(const fault_spec& spec);
+    enum field : unsigned {
+        probability,  // percent; 0 never; 100 and above always
+        interval,     // fail at most every interval-th eligible call
+        times,        // failures left; -1: no limit (atomic_t)
+        space,        // calls (of size 1) that pass first (atomic_t)
+        verbose,      // the kernel's log of each failure; softblk logs none
+        verbose_ratelimit_interval_ms,
+        verbose_ratelimit_burst,
+        task_filter,  // only tasks with make-it-fail: softblk has none
+        k_field_count,
+    };
+    // The attribute name of each field ("task-filter" with its dash).
+    static const char* name(field f);
+
+    fault_attr();
+    // Sets a field (the value as parsed for its attribute).
+    void set(field f, int64_t value) { _fields[f].store(value, std::memory_order_relaxed); }
+    int64_t get(field f) const { return _fields[f].load(std::memory_order_relaxed); }
+    // setup_fault_attr(): "interval,probability,space,times" (the module
+    // parameter). Errors name `attribute`.
+    result<void> setup(std::string_view attribute, std::string_view text);
+
     // should_fail(attr, 1): true when this call is to fail.
     bool should_fail();
-    const fault_spec& spec() const { return _spec; }
     uint64_t failures() const { return _failures.load(std::memory_order_relaxed); }
 
 private:
-    fault_spec _spec;
-    std::atomic<int64_t> _times;
-    std::atomic<int64_t> _space;
+    std::atomic<int64_t> _fields[k_field_count];
     std::atomic<uint64_t> _count{0};
     std::atomic<uint64_t> _random;
     std::atomic<uint64_t> _failures{0};
@@ -119,7 +129,8 @@ public:
     static constexpr uint64_t k_max_record = 512;
 
     // Applies "+start-end" (mark bad) or "-start-end" (clear), inclusive
-    // sector numbers. Errors name the attribute.
+    // sector numbers parsed as null_blk's store does (surrounding blanks
+    // stripped, kstrtoull base 0). Errors name the attribute (EINVAL).
     result<void> apply(std::string_view spec);
     void set(uint64_t start, uint64_t count);
     void clear(uint64_t start, uint64_t count);
@@ -129,8 +140,13 @@ public:
     // start may lie before `sector`).
     bool check(uint64_t sector, uint64_t count, uint64_t& first_bad, uint64_t& bad_count) const;
     bool empty() const { return _ranges_count.load(std::memory_order_acquire) == 0; }
-    // "start-end" lines, as null_blk's badblocks attribute shows them.
+    // "start-end" per merged range (for describe()).
     std::vector<std::string> list() const;
+    // "+start-end" per merged range: what re-creates the list.
+    std::vector<std::string> canonical() const;
+    // The configfs read (badblocks_show): "start length\n" per record of
+    // at most k_max_record sectors.
+    std::string show() const;
 
 private:
     mutable std::mutex _lock;
@@ -147,9 +163,9 @@ std::unique_ptr<target> make_bad_blocks(std::unique_ptr<target> inner,
                                         bool partial_io, const queue_config& queues);
 std::unique_ptr<target> make_throttle(std::unique_ptr<target> inner, uint64_t mbps);
 std::unique_ptr<target> make_fault_injection(std::unique_ptr<target> inner,
-                                             std::unique_ptr<fault_attr> timeout,
-                                             std::unique_ptr<fault_attr> requeue,
-                                             std::unique_ptr<fault_attr> init_hctx);
+                                             std::shared_ptr<fault_attr> timeout,
+                                             std::shared_ptr<fault_attr> requeue,
+                                             std::shared_ptr<fault_attr> init_hctx);
 
 // Merges `ranges` (sorted, disjoint [start, end) byte ranges that hold data)
 // into `extents` (sorted, gap-free), marking them allocated.

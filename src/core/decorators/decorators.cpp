@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cctype>
 #include <charconv>
 #include <fmt/core.h>
 #include <random>
@@ -19,16 +20,82 @@ namespace {
 constexpr uint64_t k_max_mbps = 1024 * 40;
 constexpr uint64_t k_max_cache_mib = UINT64_MAX / 1024 / 1024;
 
+// One configfs directory of fault_attr fields per kind, as null_blk makes
+// them with CONFIG_BLK_DEV_NULL_BLK_FAULT_INJECTION (lib/fault-inject.c):
+// every field is live. Defaults are FAULT_ATTR_INITIALIZER's.
+#define SOFTBLK_FAULT_FIELDS(DIR, WHAT)                                                     \
+    {.name = DIR "/probability",                                                            \
+     .kind = option_kind::integer,                                                          \
+     .default_value = "0",                                                                  \
+     .unit = "%",                                                                           \
+     .help = WHAT ": percent of eligible requests that fail (0 never, 100 or more always)", \
+     .update = option_update::live},                                                        \
+        {.name = DIR "/interval",                                                           \
+         .kind = option_kind::integer,                                                      \
+         .default_value = "1",                                                              \
+         .unit = "",                                                                        \
+         .help = WHAT ": fail at most every interval-th eligible request",                  \
+         .update = option_update::live},                                                    \
+        {.name = DIR "/times",                                                              \
+         .kind = option_kind::signed_integer,                                               \
+         .default_value = "1",                                                              \
+         .unit = "",                                                                        \
+         .help = WHAT ": failures left (reads count down); -1: no limit",                   \
+         .bits = 32,                                                                        \
+         .update = option_update::live},                                                    \
+        {.name = DIR "/space",                                                              \
+         .kind = option_kind::signed_integer,                                               \
+         .default_value = "0",                                                              \
+         .unit = "",                                                                        \
+         .help = WHAT ": while above 1, a request passes and takes 1 from it",              \
+         .bits = 32,                                                                        \
+         .update = option_update::live},                                                    \
+        {.name = DIR "/verbose",                                                            \
+         .kind = option_kind::integer,                                                      \
+         .default_value = "2",                                                              \
+         .unit = "",                                                                        \
+         .help = WHAT                                                                       \
+         ": the kernel logs each failure; softblk keeps the value and logs none "           \
+         "(it counts failures in `list`)",                                                  \
+         .update = option_update::live},                                                    \
+        {.name = DIR "/verbose_ratelimit_interval_ms",                                      \
+         .kind = option_kind::integer,                                                      \
+         .default_value = "0",                                                              \
+         .unit = "",                                                                        \
+         .help = WHAT ": rate limit of the kernel's failure log; kept, no effect (no log)", \
+         .bits = 32,                                                                        \
+         .update = option_update::live},                                                    \
+        {.name = DIR "/verbose_ratelimit_burst",                                            \
+         .kind = option_kind::integer,                                                      \
+         .default_value = "10",                                                             \
+         .unit = "",                                                                        \
+         .help = WHAT ": burst of the kernel's failure log; kept, no effect (no log)",      \
+         .bits = 32,                                                                        \
+         .update = option_update::live},                                                    \
+    {                                                                                       \
+        .name = DIR "/task-filter", .kind = option_kind::boolean, .default_value = "0",     \
+        .unit = "",                                                                         \
+        .help = WHAT                                                                        \
+            ": fail only tasks marked make-it-fail; softblk's queue threads never are, "    \
+            "so 1 stops the failures",                                                      \
+        .update = option_update::live                                                       \
+    }
+
+constexpr const char* k_fault_dirs[3] = {"timeout_inject", "requeue_inject",
+                                         "init_hctx_fault_inject"};
+constexpr const char* k_fault_params[3] = {"timeout", "requeue", "init_hctx"};
+
 constexpr option_def k_decorator_options[] = {
     {.name = "mbps",
      .kind = option_kind::integer,
      .default_value = "0",
      .unit = "MiB/s",
-     .help = "bandwidth limit of the device's data transfers, shared by its queues; 0: none "
-             "(clamped to 40960 as null_blk does)",
+     .help = "bandwidth limit of the device's transfers (discard included), shared by its "
+             "queues; 0: none (clamped to 40960 at power on, as null_blk does)",
      .min = 0,
      .max = k_max_mbps,
-     .range = option_range::clamp},
+     .range = option_range::clamp,
+     .bits = 32},
     {.name = "cache_size",
      .kind = option_kind::integer,
      .default_value = "0",
@@ -48,67 +115,84 @@ constexpr option_def k_decorator_options[] = {
      .kind = option_kind::text,
      .default_value = "",
      .unit = "512-byte sectors",
-     .help = "+start-end marks sectors bad, -start-end clears them (inclusive); may repeat",
-     .repeatable = true},
+     .help = "+start-end marks sectors bad, -start-end clears them (inclusive); may repeat; "
+             "changes at any time",
+     .repeatable = true,
+     .update = option_update::live},
     {.name = "badblocks_once",
      .kind = option_kind::boolean,
      .default_value = "0",
      .unit = "",
-     .help = "a bad block fails once, then is cleared"},
+     .help = "a bad block fails once, then is cleared (newer kernels; not in 6.12)"},
     {.name = "badblocks_partial_io",
      .kind = option_kind::boolean,
      .default_value = "0",
      .unit = "",
-     .help = "transfer up to the first bad block, then fail with -EIO (bytes done in transferred)"},
+     .help = "transfer up to the first bad block, then fail with -EIO (bytes done in "
+             "transferred; newer kernels, not in 6.12)"},
     {.name = "timeout",
      .kind = option_kind::text,
      .default_value = "",
      .unit = "",
-     .help =
-         "fault injection interval,probability,space,times: chosen requests are never completed "
-         "(the core's io_timeout ends them with -ETIMEDOUT)",
-     .alias = "timeout_inject"},
+     .help = "module parameter interval,probability,space,times: sets timeout_inject/*; chosen "
+             "requests are never completed (the core's io_timeout ends them with -ETIMEDOUT)",
+     .alias = "timeout_inject",
+     .update = option_update::creation},
     {.name = "requeue",
      .kind = option_kind::text,
      .default_value = "",
      .unit = "",
-     .help =
-         "fault injection interval,probability,space,times: chosen requests are requeued and run "
-         "again",
-     .alias = "requeue_inject"},
+     .help = "module parameter interval,probability,space,times: sets requeue_inject/*; chosen "
+             "requests are requeued and run again",
+     .alias = "requeue_inject",
+     .update = option_update::creation},
     {.name = "init_hctx",
      .kind = option_kind::text,
      .default_value = "",
      .unit = "",
-     .help = "fault injection interval,probability,space,times: opening a chosen queue fails with "
-             "-EFAULT",
-     .alias = "init_hctx_fault_inject"},
+     .help = "module parameter interval,probability,space,times: sets init_hctx_fault_inject/*; "
+             "opening a chosen queue fails with -EFAULT",
+     .alias = "init_hctx_fault_inject",
+     .update = option_update::creation},
+    SOFTBLK_FAULT_FIELDS("timeout_inject", "timeout injection"),
+    SOFTBLK_FAULT_FIELDS("requeue_inject", "requeue injection"),
+    SOFTBLK_FAULT_FIELDS("init_hctx_fault_inject", "queue-init fault injection"),
 };
 
-result<uint64_t> parse_u64(std::string_view text)
-{
-    int base = 10;
-    if (text.size() > 2 && text[0] == '0' && (text[1] == 'x' || text[1] == 'X')) {
-        base = 16;
-        text.remove_prefix(2);
-    }
-    uint64_t v = 0;
-    auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v, base);
-    if (text.empty() || ec != std::errc() || end != text.data() + text.size()) {
-        return make_error(EINVAL, "not a number");
-    }
-    return v;
-}
+#undef SOFTBLK_FAULT_FIELDS
 
 std::string_view trim(std::string_view s)
 {
-    while (!s.empty() && (s.front() == ' ' || s.front() == '\n' || s.front() == '\t')) {
+    while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front())) != 0) {
         s.remove_prefix(1);
     }
-    while (!s.empty() && (s.back() == ' ' || s.back() == '\n' || s.back() == '\t')) {
+    while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back())) != 0) {
         s.remove_suffix(1);
     }
     return s;
+}
+
+// "timeout_inject/probability" -> kind 0, field probability; false if
+// `name` is not a fault field.
+bool fault_field_of(std::string_view name, unsigned& kind, fault_attr::field& f)
+{
+    const size_t slash = name.find('/');
+    if (slash == std::string_view::npos) {
+        return false;
+    }
+    for (unsigned k = 0; k < 3; ++k) {
+        if (name.substr(0, slash) != k_fault_dirs[k]) {
+            continue;
+        }
+        for (unsigned i = 0; i < fault_attr::k_field_count; ++i) {
+            if (name.substr(slash + 1) == fault_attr::name(static_cast<fault_attr::field>(i))) {
+                kind = k;
+                f = static_cast<fault_attr::field>(i);
+                return true;
+            }
+        }
+    }
+    return false;
 }
 
 }  // namespace
@@ -118,98 +202,122 @@ std::span<const option_def> decorator_options()
     return k_decorator_options;
 }
 
-// ---------------------------------------------------------------- fault specs
+// ---------------------------------------------------------------- faults
 
-result<fault_spec> parse_fault_spec(std::string_view attribute, std::string_view text)
+const char* fault_attr::name(field f)
+{
+    static constexpr const char* names[k_field_count] = {"probability",
+                                                         "interval",
+                                                         "times",
+                                                         "space",
+                                                         "verbose",
+                                                         "verbose_ratelimit_interval_ms",
+                                                         "verbose_ratelimit_burst",
+                                                         "task-filter"};
+    return names[f];
+}
+
+fault_attr::fault_attr() : _random(std::random_device{}() | 1)
+{
+    // FAULT_ATTR_INITIALIZER (include/linux/fault-inject.h).
+    const int64_t defaults[k_field_count] = {0, 1, 1, 0, 2, 0, 10, 0};
+    for (unsigned i = 0; i < k_field_count; ++i) {
+        _fields[i].store(defaults[i], std::memory_order_relaxed);
+    }
+}
+
+result<void> fault_attr::setup(std::string_view attribute, std::string_view text)
 {
     auto bad = [&](std::string_view why) {
         return make_error(EINVAL,
                           fmt::format("{}={}: {}; {} takes interval,probability,space,times "
-                                      "(probability 0 to 100 percent, times -1 for no limit), "
+                                      "(decimal; probability in percent, times -1 for no limit), "
                                       "e.g. {}=1,100,0,-1",
                                       attribute, text, why, attribute, attribute));
     };
-    std::string_view fields[4];
-    std::string_view rest = trim(text);
+    // sscanf("%lu,%lu,%d,%d"): four decimal fields; what follows is not read.
+    int64_t values[4] = {};
+    std::string_view rest = text;
     for (int i = 0; i < 4; ++i) {
-        const size_t comma = rest.find(',');
-        if ((comma == std::string_view::npos) != (i == 3)) {
+        while (!rest.empty() && std::isspace(static_cast<unsigned char>(rest.front())) != 0) {
+            rest.remove_prefix(1);
+        }
+        const bool is_signed = i >= 2;
+        const char* first = rest.data();
+        const char* last = rest.data() + rest.size();
+        std::from_chars_result r{};
+        if (is_signed) {
+            int32_t v = 0;
+            r = std::from_chars(first, last, v, 10);
+            values[i] = v;
+        } else {
+            if (first != last && *first == '-') {
+                return bad("interval and probability are unsigned");
+            }
+            uint64_t v = 0;
+            r = std::from_chars(first, last, v, 10);
+            values[i] = static_cast<int64_t>(std::min<uint64_t>(v, INT64_MAX));
+        }
+        if (r.ec != std::errc() || r.ptr == first) {
             return bad("expected four comma-separated numbers");
         }
-        fields[i] = trim(rest.substr(0, comma));
-        rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+        rest = std::string_view(r.ptr, static_cast<size_t>(last - r.ptr));
+        if (i < 3) {
+            if (rest.empty() || rest.front() != ',') {
+                return bad("expected four comma-separated numbers");
+            }
+            rest.remove_prefix(1);
+        }
     }
-    fault_spec spec;
-    auto interval = parse_u64(fields[0]);
-    auto probability = parse_u64(fields[1]);
-    auto space = parse_u64(fields[2]);
-    if (!interval || !probability || !space) {
-        return bad("not a number");
-    }
-    if (*probability > 100) {
-        return bad("probability is a percentage");
-    }
-    if (*space > static_cast<uint64_t>(INT64_MAX)) {
-        return bad("space out of range");
-    }
-    int64_t times = 0;
-    auto [end, ec] =
-        std::from_chars(fields[3].data(), fields[3].data() + fields[3].size(), times, 10);
-    if (fields[3].empty() || ec != std::errc() || end != fields[3].data() + fields[3].size() ||
-        times < -1) {
-        return bad("times must be -1 (no limit) or a count");
-    }
-    spec.interval = *interval;
-    spec.probability = *probability;
-    spec.space = *space;
-    spec.times = times;
-    return spec;
-}
-
-fault_attr::fault_attr(const fault_spec& spec)
-    : _spec(spec),
-      _times(spec.times),
-      _space(static_cast<int64_t>(spec.space)),
-      _random(std::random_device{}() | 1)
-{
+    set(interval, values[0]);
+    set(probability, values[1]);
+    set(space, values[2]);
+    set(times, values[3]);
+    return {};
 }
 
 bool fault_attr::should_fail()
 {
-    // The order of lib/fault-inject.c's should_fail_ex().
-    if (_spec.probability == 0) {
+    // The order of lib/fault-inject.c's should_fail_ex() (6.12).
+    const int64_t p = get(probability);
+    if (p == 0) {
         return false;
     }
-    if (_times.load(std::memory_order_relaxed) == 0) {
+    if (get(task_filter) != 0) {
+        return false;  // no softblk thread is marked make-it-fail
+    }
+    if (_fields[times].load(std::memory_order_relaxed) == 0) {
         return false;
     }
-    if (_space.load(std::memory_order_relaxed) > 1) {
-        _space.fetch_sub(1, std::memory_order_relaxed);
+    if (_fields[space].load(std::memory_order_relaxed) > 1) {
+        _fields[space].fetch_sub(1, std::memory_order_relaxed);
         return false;
     }
-    if (_spec.interval > 1) {
+    const uint64_t every = static_cast<uint64_t>(get(interval));
+    if (every > 1) {
         const uint64_t c = _count.fetch_add(1, std::memory_order_relaxed) + 1;
-        if (c % _spec.interval != 0) {
+        if (c % every != 0) {
             return false;
         }
     }
-    if (_spec.probability < 100) {
+    if (static_cast<uint64_t>(p) < 100) {
         // xorshift64: cheap, and good enough to pick requests.
         uint64_t x = _random.load(std::memory_order_relaxed);
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
         _random.store(x, std::memory_order_relaxed);
-        if (_spec.probability <= x % 100) {
+        if (static_cast<uint64_t>(p) <= x % 100) {
             return false;
         }
     }
-    int64_t t = _times.load(std::memory_order_relaxed);
+    // atomic_dec_not_zero unless -1.
+    int64_t t = _fields[times].load(std::memory_order_relaxed);
     while (t != -1) {
         if (t == 0) {
             return false;  // another queue took the last one
         }
-        if (_times.compare_exchange_weak(t, t - 1, std::memory_order_relaxed)) {
+        if (_fields[times].compare_exchange_weak(t, t - 1, std::memory_order_relaxed)) {
             break;
         }
     }
@@ -221,23 +329,25 @@ bool fault_attr::should_fail()
 
 result<void> bad_block_table::apply(std::string_view spec)
 {
+    // nullb_device_badblocks_store: strstrip, '+' or '-', then start and
+    // end split at the first '-' after the sign, each kstrtoull base 0.
     const std::string_view s = trim(spec);
     auto bad = [&](std::string_view why) -> result<void> {
         return make_error(EINVAL,
                           fmt::format("badblocks={}: {}; badblocks takes +start-end to mark "
                                       "512-byte sectors start..end bad or -start-end to clear "
                                       "them, e.g. badblocks=+8-15",
-                                      spec, why));
+                                      trim(spec), why));
     };
-    if (s.size() < 2 || (s[0] != '+' && s[0] != '-')) {
+    if (s.empty() || (s[0] != '+' && s[0] != '-')) {
         return bad("must start with + or -");
     }
     const size_t dash = s.find('-', 1);
     if (dash == std::string_view::npos) {
         return bad("expected start-end");
     }
-    auto start = parse_u64(s.substr(1, dash - 1));
-    auto end = parse_u64(s.substr(dash + 1));
+    auto start = parse_kernel_unsigned(s.substr(1, dash - 1));
+    auto end = parse_kernel_unsigned(s.substr(dash + 1));
     if (!start || !end) {
         return bad("not a number");
     }
@@ -327,6 +437,27 @@ std::vector<std::string> bad_block_table::list() const
     return out;
 }
 
+std::vector<std::string> bad_block_table::canonical() const
+{
+    std::vector<std::string> out = list();
+    for (std::string& r : out) {
+        r.insert(r.begin(), '+');
+    }
+    return out;
+}
+
+std::string bad_block_table::show() const
+{
+    std::lock_guard guard(_lock);
+    std::string out;
+    for (const auto& [a, b] : _ranges) {
+        for (uint64_t s = a; s < b; s += k_max_record) {
+            out += fmt::format("{} {}\n", s, std::min(k_max_record, b - s));
+        }
+    }
+    return out;
+}
+
 // ---------------------------------------------------------------- extents
 
 void overlay_allocated(std::vector<extent>& extents,
@@ -372,49 +503,92 @@ void overlay_allocated(std::vector<extent>& extents,
     extents = std::move(out);
 }
 
+// ---------------------------------------------------------------- state
+
+result<std::shared_ptr<decorator_state>> make_decorator_state(const option_set& options)
+{
+    auto state = std::make_shared<decorator_state>();
+    state->bad_blocks = std::make_shared<bad_block_table>();
+    for (const std::string& spec : options.texts("badblocks")) {
+        if (auto r = state->bad_blocks->apply(spec); !r) {
+            return std::unexpected(r.error());
+        }
+    }
+    for (unsigned k = 0; k < 3; ++k) {
+        auto attr = std::make_shared<fault_attr>();
+        // The module parameter first, then the fields given (configfs
+        // writes after the module was loaded).
+        const std::string& param = options.text(k_fault_params[k]);
+        if (!trim(param).empty()) {
+            if (auto r = attr->setup(k_fault_params[k], param); !r) {
+                return std::unexpected(r.error());
+            }
+        }
+        for (unsigned i = 0; i < fault_attr::k_field_count; ++i) {
+            const auto f = static_cast<fault_attr::field>(i);
+            const std::string key = fmt::format("{}/{}", k_fault_dirs[k], fault_attr::name(f));
+            if (options.given(key)) {
+                attr->set(f, options.i64(key));
+            }
+        }
+        state->faults[k] = std::move(attr);
+    }
+    return state;
+}
+
+result<bool> apply_decorator_option(decorator_state& state, const option_def& def,
+                                    option_set& options)
+{
+    if (def.name == "badblocks") {
+        // The value just written is the last of the list.
+        const auto& all = options.texts("badblocks");
+        const std::string spec = all.empty() ? std::string() : all.back();
+        if (auto r = state.bad_blocks->apply(spec); !r) {
+            return std::unexpected(r.error());
+        }
+        options.set_texts("badblocks", state.bad_blocks->canonical());
+        return true;
+    }
+    unsigned kind = 0;
+    fault_attr::field f{};
+    if (!fault_field_of(def.name, kind, f)) {
+        return false;
+    }
+    state.faults[kind]->set(f, options.i64(def.name));
+    return true;
+}
+
+std::optional<std::string> decorator_option_text(const decorator_state& state,
+                                                 std::string_view name)
+{
+    if (name == "badblocks") {
+        return state.bad_blocks->show();
+    }
+    unsigned kind = 0;
+    fault_attr::field f{};
+    if (fault_field_of(name, kind, f)) {
+        // The state is what counts: the module parameter set it, failures
+        // count times and space down. times and space are atomic_t
+        // (signed), the others unsigned as the kernel shows them.
+        const int64_t v = state.faults[kind]->get(f);
+        if (f == fault_attr::times || f == fault_attr::space) {
+            return fmt::format("{}\n", v);
+        }
+        return fmt::format("{}\n", static_cast<uint64_t>(v));
+    }
+    return std::nullopt;
+}
+
 // ---------------------------------------------------------------- assembly
 
 result<std::unique_ptr<target>> apply_decorators(std::unique_ptr<target> inner,
                                                  const option_set& options,
-                                                 const queue_config& queues)
+                                                 const queue_config& queues,
+                                                 const decorator_state& state)
 {
-    // Validate everything before building anything.
-    auto table = std::make_shared<bad_block_table>();
-    for (const std::string& spec : options.texts("badblocks")) {
-        if (auto r = table->apply(spec); !r) {
-            return std::unexpected(r.error());
-        }
-    }
-    std::unique_ptr<fault_attr> faults[3];
-    const char* fault_names[3] = {"timeout", "requeue", "init_hctx"};
-    for (int i = 0; i < 3; ++i) {
-        const std::string& text = options.text(fault_names[i]);
-        if (trim(text).empty()) {
-            continue;
-        }
-        auto spec = parse_fault_spec(fault_names[i], text);
-        if (!spec) {
-            return std::unexpected(spec.error());
-        }
-        faults[i] = std::make_unique<fault_attr>(*spec);
-    }
-
     // Innermost first: cache, bad blocks, throttle, fault injection.
     const uint64_t cache_mib = options.u64("cache_size");
     if (cache_mib > 0) {
-        // A target that keeps its data only with memory_backed=1 (null)
-        // has nothing to cache without it; null_blk then sets cache_size
-        // to 0, softblk refuses rather than ignore the option.
-        const auto defs = options.defs();
-        const bool has_memory_backed =
-            std::any_of(defs.begin(), defs.end(),
-                        [](const option_def& d) { return d.name == "memory_backed"; });
-        if (has_memory_backed && !options.flag("memory_backed")) {
-            return make_error(
-                EINVAL, fmt::format("cache_size={}: the null target's cache needs memory_backed=1 "
-                                    "(null_blk sets cache_size to 0 without it)",
-                                    cache_mib));
-        }
         if (inner->limits().zoned) {
             return make_error(EINVAL,
                               fmt::format("cache_size={}: the write-back cache is not available on "
@@ -424,19 +598,15 @@ result<std::unique_ptr<target>> apply_decorators(std::unique_ptr<target> inner,
         inner = make_write_cache(std::move(inner), cache_mib * 1024 * 1024, options.flag("fua"),
                                  queues);
     }
-    // The bad-block decorator stays even with an empty list when the user
-    // asked for it, so that the list can be edited at run time later.
-    if (!table->empty() || options.given("badblocks")) {
-        inner = make_bad_blocks(std::move(inner), table, options.flag("badblocks_once"),
-                                options.flag("badblocks_partial_io"), queues);
-    }
+    // Bad blocks and fault injection are always there: their state changes
+    // while the device runs (an empty list and probability 0 cost a check).
+    inner = make_bad_blocks(std::move(inner), state.bad_blocks, options.flag("badblocks_once"),
+                            options.flag("badblocks_partial_io"), queues);
     if (options.u64("mbps") > 0) {
         inner = make_throttle(std::move(inner), options.u64("mbps"));
     }
-    if (faults[0] || faults[1] || faults[2]) {
-        inner = make_fault_injection(std::move(inner), std::move(faults[0]), std::move(faults[1]),
-                                     std::move(faults[2]));
-    }
+    inner =
+        make_fault_injection(std::move(inner), state.faults[0], state.faults[1], state.faults[2]);
     return inner;
 }
 

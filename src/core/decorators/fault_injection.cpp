@@ -72,8 +72,8 @@ private:
 
 class fault_target final : public target_decorator {
 public:
-    fault_target(std::unique_ptr<target> inner, std::unique_ptr<fault_attr> timeout,
-                 std::unique_ptr<fault_attr> requeue, std::unique_ptr<fault_attr> init_hctx)
+    fault_target(std::unique_ptr<target> inner, std::shared_ptr<fault_attr> timeout,
+                 std::shared_ptr<fault_attr> requeue, std::shared_ptr<fault_attr> init_hctx)
         : target_decorator(std::move(inner)),
           _timeout(std::move(timeout)),
           _requeue(std::move(requeue)),
@@ -101,10 +101,10 @@ public:
         auto one = [](const fault_attr* a) {
             nlohmann::json j = nlohmann::json::object();
             if (a != nullptr) {
-                j["interval"] = a->spec().interval;
-                j["probability"] = a->spec().probability;
-                j["space"] = a->spec().space;
-                j["times"] = a->spec().times;
+                for (unsigned i = 0; i < fault_attr::k_field_count; ++i) {
+                    const auto f = static_cast<fault_attr::field>(i);
+                    j[fault_attr::name(f)] = a->get(f);
+                }
                 j["failures"] = a->failures();
             }
             return j;
@@ -118,9 +118,9 @@ public:
     fault_attr* requeue() { return _requeue.get(); }
 
 private:
-    std::unique_ptr<fault_attr> _timeout;
-    std::unique_ptr<fault_attr> _requeue;
-    std::unique_ptr<fault_attr> _init_hctx;
+    std::shared_ptr<fault_attr> _timeout;
+    std::shared_ptr<fault_attr> _requeue;
+    std::shared_ptr<fault_attr> _init_hctx;
 };
 
 void fault_queue::submit(io_request& r)
@@ -141,9 +141,9 @@ void fault_queue::submit(io_request& r)
 }  // namespace
 
 std::unique_ptr<target> make_fault_injection(std::unique_ptr<target> inner,
-                                             std::unique_ptr<fault_attr> timeout,
-                                             std::unique_ptr<fault_attr> requeue,
-                                             std::unique_ptr<fault_attr> init_hctx)
+                                             std::shared_ptr<fault_attr> timeout,
+                                             std::shared_ptr<fault_attr> requeue,
+                                             std::shared_ptr<fault_attr> init_hctx)
 {
     return std::make_unique<fault_target>(std::move(inner), std::move(timeout), std::move(requeue),
                                           std::move(init_hctx));

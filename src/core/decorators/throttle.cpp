@@ -2,13 +2,13 @@
 // of the device, worth one tick (20 ms, null_blk's TICKS_PER_SEC = 50) of
 // the rate, refilled each tick.
 //
-// Two differences from null_blk, both documented in docs/null.md:
-//   - a request is admitted while the bucket is positive and may take it
-//     below zero (the debt is repaid by the next ticks); null_blk refuses a
-//     request larger than the bucket, so with a small mbps and large
-//     requests its queue never moves again;
-//   - only data moves count (read, write, zone append); null_blk also counts
-//     discard lengths, so one large discard would stall it for minutes.
+// Every request counts its length, as null_blk's blk_rq_bytes(): reads,
+// writes, zone appends, discards and write zeroes (flush and zone
+// management move nothing). One difference from null_blk, documented in
+// docs/null.md: a request is admitted while the bucket is positive and may
+// take it below zero (the debt is repaid by the next ticks); null_blk
+// refuses a request larger than the bucket, so with a small mbps and large
+// requests its queue never moves again.
 // A request that must wait stays in its queue (FIFO, so order is kept) and
 // poll() admits it when the bucket refills; next_wakeup_ns() says when.
 #include "common.hpp"
@@ -82,12 +82,15 @@ private:
     std::atomic<uint64_t> _admitted{0};
 };
 
+// blk_rq_bytes(): what the request covers.
 inline uint64_t data_bytes(const io_request& r)
 {
     switch (r.op) {
     case io_op::read:
     case io_op::write:
     case io_op::zone_append:
+    case io_op::discard:
+    case io_op::write_zeroes:
         return r.length;
     default:
         return 0;

@@ -2,7 +2,34 @@
 // library is an OBJECT library so this object is always linked in).
 #include "fuse_export.hpp"
 
+#include <cstdio>
+#include <sys/utsname.h>
+#include <unistd.h>
+
 namespace {
+
+// The loop driver takes the block layer's limit: 64 KiB since Linux 6.15
+// (BLK_MAX_BLOCK_SIZE), the page size before.
+std::pair<uint32_t, std::string> loop_block_limit(std::span<const std::string> options)
+{
+    for (const std::string& o : options) {
+        if (o.starts_with("loop=")) {
+            if (auto on = softblk::parse_kernel_bool(std::string_view(o).substr(5)); on && !*on) {
+                return {0, {}};  // the file alone has no block size
+            }
+        }
+    }
+    utsname u{};
+    unsigned major = 0;
+    unsigned minor = 0;
+    if (::uname(&u) == 0 && std::sscanf(u.release, "%u.%u", &major, &minor) == 2 &&
+        (major > 6 || (major == 6 && minor >= 15))) {
+        return {65536, "the loop device takes blocks up to 64 KiB"};
+    }
+    return {static_cast<uint32_t>(::sysconf(_SC_PAGESIZE)),
+            "the loop device takes blocks up to the page size before Linux 6.15; loop=0 exports "
+            "the file alone"};
+}
 
 const bool g_registered = softblk::register_export_type(softblk::export_type{
     .name = "fuse",
@@ -13,6 +40,8 @@ const bool g_registered = softblk::register_export_type(softblk::export_type{
     .cleanup_stale = softblk::fuse::cleanup_stale,
     .available = softblk::fuse::available,
     .options = softblk::fuse::export_options(),
+    .zoned = false,
+    .max_block_size = loop_block_limit,
 });
 
 }  // namespace

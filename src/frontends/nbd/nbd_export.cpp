@@ -3,12 +3,9 @@
 #include <cerrno>
 #include <charconv>
 #include <cstring>
-#include <grp.h>
 #include <map>
 #include <mutex>
-#include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/un.h>
 #include <thread>
 #include <vector>
 #include <unistd.h>
@@ -30,17 +27,8 @@ constexpr option_def k_options[] = {
      .help = "unix socket to listen on (default: RUN_DIR/nbd.sock, shared by every device exported "
              "there); "
              "none: TCP only"},
-    {.name = "mode",
-     .kind = option_kind::text,
-     .default_value = "0600",
-     .unit = "octal",
-     .help = "permissions of the unix socket, set before it listens whatever the umask (0600: "
-             "the daemon's user only; 0660 with group= for a group)"},
-    {.name = "group",
-     .kind = option_kind::text,
-     .default_value = "",
-     .unit = "name or gid",
-     .help = "group of the unix socket (default: the daemon's)"},
+    k_socket_mode_option,
+    k_socket_group_option,
     {.name = "tcp",
      .kind = option_kind::text,
      .default_value = "",
@@ -225,38 +213,6 @@ result<void> parse_tcp(const std::string& v, std::string& host, uint16_t& port)
     return {};
 }
 
-result<unsigned> parse_mode(const std::string& v)
-{
-    unsigned mode = 0;
-    const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), mode, 8);
-    if (v.empty() || ec != std::errc() || end != v.data() + v.size() || mode > 0777) {
-        return make_error(
-            EINVAL, fmt::format("mode={}: expected octal permissions 0000..0777, e.g. 0660", v));
-    }
-    return mode;
-}
-
-// A group name or number, as a gid; -1 for "".
-result<int64_t> parse_group(const std::string& v)
-{
-    if (v.empty()) {
-        return int64_t{-1};
-    }
-    unsigned gid = 0;
-    const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), gid);
-    if (ec == std::errc() && end == v.data() + v.size()) {
-        return int64_t{gid};
-    }
-    group g{};
-    group* found = nullptr;
-    std::vector<char> buf(16384);
-    const int rc = ::getgrnam_r(v.c_str(), &g, buf.data(), buf.size(), &found);
-    if (rc != 0 || found == nullptr) {
-        return make_error(EINVAL, fmt::format("group={}: no such group", v));
-    }
-    return int64_t{found->gr_gid};
-}
-
 std::string uri_host(const std::string& host)
 {
     if (host.find(':') != std::string::npos) {
@@ -416,12 +372,12 @@ result<std::unique_ptr<device_export>> start_export(device& dev, const export_co
     if (cfg.insecure && cfg.tcp_host.empty()) {
         return make_error(EINVAL, "insecure=1 without tcp=: only a TCP listener can be insecure");
     }
-    auto mode = parse_mode(o.text("mode"));
+    auto mode = parse_socket_mode(o.text("mode"));
     if (!mode) {
         return std::unexpected(mode.error());
     }
     cfg.socket_mode = *mode;
-    auto group = parse_group(o.text("group"));
+    auto group = parse_socket_group(o.text("group"));
     if (!group) {
         return std::unexpected(group.error());
     }

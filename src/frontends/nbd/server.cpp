@@ -10,8 +10,6 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <fmt/core.h>
@@ -25,55 +23,6 @@ const char* const k_tcp_policy =
     "TCP without TLS lets anyone who reaches the port read and write the device: add "
     "tls=require (with tls-certs=DIR or tls-psk=FILE), or insecure=1 to accept that";
 
-std::string claim_socket_path(const std::string& path)
-{
-    sockaddr_un addr{};
-    if (path.size() >= sizeof addr.sun_path) {
-        return fmt::format("socket={}: longer than {} bytes", path, sizeof addr.sun_path - 1);
-    }
-    addr.sun_family = AF_UNIX;
-    std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-    struct stat st;
-    if (::lstat(path.c_str(), &st) != 0) {
-        return errno == ENOENT ? std::string()
-                               : fmt::format("socket={}: {}", path, std::strerror(errno));
-    }
-    if (S_ISLNK(st.st_mode)) {
-        return fmt::format(
-            "socket={}: is a symbolic link; the NBD server neither follows nor "
-            "removes it: choose another path",
-            path);
-    }
-    if (!S_ISSOCK(st.st_mode)) {
-        return fmt::format(
-            "socket={}: exists and is not a socket; the NBD server does not remove "
-            "it: choose another path",
-            path);
-    }
-    if (st.st_uid != ::geteuid()) {
-        return fmt::format(
-            "socket={}: a socket of uid {}, not this server's; it is left alone: "
-            "choose another path",
-            path, st.st_uid);
-    }
-    const int probe = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (probe < 0) {
-        return fmt::format("socket: {}", std::strerror(errno));
-    }
-    const int rc = ::connect(probe, reinterpret_cast<const sockaddr*>(&addr), sizeof addr);
-    const int e = errno;
-    ::close(probe);
-    if (rc == 0) {
-        return fmt::format("socket={}: another server listens there", path);
-    }
-    if (e != ECONNREFUSED) {
-        return fmt::format("socket={}: cannot tell whether a server listens there ({})", path,
-                           std::strerror(e));
-    }
-    ::unlink(path.c_str());  // stale: nobody listens
-    return {};
-}
-
 namespace {
 
 // Servers whose loop threads did not end in time (server::stop): kept
@@ -82,64 +31,6 @@ std::vector<std::shared_ptr<server>>& abandoned_servers()
 {
     static std::vector<std::shared_ptr<server>> list;
     return list;
-}
-
-// Binds and listens on the unix socket config.socket_path with
-// config.socket_mode and socket_group; returns the descriptor and the
-// socket's device and inode (what stop() may remove).
-result<int> listen_unix(const server_config& config, dev_t& dev, ino_t& ino)
-{
-    const std::string& path = config.socket_path;
-    sockaddr_un addr{};
-    if (path.size() >= sizeof addr.sun_path) {
-        return make_error(ENAMETOOLONG, fmt::format("socket={}: longer than {} bytes", path,
-                                                    sizeof addr.sun_path - 1));
-    }
-    addr.sun_family = AF_UNIX;
-    std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-    if (std::string why = claim_socket_path(path); !why.empty()) {
-        return make_error(EEXIST, why);
-    }
-    const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) {
-        return make_error(errno, fmt::format("socket: {}", std::strerror(errno)));
-    }
-    if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-        const int e = errno;
-        ::close(fd);
-        return make_error(e, fmt::format("socket={}: {}", path, std::strerror(e)));
-    }
-    // Nobody can connect before listen(): set the mode (whatever the umask
-    // made it) and the group first.
-    struct stat st;
-    std::string failed;
-    int e = 0;
-    if (::lstat(path.c_str(), &st) != 0 || !S_ISSOCK(st.st_mode)) {
-        e = errno != 0 ? errno : EEXIST;
-        failed = "replaced while it was being set up";
-    } else if (config.socket_group >= 0 && ::lchown(path.c_str(), static_cast<uid_t>(-1),
-                                                    static_cast<gid_t>(config.socket_group)) != 0) {
-        e = errno;
-        failed = fmt::format("group={}: {}", config.socket_group, std::strerror(e));
-    } else if (::chmod(path.c_str(), config.socket_mode) != 0) {
-        e = errno;
-        failed = fmt::format("mode={:04o}: {}", config.socket_mode, std::strerror(e));
-    } else if (::listen(fd, 1024) != 0) {
-        e = errno;
-        failed = std::strerror(e);
-    }
-    if (!failed.empty()) {
-        ::close(fd);
-        struct stat now;
-        if (::lstat(path.c_str(), &now) == 0 && now.st_dev == st.st_dev &&
-            now.st_ino == st.st_ino) {
-            ::unlink(path.c_str());
-        }
-        return make_error(e, fmt::format("socket={}: {}", path, failed));
-    }
-    dev = st.st_dev;
-    ino = st.st_ino;
-    return fd;
 }
 
 result<int> listen_tcp(const std::string& host, uint16_t port, uint16_t& bound)
@@ -216,11 +107,13 @@ result<std::shared_ptr<server>> server::start(const server_config& config)
         return make_error(EINVAL, "nbd: neither a unix socket nor tcp= to listen on");
     }
     if (!config.socket_path.empty()) {
-        auto fd = listen_unix(config, s->_socket_dev, s->_socket_ino);
-        if (!fd) {
-            return std::unexpected(fd.error());
+        auto listener =
+            listen_unix_socket(config.socket_path, config.socket_mode, config.socket_group, 1024);
+        if (!listener) {
+            return std::unexpected(listener.error());
         }
-        s->_listen_fds.push_back(*fd);
+        s->_socket = *listener;
+        s->_listen_fds.push_back(listener->fd);
     }
     if (!config.tcp_host.empty()) {
         auto fd = listen_tcp(config.tcp_host, config.tcp_port, s->_bound_tcp_port);
@@ -295,14 +188,10 @@ result<void> server::stop()
         ::close(fd);
     }
     _listen_fds.clear();
-    if (!_config.socket_path.empty() && _socket_ino != 0) {
+    if (!_config.socket_path.empty() && _socket.ino != 0) {
         // Only the socket start() created: not a file someone put there since.
-        struct stat st;
-        if (::lstat(_config.socket_path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode) &&
-            st.st_dev == _socket_dev && st.st_ino == _socket_ino) {
-            ::unlink(_config.socket_path.c_str());
-        }
-        _socket_ino = 0;
+        remove_socket_file(_config.socket_path, _socket);
+        _socket = {};
     }
     return rc;
 }

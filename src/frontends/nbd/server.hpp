@@ -23,6 +23,7 @@
 #include <vector>
 
 #include <softblk/device.hpp>
+#include <softblk/support/unix_socket.hpp>
 #include <softblk/types.hpp>
 
 #include "codec.hpp"
@@ -84,14 +85,6 @@ struct server_export : export_details {
     std::atomic<unsigned> connections{0};  // in transmission on this export
     std::atomic<bool> removed{false};
 };
-
-// Why `path` cannot be bound as an NBD unix socket, or "" when it may:
-// nothing is there, or a socket of this user that nobody listens on
-// (connect() is refused: a server that ended without cleaning up left it),
-// which is then removed. Anything else (a file of another type, a symbolic
-// link, another user's socket, a socket a server listens on) is left alone.
-// Control thread.
-std::string claim_socket_path(const std::string& path);
 
 // Why a TCP listener needs tls=require or insecure=1 (the error's text).
 extern const char* const k_tcp_policy;
@@ -160,8 +153,7 @@ private:
     bool _stopped = false;
     // The unix socket start() bound (device and inode), so that stop()
     // removes it only while it is still that socket.
-    dev_t _socket_dev = 0;
-    ino_t _socket_ino = 0;
+    unix_listener _socket;  // the unix socket start() bound (stop() removes only it)
     // Loop threads that ended (counted under _mutex, signalled by _closed).
     unsigned _threads_done = 0;
 

@@ -1,5 +1,6 @@
 #include "abi.hpp"
 
+#include <cstring>
 #include <fmt/core.h>
 
 namespace softblk::ublk {
@@ -101,6 +102,30 @@ std::string state_name(uint16_t state)
         return "FAIL_IO";
     default:
         return fmt::format("state {}", state);
+    }
+}
+
+::blk_zone to_blk_zone(const zone_descriptor& zone)
+{
+    ::blk_zone z{};
+    z.start = zone.start >> 9;
+    z.len = zone.length >> 9;
+    z.wp = zone.write_pointer == UINT64_MAX ? UINT64_MAX : zone.write_pointer >> 9;
+    z.type = static_cast<uint8_t>(zone.type);
+    z.cond = static_cast<uint8_t>(zone.condition);
+    z.capacity = zone.capacity >> 9;
+    return z;
+}
+
+void zones_to_blk_zones(void* buffer, uint32_t count)
+{
+    static_assert(sizeof(zone_descriptor) <= sizeof(::blk_zone));
+    auto* bytes = static_cast<char*>(buffer);
+    for (uint32_t i = count; i > 0; --i) {
+        zone_descriptor d;
+        std::memcpy(&d, bytes + size_t{i - 1} * sizeof(zone_descriptor), sizeof(d));
+        const ::blk_zone z = to_blk_zone(d);
+        std::memcpy(bytes + size_t{i - 1} * sizeof(::blk_zone), &z, sizeof(z));
     }
 }
 

@@ -14,10 +14,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <linux/blkzoned.h>
 #include <linux/ioctl.h>
 #include <linux/ublk_cmd.h>
 #include <string>
 #include <vector>
+
+#include <softblk/types.hpp>
 
 // ---------------------------------------------------------------- commands
 
@@ -273,6 +276,19 @@ struct params {
 };
 static_assert(offsetof(params, basic) == offsetof(::ublk_params, basic));
 static_assert(offsetof(params, discard) == offsetof(::ublk_params, discard));
+
+// REPORT_ZONES: the server writes struct blk_zone entries (64 bytes,
+// <linux/blkzoned.h>, sectors) into the request's buffer; a zero-length
+// entry ends the list.
+static_assert(sizeof(::blk_zone) == 64);
+// One zone as the kernel wants it: bytes to sectors, a write pointer of
+// UINT64_MAX ("none") kept as all ones.
+::blk_zone to_blk_zone(const zone_descriptor& zone);
+// Rewrites `count` zone_descriptor entries at the start of `buffer` as
+// blk_zone entries in place (the larger entries are written from the last
+// one back, so no entry is overwritten before it is read). `buffer` must
+// hold count * 64 bytes.
+void zones_to_blk_zones(void* buffer, uint32_t count);
 
 constexpr uint32_t k_param_basic = 1u << 0;
 constexpr uint32_t k_param_discard = 1u << 1;

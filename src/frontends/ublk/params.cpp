@@ -17,6 +17,41 @@ uint8_t shift_of(uint32_t value)
     return static_cast<uint8_t>(std::countr_zero(value));
 }
 
+// What ublk_drv accepts of a zoned device (Linux 6.12 to 7.3,
+// ublk_dev_param_zoned_validate and ublk_get_nr_zones).
+result<void> check_zoned(const block_limits& limits)
+{
+    const uint64_t zone = limits.zone_size_bytes;
+    if (zone < limits.logical_block_size || !std::has_single_bit(zone) ||
+        (zone >> 9) > UINT32_MAX) {
+        return make_error(EINVAL,
+                          fmt::format("zone size {} bytes: ublk takes a power of two from one "
+                                      "block to 2 TiB (chunk_sectors)",
+                                      zone));
+    }
+    if (limits.capacity_bytes % zone != 0) {
+        return make_error(
+            EINVAL,
+            fmt::format("capacity {} bytes with {}-byte zones: ublk counts whole zones only "
+                        "(dev_sectors >> log2(chunk_sectors)), so a smaller last zone "
+                        "cannot be exported; make the size a multiple of the zone size",
+                        limits.capacity_bytes, zone));
+    }
+    if (limits.max_zone_append_bytes < limits.logical_block_size) {
+        return make_error(EINVAL,
+                          "zone append off (zone_append_max_sectors=0): ublk refuses a zoned "
+                          "device without zone append (max_zone_append_sectors must not be 0)");
+    }
+    const uint64_t zones = limits.capacity_bytes / zone;
+    if (limits.max_open_zones > zones || limits.max_active_zones > zones) {
+        return make_error(EINVAL,
+                          fmt::format("max open {} / active {} zones: ublk allows at most "
+                                      "the {} zones",
+                                      limits.max_open_zones, limits.max_active_zones, zones));
+    }
+    return {};
+}
+
 }  // namespace
 
 uint32_t io_buf_bytes_for(const block_limits& limits, size_t page_size)
@@ -47,9 +82,9 @@ result<params> make_params(const block_limits& limits, uint32_t max_io_buf_bytes
                                       limits.capacity_bytes, lbs));
     }
     if (limits.zoned) {
-        return make_error(EOPNOTSUPP,
-                          "zoned devices: the ublk export does not pass zone geometry "
-                          "(zone size, open/active limits) to the kernel yet");
+        if (auto r = check_zoned(limits); !r) {
+            return std::unexpected(r.error());
+        }
     }
     if (max_io_buf_bytes < lbs) {
         return make_error(EINVAL, fmt::format("max_io_buf_bytes {}: smaller than one block ({})",
@@ -86,6 +121,19 @@ result<params> make_params(const block_limits& limits, uint32_t max_io_buf_bytes
         if (limits.fua) {
             b.attrs |= k_attr_fua;
         }
+    }
+
+    if (limits.zoned) {
+        // The zone size goes in chunk_sectors; zone append is bounded by
+        // the largest request (the block layer would clamp it anyway).
+        b.chunk_sectors = static_cast<uint32_t>(limits.zone_size_bytes >> 9);
+        p.types |= k_param_zoned;
+        param_zoned& z = p.zoned;
+        z.max_open_zones = limits.max_open_zones;
+        z.max_active_zones = limits.max_active_zones;
+        uint64_t append = std::min<uint64_t>(limits.max_zone_append_bytes, max_bytes);
+        append -= append % lbs;
+        z.max_zone_append_sectors = static_cast<uint32_t>(append >> 9);
     }
 
     if (limits.max_discard_bytes != 0 || limits.max_write_zeroes_bytes != 0) {

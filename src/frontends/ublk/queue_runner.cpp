@@ -2,6 +2,7 @@
 
 #include <softblk/support/clock.hpp>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -273,29 +274,54 @@ void queue_runner::on_complete(io_request& request, int result)
     tag_slot& slot = *static_cast<tag_slot*>(request.user_data);
     queue_runner& self = *slot.runner;
     int res = result;
+    uint64_t addr = self._cfg.user_copy ? 0 : reinterpret_cast<uint64_t>(slot.buffer);
     if (res >= 0) {
         switch (slot.kernel_op) {
         case k_op_read:
             if (self._cfg.user_copy) {
-                const ssize_t n =
-                    ::pwrite(self._cfg.char_fd, slot.buffer, static_cast<size_t>(res),
-                             static_cast<off_t>(user_copy_offset(self._cfg.q_id, slot.tag)));
-                if (n != res) {
-                    res = n < 0 ? -errno : -EIO;
-                }
+                res = self.copy_to_kernel(slot, static_cast<size_t>(res), res);
             }
             break;
         case k_op_write:
             break;
+        case k_op_zone_append:
+            // With USER_COPY the commit's addr carries the sector the data
+            // landed on (zone_append_lba).
+            addr = request.result_offset >> 9;
+            break;
+        case k_op_report_zones: {
+            // blk_zone entries into the kernel's buffer, which it zeroed: a
+            // zero-length entry ends a short report. The result must cover
+            // the whole request, or the block layer requeues the rest; the
+            // kernel cuts it to the request's size.
+            const auto filled = static_cast<uint32_t>(res);
+            zones_to_blk_zones(slot.buffer, filled);
+            res = self.copy_to_kernel(slot, size_t{filled} * sizeof(::blk_zone),
+                                      static_cast<int>(self._cfg.buf_bytes));
+            break;
+        }
         default:
-            res = 0;  // flush, discard, write zeroes move no data
+            res = 0;  // flush, discard, write zeroes, zone management move no data
             break;
         }
     }
     if (res < 0) {
         self._errors.fetch_add(1, std::memory_order_relaxed);
     }
-    self.prep_commit(slot, res, self._cfg.user_copy ? 0 : reinterpret_cast<uint64_t>(slot.buffer));
+    self.prep_commit(slot, res, addr);
+}
+
+int queue_runner::copy_to_kernel(const tag_slot& slot, size_t bytes, int result) const
+{
+    if (bytes == 0) {
+        return result;
+    }
+    const ssize_t n = ::pwrite(_cfg.char_fd, slot.buffer, bytes,
+                               static_cast<off_t>(user_copy_offset(_cfg.q_id, slot.tag)));
+    if (n != static_cast<ssize_t>(bytes)) {
+        return n < 0 ? -errno : -EIO;
+    }
+    return result;
 }
 
 bool queue_runner::dispatch(tag_slot& slot)
@@ -323,15 +349,38 @@ bool queue_runner::dispatch(tag_slot& slot)
     case k_op_write_zeroes:
         dop = io_op::write_zeroes;
         break;
+    // Zone operations arrive only on a zoned device (UBLK_F_ZONED).
+    case k_op_zone_open:
+        dop = io_op::zone_open;
+        break;
+    case k_op_zone_close:
+        dop = io_op::zone_close;
+        break;
+    case k_op_zone_finish:
+        dop = io_op::zone_finish;
+        break;
+    case k_op_zone_reset:
+        dop = io_op::zone_reset;
+        break;
+    case k_op_zone_reset_all:
+        dop = io_op::zone_reset_all;
+        break;
+    case k_op_zone_append:
+        dop = io_op::zone_append;
+        break;
+    case k_op_report_zones:
+        dop = io_op::report_zones;
+        break;
     default:
-        // WRITE_SAME (never sent by 6.x kernels) and zone operations (this
-        // export does not set up zoned devices).
+        // WRITE_SAME (never sent by 6.x kernels).
         _errors.fetch_add(1, std::memory_order_relaxed);
         prep_commit(slot, -EOPNOTSUPP,
                     _cfg.user_copy ? 0 : reinterpret_cast<uint64_t>(slot.buffer));
         return true;
     }
-    const bool moves_data = dop == io_op::read || dop == io_op::write;
+    // Data comes from the kernel for writes and zone appends.
+    const bool data_in = dop == io_op::write || dop == io_op::zone_append;
+    const bool moves_data = dop == io_op::read || data_in;
     if (moves_data && length > _cfg.buf_bytes) {
         _errors.fetch_add(1, std::memory_order_relaxed);
         prep_commit(slot, -EIO, _cfg.user_copy ? 0 : reinterpret_cast<uint64_t>(slot.buffer));
@@ -342,7 +391,7 @@ bool queue_runner::dispatch(tag_slot& slot)
     if (r == nullptr) {
         return false;
     }
-    if (dop == io_op::write && _cfg.user_copy) {
+    if (data_in && _cfg.user_copy) {
         const ssize_t n = ::pread(_cfg.char_fd, slot.buffer, length,
                                   static_cast<off_t>(user_copy_offset(_cfg.q_id, slot.tag)));
         if (n != static_cast<ssize_t>(length)) {
@@ -360,9 +409,15 @@ bool queue_runner::dispatch(tag_slot& slot)
     if ((op_flags & k_io_f_nounmap) != 0) {
         r->flags |= k_io_no_unmap;
     }
-    r->offset = dop == io_op::flush ? 0 : offset;
-    r->length = dop == io_op::flush ? 0 : length;
+    r->offset = dop == io_op::flush || dop == io_op::zone_reset_all ? 0 : offset;
+    r->length = moves_data || dop == io_op::discard || dop == io_op::write_zeroes ? length : 0;
     r->buffer = moves_data ? slot.buffer : nullptr;
+    if (dop == io_op::report_zones) {
+        // The descriptor's nr_sectors is nr_zones here; the slot's buffer
+        // holds them, as 64-byte blk_zone entries once converted.
+        r->buffer = slot.buffer;
+        r->report_capacity = std::min<uint32_t>(d.nr_sectors, _cfg.buf_bytes / sizeof(::blk_zone));
+    }
     r->on_complete = &queue_runner::on_complete;
     r->user_data = &slot;
     slot.kernel_op = op;

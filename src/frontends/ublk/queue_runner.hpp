@@ -87,6 +87,9 @@ private:
     bool dispatch(tag_slot& slot);
     void retry_backlog();
     static void on_complete(io_request& request, int result);
+    // USER_COPY: pwrite()s `bytes` of the slot's buffer into the kernel's
+    // request; returns `result`, or -errno when the copy failed.
+    int copy_to_kernel(const tag_slot& slot, size_t bytes, int result) const;
     io_uring_sqe* next_sqe();
     void set_target(io_uring_sqe* sqe) const;
 

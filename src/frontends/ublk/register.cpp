@@ -4,6 +4,8 @@
 
 #include <softblk/ublk/ublk.hpp>
 
+#include <unistd.h>
+
 namespace {
 
 const bool g_registered = softblk::register_export_type(softblk::export_type{
@@ -13,8 +15,21 @@ const bool g_registered = softblk::register_export_type(softblk::export_type{
         "recovery= outlive a killed daemon and are re-attached by `softblk recover`",
     .start = softblk::ublk::start_export,
     .cleanup_stale = softblk::ublk::cleanup_stale,
+    .saved_exports = softblk::ublk::saved_exports,
+    .host_features = softblk::ublk::host_features,
     .available = softblk::ublk::available,
     .options = softblk::ublk::export_options(),
+    // UBLK_F_ZONED (with USER_COPY): zone geometry, report, management and
+    // the append sector go to the kernel.
+    .zoned = true,
+    // ublk_validate_params refuses logical_bs_shift > PAGE_SHIFT (every
+    // kernel so far, 6.15's larger blocks included).
+    .max_block_size =
+        [](std::span<const std::string>) {
+            return std::pair<uint32_t, std::string>(
+                static_cast<uint32_t>(::sysconf(_SC_PAGESIZE)),
+                "ublk_drv takes logical blocks up to the page size");
+        },
 });
 
 }  // namespace

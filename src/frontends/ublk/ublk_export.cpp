@@ -69,6 +69,7 @@ struct export_config {
     std::string recovery = "none";
     uint64_t recovery_flags = 0;
     bool user_copy = false;
+    bool user_copy_given = false;
     bool unprivileged = false;
     int add_timeout_ms = 10'000;
     std::vector<std::string> args;  // as given, persisted for recovery
@@ -96,6 +97,7 @@ result<export_config> parse_config(const export_context& ctx, std::span<const st
             EINVAL, fmt::format("recovery={}: one of none, recover, reissue, fail_io", c.recovery));
     }
     c.user_copy = o->flag("user_copy");
+    c.user_copy_given = o->given("user_copy");
     c.unprivileged = o->given("unprivileged") ? o->flag("unprivileged") : !ctx.privileged;
     c.add_timeout_ms = static_cast<int>(o->u64("add_timeout"));
     c.args.assign(args.begin(), args.end());
@@ -172,6 +174,8 @@ std::string kernel_requirement(uint64_t flag)
     case k_f_user_copy:
     case k_f_unprivileged_dev:
         return " (Linux 6.5+)";
+    case k_f_zoned:
+        return " (Linux 6.6+ built with CONFIG_BLK_DEV_ZONED)";
     case k_f_user_recovery:
     case k_f_user_recovery_reissue:
         return " (Linux 6.0+)";
@@ -199,6 +203,14 @@ public:
 
     nlohmann::json describe() const override;
     result<void> stop() override;
+    std::vector<std::string> restart_options() const override
+    {
+        // The same /dev/ublkbN after a power cycle, unless the user chose.
+        if (_cfg.id >= 0 || !_added) {
+            return {};
+        }
+        return {fmt::format("id={}", _info.dev_id)};
+    }
 
 private:
     result<void> start_queues(unsigned nr_queues, unsigned depth, uint32_t buf_bytes,
@@ -322,6 +334,20 @@ result<void> ublk_export::start_new()
     uint64_t want = _cfg.recovery_flags;
     if (_cfg.user_copy) {
         want |= k_f_user_copy;
+    }
+    if (lim.zoned) {
+        // ublk_drv serves zoned devices only with USER_COPY (ublk_ctrl_add_dev).
+        if (_cfg.user_copy_given && !_cfg.user_copy) {
+            return make_error(EINVAL,
+                              "user_copy=0: a zoned device needs user_copy=1 (the "
+                              "kernel takes UBLK_F_ZONED only with UBLK_F_USER_COPY)");
+        }
+        if (_cfg.unprivileged) {
+            return make_error(EINVAL,
+                              "unprivileged=1: a zoned device needs USER_COPY, which the kernel "
+                              "refuses for unprivileged devices; run the daemon as root");
+        }
+        want |= k_f_zoned | k_f_user_copy;
     }
     if (_cfg.unprivileged) {
         want |= k_f_unprivileged_dev;
@@ -534,6 +560,57 @@ result<void> ublk_export::stop()
     return first_error;
 }
 
+// A device whose ublk state file survives under RUN_DIR/ublk, with the
+// kernel's view of it now.
+struct state_entry {
+    export_state saved;
+    std::string state;         // LIVE, QUIESCED, FAIL_IO, DEAD; GONE: the kernel has no such device
+    int32_t daemon_pid = 0;    // the pid the kernel has
+    bool recoverable = false;  // USER_RECOVERY device whose daemon is gone
+};
+
+// Every state file under ctx.run_dir/ublk, in name order. Control thread.
+result<std::vector<state_entry>> list_state(const export_context& ctx)
+{
+    std::vector<state_entry> out;
+    const std::string dir = ctx.run_dir + "/ublk";
+    DIR* d = ::opendir(dir.c_str());
+    if (d == nullptr) {
+        if (errno == ENOENT) {
+            return out;
+        }
+        const int e = errno;
+        return make_error(e, fmt::format("{}: {}", dir, std::strerror(e)));
+    }
+    std::vector<std::string> files;
+    while (dirent* e = ::readdir(d)) {
+        const std::string name = e->d_name;
+        if (name.size() > 5 && name.ends_with(".json")) {
+            files.push_back(dir + "/" + name);
+        }
+    }
+    ::closedir(d);
+    std::sort(files.begin(), files.end());
+    auto ctl = control::open();
+    for (const auto& file : files) {
+        auto st = read_state(file);
+        if (!st) {
+            continue;
+        }
+        state_entry r{.saved = std::move(*st), .state = "GONE"};
+        if (ctl) {
+            if (auto info = (*ctl)->get_dev_info(r.saved.dev_id)) {
+                r.state = state_name(info->state);
+                r.daemon_pid = info->ublksrv_pid;
+                r.recoverable = (info->flags & k_f_user_recovery) != 0 &&
+                                info->state != k_state_dead && !pid_alive(info->ublksrv_pid);
+            }
+        }
+        out.push_back(std::move(r));
+    }
+    return out;
+}
+
 }  // namespace
 
 std::span<const option_def> export_options()
@@ -605,7 +682,7 @@ void cleanup_stale(const export_context& ctx)
     }
     auto ctl = control::open();
     for (const auto& d : *list) {
-        const std::string path = state_path(ctx.run_dir, d.device);
+        const std::string path = state_path(ctx.run_dir, d.saved.device);
         if (d.state == "GONE") {
             ::unlink(path.c_str());
             continue;
@@ -614,11 +691,31 @@ void cleanup_stale(const export_context& ctx)
             continue;
         }
         if (ctl) {
-            (void)(*ctl)->stop_dev(d.dev_id);
-            (void)(*ctl)->del_dev(d.dev_id);
+            (void)(*ctl)->stop_dev(d.saved.dev_id);
+            (void)(*ctl)->del_dev(d.saved.dev_id);
         }
         ::unlink(path.c_str());
     }
+}
+
+result<std::vector<saved_export>> saved_exports(const export_context& ctx)
+{
+    auto list = list_state(ctx);
+    if (!list) {
+        return std::unexpected(list.error());
+    }
+    std::vector<saved_export> out;
+    for (auto& d : *list) {
+        out.push_back(saved_export{
+            .device = std::move(d.saved.device),
+            .target_type = std::move(d.saved.target_type),
+            .device_options = std::move(d.saved.device_options),
+            .export_options = std::move(d.saved.export_options),
+            .recoverable = d.recoverable,
+            .state = {{"dev_id", d.saved.dev_id}, {"state", d.state}, {"daemon_pid", d.daemon_pid}},
+        });
+    }
+    return out;
 }
 
 result<kernel_features> query_kernel_features()
@@ -636,51 +733,15 @@ result<kernel_features> query_kernel_features()
     return f;
 }
 
-result<std::vector<recoverable_device>> list_state(const export_context& ctx)
+result<nlohmann::json> host_features()
 {
-    std::vector<recoverable_device> out;
-    const std::string dir = ctx.run_dir + "/ublk";
-    DIR* d = ::opendir(dir.c_str());
-    if (d == nullptr) {
-        if (errno == ENOENT) {
-            return out;
-        }
-        const int e = errno;
-        return make_error(e, fmt::format("{}: {}", dir, std::strerror(e)));
+    auto f = query_kernel_features();
+    if (!f) {
+        return std::unexpected(f.error());
     }
-    std::vector<std::string> files;
-    while (dirent* e = ::readdir(d)) {
-        const std::string name = e->d_name;
-        if (name.size() > 5 && name.ends_with(".json")) {
-            files.push_back(dir + "/" + name);
-        }
-    }
-    ::closedir(d);
-    std::sort(files.begin(), files.end());
-    auto ctl = control::open();
-    for (const auto& file : files) {
-        auto st = read_state(file);
-        if (!st) {
-            continue;
-        }
-        recoverable_device r;
-        r.device = st->device;
-        r.target_type = st->target_type;
-        r.device_options = st->device_options;
-        r.export_options = st->export_options;
-        r.dev_id = st->dev_id;
-        r.state = "GONE";
-        if (ctl) {
-            if (auto info = (*ctl)->get_dev_info(st->dev_id)) {
-                r.state = state_name(info->state);
-                r.daemon_pid = info->ublksrv_pid;
-                r.recoverable = (info->flags & k_f_user_recovery) != 0 &&
-                                info->state != k_state_dead && !pid_alive(info->ublksrv_pid);
-            }
-        }
-        out.push_back(std::move(r));
-    }
-    return out;
+    return nlohmann::json{{"bits", f->bits ? nlohmann::json(*f->bits) : nlohmann::json(nullptr)},
+                          {"names", f->names},
+                          {"ioctl_encode", f->ioctl_encode}};
 }
 
 }  // namespace softblk::ublk

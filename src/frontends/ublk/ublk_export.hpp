@@ -18,8 +18,20 @@ result<std::unique_ptr<device_export>> start_export(device& dev, const export_co
 
 // Deletes kernel devices that a dead daemon left without recovery, and
 // state files of devices the kernel no longer has. Devices with
-// USER_RECOVERY whose daemon died are kept for `softblk recover`.
+// USER_RECOVERY whose daemon died are kept for recovery (a daemon that
+// starts, `softblk-driver --recover NAME`).
 void cleanup_stale(const export_context& ctx);
+
+// Every state file under ctx.run_dir/ublk with the kernel's view of its
+// device ({"dev_id", "state": LIVE, QUIESCED, FAIL_IO, DEAD or GONE when
+// the kernel has no such device, "daemon_pid"}); recoverable when the
+// device has USER_RECOVERY, is not DEAD and its daemon is gone. The export
+// type's saved_exports. Control thread.
+result<std::vector<saved_export>> saved_exports(const export_context& ctx);
+
+// query_kernel_features() as {"bits": N or null before 6.5, "names": [...],
+// "ioctl_encode": bool}: the export type's host_features. Control thread.
+result<nlohmann::json> host_features();
 
 // /dev/ublk-control exists (ublk_drv loaded, loading it if needed).
 bool available();

@@ -20,8 +20,8 @@ using device_result = result<std::unique_ptr<block_device>>;
 
 // A device hosted by the softblk daemon: asks the daemon where it is
 // exported and opens that export from this process: a ublk block node or a
-// FUSE-exported file (O_DIRECT where aligned), or an NBD export through
-// libnbd.
+// FUSE-exported file (O_DIRECT where aligned), an NBD export through
+// libnbd, or a vhost-user-blk export through softblk's virtio-blk driver.
 device_result open_daemon_device(const std::string& name, bool read_only, daemon_directory* daemon)
 {
     const std::string spec = "softblk:" + name;
@@ -125,6 +125,29 @@ device_result open_daemon_device(const std::string& name, bool read_only, daemon
                                       spec));
 #endif
     }
+    if (type == "vhost-user-blk") {
+#if defined(SOFTBLK_FAT_HAVE_DEVICE)
+        // softblk's own virtio-blk driver on the export's socket. The export
+        // serves one front end at a time: while a VM is attached, this waits
+        // for the driver's connect_timeout and fails naming the socket.
+        auto it = d.export_location.find("socket");
+        std::vector<std::string> options = {
+            "path=" + (it != d.export_location.end() ? it->second : std::string()),
+            "poll_queues=0"};
+        auto dev = softblk_block_device::create("fat0", "virtio", options);
+        if (!dev) {
+            return make_error(dev.error().code.value(),
+                              fmt::format("{}: through its vhost-user-blk export: {}", spec,
+                                          dev.error().message));
+        }
+        return std::unique_ptr<block_device>(std::move(*dev));
+#else
+        return make_error(ENOTSUP,
+                          fmt::format("{}: the device is exported over vhost-user-blk, and this "
+                                      "build has no softblk devices to drive it with",
+                                      spec));
+#endif
+    }
     if (type == "none" || type.empty()) {
         return make_error(ENODEV,
                           fmt::format("{}: the device has no export, so only the daemon can "
@@ -134,7 +157,7 @@ device_result open_daemon_device(const std::string& name, bool read_only, daemon
     }
     return make_error(ENOTSUP,
                       fmt::format("{}: its export ({}) cannot be opened by softblk fat; use "
-                                  "an nbd, fuse or ublk export: {}",
+                                  "an nbd, fuse, ublk or vhost-user-blk export: {}",
                                   spec, type, recreate));
 }
 

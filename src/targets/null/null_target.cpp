@@ -10,8 +10,14 @@
 // The queue options (submit_queues, irqmode ...) belong to the core and the
 // cross-cutting ones (mbps, cache_size, badblocks, timeout ...) to the
 // decorators (src/core/decorators); this table holds what only null has.
+//
+// zoned=1 makes it null_blk's zoned device: the zone engine
+// (include/softblk/zone_engine.hpp, null_blk flavour) keeps the zones, this
+// target moves the data and applies bad blocks to writes itself, after the
+// zone checks, as null_blk does.
 #include <softblk/memory_store.hpp>
 #include <softblk/target.hpp>
+#include <softblk/zone_engine.hpp>
 
 #include <cerrno>
 #include <cstring>
@@ -19,6 +25,7 @@
 #include <fmt/core.h>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <algorithm>
 #include <set>
 
 namespace softblk::targets {
@@ -28,73 +35,82 @@ namespace {
 constexpr uint64_t k_mib = uint64_t{1} << 20;
 // size is in MiB and the capacity in bytes must fit 64 bits.
 constexpr uint64_t k_max_size_mib = (uint64_t{1} << 44) - 1;
-// max_transfer_bytes is 32 bits.
-constexpr uint64_t k_max_sectors_limit = (uint64_t{1} << 23) - 1;
+// max_transfer_bytes is 32 bits: the most sectors a request may carry.
+constexpr uint64_t k_max_transfer_sectors = UINT32_MAX / 512;
 // The block layer's default when a driver gives none (BLK_SAFE_MAX_SECTORS).
 constexpr uint32_t k_safe_max_sectors = 255;
+// Logical block sizes the block layer accepts since Linux 6.15
+// (BLK_MAX_BLOCK_SIZE); 6.12 stops at the page size.
+constexpr uint64_t k_max_block_size = 65536;
+// NUMA_NO_NODE as the unsigned configfs attribute shows it.
+constexpr uint64_t k_no_node = 0xffffffff;
 
 // Names, units and defaults are null_blk's configfs attributes (Linux 6.12,
-// drivers/block/null_blk/main.c). docs/null.md has the full table.
+// drivers/block/null_blk/main.c), parsed as configfs parses them; what
+// applies at power on is in power_on_null. docs/null.md has the table.
 constexpr option_def k_null_options[] = {
     {.name = "size",
      .kind = option_kind::integer,
      .default_value = "256000",
      .unit = "MiB",
-     .help = "device size (null_blk's default: gb=250, i.e. 256000 MiB)",
-     .min = 1,
+     .help = "device size (null_blk's default: gb=250, i.e. 256000 MiB); 0 makes an empty disk",
+     .min = 0,
      .max = k_max_size_mib},
     {.name = "gb",
      .kind = option_kind::integer,
      .default_value = "250",
      .unit = "GiB",
-     .help = "device size, null_blk's module parameter: size = gb * 1024 MiB (give size or gb)",
-     .min = 1,
-     .max = k_max_size_mib / 1024},
+     .help = "module parameter: the size when size is not given (size = gb * 1024 MiB)",
+     .min = 0,
+     .max = k_max_size_mib / 1024,
+     .bits = 32,
+     .update = option_update::creation},
     {.name = "blocksize",
      .kind = option_kind::integer,
      .default_value = "512",
      .unit = "bytes",
-     .help = "logical and physical block size: 512, 1024, 2048 or 4096",
-     .min = 512,
-     .max = 4096,
-     .alias = "bs"},
+     .help = "logical and physical block size: a power of two from 512 to 65536 (Linux 6.15+; "
+             "6.12 and the ublk export stop at 4096)",
+     .alias = "bs",
+     .bits = 32},
     {.name = "max_sectors",
      .kind = option_kind::integer,
      .default_value = "0",
      .unit = "512-byte sectors",
      .help =
-         "largest request; 0: the block layer's default of 255 sectors; else at least 8; rounded "
-         "down to whole blocks",
-     .min = 0,
-     .max = k_max_sectors_limit},
+         "largest request; 0: the block layer's default of 255 sectors; else at least 8 and one "
+         "block; rounded down to whole blocks",
+     .bits = 32},
     {.name = "memory_backed",
      .kind = option_kind::boolean,
      .default_value = "0",
      .unit = "",
-     .help = "keep written data in RAM (sparse: RAM grows with the data written)"},
+     .help = "keep written data in RAM (sparse: RAM grows with the data written; kept across "
+             "power cycles)"},
     k_memory_limit_option,
     {.name = "discard",
      .kind = option_kind::boolean,
      .default_value = "0",
      .unit = "",
-     .help = "support discard, which frees the blocks' memory (needs memory_backed=1)"},
+     .help = "support discard, which frees the blocks' memory (ignored, and reset to 0, without "
+             "memory_backed=1)"},
     {.name = "rotational",
      .kind = option_kind::boolean,
      .default_value = "0",
      .unit = "",
-     .help = "report the device as rotational (block_limits::rotational)"},
+     .help = "report the device as rotational (newer kernels; not in 6.12)"},
     {.name = "virt_boundary",
      .kind = option_kind::boolean,
      .default_value = "0",
      .unit = "",
      .help = "require request buffers not to cross 4 KiB boundaries inside (virt_boundary_mask)"},
     {.name = "home_node",
-     .kind = option_kind::signed_integer,
-     .default_value = "-1",
+     .kind = option_kind::integer,
+     .default_value = "4294967295",
      .unit = "NUMA node",
-     .help = "NUMA node of the data pages (mbind MPOL_PREFERRED); -1: no preference",
-     .smin = -1,
-     .smax = 1023},
+     .help = "NUMA node of the data pages (mbind MPOL_PREFERRED); 4294967295 (NUMA_NO_NODE): no "
+             "preference; a node this machine lacks is ignored at power on",
+     .bits = 32},
     {.name = "use_per_node_hctx",
      .kind = option_kind::boolean,
      .default_value = "0",
@@ -106,38 +122,83 @@ constexpr option_def k_null_options[] = {
      .default_value = "0",
      .unit = "",
      .help = "ask kernel front ends for no I/O scheduler; softblk itself never reorders requests"},
-    {.name = "power",
-     .kind = option_kind::boolean,
-     .default_value = "1",
-     .unit = "",
-     .help = "a device is created powered on (power=1); power it off with device::set_power"},
     {.name = "queue_mode",
      .kind = option_kind::integer,
      .default_value = "2",
      .unit = "",
-     .help =
-         "0 bio (null_blk maps it to 2), 1 legacy request queue (removed: an error), 2 multi-queue",
-     .min = 0,
-     .max = 2},
+     .help = "2 multi-queue; 0 (bio) becomes 2 at power on; 1 (legacy request queue) fails "
+             "there, as in null_blk",
+     .bits = 32},
     {.name = "index",
-     .kind = option_kind::signed_integer,
-     .default_value = "-1",
+     .kind = option_kind::integer,
+     .default_value = "0",
      .unit = "",
-     .help = "device index: -1 takes the lowest free one (null_blk's ida); N asks for N",
-     .smin = -1,
-     .smax = 1'048'575},
+     .help = "device index: the lowest free one is assigned at power on (a value written is "
+             "ignored, as in null_blk)",
+     .bits = 32},
+    // The zoned model (null_blk's zoned.c); units are null_blk's.
+    {.name = "zoned",
+     .kind = option_kind::boolean,
+     .default_value = "0",
+     .unit = "",
+     .help = "a host-managed zoned device (null_blk's zoned model)"},
+    {.name = "zone_size",
+     .kind = option_kind::integer,
+     .default_value = "256",
+     .unit = "MiB",
+     .help = "zone size, a power of two at most the device size",
+     .min = 1,
+     .max = k_max_size_mib},
+    {.name = "zone_capacity",
+     .kind = option_kind::integer,
+     .default_value = "0",
+     .unit = "MiB",
+     .help = "writable MiB of each sequential zone, at most zone_size; 0: zone_size",
+     .min = 0,
+     .max = k_max_size_mib},
+    {.name = "zone_nr_conv",
+     .kind = option_kind::integer,
+     .default_value = "0",
+     .unit = "zones",
+     .help = "conventional zones at the start (clamped to zones - 1, as null_blk does)",
+     .min = 0,
+     .max = UINT32_MAX},
+    {.name = "zone_max_open",
+     .kind = option_kind::integer,
+     .default_value = "0",
+     .unit = "zones",
+     .help = "most open zones; 0 or >= the sequential zones: no limit; at most zone_max_active",
+     .min = 0,
+     .max = UINT32_MAX},
+    {.name = "zone_max_active",
+     .kind = option_kind::integer,
+     .default_value = "0",
+     .unit = "zones",
+     .help = "most active (open or closed) zones; 0 or >= the sequential zones: no limit",
+     .min = 0,
+     .max = UINT32_MAX},
+    {.name = "zone_append_max_sectors",
+     .kind = option_kind::integer,
+     .default_value = "2147483647",
+     .unit = "512-byte sectors",
+     .help = "largest zone append, rounded down to whole blocks and to the zone capacity; 0: "
+             "no zone append (the kernel emulates it)",
+     .min = 0,
+     .max = INT32_MAX},
+    {.name = "zone_full",
+     .kind = option_kind::boolean,
+     .default_value = "0",
+     .unit = "",
+     .help = "sequential zones start full"},
 };
 
 // Process-wide index allocator (null_blk's nullb_indexes ida).
 class index_allocator {
 public:
-    // The lowest free index if `wanted` < 0, else `wanted`; -1 if taken.
-    int take(int64_t wanted)
+    // The lowest free index.
+    int take()
     {
         std::lock_guard guard(_lock);
-        if (wanted >= 0) {
-            return _used.insert(static_cast<int>(wanted)).second ? static_cast<int>(wanted) : -1;
-        }
         int i = 0;
         while (_used.contains(i)) {
             ++i;
@@ -177,6 +238,14 @@ unsigned online_numa_nodes()
     return count == 0 ? 1 : count;
 }
 
+// What outlives a power-off: the data, as null_blk keeps it in the configfs
+// item (nullb_device::data) until the directory goes.
+struct null_data final : target_data {
+    std::unique_ptr<memory_store> store;
+    int numa_node = -1;
+    uint64_t memory_bytes() const override { return store ? store->memory_bytes() : 0; }
+};
+
 class null_target;
 
 // Per-queue half: everything completes inside submit().
@@ -190,26 +259,63 @@ private:
     completion_sink& _sink;
 };
 
-class null_target final : public target {
+class null_target final : public target, public zone_backend {
 public:
-    // memory_limit_bytes: the store's own budget (0: only the process's).
-    null_target(const block_limits& limits, bool memory_backed, uint64_t memory_limit_bytes,
-                bool discard, int home_node, int index, bool no_sched, bool use_per_node_hctx)
+    // `data` holds the store when memory_backed=1 (null otherwise).
+    null_target(const block_limits& limits, std::shared_ptr<null_data> data, bool discard,
+                int home_node, int index, bool no_sched, bool use_per_node_hctx)
         : _limits(limits),
+          _data(std::move(data)),
+          _store(_data ? _data->store.get() : nullptr),
           _discard(discard),
           _home_node(home_node),
           _index(index),
           _no_sched(no_sched),
           _use_per_node_hctx(use_per_node_hctx)
     {
-        if (memory_backed) {
-            _store = memory_store::create({.capacity_bytes = limits.capacity_bytes,
-                                           .block_size = limits.logical_block_size,
-                                           .numa_node = home_node,
-                                           .limit_bytes = memory_limit_bytes});
-        }
     }
     ~null_target() override { indexes().give_back(_index); }
+
+    // zoned=1: the zones (built after the store, which reset discards).
+    result<void> make_zoned(const zone_engine_config& config, uint32_t max_zone_append_bytes)
+    {
+        auto engine = zone_engine::create(config, this);
+        if (!engine) {
+            return std::unexpected(engine.error());
+        }
+        _zones = std::move(*engine);
+        _zones->apply_limits(_limits);
+        _limits.max_zone_append_bytes = max_zone_append_bytes;
+        return {};
+    }
+    zone_engine* zones() { return _zones.get(); }
+
+    // zone_backend: a reset (and a read-only or offline zone made empty
+    // again) discards the zone's data, as null_handle_discard does.
+    int reset_zone(uint32_t zone) override
+    {
+        if (_store) {
+            _store->discard(_zones->zone_start(zone), _zones->zone_length(zone));
+        }
+        return 0;
+    }
+
+    result<void> set_zone_condition(uint64_t offset, zone_condition condition) override
+    {
+        if (!_zones) {
+            return target::set_zone_condition(offset, condition);
+        }
+        return _zones->set_condition(offset, condition);
+    }
+
+    bool take_media_errors(media_errors* errors) override
+    {
+        if (!_zones) {
+            return false;
+        }
+        _media_errors = errors;
+        return true;
+    }
 
     const block_limits& limits() const override { return _limits; }
 
@@ -220,13 +326,33 @@ public:
 
     int map_extents(uint64_t offset, uint64_t length, std::vector<extent>& out) override
     {
-        if (!_store) {
+        if (_store == nullptr) {
             // Without memory nothing is stored and reads return no defined
             // data: report everything as data, as a disk would.
             return target::map_extents(offset, length, out);
         }
-        _store->map_extents(offset, length, out);
+        // The store may be larger than the device (data kept past a
+        // shrink): only the device's part.
+        const uint64_t cap = _limits.capacity_bytes;
+        if (offset < cap) {
+            _store->map_extents(offset, std::min(length, cap - offset), out);
+        }
         return 0;
+    }
+
+    result<void> apply_option(const option_def& def, const option_set& options) override
+    {
+        if (def.name == "memory_limit") {
+            if (_store != nullptr) {
+                _store->set_limit(options.u64("memory_limit") * k_mib);
+            } else if (options.u64("memory_limit") != 0) {
+                return make_error(EINVAL, fmt::format("memory_limit={}: memory_limit needs "
+                                                      "memory_backed=1",
+                                                      options.u64("memory_limit")));
+            }
+            return {};
+        }
+        return target::apply_option(def, options);
     }
 
     uint64_t memory_bytes() const override { return _store ? _store->memory_bytes() : 0; }
@@ -247,11 +373,17 @@ public:
             out["memory_limit_bytes"] = _store->budget().limit();
             out["memory_refused"] = _store->budget().refused();
         }
+        if (_zones) {
+            _zones->describe(out);
+        }
     }
 
     // The hot path: bytes done or -errno.
     int execute(io_request& r)
     {
+        if (_zones) {
+            return execute_zoned(r);
+        }
         switch (r.op) {
         case io_op::read:
             if (_store) {
@@ -288,18 +420,87 @@ public:
         case io_op::report_extents:
             return answer_report_extents(*this, r);
         default:
-            return -EOPNOTSUPP;  // zone operations: the zoned target's
+            return -EOPNOTSUPP;  // zone operations need zoned=1
         }
     }
 
 private:
+    // null_process_zoned_cmd.
+    int execute_zoned(io_request& r)
+    {
+        zone_hold h;
+        switch (r.op) {
+        case io_op::read: {
+            const int valid = _zones->begin_read(r, h);
+            if (valid < 0) {
+                return valid;
+            }
+            if (_store) {
+                // Below the write pointer the data, beyond it 0xff
+                // (nullb_fill_pattern).
+                auto* out = static_cast<char*>(r.buffer);
+                if (valid > 0) {
+                    _store->read(r.offset, out, static_cast<uint64_t>(valid));
+                }
+                std::memset(out + valid, 0xff, r.length - static_cast<uint32_t>(valid));
+            }
+            _zones->end_read(h);
+            return static_cast<int>(r.length);
+        }
+        case io_op::write:
+        case io_op::zone_append: {
+            if (const int rc = _zones->begin_write(r, h); rc != 0) {
+                return rc;
+            }
+            r.result_offset = h.offset;
+            // Bad blocks after the zone checks and the implicit open; a
+            // partial write moves the write pointer over what it wrote.
+            uint32_t bytes = r.length;
+            int rc = static_cast<int>(r.length);
+            if (_media_errors != nullptr) {
+                const int64_t before_bad = _media_errors->check_write(h.offset, r.length);
+                if (before_bad >= 0) {
+                    bytes = static_cast<uint32_t>(before_bad);
+                    rc = -EIO;
+                }
+            }
+            if (_store && bytes > 0 && _store->write(h.offset, r.buffer, bytes) < 0) {
+                _zones->end_write(h, 0);
+                return -ENOSPC;
+            }
+            _zones->end_write(h, bytes);
+            if (rc < 0) {
+                r.transferred = bytes;
+            }
+            return rc;
+        }
+        case io_op::flush:
+            return 0;
+        case io_op::zone_open:
+        case io_op::zone_close:
+        case io_op::zone_finish:
+        case io_op::zone_reset:
+        case io_op::zone_reset_all:
+            return _zones->manage(r);
+        case io_op::report_zones:
+            return _zones->report(r);
+        case io_op::report_extents:
+            return answer_report_extents(*this, r);
+        default:
+            return -EOPNOTSUPP;  // discard and write zeroes: null_blk has none when zoned
+        }
+    }
+
     block_limits _limits;
-    std::unique_ptr<memory_store> _store;
+    std::shared_ptr<null_data> _data;
+    memory_store* _store;  // _data's, or null (memory_backed=0)
     bool _discard;
     int _home_node;
     int _index;
     bool _no_sched;
     bool _use_per_node_hctx;
+    std::unique_ptr<zone_engine> _zones;
+    media_errors* _media_errors = nullptr;
 };
 
 void null_queue::submit(io_request& r)
@@ -307,46 +508,204 @@ void null_queue::submit(io_request& r)
     _sink.complete(r, _target.execute(r));
 }
 
-result<std::unique_ptr<target>> create_null(const option_set& o)
+// null_init_zoned_dev (Linux 6.12): the checks, clamps and limits of a
+// zoned null device.
+result<void> make_zoned(null_target& t, const option_set& o, uint64_t size_mib, uint64_t bs)
 {
-    uint64_t size_mib = o.u64("size");
-    if (o.given("gb")) {
-        if (o.given("size")) {
-            return make_error(EINVAL,
-                              fmt::format("gb={} and size={}: give the size once (size in MiB, or "
-                                          "gb in GiB as null_blk's module parameter)",
-                                          o.u64("gb"), o.u64("size")));
-        }
-        size_mib = o.u64("gb") * 1024;
-    }
-
-    const uint64_t bs = o.u64("blocksize");
-    if ((bs & (bs - 1)) != 0) {
+    if (o.flag("discard")) {
         return make_error(EINVAL,
-                          fmt::format("blocksize={}: blocksize must be a power of two from 512 to "
-                                      "4096 bytes (512, 1024, 2048 or 4096)",
-                                      bs));
+                          "discard=1: a zoned device has no discard (null_blk ignores it "
+                          "with a log line; softblk refuses rather than ignore it)");
+    }
+    const uint64_t zone_mib = o.u64("zone_size");
+    if ((zone_mib & (zone_mib - 1)) != 0) {
+        return make_error(
+            EINVAL, fmt::format("zone_size={}: zone_size must be a power of two (MiB)", zone_mib));
+    }
+    if (zone_mib > size_mib) {
+        return make_error(EINVAL, fmt::format("zone_size={}: larger than the device (size={} MiB)",
+                                              zone_mib, size_mib));
+    }
+    uint64_t cap_mib = o.u64("zone_capacity");
+    if (cap_mib == 0) {
+        cap_mib = zone_mib;
+    }
+    if (cap_mib > zone_mib) {
+        return make_error(EINVAL, fmt::format("zone_capacity={}: larger than zone_size={} (MiB)",
+                                              cap_mib, zone_mib));
+    }
+    if (cap_mib != zone_mib && size_mib % zone_mib != 0) {
+        return make_error(EINVAL,
+                          fmt::format("zone_capacity={} with size={}: a smaller last zone is not "
+                                      "allowed with a zone capacity below zone_size={} (as in "
+                                      "null_blk: no real device looks like that)",
+                                      cap_mib, size_mib, zone_mib));
+    }
+    const uint64_t nr_zones = (size_mib + zone_mib - 1) / zone_mib;
+    uint64_t nr_conv = o.u64("zone_nr_conv");
+    if (nr_conv >= nr_zones) {
+        nr_conv = nr_zones - 1;  // null_blk: "changed the number of conventional zones"
+    }
+    // zone_append_max_sectors: whole blocks, at most the zone capacity.
+    const uint64_t block_sectors = bs / 512;
+    uint64_t append_sectors = o.u64("zone_append_max_sectors");
+    append_sectors -= append_sectors % block_sectors;
+    append_sectors = std::min(append_sectors, cap_mib * k_mib / 512);
+    zone_engine_config c;
+    c.flavor = zone_flavor::null_blk;
+    c.capacity_bytes = size_mib * k_mib;
+    c.zone_size_bytes = zone_mib * k_mib;
+    c.zone_capacity_bytes = cap_mib * k_mib;
+    c.conventional_zones = static_cast<uint32_t>(nr_conv);
+    c.max_open_zones = static_cast<uint32_t>(o.u64("zone_max_open"));
+    c.max_active_zones = static_cast<uint32_t>(o.u64("zone_max_active"));
+    c.block_size = static_cast<uint32_t>(bs);
+    c.start_full = o.flag("zone_full");
+    c.lock_reads = true;
+    // The block layer bounds it by the largest request too
+    // (blk_validate_zoned_limits: max_hw_sectors).
+    const uint64_t append_bytes =
+        std::min<uint64_t>(append_sectors * 512, t.limits().max_transfer_bytes);
+    return t.make_zoned(c, static_cast<uint32_t>(append_bytes));
+}
+
+
+// Copies every allocated block of `from` into `to` (a store of another
+// block granularity, size or NUMA node), whole blocks of `to` at a time
+// (holes inside one read as zeros and are stored as such). Control thread.
+result<void> move_data(const memory_store& from, memory_store& to)
+{
+    std::vector<extent> map;
+    from.map_extents(0, from.capacity_bytes(), map);
+    const uint64_t g = to.block_size();
+    std::vector<char> buffer(1 << 20);
+    for (const extent& e : map) {
+        if (!e.allocated) {
+            continue;
+        }
+        uint64_t pos = e.offset / g * g;
+        const uint64_t end = std::min((e.offset + e.length + g - 1) / g * g, to.capacity_bytes());
+        while (pos < end) {
+            const uint64_t n = std::min<uint64_t>(buffer.size(), end - pos);
+            const uint64_t readable =
+                pos < from.capacity_bytes() ? std::min(n, from.capacity_bytes() - pos) : 0;
+            std::fill(buffer.begin(), buffer.begin() + static_cast<ptrdiff_t>(n), 0);
+            if (readable > 0) {
+                from.read(pos, buffer.data(), readable);
+            }
+            if (const int rc = to.write(pos, buffer.data(), n); rc < 0) {
+                return make_error(-rc, fmt::format("not enough memory to move the device's data "
+                                                   "to its new geometry ({})",
+                                                   std::strerror(-rc)));
+            }
+            pos += n;
+        }
+    }
+    return {};
+}
+
+// The store for `capacity` bytes at `granularity` on `node`, reusing the
+// one kept from the previous power on (or moving its data to a new one
+// when the block size grows past it, the device outgrows it or the node
+// changes). A store larger than the device keeps the data past its end, as
+// null_blk does when `size` shrinks. Control thread.
+result<void> prepare_store(null_data& data, uint64_t capacity, uint32_t granularity, int node,
+                           uint64_t limit_bytes)
+{
+    memory_store* old = data.store.get();
+    if (old != nullptr && old->block_size() == granularity && old->capacity_bytes() >= capacity &&
+        data.numa_node == node) {
+        old->set_limit(limit_bytes);
+        return {};
+    }
+    auto fresh = memory_store::create(
+        {.capacity_bytes = old != nullptr ? std::max(capacity, old->capacity_bytes()) : capacity,
+         .block_size = granularity,
+         .numa_node = node,
+         .limit_bytes = limit_bytes});
+    if (old != nullptr) {
+        if (auto r = move_data(*old, *fresh); !r) {
+            return r;
+        }
+    }
+    data.store = std::move(fresh);
+    data.numa_node = node;
+    return {};
+}
+
+// null_blk's power on: null_validate_conf, null_config_discard and the
+// block layer's checks of null_add_dev, on the device's attributes.
+result<std::unique_ptr<target>> power_on_null(option_set& o, std::shared_ptr<target_data>& kept,
+                                              std::vector<std::string>& notes)
+{
+    // The module parameter gb is the default of size.
+    if (!o.given("size") && o.given("gb")) {
+        o.set_u64("size", o.u64("gb") * 1024);
+    }
+    const uint64_t size_mib = o.u64("size");
+
+    if (o.u64("queue_mode") == 1) {
+        return make_error(EINVAL,
+                          "queue_mode=1: the legacy request path is no longer available (as in "
+                          "null_blk); use queue_mode=2");
+    }
+    if (o.u64("queue_mode") == 0) {
+        notes.emplace_back(
+            "queue_mode=0: the bio-based path is no longer available, using "
+            "blk-mq instead (queue_mode=2)");
+        o.set_u64("queue_mode", 2);
+    } else if (o.u64("queue_mode") > 2) {
+        notes.push_back(
+            fmt::format("queue_mode={} is no mode; multi-queue as always (null_blk "
+                        "ignores it too)",
+                        o.u64("queue_mode")));
     }
 
+    const bool memory_backed = o.flag("memory_backed");
+    if (memory_backed) {
+        o.set_flag("blocking", true);  // null_blk: memory allocation may sleep
+    } else if (o.u64("cache_size") != 0) {
+        notes.push_back(
+            fmt::format("cache_size={} ignored: the cache needs memory_backed=1 (set "
+                        "to 0, as null_blk does)",
+                        o.u64("cache_size")));
+        o.set_u64("cache_size", 0);
+    }
+    bool discard = o.flag("discard");
+    if (discard && !memory_backed) {
+        notes.emplace_back(
+            "discard=1 ignored without memory backing (set to 0, as null_blk "
+            "does)");
+        o.set_flag("discard", false);
+        discard = false;
+    }
+
+    // The block layer (blk_validate_limits).
+    const uint64_t bs = o.u64("blocksize");
+    if (bs < 512 || bs > k_max_block_size || (bs & (bs - 1)) != 0) {
+        return make_error(EINVAL,
+                          fmt::format("blocksize={}: the block size must be a power of two from "
+                                      "512 to {} bytes (Linux 6.15+; 6.12 allows up to 4096)",
+                                      bs, k_max_block_size));
+    }
     uint64_t max_sectors = o.u64("max_sectors");
     if (max_sectors == 0) {
         max_sectors = k_safe_max_sectors;
     } else if (max_sectors < 8) {
         return make_error(EINVAL,
-                          fmt::format("max_sectors={}: max_sectors must be 0 (the default, 255) or "
-                                      "8 to {} sectors (at least one 4 KiB page)",
-                                      max_sectors, k_max_sectors_limit));
+                          fmt::format("max_sectors={}: max_sectors must be 0 (the default, 255) "
+                                      "or at least 8 sectors (one 4 KiB page)",
+                                      max_sectors));
     }
-    // The block layer rounds max_hw_sectors down to whole logical blocks.
+    if (max_sectors < bs / 512) {
+        return make_error(EINVAL, fmt::format("max_sectors={}: smaller than one block of {} bytes",
+                                              max_sectors, bs));
+    }
+    // Rounded down to whole blocks, as the block layer does; longer than 4
+    // GiB cannot be carried (max_transfer_bytes is 32 bits).
+    max_sectors = std::min(max_sectors, k_max_transfer_sectors);
     max_sectors -= max_sectors % (bs / 512);
 
-    const bool memory_backed = o.flag("memory_backed");
-    const bool discard = o.flag("discard");
-    if (discard && !memory_backed) {
-        return make_error(EINVAL,
-                          "discard=1: discard needs memory_backed=1 (null_blk ignores it with a "
-                          "log line; softblk refuses rather than ignore it)");
-    }
     const uint64_t memory_limit_mib = o.u64("memory_limit");
     if (memory_limit_mib != 0 && !memory_backed) {
         return make_error(
@@ -355,31 +714,39 @@ result<std::unique_ptr<target>> create_null(const option_set& o)
                                 memory_limit_mib));
     }
 
-    const unsigned nodes = online_numa_nodes();
-    const int64_t home_node = o.i64("home_node");
-    if (home_node >= static_cast<int64_t>(nodes)) {
-        return make_error(EINVAL,
-                          fmt::format("home_node={}: home_node must be -1 (none) or 0 to {} (this "
-                                      "machine has {} NUMA node{})",
-                                      home_node, nodes - 1, nodes, nodes == 1 ? "" : "s"));
-    }
-    if (o.u64("queue_mode") == 1) {
-        return make_error(EINVAL,
-                          "queue_mode=1: the legacy request path is no longer available (as in "
-                          "null_blk); use queue_mode=2");
-    }
-    if (!o.flag("power")) {
-        return make_error(EINVAL,
-                          "power=0: a device is created powered on (configfs' `echo 1 > power`); "
-                          "power it off afterwards with device::set_power(false)");
+    int home_node = -1;
+    if (const uint64_t node = o.u64("home_node"); node != k_no_node) {
+        const unsigned nodes = online_numa_nodes();
+        if (node >= nodes) {
+            notes.push_back(fmt::format("home_node={} ignored: this machine has {} NUMA node{}",
+                                        node, nodes, nodes == 1 ? "" : "s"));
+        } else {
+            home_node = static_cast<int>(node);
+        }
     }
 
-    const int index = indexes().take(o.i64("index"));
-    if (index < 0) {
-        return make_error(EEXIST, fmt::format("index={}: index in use by another null device; give "
-                                              "index=-1 for the lowest free one",
-                                              o.i64("index")));
+    auto data = std::dynamic_pointer_cast<null_data>(kept);
+    if (!data) {
+        data = std::make_shared<null_data>();
+        kept = data;
     }
+    if (memory_backed) {
+        const uint32_t granularity = static_cast<uint32_t>(std::min<uint64_t>(bs, 4096));
+        if (auto r = prepare_store(*data, size_mib * k_mib, granularity, home_node,
+                                   memory_limit_mib * k_mib);
+            !r) {
+            return std::unexpected(r.error());
+        }
+    }
+
+    const int index = indexes().take();
+    if (o.given("index") && o.u64("index") != static_cast<uint64_t>(index)) {
+        notes.push_back(
+            fmt::format("index={} ignored: the device has index {}, the lowest free "
+                        "one (as null_blk assigns it)",
+                        o.u64("index"), index));
+    }
+    o.set_u64("index", static_cast<uint64_t>(index), false);
 
     block_limits lim;
     lim.capacity_bytes = size_mib * k_mib;
@@ -395,9 +762,30 @@ result<std::unique_ptr<target>> create_null(const option_set& o)
     // volatile_write_cache and fua are the cache decorator's (cache_size).
     lim.volatile_write_cache = false;
     lim.fua = false;
-    return std::make_unique<null_target>(lim, memory_backed, memory_limit_mib * k_mib, discard,
-                                         static_cast<int>(home_node), index, o.flag("no_sched"),
-                                         o.flag("use_per_node_hctx"));
+    auto t = std::make_unique<null_target>(lim, memory_backed ? data : nullptr, discard, home_node,
+                                           index, o.flag("no_sched"), o.flag("use_per_node_hctx"));
+    if (o.flag("zoned")) {
+        if (auto r = make_zoned(*t, o, size_mib, bs); !r) {
+            return std::unexpected(r.error());
+        }
+    } else {
+        for (const char* name : {"zone_size", "zone_capacity", "zone_nr_conv", "zone_max_open",
+                                 "zone_max_active", "zone_append_max_sectors", "zone_full"}) {
+            if (o.given(name)) {
+                return make_error(EINVAL, fmt::format("{}: a zone attribute needs zoned=1", name));
+            }
+        }
+    }
+    return t;
+}
+
+// For callers of target_type::create: a power on with nothing kept.
+result<std::unique_ptr<target>> create_null(const option_set& options)
+{
+    option_set o = options;
+    std::shared_ptr<target_data> kept;
+    std::vector<std::string> notes;
+    return power_on_null(o, kept, notes);
 }
 
 [[maybe_unused]] const bool k_registered = register_target_type(target_type{
@@ -410,6 +798,7 @@ result<std::unique_ptr<target>> create_null(const option_set& o)
     // to the number of online NUMA nodes, whatever was given.
     .submit_queues =
         [](const option_set& o) { return o.flag("use_per_node_hctx") ? online_numa_nodes() : 0u; },
+    .power_on = power_on_null,
 });
 
 }  // namespace

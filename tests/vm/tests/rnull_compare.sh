@@ -12,7 +12,7 @@
 # --region MiB (the part of the device fio touches; written once first).
 set -euo pipefail
 . /softblk-vm/lib.sh
-vm_require_tool softblk-ublk-driver fio
+vm_require_tool softblk-driver fio
 modprobe ublk_drv || vm_skip "no ublk_drv in this kernel"
 vm_wait_for /dev/ublk-control
 
@@ -45,12 +45,12 @@ vm_null_blk_create nullb0 size=$size blocksize=4096 memory_backed=1 irqmode=0 co
 echo none >/sys/block/nullb0/queue/scheduler
 
 vm_step "softblk null over ublk with the same settings"
-softblk-ublk-driver serve --name bench --type null --run-dir /tmp/run --ready-file /tmp/bench.ready \
+softblk-driver --export ublk --run-dir /tmp/run --ready-file /tmp/bench.ready bench null \
   size=$size blocksize=4096 memory_backed=1 irqmode=0 completion_nsec=0 hw_queue_depth=256 \
   submit_queues=1 >/tmp/bench.out 2>/tmp/bench.err &
 pid=$!
 for _ in $(seq 300); do [ -s /tmp/bench.ready ] && break; sleep 0.1; done
-[ -s /tmp/bench.ready ] || vm_fail "softblk-ublk-driver not ready: $(cat /tmp/bench.err)"
+[ -s /tmp/bench.ready ] || vm_fail "softblk-driver not ready: $(cat /tmp/bench.err)"
 cat /tmp/bench.ready
 ublk=$(sed -n 's/.*"block":"\([^"]*\)".*/\1/p' /tmp/bench.ready)
 vm_wait_for "$ublk"

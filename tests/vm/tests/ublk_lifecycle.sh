@@ -6,11 +6,11 @@
 # state files or daemons, and the device id is reused each time.
 set -euo pipefail
 . /softblk-vm/lib.sh
-vm_require_tool softblk-ublk-driver fio dd cmp
+vm_require_tool softblk-driver fio dd cmp
 modprobe ublk_drv || vm_skip "no ublk_drv in this kernel"
 vm_wait_for /dev/ublk-control
 
-drv=softblk-ublk-driver
+drv="softblk-driver --export ublk"
 run=/tmp/run
 mkdir -p $run
 pid=
@@ -23,7 +23,7 @@ trap cleanup EXIT
 serve() {
   local name=$1; shift
   rm -f /tmp/$name.ready
-  $drv serve --name "$name" --type null --run-dir $run --ready-file /tmp/$name.ready "$@" \
+  $drv --run-dir $run --ready-file /tmp/$name.ready "$name" null "$@" \
     >/tmp/$name.out 2>/tmp/$name.err &
   pid=$!
   for _ in $(seq 300); do
@@ -79,5 +79,5 @@ vm_expect_eq "ublk device nodes left" "$left" 0
 vm_expect_eq "ublk char devices in sysfs" "$(ls /sys/class/ublk-char 2>/dev/null | wc -l)" 0
 vm_expect_eq "ublk disks in sysfs" "$(ls /sys/block | grep -c '^ublkb' || true)" 0
 vm_expect_eq "state files left" "$(ls $run/ublk 2>/dev/null | wc -l)" 0
-vm_expect_eq "drivers left" "$(ps | grep -c '[s]oftblk-ublk' || true)" 0
+vm_expect_eq "drivers left" "$(ps | grep -c '[s]oftblk-driver' || true)" 0
 echo "PASS"

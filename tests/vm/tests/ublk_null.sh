@@ -7,15 +7,15 @@
 # queues; blkdiscard and write-zeroes read back as zeros; ext4 and xfs are
 # made, mounted, written, unmounted and check clean; USER_COPY mode works
 # where the kernel has it; and deleting the device leaves nothing behind.
-# Needs softblk-ublk-driver (--bin) and a 4-CPU guest (ublk caps the
+# Needs softblk-driver (--bin) and a 4-CPU guest (ublk caps the
 # hardware queues at the CPU count).
 set -euo pipefail
 . /softblk-vm/lib.sh
-vm_require_tool softblk-ublk-driver fio mkfs.ext4 e2fsck mkfs.xfs xfs_repair blkdiscard cmp
+vm_require_tool softblk-driver fio mkfs.ext4 e2fsck mkfs.xfs xfs_repair blkdiscard cmp
 modprobe ublk_drv || vm_skip "no ublk_drv in this kernel"
 vm_wait_for /dev/ublk-control
 
-drv=softblk-ublk-driver
+drv="softblk-driver --export ublk"
 run=/tmp/run
 mkdir -p $run
 pid=
@@ -29,7 +29,7 @@ trap cleanup EXIT
 start() {
   local name=$1; shift
   rm -f /tmp/$name.ready
-  $drv serve --name "$name" --type null --run-dir $run --ready-file /tmp/$name.ready "$@" \
+  $drv --run-dir $run --ready-file /tmp/$name.ready "$name" null "$@" \
     >/tmp/$name.out 2>/tmp/$name.err &
   pid=$!
   for _ in $(seq 300); do
@@ -49,7 +49,7 @@ stop() {
 }
 
 vm_step "kernel features"
-$drv features | tee /tmp/features.json
+echo features | $drv --run-dir $run --commands | tee /tmp/features.json
 mkdir -p /mnt/ublk
 
 vm_step "add a null device over ublk"
@@ -140,7 +140,7 @@ echo "ok: /dev/ublkb$id, /dev/ublkc$id and the state file are gone"
 
 vm_step "USER_COPY"
 if grep -q '"USER_COPY"' /tmp/features.json; then
-  start d1 --export user_copy=1 submit_queues=2 hw_queue_depth=64 memory_backed=1 size=128 blocksize=512
+  start d1 -o user_copy=1 submit_queues=2 hw_queue_depth=64 memory_backed=1 size=128 blocksize=512
   grep -q '"user_copy":true' /tmp/d1.ready || vm_fail "user_copy not granted"
   fio --name=uc --filename="$dev" --direct=1 --ioengine=io_uring --iodepth=16 --rw=randwrite \
     --bsrange=512-64k --size=64M --verify=crc32c --verify_fatal=1 --output-format=terse >/dev/null ||

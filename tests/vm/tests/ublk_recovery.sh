@@ -1,6 +1,6 @@
 #!/bin/bash
 # A ublk device with user recovery outlives its killed daemon, and
-# `softblk-ublk-driver recover` re-attaches it from the persisted state file
+# `softblk-driver --export ublk --recover NAME` re-attaches it from the persisted state file
 # alone (no original command line, no SET_PARAMS; same /dev/ublkbN):
 #  - recovery=reissue: kill -9 under fio load; fio finishes without an error
 #    (in-flight I/O is reissued to the new daemon) and a write+verify pass
@@ -16,11 +16,11 @@
 # queue of waiting I/O and its identity are.)
 set -euo pipefail
 . /softblk-vm/lib.sh
-vm_require_tool softblk-ublk-driver fio
+vm_require_tool softblk-driver fio
 modprobe ublk_drv || vm_skip "no ublk_drv in this kernel"
 vm_wait_for /dev/ublk-control
 
-drv=softblk-ublk-driver
+drv="softblk-driver --export ublk"
 run=/tmp/run
 mkdir -p $run
 pid=
@@ -45,14 +45,14 @@ wait_ready() {
 serve() {
   local name=$1; shift
   rm -f /tmp/$name.ready
-  $drv serve --name "$name" --type null --run-dir $run --ready-file /tmp/$name.ready "$@" \
+  $drv --run-dir $run --ready-file /tmp/$name.ready "$name" null "$@" \
     >/tmp/$name.out 2>/tmp/$name.err &
   pid=$!
   wait_ready "$name"
 }
 recover() {
   rm -f /tmp/$1.ready
-  $drv recover --name "$1" --run-dir $run --ready-file /tmp/$1.ready >/tmp/$1.out 2>/tmp/$1.err &
+  $drv --run-dir $run --ready-file /tmp/$1.ready --recover "$1" >/tmp/$1.out 2>/tmp/$1.err &
   pid=$!
   wait_ready "$1"
 }
@@ -84,8 +84,8 @@ kill_under_load() {
   pid=
   echo "killed the daemon under load"
   [ -e "$old_dev" ] || vm_fail "$old_dev disappeared with the daemon"
-  $drv list --run-dir $run
-  $drv list --run-dir $run | grep -q '"recoverable":true' || vm_fail "device not recoverable after the kill"
+  echo list | $drv --run-dir $run --commands | tee /tmp/$name.list
+  grep -q '"recoverable":true' /tmp/$name.list || vm_fail "device not recoverable after the kill"
   recover "$name"
   vm_expect_eq "device after recovery" "$dev" "$old_dev"
   grep -q '"recovered":true' /tmp/$name.ready || vm_fail "export does not say it recovered"
@@ -97,7 +97,7 @@ kill_under_load() {
 }
 
 vm_step "recovery=reissue: kill -9 under load, recover, fio finishes clean"
-serve r0 --export recovery=reissue submit_queues=2 hw_queue_depth=64 memory_backed=1 size=256 blocksize=4096 \
+serve r0 -o recovery=reissue submit_queues=2 hw_queue_depth=64 memory_backed=1 size=256 blocksize=4096 \
   irqmode=2 completion_nsec=5000000
 grep -q USER_RECOVERY_REISSUE /tmp/r0.ready || vm_fail "REISSUE not granted"
 kill_under_load r0
@@ -109,7 +109,7 @@ stop
 [ ! -e "$dev" ] || vm_fail "$dev still there after delete"
 
 vm_step "recovery=recover: kill -9 under load, in-flight I/O fails, device recovers"
-serve r1 --export recovery=recover submit_queues=2 hw_queue_depth=64 memory_backed=1 size=256 blocksize=4096 \
+serve r1 -o recovery=recover submit_queues=2 hw_queue_depth=64 memory_backed=1 size=256 blocksize=4096 \
   irqmode=2 completion_nsec=5000000
 kill_under_load r1
 if [ "$fio_rc" = 0 ]; then
@@ -126,7 +126,7 @@ id=$(sed -n 's/.*"dev_id":\([0-9]*\).*/\1/p' /tmp/r2.ready)
 kill -9 "$pid"; wait "$pid" 2>/dev/null || true; pid=
 for _ in $(seq 50); do [ -e /dev/ublkb$id ] || break; sleep 0.1; done
 [ ! -e /dev/ublkb$id ] || vm_fail "/dev/ublkb$id outlived a daemon without recovery"
-$drv cleanup --run-dir $run
+echo cleanup | $drv --run-dir $run --commands
 [ ! -e /dev/ublkc$id ] || vm_fail "/dev/ublkc$id left after cleanup"
 [ ! -e $run/ublk/r2.json ] || vm_fail "state file left after cleanup"
 echo "ok: no disk, no char device, no state file"

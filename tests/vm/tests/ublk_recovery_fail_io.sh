@@ -5,17 +5,17 @@
 # Skips on kernels whose ublk driver lacks the feature (6.12 does).
 set -euo pipefail
 . /softblk-vm/lib.sh
-vm_require_tool softblk-ublk-driver fio dd
+vm_require_tool softblk-driver fio dd
 modprobe ublk_drv || vm_skip "no ublk_drv in this kernel"
 vm_wait_for /dev/ublk-control
-drv=softblk-ublk-driver
-features=$($drv features)
+drv="softblk-driver --export ublk"
+run=/tmp/run
+mkdir -p $run
+features=$(echo features | $drv --run-dir $run --commands)
 echo "$features"
 echo "$features" | grep -q '"USER_RECOVERY_FAIL_IO"' ||
   vm_skip "kernel $(uname -r) has no UBLK_F_USER_RECOVERY_FAIL_IO (Linux 6.13+)"
 
-run=/tmp/run
-mkdir -p $run
 pid=
 trap '[ -n "$pid" ] && kill -TERM $pid 2>/dev/null; wait 2>/dev/null' EXIT
 wait_ready() {
@@ -23,7 +23,7 @@ wait_ready() {
   [ -s /tmp/$1.ready ] || vm_fail "driver for $1 not ready: $(cat /tmp/$1.err)"
   dev=$(sed -n 's/.*"block":"\([^"]*\)".*/\1/p' /tmp/$1.ready)
 }
-$drv serve --name f0 --type null --run-dir $run --ready-file /tmp/f0.ready --export recovery=fail_io \
+$drv --run-dir $run --ready-file /tmp/f0.ready -o recovery=fail_io f0 null \
   submit_queues=1 hw_queue_depth=32 memory_backed=1 size=64 blocksize=4096 2>/tmp/f0.err &
 pid=$!
 wait_ready f0
@@ -33,11 +33,11 @@ if dd if=/dev/zero of=$dev bs=4k count=1 oflag=direct status=none 2>/dev/null; t
   vm_fail "a write succeeded while the device had no daemon (FAIL_IO)"
 fi
 echo "ok: I/O fails while the daemon is gone"
-$drv list --run-dir $run
-$drv list --run-dir $run | grep -q '"state":"FAIL_IO"' || vm_fail "the kernel does not report FAIL_IO for the orphaned device"
+echo list | $drv --run-dir $run --commands | tee /tmp/f0.list
+grep -q '"state":"FAIL_IO"' /tmp/f0.list || vm_fail "the kernel does not report FAIL_IO for the orphaned device"
 echo "ok: state FAIL_IO while the daemon is gone"
 rm -f /tmp/f0.ready
-$drv recover --name f0 --run-dir $run --ready-file /tmp/f0.ready 2>/tmp/f0.err &
+$drv --run-dir $run --ready-file /tmp/f0.ready --recover f0 2>/tmp/f0.err &
 pid=$!
 wait_ready f0
 fio --name=v --filename=$dev --direct=1 --rw=randwrite --bs=4k --size=16M --verify=crc32c \

@@ -14,11 +14,12 @@
 # who may not touch its char device; the VM is discarded.)
 set -euo pipefail
 . /softblk-vm/lib.sh
-vm_require_tool softblk-ublk-driver fio su
+vm_require_tool softblk-driver fio su
 modprobe ublk_drv || vm_skip "no ublk_drv in this kernel"
 vm_wait_for /dev/ublk-control
-drv=$(command -v softblk-ublk-driver)
-softblk-ublk-driver features | grep -q '"UNPRIVILEGED_DEV"' ||
+drv="$(command -v softblk-driver) --export ublk"
+mkdir -p /tmp/run
+echo features | $drv --run-dir /tmp/run --commands | grep -q '"UNPRIVILEGED_DEV"' ||
   vm_skip "kernel $(uname -r) has no UBLK_F_UNPRIVILEGED_DEV"
 
 echo "tester:x:1000:1000::/tmp/tester:/bin/sh" >>/etc/passwd
@@ -48,7 +49,7 @@ trap cleanup EXIT
 udev_pid=$!
 
 vm_step "refused combinations"
-if as_user "$drv serve --name bad --type null --run-dir /tmp/tester/run --export recovery=reissue size=16" \
+if as_user "$drv --run-dir /tmp/tester/run -o recovery=reissue bad null size=16" \
     >/tmp/bad.out 2>&1; then
   vm_fail "an unprivileged device with recovery=reissue was accepted"
 fi
@@ -56,7 +57,7 @@ cat /tmp/bad.out
 grep -q 'recovery' /tmp/bad.out || vm_fail "the error does not name recovery"
 
 vm_step "a user serves an unprivileged device"
-as_user "$drv serve --name u0 --type null --run-dir /tmp/tester/run --ready-file /tmp/tester/u0.ready \
+as_user "$drv --run-dir /tmp/tester/run --ready-file /tmp/tester/u0.ready u0 null \
   submit_queues=2 hw_queue_depth=32 memory_backed=1 size=128 blocksize=4096 \
   >/tmp/tester/u0.out 2>/tmp/tester/u0.err" &
 for _ in $(seq 300); do [ -s /tmp/tester/u0.ready ] && break; sleep 0.1; done
@@ -89,7 +90,7 @@ vm_step "without the udev rule the driver gives up with a clear error (no hang)"
 kill -0 "$udev_pid" || vm_fail "the udev stand-in died early"
 kill "$udev_pid"; wait "$udev_pid" 2>/dev/null || true; udev_pid=
 start=$(date +%s)
-if as_user "timeout 30 $drv serve --name u1 --type null --run-dir /tmp/tester/run --export add_timeout=1000 \
+if as_user "timeout 30 $drv --run-dir /tmp/tester/run -o add_timeout=1000 u1 null \
     size=16 >/tmp/u1.out 2>&1"; then
   vm_fail "the driver started without access to its char device"
 fi

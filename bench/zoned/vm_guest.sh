@@ -1,0 +1,102 @@
+#!/bin/bash
+# Guest half of bench/zoned/vm.sh (runs inside tests/vm/run-vm). Devices of
+# 512 MiB in 16 MiB zones, 4 KiB blocks, no conventional zones, no limits:
+#   nullb   the kernel's null_blk, zoned, memory_backed=1
+#   sbnull  softblk's null target with zoned=1 memory_backed=1, over ublk
+#   sbzloop softblk's zloop target over ublk, zone files on ext4 on a brd
+#           RAM disk (O_DIRECT)
+# with 1 and 2 queues (submit_queues / nr_queues). Jobs (fio, io_uring,
+# direct, --zonemode=zbd, time based): 4 KiB random write QD 1 x 1 job,
+# 4 KiB random write QD 32 x 8 jobs, 128 KiB random write QD 32 x 1 job,
+# 128 KiB sequential write QD 32 x 1 job. Each job runs on each device in
+# turn for ROUNDS rounds; the median IOPS and MiB/s are printed with the
+# ratio softblk null / null_blk of the medians and the median of the
+# per-round ratios.
+set -euo pipefail
+. /softblk-vm/lib.sh
+vm_require_tool softblk fio blkzone mkfs.ext4
+modprobe ublk_drv || vm_skip "no ublk_drv in this kernel"
+vm_wait_for /dev/ublk-control
+vm_require_module brd rd_nr=1 rd_size=$((768 * 1024))
+runtime=${RUNTIME:-5}
+rounds=${ROUNDS:-3}
+
+export SOFTBLK_RUN_DIR=/tmp/softblk-run
+cleanup() {
+  softblk del --all >/dev/null 2>&1 || true
+  softblk shutdown >/dev/null 2>&1 || true
+  for q in 1 2; do
+    [ -d /sys/kernel/config/nullb/nullbz$q ] && vm_null_blk_remove nullbz$q
+  done
+  umount /mnt/zl 2>/dev/null || true
+}
+trap cleanup EXIT
+
+mkfs.ext4 -q -F /dev/ram0
+mkdir -p /mnt/zl
+mount /dev/ram0 /mnt/zl
+
+jobs=("randwrite 4k 1 1" "randwrite 4k 32 8" "randwrite 128k 32 1" "write 128k 32 1")
+# The median (of an even count: the mean of the middle two).
+median() {
+  tr ' ' '\n' <<<"$1" | grep . | sort -g |
+    awk '{v[NR] = $1} END {if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2}'
+}
+
+for q in 1 2; do
+  vm_step "queues $q"
+  vm_null_blk_create nullbz$q zoned=1 size=512 zone_size=16 zone_nr_conv=0 blocksize=4096 \
+    memory_backed=1 submit_queues=$q hw_queue_depth=128 irqmode=0
+  softblk add null --name sbnull$q zoned=1 size=512 zone_size=16 zone_nr_conv=0 bs=4096 \
+    memory_backed=1 --queues $q --depth 128 irqmode=0 >/tmp/add1.txt
+  sbnull=$(grep -o '/dev/ublkb[0-9]*' /tmp/add1.txt | head -n1)
+  rm -rf /mnt/zl/$q && mkdir -p /mnt/zl/$q
+  softblk add zloop --name sbzl$q base_dir=/mnt/zl id=$q capacity_mb=512 zone_size_mb=16 \
+    conv_zones=0 nr_queues=$q queue_depth=128 >/tmp/add2.txt
+  sbzl=$(grep -o '/dev/ublkb[0-9]*' /tmp/add2.txt | head -n1)
+  [ -b "$sbnull" ] && [ -b "$sbzl" ] || vm_fail "no ublk devices: $(cat /tmp/add1.txt /tmp/add2.txt)"
+  echo "devices: null_blk /dev/nullbz$q, softblk null $sbnull, softblk zloop $sbzl"
+  declare -A iops=() bw=() ratio=()
+  for round in $(seq "$rounds"); do
+    for j in "${jobs[@]}"; do
+      read -r rw bs qd nj <<<"$j"
+      for sys in nullb sbnull sbzloop; do
+        case $sys in
+          nullb) dev=/dev/nullbz$q ;;
+          sbnull) dev=$sbnull ;;
+          sbzloop) dev=$sbzl ;;
+        esac
+        blkzone reset "$dev"
+        # terse v3: field 49 write IOPS, 48 write KiB/s.
+        out=$(fio --name=z --filename="$dev" --ioengine=io_uring --direct=1 --zonemode=zbd \
+          --rw="$rw" --bs="$bs" --iodepth="$qd" --numjobs="$nj" --group_reporting \
+          --time_based --runtime="$runtime" --output-format=terse --terse-version=3)
+        v=$(awk -F';' '{print $49}' <<<"$out")
+        b=$(awk -F';' '{printf "%.1f", $48 / 1024}' <<<"$out")
+        iops["$sys $j"]+="$v "
+        bw["$sys $j"]+="$b "
+        eval "last_$sys=$v"
+        echo "round $round q$q $sys $rw $bs qd$qd x$nj: $v IOPS $b MiB/s"
+      done
+      # The devices ran one after the other: their ratio in one round is
+      # less exposed to the host's load drifting than either figure.
+      ratio["$j"]+="$(awk -v s="$last_sbnull" -v n="$last_nullb" 'BEGIN {printf "%.2f", (n > 0) ? s / n : 0}') "
+    done
+  done
+  echo
+  echo "queues $q: | job | null_blk IOPS (MiB/s) | softblk null/ublk IOPS (MiB/s) | ratio of medians | median of per-round ratios (each round) | softblk zloop/ublk IOPS (MiB/s) |"
+  echo "|---|---:|---:|---:|---:|---:|"
+  for j in "${jobs[@]}"; do
+    read -r rw bs qd nj <<<"$j"
+    n=$(median "${iops[nullb $j]}"); nb=$(median "${bw[nullb $j]}")
+    s=$(median "${iops[sbnull $j]}"); sb=$(median "${bw[sbnull $j]}")
+    z=$(median "${iops[sbzloop $j]}"); zb=$(median "${bw[sbzloop $j]}")
+    r=$(median "${ratio[$j]}")
+    awk -v n="$rw $bs QD$qd x$nj" -v a="$n" -v ab="$nb" -v s="$s" -v sb="$sb" -v z="$z" -v zb="$zb" \
+      -v r="$r" -v all="${ratio[$j]% }" \
+      'BEGIN {printf "| %s | %d (%s) | %d (%s) | %.2f | %.2f (%s) | %d (%s) |\n", n, a, ab, s, sb, (a > 0) ? s / a : 0, r, all, z, zb}'
+  done
+  softblk del sbnull$q sbzl$q
+  vm_null_blk_remove nullbz$q
+done
+echo "PASS"

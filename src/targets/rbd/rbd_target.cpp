@@ -1,0 +1,718 @@
+// The rbd target: a device whose data is a Ceph RADOS Block Device image,
+// served through librbd's asynchronous C API (Debian's librbd-dev), as
+// QEMU's and SPDK's rbd drivers serve it. docs/rbd.md has the options, the
+// rules and the pitfalls.
+//
+// Built as the file target is (src/targets/file): an option table, a target
+// (the cluster connection, the open image, the allocation map) and a
+// target_queue (the hot path). librbd runs each request's completion
+// callback on one of its own threads; the callback only pushes the request
+// onto its queue's lock-free list and wakes the queue's eventfd, and the
+// queue's own thread completes it from poll(). No thread per request, no
+// polling while idle.
+#include <softblk/target.hpp>
+
+#include <rados/librados.h>
+#include <rbd/librbd.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <fmt/core.h>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+namespace softblk::targets {
+
+namespace {
+
+// Largest read or write in one request: 512 KiB, as the file target (the
+// ublk front end sizes its per-tag buffers from it); librbd splits requests
+// on its objects (4 MiB by default) itself.
+constexpr uint32_t k_max_transfer = 512u << 10;
+constexpr uint32_t k_block = 512;
+
+constexpr option_def k_rbd_options[] = {
+    {.name = "pool",
+     .kind = option_kind::text,
+     .default_value = "rbd",
+     .unit = "",
+     .help = "the RADOS pool that holds the image"},
+    {.name = "image",
+     .kind = option_kind::text,
+     .default_value = "",
+     .unit = "",
+     .help = "the RBD image (required)"},
+    {.name = "id",
+     .kind = option_kind::text,
+     .default_value = "admin",
+     .unit = "",
+     .help = "the Ceph client name without 'client.' (its key must be in the keyring)"},
+    {.name = "conf",
+     .kind = option_kind::text,
+     .default_value = "",
+     .unit = "path",
+     .help = "ceph.conf to read; empty: $CEPH_CONF, then /etc/ceph/ceph.conf, ~/.ceph/ceph.conf, "
+             "./ceph.conf"},
+    {.name = "keyring",
+     .kind = option_kind::text,
+     .default_value = "",
+     .unit = "path",
+     .help = "keyring with the client's key; empty: the conf file's keyring setting"},
+    {.name = "snap",
+     .kind = option_kind::text,
+     .default_value = "",
+     .unit = "",
+     .help = "serve this snapshot of the image, read-only"},
+    {.name = "create",
+     .kind = option_kind::boolean,
+     .default_value = "0",
+     .unit = "",
+     .help = "create the image with size= bytes if the pool has none of that name (the "
+             "cluster's rbd_default_features); an existing image is opened as it is"},
+    {.name = "size",
+     .kind = option_kind::text,
+     .default_value = "0",
+     .unit = "bytes",
+     .help = "size of the image create=1 makes, bytes with an optional binary suffix (64M, 2G); "
+             "the device's size is always the image's"},
+    {.name = "read_only",
+     .kind = option_kind::boolean,
+     .default_value = "0",
+     .unit = "",
+     .help = "open the image read-only and refuse writes"},
+    {.name = "connect_timeout",
+     .kind = option_kind::integer,
+     .default_value = "10",
+     .unit = "s",
+     .help = "seconds to wait for the monitors at add time (client_mount_timeout, "
+             "rados_mon_op_timeout): an unreachable cluster fails the add",
+     .min = 1,
+     .max = 600},
+    {.name = "osd_op_timeout",
+     .kind = option_kind::integer,
+     .default_value = "0",
+     .unit = "s",
+     .help = "seconds an I/O may wait for the OSDs before it fails with ETIMEDOUT "
+             "(rados_osd_op_timeout); 0: wait until the cluster serves again",
+     .max = 3600},
+};
+
+std::string errno_text(int negative_errno)
+{
+    return std::strerror(-negative_errno);
+}
+
+// Per-request state while librbd holds it, in io_request::target_scratch:
+//   [0] the result librbd gave (int64)
+//   [1] the owning rbd_queue's address; bit 0 set while a FUA write waits
+//       for its flush
+constexpr uint64_t k_fua_pending = 1;
+
+class rbd_target;
+
+// Per-queue half. The queue's thread calls submit/poll/next_wakeup_ns;
+// librbd's threads call only push().
+class rbd_queue final : public target_queue {
+public:
+    rbd_queue(rbd_image_t image, completion_sink& sink, int event_fd)
+        : _image(image), _sink(sink), _event_fd(event_fd)
+    {
+    }
+    ~rbd_queue() override;
+
+    void submit(io_request& r) override;
+    unsigned poll() override;
+    bool busy() const override { return _in_flight != 0; }
+    int wait_fd() const override { return _event_fd; }
+    uint64_t next_wakeup_ns() const override;
+    // librbd holds the request and may still fill its buffer: it cannot be
+    // let go before its callback runs.
+    bool timed_out(io_request&) override { return false; }
+
+    // librbd's completion callback (any librbd thread): hands the request
+    // to its queue's thread.
+    static void on_aio_done(rbd_completion_t c, void* arg);
+
+    void set_target(rbd_target& t) { _target = &t; }
+
+private:
+    int start(io_request& r);
+    void push(io_request& r);
+    void finish(io_request& r, int64_t res);
+
+    rbd_image_t _image;
+    completion_sink& _sink;
+    rbd_target* _target = nullptr;
+    int _event_fd;
+    unsigned _in_flight = 0;  // queue thread only
+    // Requests whose callbacks ran and poll() has not completed yet (a
+    // lock-free stack through io_request::next, newest first).
+    std::atomic<io_request*> _done{nullptr};
+    // Callbacks started and not yet returned: the destructor waits for 0
+    // so that no librbd thread touches a freed queue.
+    std::atomic<unsigned> _outstanding{0};
+};
+
+class rbd_target final : public target {
+public:
+    rbd_target(rados_t cluster, rados_ioctx_t io, rbd_image_t image, const block_limits& limits,
+               std::string pool, std::string image_name, std::string snap, std::string id)
+        : _cluster(cluster),
+          _io(io),
+          _image(image),
+          _limits(limits),
+          _pool(std::move(pool)),
+          _image_name(std::move(image_name)),
+          _snap(std::move(snap)),
+          _id(std::move(id)),
+          _image_size(limits.capacity_bytes)
+    {
+        // The image's header changes (resize, snapshots, features): re-read
+        // its size so that `softblk list` shows it.
+        if (rbd_update_watch(_image, &_watch, &rbd_target::on_header_update, this) == 0) {
+            _watching = true;
+        }
+    }
+
+    ~rbd_target() override
+    {
+        if (_watching) {
+            rbd_update_unwatch(_image, _watch);
+        }
+        // rbd_close flushes the cache and releases the exclusive lock; the
+        // queues (destroyed before the target) have no request in flight.
+        rbd_close(_image);
+        rados_ioctx_destroy(_io);
+        rados_shutdown(_cluster);
+    }
+
+    const block_limits& limits() const override { return _limits; }
+
+    result<std::unique_ptr<target_queue>> open_queue(unsigned index, completion_sink& sink) override
+    {
+        const int fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+        if (fd < 0) {
+            return make_error(
+                errno, fmt::format("rbd queue {}: eventfd: {}", index, std::strerror(errno)));
+        }
+        auto q = std::make_unique<rbd_queue>(_image, sink, fd);
+        q->set_target(*this);
+        return q;
+    }
+
+    int map_extents(uint64_t offset, uint64_t length, std::vector<extent>& out) override;
+
+    void describe(nlohmann::json& out) const override
+    {
+        out["pool"] = _pool;
+        out["image"] = _image_name;
+        out["id"] = _id;
+        if (!_snap.empty()) {
+            out["snap"] = _snap;
+        }
+        const uint64_t size = _image_size.load(std::memory_order_relaxed);
+        out["image_size"] = size;
+        out["size_changes"] = _size_changes.load(std::memory_order_relaxed);
+        out["io_errors"] = _io_errors.load(std::memory_order_relaxed);
+        if (size != _limits.capacity_bytes) {
+            // `softblk list` prints a target's notice under its row.
+            out["notice"] = fmt::format(
+                "{}/{}: the image is now {} bytes; the device serves {} "
+                "until it is added again",
+                _pool, _image_name, size, _limits.capacity_bytes);
+        }
+    }
+
+    void count_error() { _io_errors.fetch_add(1, std::memory_order_relaxed); }
+
+private:
+    static void on_header_update(void* arg)
+    {
+        auto* self = static_cast<rbd_target*>(arg);
+        uint64_t size = 0;
+        if (rbd_get_size(self->_image, &size) == 0 &&
+            self->_image_size.exchange(size, std::memory_order_relaxed) != size) {
+            self->_size_changes.fetch_add(1, std::memory_order_relaxed);
+        }
+    }
+
+    rados_t _cluster;
+    rados_ioctx_t _io;
+    rbd_image_t _image;
+    block_limits _limits;
+    std::string _pool;
+    std::string _image_name;
+    std::string _snap;
+    std::string _id;
+    uint64_t _watch = 0;
+    bool _watching = false;
+    std::atomic<uint64_t> _image_size;
+    std::atomic<uint64_t> _size_changes{0};
+    std::atomic<uint64_t> _io_errors{0};
+};
+
+// ---------------------------------------------------------------- queue
+
+rbd_queue::~rbd_queue()
+{
+    // A queue may be destroyed while librbd still holds requests (a front
+    // end stopped while the cluster was away): librbd will call back into
+    // this queue, so wait for every request to come back (the completions
+    // are dropped, as the core already gave up on them), then for the last
+    // callback to return.
+    while (_in_flight != 0) {
+        pollfd p{_event_fd, POLLIN, 0};
+        ::poll(&p, 1, 100);
+        eventfd_t value = 0;
+        eventfd_read(_event_fd, &value);
+        for (io_request* r = _done.exchange(nullptr, std::memory_order_acquire); r != nullptr;
+             r = r->next) {
+            --_in_flight;
+        }
+    }
+    while (_outstanding.load(std::memory_order_acquire) != 0) {
+        std::this_thread::yield();
+    }
+    close(_event_fd);
+}
+
+void rbd_queue::on_aio_done(rbd_completion_t c, void* arg)
+{
+    auto& r = *static_cast<io_request*>(arg);
+    r.target_scratch[0] = static_cast<uint64_t>(static_cast<int64_t>(rbd_aio_get_return_value(c)));
+    rbd_aio_release(c);
+    auto* q = reinterpret_cast<rbd_queue*>(r.target_scratch[1] & ~k_fua_pending);
+    q->push(r);
+}
+
+void rbd_queue::push(io_request& r)
+{
+    _outstanding.fetch_add(1, std::memory_order_relaxed);
+    io_request* head = _done.load(std::memory_order_relaxed);
+    do {
+        r.next = head;
+    } while (!_done.compare_exchange_weak(head, &r, std::memory_order_release,
+                                          std::memory_order_relaxed));
+    // Only the push that makes the list non-empty wakes the queue: poll()
+    // takes the whole list at once.
+    if (head == nullptr) {
+        eventfd_write(_event_fd, 1);
+    }
+    _outstanding.fetch_sub(1, std::memory_order_release);
+}
+
+uint64_t rbd_queue::next_wakeup_ns() const
+{
+    if (_done.load(std::memory_order_acquire) != nullptr) {
+        return 0;
+    }
+    // Reset the eventfd before the owner sleeps on it, so that a wake-up
+    // for requests poll() already took does not make a level-triggered
+    // sleep spin; then look again (a push after the reset writes anew).
+    eventfd_t value = 0;
+    eventfd_read(_event_fd, &value);
+    return _done.load(std::memory_order_acquire) != nullptr ? 0 : UINT64_MAX;
+}
+
+int rbd_queue::start(io_request& r)
+{
+    rbd_completion_t c = nullptr;
+    int rc = rbd_aio_create_completion(&r, &rbd_queue::on_aio_done, &c);
+    if (rc < 0) {
+        return rc;
+    }
+    char* buf = static_cast<char*>(r.buffer);
+    if (r.target_scratch[1] & k_fua_pending) {
+        rc = rbd_aio_flush(_image, c);
+    } else {
+        switch (r.op) {
+        case io_op::read:
+            rc = rbd_aio_read(_image, r.offset, r.length, buf, c);
+            break;
+        case io_op::write:
+            rc = rbd_aio_write(_image, r.offset, r.length, buf, c);
+            break;
+        case io_op::flush:
+            rc = rbd_aio_flush(_image, c);
+            break;
+        case io_op::discard:
+            rc = rbd_aio_discard(_image, r.offset, r.length, c);
+            break;
+        case io_op::write_zeroes:
+            // Without unmap the zeros stay allocated (thick provisioning):
+            // librbd writes them, which is not fast.
+            if ((r.flags & k_io_no_unmap) != 0 && (r.flags & k_io_fast_zero) != 0) {
+                rc = -EOPNOTSUPP;
+            } else {
+                rc = rbd_aio_write_zeroes(
+                    _image, r.offset, r.length, c,
+                    (r.flags & k_io_no_unmap) != 0 ? RBD_WRITE_ZEROES_FLAG_THICK_PROVISION : 0, 0);
+            }
+            break;
+        default:
+            rc = -EOPNOTSUPP;
+            break;
+        }
+    }
+    if (rc < 0) {
+        rbd_aio_release(c);
+    }
+    return rc;
+}
+
+void rbd_queue::submit(io_request& r)
+{
+    if (r.op == io_op::report_extents) {
+        // rbd_diff_iterate2 on the queue's thread: synchronous, a few round
+        // trips to the OSDs (one listing per object without fast-diff).
+        _sink.complete(r, answer_report_extents(*_target, r));
+        return;
+    }
+    r.target_scratch[1] = reinterpret_cast<uint64_t>(this);
+    const int rc = start(r);
+    if (rc < 0) {
+        _target->count_error();
+        _sink.complete(r, rc);
+        return;
+    }
+    ++_in_flight;
+}
+
+void rbd_queue::finish(io_request& r, int64_t res)
+{
+    if (res >= 0 && r.op == io_op::write && (r.flags & k_io_fua) != 0 &&
+        (r.target_scratch[1] & k_fua_pending) == 0) {
+        // FUA: librbd has no such flag; the write is durable once a flush
+        // issued after its completion completes (QEMU's rbd driver does the
+        // same through the block layer).
+        r.target_scratch[1] |= k_fua_pending;
+        const int rc = start(r);
+        if (rc == 0) {
+            return;
+        }
+        res = rc;
+    }
+    --_in_flight;
+    int result = 0;
+    if (res < 0) {
+        _target->count_error();
+        result = static_cast<int>(res);
+    } else if (r.op == io_op::read || r.op == io_op::write) {
+        if (r.op == io_op::read && res < static_cast<int64_t>(r.length)) {
+            // librbd ends a read at the image's end (an image shrunk under
+            // the device): the rest reads as zeros, as QEMU's driver does.
+            std::memset(static_cast<char*>(r.buffer) + res, 0, r.length - res);
+        }
+        result = static_cast<int>(r.length);
+    }
+    _sink.complete(r, result);
+}
+
+unsigned rbd_queue::poll()
+{
+    // Reset the eventfd first, then take the list: a push after the take
+    // writes the eventfd again, so no completion is left without a wake-up.
+    eventfd_t value = 0;
+    eventfd_read(_event_fd, &value);
+    io_request* list = _done.exchange(nullptr, std::memory_order_acquire);
+    // The stack is newest first: reverse it to complete in arrival order.
+    io_request* ordered = nullptr;
+    while (list != nullptr) {
+        io_request* next = list->next;
+        list->next = ordered;
+        ordered = list;
+        list = next;
+    }
+    unsigned n = 0;
+    while (ordered != nullptr) {
+        io_request* r = ordered;
+        ordered = ordered->next;
+        r->next = nullptr;
+        const int64_t res = static_cast<int64_t>(r->target_scratch[0]);
+        const unsigned before = _in_flight;
+        finish(*r, res);
+        n += before - _in_flight;
+    }
+    return n;
+}
+
+// ---------------------------------------------------------------- map
+
+struct diff_walk {
+    uint64_t block;
+    uint64_t at;  // the end of what `out` covers
+    std::vector<extent>* out;
+};
+
+void append_extent(std::vector<extent>& out, uint64_t offset, uint64_t length, bool data)
+{
+    if (length == 0) {
+        return;
+    }
+    if (!out.empty() && out.back().allocated == data &&
+        out.back().offset + out.back().length == offset) {
+        out.back().length += length;
+        return;
+    }
+    out.push_back(extent{.offset = offset, .length = length, .allocated = data, .zero = !data});
+}
+
+int on_diff_extent(uint64_t offset, size_t length, int exists, void* arg)
+{
+    auto& w = *static_cast<diff_walk*>(arg);
+    if (!exists) {
+        // Only diffs between snapshots report removed extents; against
+        // nothing (fromsnapname NULL) everything reported exists.
+        return 0;
+    }
+    // Data is widened to whole blocks; what lies between is a hole.
+    const uint64_t start = std::max(w.at, offset / w.block * w.block);
+    const uint64_t end = (offset + length + w.block - 1) / w.block * w.block;
+    if (end <= start) {
+        return 0;
+    }
+    append_extent(*w.out, w.at, start - w.at, false);
+    append_extent(*w.out, start, end - start, true);
+    w.at = end;
+    return 0;
+}
+
+int rbd_target::map_extents(uint64_t offset, uint64_t length, std::vector<extent>& out)
+{
+    const uint64_t end = std::min(_limits.capacity_bytes, offset + length);
+    if (offset >= end) {
+        return 0;
+    }
+    std::vector<extent> found;
+    diff_walk w{.block = _limits.logical_block_size, .at = offset, .out = &found};
+    // include_parent=1: a clone's data inherited from its parent is data.
+    const int rc =
+        rbd_diff_iterate2(_image, nullptr, offset, end - offset, 1, 0, &on_diff_extent, &w);
+    if (rc < 0) {
+        return rc;
+    }
+    if (w.at < end) {
+        append_extent(found, w.at, end - w.at, false);
+    }
+    for (extent& e : found) {
+        e.length = std::min(e.offset + e.length, end) - e.offset;
+        append_extent(out, e.offset, e.length, e.allocated);
+    }
+    return 0;
+}
+
+// ---------------------------------------------------------------- create
+
+// Owns the handles while the target is being built; whatever the target
+// did not take is released on the way out.
+struct rbd_handles {
+    rados_t cluster = nullptr;
+    rados_ioctx_t io = nullptr;
+    rbd_image_t image = nullptr;
+    ~rbd_handles()
+    {
+        if (image != nullptr) {
+            rbd_close(image);
+        }
+        if (io != nullptr) {
+            rados_ioctx_destroy(io);
+        }
+        if (cluster != nullptr) {
+            rados_shutdown(cluster);
+        }
+    }
+};
+
+result<void> set_conf(rados_t cluster, const char* key, const std::string& value)
+{
+    const int rc = rados_conf_set(cluster, key, value.c_str());
+    if (rc < 0) {
+        return make_error(
+            -rc, fmt::format("rbd: setting {}={} refused: {}", key, value, errno_text(rc)));
+    }
+    return {};
+}
+
+result<std::unique_ptr<target>> create_rbd(const option_set& o)
+{
+    const std::string& pool = o.text("pool");
+    const std::string& image = o.text("image");
+    const std::string& id = o.text("id");
+    const std::string& conf = o.text("conf");
+    const std::string& keyring = o.text("keyring");
+    const std::string& snap = o.text("snap");
+    const bool create = o.flag("create");
+    const bool read_only = o.flag("read_only") || !snap.empty();
+    if (image.empty()) {
+        return make_error(EINVAL,
+                          "image: the rbd target needs image=NAME (and pool=, default rbd)");
+    }
+    if (pool.empty()) {
+        return make_error(EINVAL, "pool: give the RADOS pool that holds the image");
+    }
+    auto size = parse_size(o.text("size"));
+    if (!size) {
+        return make_error(EINVAL, fmt::format("size={}: not a size in bytes (e.g. 1073741824, "
+                                              "64M, 2G)",
+                                              o.text("size")));
+    }
+    if (create && *size == 0) {
+        return make_error(EINVAL, fmt::format("image={}: create=1 needs size= (how large the "
+                                              "image is)",
+                                              image));
+    }
+    if (!create && *size != 0) {
+        return make_error(EINVAL,
+                          "size: only create=1 takes a size; the device's size is the "
+                          "image's");
+    }
+    if (*size % k_block != 0) {
+        return make_error(EINVAL,
+                          fmt::format("size={}: not a multiple of {} bytes", *size, k_block));
+    }
+    if (create && !snap.empty()) {
+        return make_error(EINVAL,
+                          "snap: a snapshot cannot be created with create=1; give one "
+                          "or the other");
+    }
+
+    rbd_handles h;
+    int rc = rados_create(&h.cluster, id.c_str());
+    if (rc < 0) {
+        return make_error(-rc, fmt::format("id={}: rados_create: {}", id, errno_text(rc)));
+    }
+    // conf= empty: librados's own search ($CEPH_CONF, /etc/ceph/ceph.conf,
+    // ~/.ceph/ceph.conf, ./ceph.conf).
+    rc = rados_conf_read_file(h.cluster, conf.empty() ? nullptr : conf.c_str());
+    if (rc < 0) {
+        return make_error(
+            -rc, conf.empty() ? fmt::format("conf: no ceph.conf found ($CEPH_CONF, "
+                                            "/etc/ceph/ceph.conf): {}; give conf=PATH",
+                                            errno_text(rc))
+                              : fmt::format("conf={}: cannot read it: {}", conf, errno_text(rc)));
+    }
+    if (!keyring.empty()) {
+        if (access(keyring.c_str(), R_OK) != 0) {
+            return make_error(errno, fmt::format("keyring={}: {}", keyring, std::strerror(errno)));
+        }
+        if (auto s = set_conf(h.cluster, "keyring", keyring); !s) {
+            return std::unexpected(s.error());
+        }
+    }
+    const std::string connect_timeout = std::to_string(o.u64("connect_timeout"));
+    for (const char* key : {"client_mount_timeout", "rados_mon_op_timeout"}) {
+        if (auto s = set_conf(h.cluster, key, connect_timeout); !s) {
+            return std::unexpected(s.error());
+        }
+    }
+    if (auto s =
+            set_conf(h.cluster, "rados_osd_op_timeout", std::to_string(o.u64("osd_op_timeout")));
+        !s) {
+        return std::unexpected(s.error());
+    }
+    // librbd's logs go to the daemon's stderr otherwise (the daemon's log).
+    (void)rados_conf_set(h.cluster, "log_to_stderr", "false");
+    (void)rados_conf_set(h.cluster, "err_to_stderr", "false");
+    rc = rados_connect(h.cluster);
+    if (rc < 0) {
+        std::string why;
+        if (rc == -ETIMEDOUT || rc == -ENOTCONN) {
+            why = fmt::format(
+                "no monitor answered within connect_timeout={} s; is the cluster "
+                "up and conf= right?",
+                connect_timeout);
+        } else if (rc == -EACCES || rc == -EPERM || rc == -ENOENT || rc == -EINVAL) {
+            why = fmt::format("client.{} was refused; check id= and keyring=", id);
+        } else {
+            why = errno_text(rc);
+        }
+        return make_error(-rc, fmt::format("rbd: cannot connect to the cluster ({}): {}",
+                                           conf.empty() ? "default ceph.conf" : conf, why));
+    }
+    rc = rados_ioctx_create(h.cluster, pool.c_str(), &h.io);
+    if (rc < 0) {
+        return make_error(-rc, rc == -ENOENT
+                                   ? fmt::format("pool={}: no such pool in the cluster", pool)
+                                   : fmt::format("pool={}: {}", pool, errno_text(rc)));
+    }
+    if (create) {
+        int order = 0;
+        rc = rbd_create(h.io, image.c_str(), *size, &order);
+        if (rc < 0 && rc != -EEXIST) {
+            return make_error(-rc, fmt::format("image={}: cannot create it in pool {}: {}", image,
+                                               pool, errno_text(rc)));
+        }
+    }
+    const char* snap_name = snap.empty() ? nullptr : snap.c_str();
+    rc = read_only ? rbd_open_read_only(h.io, image.c_str(), &h.image, snap_name)
+                   : rbd_open(h.io, image.c_str(), &h.image, nullptr);
+    if (rc < 0) {
+        if (rc == -ENOENT && snap_name != nullptr) {
+            // Tell a missing image from a missing snapshot.
+            rbd_image_t probe = nullptr;
+            if (rbd_open_read_only(h.io, image.c_str(), &probe, nullptr) == 0) {
+                rbd_close(probe);
+                return make_error(ENOENT, fmt::format("snap={}: image {}/{} has no such snapshot",
+                                                      snap, pool, image));
+            }
+        }
+        if (rc == -ENOENT) {
+            return make_error(ENOENT, fmt::format("image={}: no such image in pool {} (create=1 "
+                                                  "size= creates it)",
+                                                  image, pool));
+        }
+        return make_error(-rc, fmt::format("image={}: cannot open {}/{}: {}", image, pool, image,
+                                           errno_text(rc)));
+    }
+    uint64_t image_size = 0;
+    rc = rbd_get_size(h.image, &image_size);
+    if (rc < 0) {
+        return make_error(-rc,
+                          fmt::format("image={}: cannot read its size: {}", image, errno_text(rc)));
+    }
+    const uint64_t capacity = image_size / k_block * k_block;
+    if (capacity == 0) {
+        return make_error(EINVAL, fmt::format("image={}: {} bytes is less than one block ({} "
+                                              "bytes)",
+                                              image, image_size, k_block));
+    }
+
+    block_limits lim;
+    lim.capacity_bytes = capacity;
+    lim.logical_block_size = k_block;
+    lim.physical_block_size = 4096;
+    lim.max_transfer_bytes = k_max_transfer;
+    const uint32_t whole = UINT32_MAX / k_block * k_block;
+    lim.max_discard_bytes = read_only ? 0 : whole;
+    lim.max_write_zeroes_bytes = read_only ? 0 : whole;
+    // librbd's cache (rbd_cache, on by default) holds writes until a flush:
+    // the device has a volatile write cache and FLUSH is rbd_aio_flush. FUA
+    // is a write followed by a flush.
+    lim.volatile_write_cache = !read_only;
+    lim.fua = !read_only;
+    lim.read_only = read_only;
+    lim.rotational = false;
+    auto t = std::make_unique<rbd_target>(h.cluster, h.io, h.image, lim, pool, image, snap, id);
+    h.cluster = nullptr;
+    h.io = nullptr;
+    h.image = nullptr;
+    return t;
+}
+
+[[maybe_unused]] const bool k_registered = register_target_type(target_type{
+    .name = "rbd",
+    .description = "a Ceph RBD image through librbd's asynchronous API; the data lives in the "
+                   "cluster",
+    .options = k_rbd_options,
+    .create = create_rbd,
+    .submit_queues = nullptr,
+});
+
+}  // namespace
+
+}  // namespace softblk::targets

@@ -1,0 +1,596 @@
+// The zloop target: a zoned device with one file per zone, in the layout of
+// the kernel's zoned loop driver (drivers/block/zloop.c), so that a
+// directory made by the kernel's zloop opens here and back. The zone model
+// is the zone engine's zloop flavour (include/softblk/zone_engine.hpp); the
+// data goes through the file engine (include/softblk/file_engine.hpp): one
+// io_uring per queue over every zone file, O_DIRECT unless buffered_io=1.
+// zloop_layout.cpp opens the directory. docs/zoned.md has the options and
+// the rules.
+#include "zloop_layout.hpp"
+
+#include <softblk/file_engine.hpp>
+#include <softblk/target.hpp>
+#include <softblk/zone_engine.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <fmt/core.h>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <spdlog/spdlog.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+namespace softblk::targets {
+
+namespace {
+
+// zloop's max_hw_sectors (and its zone append limit): 1 MiB.
+constexpr uint32_t k_max_transfer = 1u << 20;
+
+// zloop's option names, units and defaults (ZLOOP_DEF_*), plus
+// max_active_zones, which zloop lacks.
+constexpr option_def k_zloop_options[] = {
+    {.name = "id",
+     .kind = option_kind::signed_integer,
+     .default_value = "-1",
+     .unit = "",
+     .help = "device number: the zone files are in BASE_DIR/ID; -1: the lowest ID whose "
+             "directory exists and that no other zloop device of this daemon uses",
+     .smin = -1,
+     .smax = INT32_MAX},
+    {.name = "capacity_mb",
+     .kind = option_kind::integer,
+     .default_value = "16384",
+     .unit = "MiB",
+     .help = "device capacity, rounded down to whole zones",
+     .min = 1,
+     .max = UINT32_MAX},
+    {.name = "zone_size_mb",
+     .kind = option_kind::integer,
+     .default_value = "256",
+     .unit = "MiB",
+     .help = "zone size, a power of two up to 16384",
+     .min = 1,
+     .max = 16384},
+    {.name = "zone_capacity_mb",
+     .kind = option_kind::integer,
+     .default_value = "0",
+     .unit = "MiB",
+     .help = "writable MiB of each sequential zone, at most zone_size_mb; 0: the zone size",
+     .min = 0,
+     .max = 16384},
+    {.name = "conv_zones",
+     .kind = option_kind::integer,
+     .default_value = "8",
+     .unit = "zones",
+     .help = "conventional zones at the start (fewer than the zones)",
+     .min = 0,
+     .max = UINT32_MAX},
+    {.name = "base_dir",
+     .kind = option_kind::text,
+     .default_value = "/var/local/zloop",
+     .unit = "absolute path",
+     .help = "directory of the devices' directories (BASE_DIR/ID must exist)"},
+    {.name = "nr_queues",
+     .kind = option_kind::integer,
+     .default_value = "1",
+     .unit = "",
+     .help = "queues (sets submit_queues), each with its own thread and io_uring",
+     .min = 1,
+     .max = 256},
+    {.name = "queue_depth",
+     .kind = option_kind::integer,
+     .default_value = "128",
+     .unit = "",
+     .help = "requests in flight per queue (sets hw_queue_depth)",
+     .min = 1,
+     .max = 4096},
+    {.name = "buffered_io",
+     .kind = option_kind::boolean,
+     .default_value = "0",
+     .unit = "",
+     .help = "use the page cache instead of O_DIRECT"},
+    {.name = "zone_append",
+     .kind = option_kind::boolean,
+     .default_value = "1",
+     .unit = "",
+     .help = "native zone append (1 MiB at most); 0: none (the ublk export refuses a zoned "
+             "device without it)"},
+    {.name = "ordered_zone_append",
+     .kind = option_kind::boolean,
+     .default_value = "0",
+     .unit = "",
+     .help = "zone appends get their sector in submission order; softblk always does so (the "
+             "sector is chosen when the queue thread takes the request), 1 only says so"},
+    {.name = "max_open_zones",
+     .kind = option_kind::integer,
+     .default_value = "0",
+     .unit = "zones",
+     .help = "most open zones, implicitly open ones closed in LRU order; 0: no limit",
+     .min = 0,
+     .max = UINT32_MAX},
+    {.name = "max_active_zones",
+     .kind = option_kind::integer,
+     .default_value = "0",
+     .unit = "zones",
+     .help = "most active (open or closed) zones, null_blk's errors (zloop has no such limit); 0: "
+             "no limit",
+     .min = 0,
+     .max = UINT32_MAX},
+    {.name = "discard_write_cache",
+     .kind = option_kind::boolean,
+     .default_value = "0",
+     .unit = "",
+     .help = "on removal cut each sequential zone file back to its size at the last flush (a "
+             "power loss)"},
+};
+
+// IDs in use by zloop devices of this process (id=-1 picks another one).
+std::mutex g_ids_lock;
+std::set<int64_t> g_ids;
+
+class zloop_target;
+
+// Per-queue half: one ring over every zone file, driven by the queue's
+// thread. It is the ring's completion sink, to see failed writes first.
+class zloop_queue final : public target_queue, public completion_sink {
+public:
+    zloop_queue(zloop_target& t, completion_sink& sink) : _t(t), _sink(sink) {}
+    void set_ring(std::unique_ptr<file_ring> ring) { _ring = std::move(ring); }
+
+    void submit(io_request& r) override;
+    unsigned poll() override { return _ring->poll(); }
+    bool busy() const override { return _ring->in_flight() != 0; }
+    int wait_fd() const override { return _ring->event_fd(); }
+    uint64_t next_wakeup_ns() const override { return _ring->next_wakeup_ns(); }
+    // The kernel holds the request and may still write its buffer.
+    bool timed_out(io_request&) override { return false; }
+
+    // completion_sink: a write to a sequential zone that did not land makes
+    // the engine re-read the zone's file before its next use (zloop's
+    // ZLOOP_ZONE_SEQ_ERROR).
+    void complete(io_request& r, int result) override;
+
+private:
+    void write(io_request& r);
+
+    zloop_target& _t;
+    completion_sink& _sink;
+    std::unique_ptr<file_ring> _ring;
+};
+
+class zloop_target final : public target, public zone_backend {
+public:
+    zloop_target(zloop::zone_files files, const zloop::geometry& g, int64_t id, bool discard_cache,
+                 bool ordered_append, unsigned depth)
+        : _files(std::move(files)),
+          _geo(g),
+          _id(id),
+          _discard_cache(discard_cache),
+          _ordered_append(ordered_append),
+          _depth(depth),
+          _flushed(std::make_unique<std::atomic<int64_t>[]>(g.nr_zones)),
+          _dirty(std::make_unique<std::atomic<bool>[]>(g.nr_zones)),
+          _pending(std::make_unique<std::atomic<int64_t>[]>(g.nr_zones))
+    {
+        for (uint32_t i = 0; i < g.nr_zones; ++i) {
+            _flushed[i].store(zloop::stored_bytes(fd(i), _geo), std::memory_order_relaxed);
+            _dirty[i].store(false, std::memory_order_relaxed);
+            _pending[i].store(-1, std::memory_order_relaxed);
+        }
+    }
+
+    ~zloop_target() override
+    {
+        if (_discard_cache) {
+            cut_to_flushed();
+        }
+        std::lock_guard guard(g_ids_lock);
+        g_ids.erase(_id);
+    }
+
+    result<void> init(const zone_engine_config& config, bool zone_append)
+    {
+        auto engine = zone_engine::create(config, this);
+        if (!engine) {
+            return std::unexpected(engine.error());
+        }
+        _zones = std::move(*engine);
+        for (uint32_t i = _geo.conv_zones; i < _geo.nr_zones; ++i) {
+            const int64_t stored = zloop::stored_bytes(fd(i), _geo);
+            if (stored < 0) {
+                return make_error(static_cast<int>(-stored),
+                                  fmt::format("{}: fstat: {}", path(i), std::strerror(-stored)));
+            }
+            if (auto r = _zones->restore_zone(i, static_cast<uint64_t>(stored)); !r) {
+                return make_error(EINVAL, fmt::format("{}: {}", path(i), r.error().message));
+            }
+        }
+        _limits.capacity_bytes = config.capacity_bytes;
+        _limits.logical_block_size = config.block_size;
+        _limits.physical_block_size = config.block_size;
+        _limits.max_transfer_bytes = k_max_transfer;
+        // zloop: a volatile write cache (FLUSH syncs the file system), no FUA.
+        _limits.volatile_write_cache = true;
+        _limits.fua = false;
+        _limits.rotational = false;
+        _zones->apply_limits(_limits);
+        _limits.max_zone_append_bytes = zone_append ? k_max_transfer : 0;
+        return {};
+    }
+
+    const block_limits& limits() const override { return _limits; }
+    zone_engine& zones() { return *_zones; }
+    int fd(uint32_t zone) const { return _files.files[zone]->buffered_fd(); }
+    std::string path(uint32_t zone) const { return _files.files[zone]->path(); }
+    uint64_t zone_offset(uint64_t offset) const { return offset & (_geo.zone_size - 1); }
+    void mark_dirty(uint32_t zone)
+    {
+        if (_discard_cache) {
+            _dirty[zone].store(true, std::memory_order_relaxed);
+        }
+    }
+
+    result<std::unique_ptr<target_queue>> open_queue(unsigned, completion_sink& sink) override
+    {
+        std::vector<backing_file*> files;
+        files.reserve(_files.files.size());
+        for (auto& f : _files.files) {
+            files.push_back(f.get());
+        }
+        auto q = std::make_unique<zloop_queue>(*this, sink);
+        auto ring = file_ring::create(files, _depth, *q, _stats);
+        if (!ring) {
+            return make_error(ring.error().code.value(),
+                              fmt::format("{}: {}", _files.dir, ring.error().message));
+        }
+        q->set_ring(std::move(*ring));
+        return q;
+    }
+
+    // zloop_flush: sync the whole file system that holds the zone files
+    // (metadata included: a sequential zone's write pointer is its file's
+    // size). Runs on the queue's thread and blocks it, as zloop's worker
+    // blocks. Returns 0 or -errno.
+    int flush()
+    {
+        // discard_write_cache: the sizes of the zones changed since the last
+        // flush are read before the sync (what the flush covers: every
+        // acknowledged write is in its file's size) and kept once it
+        // succeeded. Preallocated: nothing is allocated per flush.
+        if (_discard_cache) {
+            for (uint32_t i = _geo.conv_zones; i < _geo.nr_zones; ++i) {
+                if (_dirty[i].exchange(false, std::memory_order_relaxed)) {
+                    _pending[i].store(zloop::stored_bytes(fd(i), _geo), std::memory_order_relaxed);
+                }
+            }
+        }
+        const int rc = ::syncfs(_files.dir_fd) == 0 ? 0 : -errno;
+        if (_discard_cache) {
+            for (uint32_t i = _geo.conv_zones; i < _geo.nr_zones; ++i) {
+                const int64_t size = _pending[i].exchange(-1, std::memory_order_relaxed);
+                if (size < 0) {
+                    continue;
+                }
+                if (rc == 0) {
+                    _flushed[i].store(size, std::memory_order_relaxed);
+                } else {
+                    _dirty[i].store(true, std::memory_order_relaxed);
+                }
+            }
+        }
+        return rc;
+    }
+
+    // zone_backend: reset truncates the zone's file to 0, finish extends it
+    // to the zone capacity (the kernel's zloop extends it to the zone size;
+    // zloop_layout reads both as full). Queue thread, zone locked.
+    int reset_zone(uint32_t zone) override
+    {
+        mark_dirty(zone);
+        return ::ftruncate(fd(zone), 0) == 0 ? 0 : -EIO;
+    }
+    int finish_zone(uint32_t zone) override
+    {
+        mark_dirty(zone);
+        return ::ftruncate(fd(zone), static_cast<off_t>(_geo.zone_capacity)) == 0 ? 0 : -EIO;
+    }
+    int64_t stored_bytes(uint32_t zone) override { return zloop::stored_bytes(fd(zone), _geo); }
+
+    void describe(nlohmann::json& out) const override
+    {
+        out["dir"] = _files.dir;
+        out["id"] = _id;
+        out["restored"] = _files.restored;
+        out["torn_writes_cut"] = _files.torn_writes_cut;
+        out["block_size"] = _files.block_size;
+        out["direct_io"] = _files.files.front()->direct();
+        out["ordered_zone_append"] = _ordered_append;
+        out["discard_write_cache"] = _discard_cache;
+        if (!_files.files.front()->direct_refused().empty()) {
+            out["notice"] =
+                fmt::format("{}: {}", _files.dir, _files.files.front()->direct_refused());
+        }
+        out["short_transfers"] = _stats.short_transfers.load(std::memory_order_relaxed);
+        out["retries"] = _stats.retries.load(std::memory_order_relaxed);
+        out["unaligned_buffered"] = _stats.unaligned_buffered.load(std::memory_order_relaxed);
+        out["memory_copies"] = _stats.memory_copies.load(std::memory_order_relaxed);
+        _zones->describe(out);
+    }
+
+private:
+    // discard_write_cache on removal: each sequential zone file cut back to
+    // the size it had at the last flush (a file that shrank since, by a
+    // reset, stays: its old data cannot come back).
+    void cut_to_flushed()
+    {
+        for (uint32_t i = _geo.conv_zones; i < _geo.nr_zones; ++i) {
+            const int64_t now = zloop::stored_bytes(fd(i), _geo);
+            const int64_t then = _flushed[i].load(std::memory_order_relaxed);
+            if (now > then && then >= 0 && ::ftruncate(fd(i), then) != 0) {
+                spdlog::warn("zloop {}: discard_write_cache: cannot cut {} back to {} bytes",
+                             _files.dir, path(i), then);
+            }
+        }
+    }
+
+    zloop::zone_files _files;
+    zloop::geometry _geo;
+    int64_t _id;
+    bool _discard_cache;
+    bool _ordered_append;
+    unsigned _depth;
+    block_limits _limits;
+    std::unique_ptr<zone_engine> _zones;
+    file_engine_stats _stats;
+    // discard_write_cache: each zone's stored bytes at the last flush, and
+    // whether it changed since, and the sizes a flush in progress covers.
+    std::unique_ptr<std::atomic<int64_t>[]> _flushed;
+    std::unique_ptr<std::atomic<bool>[]> _dirty;
+    std::unique_ptr<std::atomic<int64_t>[]> _pending;
+};
+
+void zloop_queue::complete(io_request& r, int result)
+{
+    if (result < 0 && (r.op == io_op::write || r.op == io_op::zone_append)) {
+        const uint32_t zone = _t.zones().zone_index(r.offset);
+        if (!_t.zones().conventional(zone)) {
+            _t.zones().write_failed(zone);
+        }
+    }
+    _sink.complete(r, result);
+}
+
+// zloop_rw for writes: a sequential zone's write pointer is checked and
+// advanced (the zone implicitly opened) before the data is queued; a zone
+// append gets its sector here, in submission order.
+void zloop_queue::write(io_request& r)
+{
+    zone_engine& zones = _t.zones();
+    const uint32_t zone = zones.zone_index(r.offset);
+    if (zones.conventional(zone)) {
+        _ring->write(r, zone, _t.zone_offset(r.offset), false);
+        return;
+    }
+    zone_hold h;
+    if (const int rc = zones.begin_write(r, h); rc != 0) {
+        _ring->complete_now(r, rc);
+        return;
+    }
+    if (r.op == io_op::zone_append) {
+        r.result_offset = h.offset;
+    }
+    zones.end_write(h, r.length);
+    _t.mark_dirty(zone);
+    _ring->write(r, zone, _t.zone_offset(h.offset), false);
+}
+
+void zloop_queue::submit(io_request& r)
+{
+    zone_engine& zones = _t.zones();
+    switch (r.op) {
+    case io_op::read: {
+        zone_hold h;
+        const int rc = zones.begin_read(r, h);
+        zones.end_read(h);
+        if (rc < 0) {
+            _ring->complete_now(r, rc);
+            return;
+        }
+        // Past the write pointer a zone file ends: the ring reads zeros.
+        _ring->read(r, h.zone, _t.zone_offset(r.offset));
+        return;
+    }
+    case io_op::write:
+    case io_op::zone_append:
+        write(r);
+        return;
+    case io_op::flush:
+        _ring->complete_now(r, _t.flush());
+        return;
+    case io_op::zone_open:
+    case io_op::zone_close:
+    case io_op::zone_finish:
+    case io_op::zone_reset:
+    case io_op::zone_reset_all:
+        _ring->complete_now(r, zones.manage(r));
+        return;
+    case io_op::report_zones:
+        _ring->complete_now(r, zones.report(r));
+        return;
+    default:
+        // discard and write zeroes: zloop has neither (the core refuses
+        // them; here for a caller that skips its validation).
+        _ring->complete_now(r, -EOPNOTSUPP);
+        return;
+    }
+}
+
+// Room for two descriptors per zone file (O_DIRECT and buffered; the rings'
+// fixed-file tables hold as many and are bounded by the same limit): raise
+// the soft RLIMIT_NOFILE towards the hard one.
+result<void> ensure_file_limit(uint64_t zone_files, const std::string& dir)
+{
+    rlimit rl{};
+    if (::getrlimit(RLIMIT_NOFILE, &rl) != 0) {
+        return {};
+    }
+    const uint64_t want = zone_files * 2 + 256;
+    if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < want) {
+        rlimit raised = rl;
+        raised.rlim_cur = std::min<rlim_t>(rl.rlim_max, want);
+        ::setrlimit(RLIMIT_NOFILE, &raised);
+        ::getrlimit(RLIMIT_NOFILE, &rl);
+    }
+    if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < want) {
+        return make_error(EMFILE, fmt::format("{}: {} zone files need about {} descriptors; the "
+                                              "daemon may open {} (ulimit -n)",
+                                              dir, zone_files, want, rl.rlim_cur));
+    }
+    return {};
+}
+
+// The lowest ID whose directory exists and that no zloop device here uses.
+result<int64_t> pick_id(const std::string& base, int64_t asked)
+{
+    std::lock_guard guard(g_ids_lock);
+    if (asked >= 0) {
+        if (g_ids.contains(asked)) {
+            return make_error(EEXIST, fmt::format("id={}: another zloop device of this daemon "
+                                                  "uses {}/{}",
+                                                  asked, base, asked));
+        }
+        g_ids.insert(asked);
+        return asked;
+    }
+    for (int64_t id = 0; id < 1024; ++id) {
+        if (g_ids.contains(id)) {
+            continue;
+        }
+        const std::string dir = fmt::format("{}/{}", base, id);
+        if (::access(dir.c_str(), F_OK) == 0) {
+            g_ids.insert(id);
+            return id;
+        }
+    }
+    return make_error(ENOENT, fmt::format("id=-1: no free directory {}/ID (create one: mkdir -p "
+                                          "{}/0)",
+                                          base, base));
+}
+
+result<std::unique_ptr<target>> create_zloop(const option_set& o)
+{
+    const std::string& base = o.text("base_dir");
+    if (base.empty() || base.front() != '/') {
+        return make_error(EINVAL, fmt::format("base_dir={}: an absolute path", base));
+    }
+    const uint64_t zone_mb = o.u64("zone_size_mb");
+    if ((zone_mb & (zone_mb - 1)) != 0) {
+        return make_error(EINVAL,
+                          fmt::format("zone_size_mb={}: a power of two from 1 to 16384", zone_mb));
+    }
+    const uint64_t cap_mb = o.u64("zone_capacity_mb");
+    if (cap_mb > zone_mb) {
+        return make_error(
+            EINVAL, fmt::format("zone_capacity_mb={}: at most zone_size_mb={}", cap_mb, zone_mb));
+    }
+    zloop::geometry g;
+    g.zone_size = zone_mb << 20;
+    g.zone_capacity = cap_mb != 0 ? cap_mb << 20 : g.zone_size;
+    const uint64_t nr_zones = o.u64("capacity_mb") / zone_mb;
+    if (nr_zones == 0 || nr_zones > UINT32_MAX) {
+        return make_error(EINVAL, fmt::format("capacity_mb={}: room for 1 to {} zones of "
+                                              "zone_size_mb={}",
+                                              o.u64("capacity_mb"), UINT32_MAX, zone_mb));
+    }
+    g.nr_zones = static_cast<uint32_t>(nr_zones);
+    if (o.u64("conv_zones") >= nr_zones) {
+        return make_error(EINVAL, fmt::format("conv_zones={}: fewer than the {} zones",
+                                              o.u64("conv_zones"), nr_zones));
+    }
+    g.conv_zones = static_cast<uint32_t>(o.u64("conv_zones"));
+    g.buffered_io = o.flag("buffered_io");
+    const bool zone_append = o.flag("zone_append");
+    if (o.flag("ordered_zone_append") && !zone_append) {
+        return make_error(EINVAL, "ordered_zone_append=1: needs zone_append=1");
+    }
+    const uint64_t seq = nr_zones - g.conv_zones;
+    if (o.u64("max_open_zones") > seq || o.u64("max_active_zones") > seq) {
+        return make_error(EINVAL,
+                          fmt::format("max_open_zones={} max_active_zones={}: at most "
+                                      "the {} sequential zones",
+                                      o.u64("max_open_zones"), o.u64("max_active_zones"), seq));
+    }
+    if (auto r = ensure_file_limit(nr_zones, base); !r) {
+        return std::unexpected(r.error());
+    }
+
+    auto id = pick_id(base, o.i64("id"));
+    if (!id) {
+        return std::unexpected(id.error());
+    }
+    // From here the ID is taken; the target (or this guard) gives it back.
+    struct id_guard {
+        int64_t id;
+        bool armed = true;
+        ~id_guard()
+        {
+            if (armed) {
+                std::lock_guard guard(g_ids_lock);
+                g_ids.erase(id);
+            }
+        }
+    } guard{*id};
+
+    const std::string dir = fmt::format("{}/{}", base, *id);
+    auto files = zloop::open_zone_files(dir, g);
+    if (!files) {
+        return std::unexpected(files.error());
+    }
+    for (const uint32_t z : files->torn_writes_cut) {
+        spdlog::warn(
+            "zloop {}: {} ended in a partial block (a torn write), cut back to whole "
+            "blocks",
+            dir, zloop::zone_file_name(z, false));
+    }
+    if (!files->files.front()->direct_refused().empty()) {
+        spdlog::warn("zloop {}: {}", dir, files->files.front()->direct_refused());
+    }
+    zone_engine_config zc;
+    zc.flavor = zone_flavor::zloop;
+    zc.capacity_bytes = nr_zones * g.zone_size;
+    zc.zone_size_bytes = g.zone_size;
+    zc.zone_capacity_bytes = g.zone_capacity;
+    zc.conventional_zones = g.conv_zones;
+    zc.max_open_zones = static_cast<uint32_t>(o.u64("max_open_zones"));
+    zc.max_active_zones = static_cast<uint32_t>(o.u64("max_active_zones"));
+    zc.block_size = files->block_size;
+    zc.lock_reads = false;  // the ring moves the data after the zone is let go
+
+    guard.armed = false;
+    auto t = std::make_unique<zloop_target>(
+        std::move(*files), g, *id, o.flag("discard_write_cache"), o.flag("ordered_zone_append"),
+        static_cast<unsigned>(o.u64("queue_depth")));
+    if (auto r = t->init(zc, zone_append); !r) {
+        return std::unexpected(r.error());
+    }
+    return t;
+}
+
+[[maybe_unused]] const bool k_registered = register_target_type(target_type{
+    .name = "zloop",
+    .description = "a zoned device with one file per zone in the kernel's zloop layout "
+                   "(BASE_DIR/ID/cnv-NNNNNN, seq-NNNNNN); the zones persist",
+    .options = k_zloop_options,
+    .create = create_zloop,
+    .submit_queues = [](const option_set& o) { return static_cast<unsigned>(o.u64("nr_queues")); },
+    .queue_depth = [](const option_set& o) { return static_cast<unsigned>(o.u64("queue_depth")); },
+});
+
+}  // namespace
+
+}  // namespace softblk::targets
