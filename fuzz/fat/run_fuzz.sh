@@ -6,47 +6,23 @@
 # compiler, libc++ or the libFuzzer runtime is missing; a finding fails,
 # with the input left as crash-*/timeout-*/oom-* in the build directory.
 #   fuzz/fat/run_fuzz.sh [build-dir]
-# Needs: apt-get install clang-16 libc++-16-dev libc++abi-16-dev libclang-rt-16-dev dosfstools mtools
+# Needs: clang-16 and libc++ (fuzz/lib_fuzz.sh), dosfstools, mtools
 # (scripts/install-deps.sh installs them). The ctest fat_mount_fuzz runs it.
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 build=${1:-$root/build-fat-fuzz}
 seconds=${FUZZ_SECONDS:-30}
-cxx=${CXX_FUZZ:-clang++-16}
-install="apt-get install clang-16 libc++-16-dev libc++abi-16-dev libclang-rt-16-dev"
-if ! command -v "$cxx" >/dev/null 2>&1; then
-    echo "SKIP: $cxx not installed ($install)"
-    exit 77
-fi
-if ! echo '#include <expected>' | "$cxx" -std=c++2b -stdlib=libc++ -x c++ -fsyntax-only - 2>/dev/null; then
-    echo "SKIP: $cxx cannot compile <expected> with libc++ ($install)"
-    exit 77
-fi
-runtime="$("$cxx" -print-runtime-dir)/libclang_rt.fuzzer-x86_64.a"
-if [ ! -f "$runtime" ]; then
-    echo "SKIP: no libFuzzer runtime at $runtime ($install)"
-    exit 77
-fi
+. "$root/fuzz/lib_fuzz.sh"
+fuzz_toolchain '#include <expected>'
 mkdir -p "$build/corpus"
 src="$root/src/fs/fat"
-# The libFuzzer runtime itself is built against libstdc++: link both (no
-# standard-library types cross between it and the target).
-objs=""
 library=$(cmake -P "$src/sources.cmake" 2>&1 | sed "s|^|$src/|")
-for f in "$here/mount_walk_fuzzer.cpp" $library; do
-    o="$build/$(basename "$f" .cpp).o"
-    # Rebuilt when the source or any header it may include changed.
-    if [ ! -f "$o" ] || [ "$f" -nt "$o" ] ||
-       [ -n "$(find "$src" "$root/include/softblk" -name '*.hpp' -newer "$o" | head -n 1)" ]; then
-        "$cxx" -std=c++2b -stdlib=libc++ -O1 -g -fsanitize=fuzzer,address,undefined -DFMT_HEADER_ONLY=1 \
-            -I"$root/include" -I"$src" -c "$f" -o "$o"
-    fi
-    objs="$objs $o"
-done
-stdcxx=$(ls /usr/lib/*-linux-gnu/libstdc++.so.6 2>/dev/null | head -n 1)
-"$cxx" -stdlib=libc++ -fsanitize=address,undefined $objs "$runtime" "${stdcxx:--lstdc++}" \
-    -o "$build/fat_mount_fuzzer"
+# shellcheck disable=SC2086
+fuzz_compile "$build" "" "-std=c++2b -stdlib=libc++ -O1 -g -fsanitize=fuzzer,address,undefined -DFMT_HEADER_ONLY=1 -I$root/include -I$src" \
+    "$here/mount_walk_fuzzer.cpp" $library
+# shellcheck disable=SC2086
+fuzz_link "$build/fat_mount_fuzzer" $fuzz_objs
 # Seeds: small FAT12 and FAT16 images with long names, subdirectories and
 # deleted entries; odd sizes mount read-write in the fuzzer.
 seed() { # name size-KiB mkfs-args

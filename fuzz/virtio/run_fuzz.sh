@@ -4,39 +4,24 @@
 # directory and fuzzes each for FUZZ_SECONDS (30), from a few seeds: real
 # messages of a QEMU-like session, and well-formed and looping chains.
 #   fuzz/virtio/run_fuzz.sh [build-dir]
-# Needs: apt-get install clang-16 libc++-16-dev libc++abi-16-dev libclang-rt-16-dev
+# Needs: clang-16 and libc++ (fuzz/lib_fuzz.sh; scripts/install-deps.sh
+# installs them).
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 build=${1:-$root/build-virtio-fuzz}
 seconds=${FUZZ_SECONDS:-30}
-cxx=${CXX_FUZZ:-clang++-16}
-if ! command -v "$cxx" >/dev/null 2>&1; then
-    echo "SKIP: $cxx not installed (apt-get install clang-16 libc++-16-dev libc++abi-16-dev libclang-rt-16-dev)"
-    exit 77
-fi
+. "$root/fuzz/lib_fuzz.sh"
+fuzz_toolchain '#include <vector>'
 mkdir -p "$build"
 src="$root/src/virtio"
 flags="-std=c++2b -stdlib=libc++ -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -I$root/include"
-runtime="$("$cxx" -print-runtime-dir)/libclang_rt.fuzzer-x86_64.a"
-if [ ! -f "$runtime" ]; then
-    echo "SKIP: no libFuzzer runtime at $runtime (apt-get install libclang-rt-16-dev)"
-    exit 77
-fi
-stdcxx=$(ls /usr/lib/*-linux-gnu/libstdc++.so.6 2>/dev/null | head -n 1)
-objs=""
-for f in memory split_ring inflight vhost_user; do
-    o="$build/$f.o"
-    if [ ! -f "$o" ] || [ "$src/$f.cpp" -nt "$o" ]; then
-        "$cxx" $flags -c "$src/$f.cpp" -o "$o"
-    fi
-    objs="$objs $o"
-done
+fuzz_compile "$build" "" "$flags" "$src/memory.cpp" "$src/split_ring.cpp" "$src/inflight.cpp" \
+    "$src/vhost_user.cpp" "$here/vhost_user_fuzzer.cpp" "$here/chain_fuzzer.cpp"
+library="$build/memory.o $build/split_ring.o $build/inflight.o $build/vhost_user.o"
 for t in vhost_user_fuzzer chain_fuzzer; do
-    "$cxx" $flags -c "$here/$t.cpp" -o "$build/$t.o"
-    # The libFuzzer runtime is built against libstdc++: link both.
-    "$cxx" -stdlib=libc++ -fsanitize=address,undefined "$build/$t.o" $objs "$runtime" \
-        "${stdcxx:--lstdc++}" -o "$build/$t"
+    # shellcheck disable=SC2086
+    fuzz_link "$build/$t" "$build/$t.o" $library
 done
 python3 "$here/make_seeds.py" "$build"
 cd "$build"
