@@ -10,7 +10,8 @@
 #     device, the open limit (null_blk: ETOOMANYREFS; zloop: EIO), named
 #     with the zone; a range stops at the failing zone;
 #     and a device whose export drives its queues is refused;
-#  4. the zloop device's zone files follow (finish extends, reset empties).
+#  4. the zloop device's zone files follow (finish extends, reset empties);
+#     a zloop-ram device answers as zloop does.
 # Usage: zone_commands.sh PATH/TO/softblk        (exit 77: skipped)
 softblk=${1:?usage: $0 PATH/TO/softblk}
 here=$(cd "$(dirname "$0")" && pwd)
@@ -143,7 +144,18 @@ expect_state zl 1 "em 000000"
 for z in 1 4 7; do expect_state zl $z "em 000000"; done
 expect_error "conventional zones take no zone management" zone reset zl 0
 
+note "zloop-ram: zloop's zones in memory"
+"$softblk" add zloop-ram capacity_mb=64 zone_size_mb=8 conv_zones=1 max_open_zones=1 \
+  --export none --name zr >/dev/null || fail "add zloop-ram"
+"$softblk" zone open zr 16384 || fail "zloop-ram open zone 1"
+expect_error "zone open of the zone at sector 32768 \(zone 2, empty\): .*EIO.*max_open_zones=1" \
+  zone open zr 32768
+"$softblk" zone finish zr 16384 || fail "zloop-ram finish zone 1"
+expect_state zr 1 "fu ffffffffffffbfff"
+"$softblk" zone reset zr --all || fail "zloop-ram reset --all"
+expect_state zr 1 "em 000000"
+
 note "del and shutdown"
-"$softblk" del z0 plain zl >/dev/null || fail "del"
+"$softblk" del z0 plain zl zr >/dev/null || fail "del"
 "$softblk" shutdown >/dev/null || fail "shutdown"
 echo "PASS"
