@@ -34,14 +34,17 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
+#include <condition_variable>
 #include <cstring>
 #include <filesystem>
 #include <fmt/core.h>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <unistd.h>
 #include <vector>
 
@@ -196,6 +199,77 @@ struct job {
 
 // Runs `jobs` (all on `q`) until `deadline`; returns the completions when it
 // passed. Then drains. The queue's thread.
+uint64_t drive(io_queue& q, std::vector<job*>& jobs, uint64_t deadline, uint64_t& stopped_at);
+
+// A thread that drives one queue for the device's whole life: a queue's
+// io_uring (zloop) takes submissions from one thread only
+// (IORING_SETUP_SINGLE_ISSUER), as the core's model has it.
+class queue_worker {
+public:
+    explicit queue_worker(io_queue& q) : _q(q), _thread([this] { loop(); }) {}
+    ~queue_worker()
+    {
+        {
+            std::lock_guard guard(_lock);
+            _exit = true;
+        }
+        _cv.notify_all();
+        _thread.join();
+    }
+    queue_worker(const queue_worker&) = delete;
+    queue_worker& operator=(const queue_worker&) = delete;
+
+    // Starts driving `jobs` until `deadline`; collect() waits for the end.
+    void start(std::vector<job*>* jobs, uint64_t deadline)
+    {
+        std::lock_guard guard(_lock);
+        _jobs = jobs;
+        _deadline = deadline;
+        _busy = true;
+        _cv.notify_all();
+    }
+    // Completions at the deadline, and when it was seen.
+    std::pair<uint64_t, uint64_t> collect()
+    {
+        std::unique_lock guard(_lock);
+        _cv.wait(guard, [this] { return !_busy; });
+        return {_done, _stopped};
+    }
+
+private:
+    void loop()
+    {
+        std::unique_lock guard(_lock);
+        for (;;) {
+            _cv.wait(guard, [this] { return _busy || _exit; });
+            if (_exit) {
+                return;
+            }
+            guard.unlock();
+            uint64_t stopped = 0;
+            const uint64_t done = drive(_q, *_jobs, _deadline, stopped);
+            guard.lock();
+            _done = done;
+            _stopped = stopped;
+            _busy = false;
+            _cv.notify_all();
+        }
+    }
+
+    io_queue& _q;
+    std::mutex _lock;
+    std::condition_variable _cv;
+    std::vector<job*>* _jobs = nullptr;
+    uint64_t _deadline = 0;
+    uint64_t _done = 0;
+    uint64_t _stopped = 0;
+    bool _busy = false;
+    bool _exit = false;
+    std::thread _thread;  // last: starts once the rest is made
+};
+
+// Runs `jobs` (all on `q`) until `deadline`; returns the completions when it
+// passed. Then drains. The queue's thread.
 uint64_t drive(io_queue& q, std::vector<job*>& jobs, uint64_t deadline, uint64_t& stopped_at)
 {
     uint64_t at_stop = 0;
@@ -229,7 +303,9 @@ struct measurement {
     uint64_t allocations = 0;
 };
 
-measurement run(device& d, const workload& w, unsigned queues, double seconds)
+// `workers[q]` drives queue q >= 1 (queue 0: the calling thread).
+measurement run(device& d, const workload& w, unsigned queues, double seconds,
+                std::vector<std::unique_ptr<queue_worker>>& workers)
 {
     const uint64_t zone_bytes = d.limits().zone_size_bytes;
     const uint32_t nr_zones = static_cast<uint32_t>(zone_count(d.limits()));
@@ -273,25 +349,23 @@ measurement run(device& d, const workload& w, unsigned queues, double seconds)
     }
     std::vector<uint64_t> done(queues, 0);
     std::vector<uint64_t> stopped(queues, 0);
-    std::vector<std::thread> threads;
-    threads.reserve(queues);
     const uint64_t alloc_before = bench::allocations();
     const uint64_t start = now_ns();
     const uint64_t deadline = start + static_cast<uint64_t>(seconds * 1e9);
     for (unsigned q = 1; q < queues; ++q) {
         if (!per_queue[q].empty()) {
-            threads.emplace_back(
-                [&, q] { done[q] = drive(d.queue(q), per_queue[q], deadline, stopped[q]); });
+            workers[q]->start(&per_queue[q], deadline);
         }
     }
     if (!per_queue[0].empty()) {
         done[0] = drive(d.queue(0), per_queue[0], deadline, stopped[0]);
     }
-    for (auto& t : threads) {
-        t.join();
+    for (unsigned q = 1; q < queues; ++q) {
+        if (!per_queue[q].empty()) {
+            std::tie(done[q], stopped[q]) = workers[q]->collect();
+        }
     }
-    // Less one per thread started (its state, not the hot path's).
-    const uint64_t allocations = bench::allocations() - alloc_before - threads.size();
+    const uint64_t allocations = bench::allocations() - alloc_before;
     measurement m;
     uint64_t ios = 0;
     uint64_t end = start;
@@ -339,6 +413,9 @@ std::unique_ptr<device> make_device(const system_def& s, unsigned queues)
     auto d = device::create("bench-" + s.name, s.type, o);
     if (!d) {
         fmt::print(stderr, "softblk-bench-zoned: {}: {}\n", s.name, d.error().message);
+        if (!s.dir.empty()) {
+            std::filesystem::remove_all(s.dir);
+        }
         std::exit(1);
     }
     return std::move(*d);
@@ -404,8 +481,14 @@ int main(int argc, char** argv)
         seconds, rounds, k_capacity_mb, k_zone_mb, k_depth);
     for (unsigned queues : queue_counts) {
         std::vector<std::unique_ptr<device>> devs;
+        // workers[device][queue], queue 0 left to this thread.
+        std::vector<std::vector<std::unique_ptr<queue_worker>>> workers;
         for (const system_def& s : systems) {
             devs.push_back(make_device(s, queues));
+            workers.emplace_back(queues);
+            for (unsigned q = 1; q < queues; ++q) {
+                workers.back()[q] = std::make_unique<queue_worker>(devs.back()->queue(q));
+            }
             nlohmann::json j;
             devs.back()->describe(j);
             const auto& t = j["target"];
@@ -421,7 +504,8 @@ int main(int argc, char** argv)
         for (unsigned round = 0; round < rounds; ++round) {
             for (size_t w = 0; w < std::size(k_workloads); ++w) {
                 for (size_t s = 0; s < systems.size(); ++s) {
-                    const measurement m = run(*devs[s], k_workloads[w], queues, seconds);
+                    const measurement m =
+                        run(*devs[s], k_workloads[w], queues, seconds, workers[s]);
                     results[{w, s}].push_back(m);
                     fmt::print(
                         "round {} q{} {:<10} {:<24} {:>9.0f} IOPS {:>8.1f} MiB/s  {} "
@@ -472,6 +556,7 @@ int main(int argc, char** argv)
             fmt::print("\n");
         }
         fmt::print("\n");
+        workers.clear();
         devs.clear();
         for (const system_def& s : systems) {
             if (!s.dir.empty()) {
