@@ -17,6 +17,8 @@
 // Usage: softblk-bench-core [--seconds S] [--only null|memory|ram]
 #include <softblk/device.hpp>
 
+#include "bench_support.hpp"
+
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
@@ -32,60 +34,11 @@
 #include <unistd.h>
 #include <vector>
 
-// ---------------------------------------------------------------- allocation counter
-
-namespace {
-std::atomic<uint64_t> g_allocations{0};
-}
-
-void* operator new(size_t n)
-{
-    g_allocations.fetch_add(1, std::memory_order_relaxed);
-    if (void* p = std::malloc(n == 0 ? 1 : n)) {
-        return p;
-    }
-    throw std::bad_alloc();
-}
-void* operator new[](size_t n)
-{
-    return operator new(n);
-}
-void* operator new(size_t n, const std::nothrow_t&) noexcept
-{
-    g_allocations.fetch_add(1, std::memory_order_relaxed);
-    return std::malloc(n == 0 ? 1 : n);
-}
-void* operator new[](size_t n, const std::nothrow_t& t) noexcept
-{
-    return operator new(n, t);
-}
-void operator delete(void* p) noexcept
-{
-    std::free(p);
-}
-void operator delete[](void* p) noexcept
-{
-    std::free(p);
-}
-void operator delete(void* p, size_t) noexcept
-{
-    std::free(p);
-}
-void operator delete[](void* p, size_t) noexcept
-{
-    std::free(p);
-}
-
 namespace {
 
 using namespace softblk;
-
-uint64_t now_ns()
-{
-    timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<uint64_t>(ts.tv_nsec);
-}
+using bench::now_ns;
+using bench::xorshift;
 
 uint64_t rss_bytes()
 {
@@ -101,17 +54,6 @@ uint64_t rss_bytes()
     std::fclose(f);
     return uint64_t{resident} * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
 }
-
-struct xorshift {
-    uint64_t s;
-    uint64_t next()
-    {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        return s;
-    }
-};
 
 std::unique_ptr<device> create(std::vector<std::string> options)
 {
@@ -190,7 +132,7 @@ io_result run_random(device& d, io_op op, unsigned depth, double seconds, unsign
         r->user_data = &ctx;
         requests.push_back(r);
     }
-    const uint64_t alloc_before = g_allocations.load();
+    const uint64_t alloc_before = bench::allocations();
     const uint64_t start = now_ns();
     ctx.deadline_ns = start + static_cast<uint64_t>(seconds * 1e9);
     for (io_request* r : requests) {
@@ -209,7 +151,7 @@ io_result run_random(device& d, io_op op, unsigned depth, double seconds, unsign
     }
     const uint64_t stop_at = ctx.stopped_at;
     const uint64_t done = ctx.completed_at_stop;
-    const uint64_t alloc_after = g_allocations.load();
+    const uint64_t alloc_after = bench::allocations();
     while (q.in_flight() > 0) {
         q.wait(q.in_flight(), 1'000'000'000);
     }

@@ -297,6 +297,17 @@ std::optional<result<nlohmann::json>> control_service::handle(const request& req
         }
         return _host.set(*name, *options, *force);
     }
+    if (m == "zone") {
+        auto name = param_string(req.params, "name", true);
+        if (!name) {
+            return std::unexpected(name.error());
+        }
+        auto zone_req = parse_zone_params(req.params);
+        if (!zone_req) {
+            return std::unexpected(zone_req.error());
+        }
+        return _host.zone(*name, *zone_req);
+    }
     if (m == "features") {
         auto type = param_string(req.params, "type", false);
         if (!type) {
@@ -311,8 +322,8 @@ std::optional<result<nlohmann::json>> control_service::handle(const request& req
         return shutdown(req.params);
     }
     return make_error(EOPNOTSUPP,
-                      fmt::format("unknown method '{}' (known: add, del, set, get, list, features, "
-                                  "status, shutdown)",
+                      fmt::format("unknown method '{}' (known: add, del, set, get, zone, list, "
+                                  "features, status, shutdown)",
                                   m.size() > 64 ? m.substr(0, 64) + "..." : m));
 }
 

@@ -5,6 +5,7 @@
 //   del       {name} or {all: true}
 //   set       {name, options: ["k=v"...], force?} -> configfs writes (power too)
 //   get       {name, keys?: [...]}  -> {values: {key: text}, power, export}
+//   zone      {name, action, sector?, count?, all?} -> zone_control.hpp
 //   list      {}            -> [device::describe() + state + memory + export]
 //   features  {type?}       -> targets with options, export types
 //   status    {}            -> pid, uid, run_dir, devices, uptime, state, memory

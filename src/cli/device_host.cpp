@@ -611,6 +611,31 @@ result<nlohmann::json> device_host::get(std::string_view name,
                           {"export", exp}};
 }
 
+result<nlohmann::json> device_host::zone(std::string_view name, const zone_request& request)
+{
+    auto it = _devices.find(name);
+    if (it == _devices.end()) {
+        return make_error(ENOENT, fmt::format("no device named '{}'", name));
+    }
+    hosted_device& entry = it->second;
+    if (entry.stopping || !entry.dev) {
+        return make_error(entry.stopping ? EBUSY : EINVAL,
+                          fmt::format("{} is {}", entry.name,
+                                      entry.stopping ? "being removed" : "a failed recovery"));
+    }
+    if (entry.exp) {
+        const nlohmann::json exp = entry.exp->describe();
+        const std::string where = exp.value("block", exp.value("socket", std::string()));
+        return make_error(
+            EBUSY, fmt::format("{} is exported over {}{}, whose threads drive its queues; the "
+                               "daemon does not submit on them meanwhile: use blkzone(8) on the "
+                               "exported device, or add the device with --export none",
+                               entry.name, entry.export_type,
+                               where.empty() ? "" : fmt::format(" ({})", where)));
+    }
+    return run_zone_request(*entry.dev, request);
+}
+
 result<void> device_host::begin_remove(std::string_view name, bool keep_state, bool force)
 {
     auto it = _devices.find(name);

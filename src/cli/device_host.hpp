@@ -25,6 +25,8 @@
 #include <softblk/device.hpp>
 #include <softblk/frontend.hpp>
 
+#include "zone_control.hpp"
+
 namespace softblk::cli {
 
 // What `softblk add` asks for.
@@ -79,6 +81,14 @@ public:
     // text}, export}
     // for `keys` (every readable attribute when empty). Control thread.
     result<nlohmann::json> get(std::string_view name, const std::vector<std::string>& keys) const;
+
+    // `softblk zone` on device `name` (zone_control.hpp's run_zone_request
+    // through device::execute, on the control thread). Refused (EBUSY) while
+    // an export drives the device's queues from its own threads: the
+    // control thread may not submit on them then; the error names the
+    // export's device, which blkzone(8) reaches. Errors also: no such
+    // device, being removed, a failed recovery. Control thread.
+    result<nlohmann::json> zone(std::string_view name, const zone_request& request);
 
     // Starts removing device `name`: its export stops and the device is
     // destroyed on a teardown thread. `keep_state`: its state file stays

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <unistd.h>
 #include <vector>
@@ -22,6 +23,7 @@
 #include "memory_limit.hpp"
 #include "nullb_fs.hpp"
 #include "run_dir.hpp"
+#include "zone_control.hpp"
 
 #ifdef SOFTBLK_HAVE_UBLK
 #include <softblk/ublk/ublk.hpp>
@@ -264,6 +266,72 @@ int run_get(const std::string& name, const std::vector<std::string>& keys, bool 
             text.replace(pos, 1, "\n  ");
         }
         fmt::print("{}={}\n", key, text);
+    }
+    return 0;
+}
+
+// ------------------------------------------------------------------ zone
+
+struct zone_command {
+    std::string name;
+    std::optional<uint64_t> sector;  // the positional SECTOR (one zone)
+    std::optional<uint64_t> offset;  // --offset
+    uint32_t count = 0;              // --count (0: to the end)
+    bool all = false;
+    bool json_output = false;
+};
+
+int run_zone(softblk::cli::zone_action action, const zone_command& cmd)
+{
+    using softblk::cli::zone_action;
+    const char* verb = softblk::cli::to_string(action);
+    softblk::cli::zone_request req{.action = action, .count = cmd.count, .all = cmd.all};
+    if (cmd.sector && cmd.offset) {
+        fmt::print(stderr, "softblk zone {}: give SECTOR or --offset, not both\n", verb);
+        return k_exit_usage;
+    }
+    if (cmd.sector) {
+        // One zone, unless --count says more.
+        req.sector = *cmd.sector;
+        req.count = cmd.count == 0 ? 1 : cmd.count;
+    } else if (cmd.offset) {
+        req.sector = *cmd.offset;
+    } else if (action != zone_action::report && !cmd.all) {
+        fmt::print(stderr,
+                   "softblk zone {}: give a zone's start SECTOR, --offset SECTOR [--count N]{}\n",
+                   verb, action == zone_action::reset ? " or --all" : "");
+        return k_exit_usage;
+    }
+    if (cmd.all && (cmd.sector || cmd.offset || cmd.count != 0)) {
+        fmt::print(stderr,
+                   "softblk zone reset: --all resets every zone; give no SECTOR, --offset "
+                   "or --count with it\n");
+        return k_exit_usage;
+    }
+    auto client = connect(true);
+    if (!client) {
+        return fail(client.error());
+    }
+    json params = softblk::cli::zone_params(req);
+    params["name"] = cmd.name;
+    auto res = client->call("zone", params);
+    if (!res) {
+        return fail(res.error());
+    }
+    if (cmd.json_output) {
+        fmt::print("{}\n", dump(*res));
+        return 0;
+    }
+    if (action == zone_action::report) {
+        for (const json& zone : res->value("zones", json::array())) {
+            fmt::print("{}\n", softblk::cli::format_zone_line(zone));
+        }
+        if (res->value("more", false)) {
+            fmt::print(stderr,
+                       "softblk zone report: stopped after {} zones; report again with "
+                       "--offset past the last one\n",
+                       softblk::cli::k_max_report_zones);
+        }
     }
     return 0;
 }
@@ -669,6 +737,38 @@ int main(int argc, char** argv)
     get_cmd->add_option("keys", get_keys, "attribute names (one: its value as `cat` shows it)");
     get_cmd->add_flag("--json", get_json, "print JSON");
 
+    zone_command zone;
+    CLI::App* zone_cmd = app.add_subcommand(
+        "zone",
+        "zone report and management of a zoned device, as blkzone(8) (sectors of 512 "
+        "bytes; through the daemon, on devices without an export)");
+    zone_cmd->require_subcommand(1);
+    std::vector<std::pair<CLI::App*, softblk::cli::zone_action>> zone_cmds;
+    for (auto [action, help] :
+         std::initializer_list<std::pair<softblk::cli::zone_action, const char*>>{
+             {softblk::cli::zone_action::report,
+              "print the zones: start, len, cap, wptr (from the zone's start), condition, type"},
+             {softblk::cli::zone_action::open, "open zones explicitly"},
+             {softblk::cli::zone_action::close, "close open zones"},
+             {softblk::cli::zone_action::finish, "make zones full"},
+             {softblk::cli::zone_action::reset, "make zones empty (their data is forgotten)"}}) {
+        CLI::App* sub = zone_cmd->add_subcommand(softblk::cli::to_string(action), help);
+        sub->add_option("name", zone.name, "device name")->required();
+        if (action != softblk::cli::zone_action::report) {
+            sub->add_option("sector", zone.sector, "start sector of the zone");
+        }
+        sub->add_option("--offset,-o", zone.offset,
+                        action == softblk::cli::zone_action::report
+                            ? "report from the zone holding this sector (default 0)"
+                            : "start sector of the first zone (to the end, or --count zones)");
+        sub->add_option("--count,-c", zone.count, "number of zones (default: to the end)");
+        if (action == softblk::cli::zone_action::reset) {
+            sub->add_flag("--all", zone.all, "every sequential zone (one reset-all request)");
+        }
+        sub->add_flag("--json", zone.json_output, "print JSON");
+        zone_cmds.emplace_back(sub, action);
+    }
+
     softblk::cli::nullb_fs_options nullb;
     std::string nullb_umount_dir;
     CLI::App* nullb_cmd = app.add_subcommand(
@@ -770,6 +870,11 @@ int main(int argc, char** argv)
     }
     if (get_cmd->parsed()) {
         return run_get(get_name, get_keys, get_json);
+    }
+    for (const auto& [sub, action] : zone_cmds) {
+        if (sub->parsed()) {
+            return run_zone(action, zone);
+        }
     }
     if (nullb_mount_cmd->parsed()) {
         auto paths = softblk::cli::resolve_run_paths();

@@ -164,6 +164,21 @@ result<bool> param_bool(const nlohmann::json& params, std::string_view key, bool
     return it->get<bool>();
 }
 
+result<uint64_t> param_u64(const nlohmann::json& params, std::string_view key, uint64_t fallback,
+                           uint64_t max)
+{
+    auto it = params.find(key);
+    if (it == params.end() || it->is_null()) {
+        return fallback;
+    }
+    if (!it->is_number_unsigned() || it->get<uint64_t>() > max) {
+        return make_error(
+            EINVAL, fmt::format("parameter \"{}\" must be an integer from 0 to {}, not {}", key,
+                                max, dump(*it)));
+    }
+    return it->get<uint64_t>();
+}
+
 result<std::vector<std::string>> param_strings(const nlohmann::json& params, std::string_view key)
 {
     std::vector<std::string> out;

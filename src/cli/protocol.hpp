@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -62,6 +63,9 @@ std::string format_request(int64_t id, std::string_view method, const nlohmann::
 result<std::string> param_string(const nlohmann::json& params, std::string_view key, bool required,
                                  std::string fallback = {});
 result<bool> param_bool(const nlohmann::json& params, std::string_view key, bool fallback);
+// A non-negative integer of at most `max`.
+result<uint64_t> param_u64(const nlohmann::json& params, std::string_view key, uint64_t fallback,
+                           uint64_t max = UINT64_MAX);
 result<std::vector<std::string>> param_strings(const nlohmann::json& params, std::string_view key);
 
 // Device names: 1 to 64 characters from [A-Za-z0-9_.-], not starting with a

@@ -4,7 +4,9 @@
 // from the files after a restart (open zones come back closed), a torn
 // write cut back, files edited behind the daemon's back, configurations
 // that do not match the directory, the open limit, and
-// discard_write_cache. The zone engine's transitions have their own tests
+// discard_write_cache. The cases that do not depend on files run for the
+// RAM variant (zloop-ram) too (zloop_variants), which has its own for
+// memory. The zone engine's transitions have their own tests
 // (tests/core/zone_engine_test.cpp).
 #include "test_util.hpp"
 
@@ -50,26 +52,36 @@ protected:
         [[maybe_unused]] int rc = std::system(cmd.c_str());
     }
 
-    // 8 zones of 2 MiB (1 MiB capacity), the first two conventional.
+    // 8 zones of 2 MiB (1 MiB capacity), the first two conventional; in
+    // _base/0 for the zone files.
     std::vector<std::string> options(std::vector<std::string> more = {}) const
     {
-        std::vector<std::string> o{"base_dir=" + _base, "id=0",         "capacity_mb=16",
-                                   "zone_size_mb=2",    "conv_zones=2", "zone_capacity_mb=1",
-                                   "irqmode=0",         "poll_queues=0"};
+        std::vector<std::string> o{"capacity_mb=16",     "zone_size_mb=2", "conv_zones=2",
+                                   "zone_capacity_mb=1", "irqmode=0",      "poll_queues=0"};
+        if (on_files()) {
+            o.insert(o.begin(), {"base_dir=" + _base, "id=0"});
+        }
         o.insert(o.end(), more.begin(), more.end());
         return o;
     }
     std::unique_ptr<device> make(std::vector<std::string> more = {})
     {
-        auto d = device::create("zltest", "zloop", options(std::move(more)));
+        auto d = device::create("zltest", _type, options(std::move(more)));
         EXPECT_TRUE(d.has_value()) << (d ? "" : d.error().message);
         return d ? std::move(*d) : nullptr;
     }
     std::string refused(std::vector<std::string> more, int* code = nullptr) const
     {
-        return create_error(options(std::move(more)), code, "zloop");
+        return create_error(options(std::move(more)), code, _type);
     }
+    bool on_files() const { return _type == "zloop"; }
     std::string file(const std::string& name) const { return _base + "/0/" + name; }
+    // Zone file `name` holds `size` bytes (zloop); the RAM variant makes no
+    // file at all.
+    void expect_stored(const std::string& name, int64_t size) const
+    {
+        EXPECT_EQ(file_size(file(name)), on_files() ? size : -1) << name;
+    }
     static int64_t file_size(const std::string& p)
     {
         struct stat st {};
@@ -102,9 +114,27 @@ protected:
     }
 
     std::string _base;
+    // The target type under test: "zloop" (zone files) or "zloop-ram".
+    std::string _type = "zloop";
 };
 
-TEST_F(zloop_test, new_device_has_zloops_files_and_geometry)
+// The cases both zloop targets share: the same options, zone model and
+// queue logic; only the store differs.
+class zloop_variants : public zloop_test, public ::testing::WithParamInterface<const char*> {
+protected:
+    void SetUp() override
+    {
+        zloop_test::SetUp();
+        _type = GetParam();
+    }
+};
+
+INSTANTIATE_TEST_SUITE_P(targets, zloop_variants, ::testing::Values("zloop", "zloop-ram"),
+                         [](const auto& info) {
+                             return std::string(info.param) == "zloop" ? "files" : "ram";
+                         });
+
+TEST_P(zloop_variants, new_device_has_zloops_files_and_geometry)
 {
     auto d = make();
     ASSERT_TRUE(d);
@@ -116,19 +146,22 @@ TEST_F(zloop_test, new_device_has_zloops_files_and_geometry)
     EXPECT_EQ(l.conventional_zones, 2u);
     EXPECT_EQ(l.max_zone_append_bytes, 1 * k_mib);
     EXPECT_EQ(l.max_transfer_bytes, 1 * k_mib);
-    EXPECT_TRUE(l.volatile_write_cache);
+    // FLUSH syncs the zone files; in RAM there is nothing to flush.
+    EXPECT_EQ(l.volatile_write_cache, on_files());
     EXPECT_FALSE(l.fua);
     EXPECT_EQ(l.max_discard_bytes, 0u);
     // ext4/tmpfs: the file system's block size (4 KiB), as zloop takes it.
     EXPECT_EQ(l.logical_block_size, 4096u);
-    EXPECT_EQ(file_size(file("cnv-000000")), int64_t(2 * k_mib));
-    EXPECT_EQ(file_size(file("cnv-000001")), int64_t(2 * k_mib));
+    expect_stored("cnv-000000", int64_t(2 * k_mib));
+    expect_stored("cnv-000001", int64_t(2 * k_mib));
     for (int i = 2; i < 8; ++i) {
-        EXPECT_EQ(file_size(file(fmt::format("seq-{:06}", i))), 0) << i;
+        expect_stored(fmt::format("seq-{:06}", i), 0);
     }
-    EXPECT_EQ(file_size(file("seq-000008")), -1);
+    expect_stored("seq-000008", -1);
     const auto j = describe(*d);
-    EXPECT_EQ(j["target"]["restored"], false);
+    if (on_files()) {
+        EXPECT_EQ(j["target"]["restored"], false);
+    }
     EXPECT_EQ(j["submit_queues"], 1);
     // zloop's queue_depth (128) sets the device's.
     EXPECT_EQ(j["queue_depth"], 128);
@@ -137,7 +170,7 @@ TEST_F(zloop_test, new_device_has_zloops_files_and_geometry)
     EXPECT_EQ(c.write_pointer, UINT64_MAX);
 }
 
-TEST_F(zloop_test, writes_at_the_write_pointer_land_in_the_zone_file)
+TEST_P(zloop_variants, writes_at_the_write_pointer_land_in_the_zone_file)
 {
     auto d = make();
     ASSERT_TRUE(d);
@@ -145,7 +178,7 @@ TEST_F(zloop_test, writes_at_the_write_pointer_land_in_the_zone_file)
     std::memset(w.data, 0x5a, w.size);
     const uint64_t z2 = 4 * k_mib;
     EXPECT_EQ(run(*d, io_op::write, z2, w.size, w.data), 0);
-    EXPECT_EQ(file_size(file("seq-000002")), int64_t(w.size));
+    expect_stored("seq-000002", int64_t(w.size));
     zone_descriptor z = zone_of(*d, 2);
     EXPECT_EQ(z.condition, zc::implicit_open);
     EXPECT_EQ(z.write_pointer, z2 + w.size);
@@ -156,7 +189,7 @@ TEST_F(zloop_test, writes_at_the_write_pointer_land_in_the_zone_file)
     uint64_t at = 0;
     EXPECT_EQ(run(*d, io_op::zone_append, z2, 8192, w.data, &at), 0);
     EXPECT_EQ(at, z2 + w.size);
-    EXPECT_EQ(file_size(file("seq-000002")), int64_t(w.size + 8192));
+    expect_stored("seq-000002", int64_t(w.size + 8192));
     // Reads: the data, then zeros past the write pointer.
     aligned_buffer r(128 << 10);
     std::memset(r.data, 0xee, r.size);
@@ -177,23 +210,23 @@ TEST_F(zloop_test, writes_at_the_write_pointer_land_in_the_zone_file)
     EXPECT_EQ(run(*d, io_op::flush, 0), 0);
 }
 
-TEST_F(zloop_test, reset_and_finish_truncate_the_zone_file)
+TEST_P(zloop_variants, reset_and_finish_truncate_the_zone_file)
 {
     auto d = make();
     ASSERT_TRUE(d);
     aligned_buffer w(16 << 10);
     ASSERT_EQ(run(*d, io_op::write, 4 * k_mib, w.size, w.data), 0);
     EXPECT_EQ(run(*d, io_op::zone_finish, 4 * k_mib), 0);
-    EXPECT_EQ(file_size(file("seq-000002")), int64_t(1 * k_mib));
+    expect_stored("seq-000002", int64_t(1 * k_mib));
     EXPECT_EQ(zone_of(*d, 2).condition, zc::full);
     EXPECT_EQ(run(*d, io_op::zone_reset, 4 * k_mib), 0);
-    EXPECT_EQ(file_size(file("seq-000002")), 0);
+    expect_stored("seq-000002", 0);
     EXPECT_EQ(zone_of(*d, 2).condition, zc::empty);
     ASSERT_EQ(run(*d, io_op::write, 6 * k_mib, w.size, w.data), 0);
     ASSERT_EQ(run(*d, io_op::write, 8 * k_mib, w.size, w.data), 0);
     EXPECT_EQ(run(*d, io_op::zone_reset_all, 0), 0);
-    EXPECT_EQ(file_size(file("seq-000003")), 0);
-    EXPECT_EQ(file_size(file("seq-000004")), 0);
+    expect_stored("seq-000003", 0);
+    expect_stored("seq-000004", 0);
     // Conventional zones have no zone operations: -EIO, as zloop.
     EXPECT_EQ(run(*d, io_op::zone_reset, 0), -EIO);
 }
@@ -247,7 +280,7 @@ TEST_F(zloop_test, files_edited_behind_the_daemons_back_and_torn_writes)
     EXPECT_EQ(zone_of(*d, 2).write_pointer, 4 * k_mib + 12288);
     EXPECT_EQ(zone_of(*d, 2).condition, zc::closed);
     EXPECT_EQ(zone_of(*d, 3).write_pointer, 6 * k_mib + 8192);
-    EXPECT_EQ(file_size(file("seq-000003")), 8192);
+    expect_stored("seq-000003", 8192);
     EXPECT_EQ(describe(*d)["target"]["torn_writes_cut"], nlohmann::json::array({3}));
     EXPECT_EQ(zone_of(*d, 4).condition, zc::full);
     EXPECT_EQ(zone_of(*d, 5).condition, zc::full);
@@ -286,19 +319,29 @@ TEST_F(zloop_test, a_configuration_that_does_not_match_the_directory_is_refused)
     EXPECT_TRUE(make());
 }
 
-TEST_F(zloop_test, option_checks_name_the_option)
+TEST_P(zloop_variants, option_checks_name_the_option)
 {
     EXPECT_NE(refused({"zone_size_mb=3"}).find("zone_size_mb=3"), std::string::npos);
     EXPECT_NE(refused({"zone_capacity_mb=4"}).find("zone_capacity_mb=4"), std::string::npos);
     EXPECT_NE(refused({"conv_zones=8"}).find("conv_zones=8"), std::string::npos);
     EXPECT_NE(refused({"capacity_mb=1"}).find("capacity_mb=1"), std::string::npos);
     EXPECT_NE(refused({"max_open_zones=7"}).find("max_open_zones=7"), std::string::npos);
-    EXPECT_NE(refused({"id=5"}).find("mkdir"), std::string::npos);
-    EXPECT_NE(refused({"base_dir=relative"}).find("absolute"), std::string::npos);
+    if (on_files()) {
+        EXPECT_NE(refused({"id=5"}).find("mkdir"), std::string::npos);
+        EXPECT_NE(refused({"base_dir=relative"}).find("absolute"), std::string::npos);
+    } else {
+        // The zone files' options are not the RAM variant's.
+        for (const char* file_option :
+             {"base_dir=/tmp", "id=0", "buffered_io=1", "discard_write_cache=1"}) {
+            int code = 0;
+            refused({file_option}, &code);
+            EXPECT_EQ(code, ENOENT) << file_option;
+        }
+    }
     EXPECT_NE(refused({"zone_append=0", "ordered_zone_append=1"}).find("zone_append"),
               std::string::npos);
     // Nothing was created by a refusal.
-    EXPECT_EQ(file_size(file("seq-000002")), -1);
+    expect_stored("seq-000002", -1);
 }
 
 TEST_F(zloop_test, id_minus_one_picks_a_free_directory_and_two_devices_do_not_share_one)
@@ -316,7 +359,7 @@ TEST_F(zloop_test, id_minus_one_picks_a_free_directory_and_two_devices_do_not_sh
     EXPECT_EQ(code, EEXIST);
 }
 
-TEST_F(zloop_test, open_limit_closes_the_least_recently_used_implicitly_open_zone_only)
+TEST_P(zloop_variants, open_limit_closes_the_least_recently_used_implicitly_open_zone_only)
 {
     auto d = make({"max_open_zones=2"});
     ASSERT_TRUE(d);
@@ -350,20 +393,20 @@ TEST_F(zloop_test, discard_write_cache_cuts_zones_back_to_the_last_flush)
         ASSERT_EQ(run(*d, io_op::flush, 0), 0);
         ASSERT_EQ(run(*d, io_op::write, 4 * k_mib + w.size, w.size, w.data), 0);
         ASSERT_EQ(run(*d, io_op::write, 6 * k_mib, w.size, w.data), 0);
-        EXPECT_EQ(file_size(file("seq-000002")), int64_t(2 * w.size));
+        expect_stored("seq-000002", int64_t(2 * w.size));
     }
-    EXPECT_EQ(file_size(file("seq-000002")), int64_t(w.size));
-    EXPECT_EQ(file_size(file("seq-000003")), 0);
+    expect_stored("seq-000002", int64_t(w.size));
+    expect_stored("seq-000003", 0);
     // Without the option, nothing is cut.
     {
         auto d = make();
         ASSERT_TRUE(d);
         ASSERT_EQ(run(*d, io_op::write, 4 * k_mib + w.size, w.size, w.data), 0);
     }
-    EXPECT_EQ(file_size(file("seq-000002")), int64_t(2 * w.size));
+    expect_stored("seq-000002", int64_t(2 * w.size));
 }
 
-TEST_F(zloop_test, two_queues_write_different_zones)
+TEST_P(zloop_variants, two_queues_write_different_zones)
 {
     auto d = make({"nr_queues=2"});
     ASSERT_TRUE(d);
@@ -378,8 +421,45 @@ TEST_F(zloop_test, two_queues_write_different_zones)
             EXPECT_EQ(c.result, 4096) << q << " " << i;
         }
     }
-    EXPECT_EQ(file_size(file("seq-000002")), 16 * 4096);
-    EXPECT_EQ(file_size(file("seq-000003")), 16 * 4096);
+    expect_stored("seq-000002", 16 * 4096);
+    expect_stored("seq-000003", 16 * 4096);
+}
+
+TEST_F(zloop_test, ram_variant_keeps_the_zones_in_a_memory_store_with_its_limit)
+{
+    _type = "zloop-ram";
+    auto d = make({"memory_limit=2"});
+    ASSERT_TRUE(d);
+    EXPECT_EQ(describe(*d)["target"]["memory_limit_bytes"], 2 * k_mib);
+    aligned_buffer w(1 * k_mib);
+    std::memset(w.data, 0x77, w.size);
+    const uint64_t before = d->memory_bytes();
+    ASSERT_EQ(run(*d, io_op::write, 4 * k_mib, 4096, w.data), 0);
+    EXPECT_GE(d->memory_bytes(), before + 4096);
+    // The store takes memory in 1 MiB chunks: a second one is past the
+    // limit, and the write fails with ENOSPC; its write pointer had
+    // moved (zloop_rw), and comes back to what the store holds.
+    EXPECT_EQ(run(*d, io_op::write, 6 * k_mib, w.size, w.data), -ENOSPC);
+    zone_descriptor z = zone_of(*d, 3);
+    EXPECT_EQ(z.write_pointer, 6 * k_mib);
+    EXPECT_EQ(z.condition, zc::empty);
+    EXPECT_EQ(describe(*d)["target"]["zones"]["refreshed"], 1);
+    // memory_limit is live: raised, the same write lands.
+    ASSERT_TRUE(d->set_option("memory_limit", "8"));
+    EXPECT_EQ(run(*d, io_op::write, 6 * k_mib, w.size, w.data), 0);
+    EXPECT_EQ(zone_of(*d, 3).condition, zc::full);
+    // A reset gives the zone's memory back.
+    const uint64_t full = d->memory_bytes();
+    EXPECT_EQ(run(*d, io_op::zone_reset, 6 * k_mib), 0);
+    EXPECT_LT(d->memory_bytes(), full);
+    aligned_buffer r(4096);
+    EXPECT_EQ(run(*d, io_op::read, 4 * k_mib, r.size, r.data), 0);
+    EXPECT_EQ(r.data[0], 0x77);
+    // The data goes with the device: a new one starts empty.
+    d.reset();
+    d = make();
+    ASSERT_TRUE(d);
+    EXPECT_EQ(zone_of(*d, 2).condition, zc::empty);
 }
 
 }  // namespace

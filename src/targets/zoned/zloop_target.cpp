@@ -6,6 +6,7 @@
 // io_uring per queue over every zone file, O_DIRECT unless buffered_io=1.
 // zloop_layout.cpp opens the directory. docs/zoned.md has the options and
 // the rules.
+#include "zloop_common.hpp"
 #include "zloop_layout.hpp"
 
 #include <softblk/file_engine.hpp>
@@ -28,121 +29,20 @@ namespace softblk::targets {
 
 namespace {
 
-// zloop's max_hw_sectors (and its zone append limit): 1 MiB.
-constexpr uint32_t k_max_transfer = 1u << 20;
-
-// zloop's option names, units and defaults (ZLOOP_DEF_*), plus
-// max_active_zones, which zloop lacks.
-constexpr option_def k_zloop_options[] = {
-    {.name = "id",
-     .kind = option_kind::signed_integer,
-     .default_value = "-1",
-     .unit = "",
-     .help = "device number: the zone files are in BASE_DIR/ID; -1: the lowest ID whose "
-             "directory exists and that no other zloop device of this daemon uses",
-     .smin = -1,
-     .smax = INT32_MAX},
-    {.name = "capacity_mb",
-     .kind = option_kind::integer,
-     .default_value = "16384",
-     .unit = "MiB",
-     .help = "device capacity, rounded down to whole zones",
-     .min = 1,
-     .max = UINT32_MAX},
-    {.name = "zone_size_mb",
-     .kind = option_kind::integer,
-     .default_value = "256",
-     .unit = "MiB",
-     .help = "zone size, a power of two up to 16384",
-     .min = 1,
-     .max = 16384},
-    {.name = "zone_capacity_mb",
-     .kind = option_kind::integer,
-     .default_value = "0",
-     .unit = "MiB",
-     .help = "writable MiB of each sequential zone, at most zone_size_mb; 0: the zone size",
-     .min = 0,
-     .max = 16384},
-    {.name = "conv_zones",
-     .kind = option_kind::integer,
-     .default_value = "8",
-     .unit = "zones",
-     .help = "conventional zones at the start (fewer than the zones)",
-     .min = 0,
-     .max = UINT32_MAX},
-    {.name = "base_dir",
-     .kind = option_kind::text,
-     .default_value = "/var/local/zloop",
-     .unit = "absolute path",
-     .help = "directory of the devices' directories (BASE_DIR/ID must exist)"},
-    {.name = "nr_queues",
-     .kind = option_kind::integer,
-     .default_value = "1",
-     .unit = "",
-     .help = "queues (sets submit_queues), each with its own thread and io_uring",
-     .min = 1,
-     .max = 256},
-    {.name = "queue_depth",
-     .kind = option_kind::integer,
-     .default_value = "128",
-     .unit = "",
-     .help = "requests in flight per queue (sets hw_queue_depth)",
-     .min = 1,
-     .max = 4096},
-    {.name = "buffered_io",
-     .kind = option_kind::boolean,
-     .default_value = "0",
-     .unit = "",
-     .help = "use the page cache instead of O_DIRECT"},
-    {.name = "zone_append",
-     .kind = option_kind::boolean,
-     .default_value = "1",
-     .unit = "",
-     .help = "native zone append (1 MiB at most); 0: none (the ublk export refuses a zoned "
-             "device without it)"},
-    {.name = "ordered_zone_append",
-     .kind = option_kind::boolean,
-     .default_value = "0",
-     .unit = "",
-     .help = "zone appends get their sector in submission order; softblk always does so (the "
-             "sector is chosen when the queue thread takes the request), 1 only says so"},
-    {.name = "max_open_zones",
-     .kind = option_kind::integer,
-     .default_value = "0",
-     .unit = "zones",
-     .help = "most open zones, implicitly open ones closed in LRU order; 0: no limit",
-     .min = 0,
-     .max = UINT32_MAX},
-    {.name = "max_active_zones",
-     .kind = option_kind::integer,
-     .default_value = "0",
-     .unit = "zones",
-     .help = "most active (open or closed) zones, null_blk's errors (zloop has no such limit); 0: "
-             "no limit",
-     .min = 0,
-     .max = UINT32_MAX},
-    {.name = "discard_write_cache",
-     .kind = option_kind::boolean,
-     .default_value = "0",
-     .unit = "",
-     .help = "on removal cut each sequential zone file back to its size at the last flush (a "
-             "power loss)"},
-};
-
 // IDs in use by zloop devices of this process (id=-1 picks another one).
 std::mutex g_ids_lock;
 std::set<int64_t> g_ids;
 
 class zloop_target;
 
-// Per-queue half: one ring over every zone file, driven by the queue's
-// thread. It is the ring's completion sink, to see failed writes first.
-class zloop_queue final : public target_queue, public completion_sink {
+// Per-queue half: the shared zone logic (zloop_common.hpp) over one ring
+// on every zone file, driven by the queue's thread. It is the ring's
+// completion sink, to see failed writes first.
+class zloop_file_queue final : public zloop::zloop_queue, public completion_sink {
 public:
-    zloop_queue(zloop_target& t, completion_sink& sink) : _t(t), _sink(sink) {}
+    zloop_file_queue(zloop_target& t, completion_sink& sink);
     void set_ring(std::unique_ptr<file_ring> ring) { _ring = std::move(ring); }
 
-    void submit(io_request& r) override;
     unsigned poll() override { return _ring->poll(); }
     bool busy() const override { return _ring->in_flight() != 0; }
     int wait_fd() const override { return _ring->event_fd(); }
@@ -150,13 +50,27 @@ public:
     // The kernel holds the request and may still write its buffer.
     bool timed_out(io_request&) override { return false; }
 
-    // completion_sink: a write to a sequential zone that did not land makes
-    // the engine re-read the zone's file before its next use (zloop's
-    // ZLOOP_ZONE_SEQ_ERROR).
-    void complete(io_request& r, int result) override;
+    // completion_sink: a write that did not land makes the engine re-read
+    // the zone's file before its next use.
+    void complete(io_request& r, int result) override
+    {
+        note_result(r, result);
+        _sink.complete(r, result);
+    }
 
 private:
-    void write(io_request& r);
+    // Past the write pointer a zone file ends: the ring reads zeros.
+    void read_data(io_request& r, uint32_t zone, uint64_t zone_offset) override
+    {
+        _ring->read(r, zone, zone_offset);
+    }
+    void write_data(io_request& r, uint32_t zone, uint64_t zone_offset) override
+    {
+        _ring->write(r, zone, zone_offset, false);
+    }
+    void complete_now(io_request& r, int result) override { _ring->complete_now(r, result); }
+    int flush() override;
+    void zone_written(uint32_t zone) override;
 
     zloop_target& _t;
     completion_sink& _sink;
@@ -210,16 +124,8 @@ public:
                 return make_error(EINVAL, fmt::format("{}: {}", path(i), r.error().message));
             }
         }
-        _limits.capacity_bytes = config.capacity_bytes;
-        _limits.logical_block_size = config.block_size;
-        _limits.physical_block_size = config.block_size;
-        _limits.max_transfer_bytes = k_max_transfer;
         // zloop: a volatile write cache (FLUSH syncs the file system), no FUA.
-        _limits.volatile_write_cache = true;
-        _limits.fua = false;
-        _limits.rotational = false;
-        _zones->apply_limits(_limits);
-        _limits.max_zone_append_bytes = zone_append ? k_max_transfer : 0;
+        _limits = zloop::device_limits(*_zones, config.block_size, zone_append, true);
         return {};
     }
 
@@ -227,7 +133,6 @@ public:
     zone_engine& zones() { return *_zones; }
     int fd(uint32_t zone) const { return _files.files[zone]->buffered_fd(); }
     std::string path(uint32_t zone) const { return _files.files[zone]->path(); }
-    uint64_t zone_offset(uint64_t offset) const { return offset & (_geo.zone_size - 1); }
     void mark_dirty(uint32_t zone)
     {
         if (_discard_cache) {
@@ -242,7 +147,7 @@ public:
         for (auto& f : _files.files) {
             files.push_back(f.get());
         }
-        auto q = std::make_unique<zloop_queue>(*this, sink);
+        auto q = std::make_unique<zloop_file_queue>(*this, sink);
         auto ring = file_ring::create(files, _depth, *q, _stats);
         if (!ring) {
             return make_error(ring.error().code.value(),
@@ -354,80 +259,19 @@ private:
     std::unique_ptr<std::atomic<int64_t>[]> _pending;
 };
 
-void zloop_queue::complete(io_request& r, int result)
+zloop_file_queue::zloop_file_queue(zloop_target& t, completion_sink& sink)
+    : zloop_queue(t.zones()), _t(t), _sink(sink)
 {
-    if (result < 0 && (r.op == io_op::write || r.op == io_op::zone_append)) {
-        const uint32_t zone = _t.zones().zone_index(r.offset);
-        if (!_t.zones().conventional(zone)) {
-            _t.zones().write_failed(zone);
-        }
-    }
-    _sink.complete(r, result);
 }
 
-// zloop_rw for writes: a sequential zone's write pointer is checked and
-// advanced (the zone implicitly opened) before the data is queued; a zone
-// append gets its sector here, in submission order.
-void zloop_queue::write(io_request& r)
+int zloop_file_queue::flush()
 {
-    zone_engine& zones = _t.zones();
-    const uint32_t zone = zones.zone_index(r.offset);
-    if (zones.conventional(zone)) {
-        _ring->write(r, zone, _t.zone_offset(r.offset), false);
-        return;
-    }
-    zone_hold h;
-    if (const int rc = zones.begin_write(r, h); rc != 0) {
-        _ring->complete_now(r, rc);
-        return;
-    }
-    if (r.op == io_op::zone_append) {
-        r.result_offset = h.offset;
-    }
-    zones.end_write(h, r.length);
+    return _t.flush();
+}
+
+void zloop_file_queue::zone_written(uint32_t zone)
+{
     _t.mark_dirty(zone);
-    _ring->write(r, zone, _t.zone_offset(h.offset), false);
-}
-
-void zloop_queue::submit(io_request& r)
-{
-    zone_engine& zones = _t.zones();
-    switch (r.op) {
-    case io_op::read: {
-        zone_hold h;
-        const int rc = zones.begin_read(r, h);
-        zones.end_read(h);
-        if (rc < 0) {
-            _ring->complete_now(r, rc);
-            return;
-        }
-        // Past the write pointer a zone file ends: the ring reads zeros.
-        _ring->read(r, h.zone, _t.zone_offset(r.offset));
-        return;
-    }
-    case io_op::write:
-    case io_op::zone_append:
-        write(r);
-        return;
-    case io_op::flush:
-        _ring->complete_now(r, _t.flush());
-        return;
-    case io_op::zone_open:
-    case io_op::zone_close:
-    case io_op::zone_finish:
-    case io_op::zone_reset:
-    case io_op::zone_reset_all:
-        _ring->complete_now(r, zones.manage(r));
-        return;
-    case io_op::report_zones:
-        _ring->complete_now(r, zones.report(r));
-        return;
-    default:
-        // discard and write zeroes: zloop has neither (the core refuses
-        // them; here for a caller that skips its validation).
-        _ring->complete_now(r, -EOPNOTSUPP);
-        return;
-    }
 }
 
 // Room for two descriptors per zone file (O_DIRECT and buffered; the rings'
@@ -488,43 +332,13 @@ result<std::unique_ptr<target>> create_zloop(const option_set& o)
     if (base.empty() || base.front() != '/') {
         return make_error(EINVAL, fmt::format("base_dir={}: an absolute path", base));
     }
-    const uint64_t zone_mb = o.u64("zone_size_mb");
-    if ((zone_mb & (zone_mb - 1)) != 0) {
-        return make_error(EINVAL,
-                          fmt::format("zone_size_mb={}: a power of two from 1 to 16384", zone_mb));
+    auto settings = zloop::parse_zone_settings(o);
+    if (!settings) {
+        return std::unexpected(settings.error());
     }
-    const uint64_t cap_mb = o.u64("zone_capacity_mb");
-    if (cap_mb > zone_mb) {
-        return make_error(
-            EINVAL, fmt::format("zone_capacity_mb={}: at most zone_size_mb={}", cap_mb, zone_mb));
-    }
-    zloop::geometry g;
-    g.zone_size = zone_mb << 20;
-    g.zone_capacity = cap_mb != 0 ? cap_mb << 20 : g.zone_size;
-    const uint64_t nr_zones = o.u64("capacity_mb") / zone_mb;
-    if (nr_zones == 0 || nr_zones > UINT32_MAX) {
-        return make_error(EINVAL, fmt::format("capacity_mb={}: room for 1 to {} zones of "
-                                              "zone_size_mb={}",
-                                              o.u64("capacity_mb"), UINT32_MAX, zone_mb));
-    }
-    g.nr_zones = static_cast<uint32_t>(nr_zones);
-    if (o.u64("conv_zones") >= nr_zones) {
-        return make_error(EINVAL, fmt::format("conv_zones={}: fewer than the {} zones",
-                                              o.u64("conv_zones"), nr_zones));
-    }
-    g.conv_zones = static_cast<uint32_t>(o.u64("conv_zones"));
+    zloop::geometry g = settings->geo;
     g.buffered_io = o.flag("buffered_io");
-    const bool zone_append = o.flag("zone_append");
-    if (o.flag("ordered_zone_append") && !zone_append) {
-        return make_error(EINVAL, "ordered_zone_append=1: needs zone_append=1");
-    }
-    const uint64_t seq = nr_zones - g.conv_zones;
-    if (o.u64("max_open_zones") > seq || o.u64("max_active_zones") > seq) {
-        return make_error(EINVAL,
-                          fmt::format("max_open_zones={} max_active_zones={}: at most "
-                                      "the {} sequential zones",
-                                      o.u64("max_open_zones"), o.u64("max_active_zones"), seq));
-    }
+    const uint64_t nr_zones = g.nr_zones;
     if (auto r = ensure_file_limit(nr_zones, base); !r) {
         return std::unexpected(r.error());
     }
@@ -560,22 +374,13 @@ result<std::unique_ptr<target>> create_zloop(const option_set& o)
     if (!files->files.front()->direct_refused().empty()) {
         spdlog::warn("zloop {}: {}", dir, files->files.front()->direct_refused());
     }
-    zone_engine_config zc;
-    zc.flavor = zone_flavor::zloop;
-    zc.capacity_bytes = nr_zones * g.zone_size;
-    zc.zone_size_bytes = g.zone_size;
-    zc.zone_capacity_bytes = g.zone_capacity;
-    zc.conventional_zones = g.conv_zones;
-    zc.max_open_zones = static_cast<uint32_t>(o.u64("max_open_zones"));
-    zc.max_active_zones = static_cast<uint32_t>(o.u64("max_active_zones"));
-    zc.block_size = files->block_size;
-    zc.lock_reads = false;  // the ring moves the data after the zone is let go
+    const zone_engine_config zc = zloop::engine_config(*settings, files->block_size);
 
     guard.armed = false;
-    auto t = std::make_unique<zloop_target>(
-        std::move(*files), g, *id, o.flag("discard_write_cache"), o.flag("ordered_zone_append"),
-        static_cast<unsigned>(o.u64("queue_depth")));
-    if (auto r = t->init(zc, zone_append); !r) {
+    auto t =
+        std::make_unique<zloop_target>(std::move(*files), g, *id, o.flag("discard_write_cache"),
+                                       settings->ordered_zone_append, settings->queue_depth);
+    if (auto r = t->init(zc, settings->zone_append); !r) {
         return std::unexpected(r.error());
     }
     return t;
@@ -585,10 +390,10 @@ result<std::unique_ptr<target>> create_zloop(const option_set& o)
     .name = "zloop",
     .description = "a zoned device with one file per zone in the kernel's zloop layout "
                    "(BASE_DIR/ID/cnv-NNNNNN, seq-NNNNNN); the zones persist",
-    .options = k_zloop_options,
+    .options = zloop::file_options(),
     .create = create_zloop,
-    .submit_queues = [](const option_set& o) { return static_cast<unsigned>(o.u64("nr_queues")); },
-    .queue_depth = [](const option_set& o) { return static_cast<unsigned>(o.u64("queue_depth")); },
+    .submit_queues = zloop::submit_queues,
+    .queue_depth = zloop::queue_depth,
 });
 
 }  // namespace
