@@ -146,16 +146,14 @@ constexpr option_def k_null_options[] = {
      .kind = option_kind::integer,
      .default_value = "256",
      .unit = "MiB",
-     .help = "zone size, a power of two at most the device size",
-     .min = 1,
-     .max = k_max_size_mib},
+     .help = "zone size, a power of two at most the device size (checked at power on with "
+             "zoned=1)"},
     {.name = "zone_capacity",
      .kind = option_kind::integer,
      .default_value = "0",
      .unit = "MiB",
-     .help = "writable MiB of each sequential zone, at most zone_size; 0: zone_size",
-     .min = 0,
-     .max = k_max_size_mib},
+     .help = "writable MiB of each sequential zone, at most zone_size; 0 becomes zone_size at "
+             "power on"},
     {.name = "zone_nr_conv",
      .kind = option_kind::integer,
      .default_value = "0",
@@ -514,7 +512,7 @@ result<void> make_zoned(null_target& t, const option_set& o, uint64_t size_mib, 
                           "with a log line; softblk refuses rather than ignore it)");
     }
     const uint64_t zone_mib = o.u64("zone_size");
-    if ((zone_mib & (zone_mib - 1)) != 0) {
+    if (zone_mib == 0 || (zone_mib & (zone_mib - 1)) != 0) {
         return make_error(
             EINVAL, fmt::format("zone_size={}: zone_size must be a power of two (MiB)", zone_mib));
     }
@@ -768,7 +766,10 @@ result<std::unique_ptr<target>> power_on_null(option_set& o, std::shared_ptr<tar
         for (const char* name : {"zone_size", "zone_capacity", "zone_nr_conv", "zone_max_open",
                                  "zone_max_active", "zone_append_max_sectors", "zone_full"}) {
             if (o.given(name)) {
-                return make_error(EINVAL, fmt::format("{}: a zone attribute needs zoned=1", name));
+                notes.push_back(
+                    fmt::format("{}={} ignored: the device is not zoned (zoned=0), as "
+                                "null_blk ignores it",
+                                name, o.value_text(name)));
             }
         }
     }
