@@ -506,11 +506,6 @@ void null_queue::submit(io_request& r)
 // zoned null device.
 result<void> make_zoned(null_target& t, const option_set& o, uint64_t size_mib, uint64_t bs)
 {
-    if (o.flag("discard")) {
-        return make_error(EINVAL,
-                          "discard=1: a zoned device has no discard (null_blk ignores it "
-                          "with a log line; softblk refuses rather than ignore it)");
-    }
     const uint64_t zone_mib = o.u64("zone_size");
     if (zone_mib == 0 || (zone_mib & (zone_mib - 1)) != 0) {
         return make_error(
@@ -665,11 +660,13 @@ result<std::unique_ptr<target>> power_on_null(option_set& o, std::shared_ptr<tar
                         o.u64("cache_size")));
         o.set_u64("cache_size", 0);
     }
+    // null_config_discard.
     bool discard = o.flag("discard");
-    if (discard && !memory_backed) {
-        notes.emplace_back(
-            "discard=1 ignored without memory backing (set to 0, as null_blk "
-            "does)");
+    if (discard && (!memory_backed || o.flag("zoned"))) {
+        notes.emplace_back(memory_backed ? "discard=1 ignored in zoned mode (set to 0, as null_blk "
+                                           "does)"
+                                         : "discard=1 ignored without memory backing (set to 0, "
+                                           "as null_blk does)");
         o.set_flag("discard", false);
         discard = false;
     }
