@@ -671,8 +671,9 @@ result<std::unique_ptr<target>> power_on_null(option_set& o, std::shared_ptr<tar
         discard = false;
     }
 
-    // The block layer (blk_validate_limits).
-    const uint64_t bs = o.u64("blocksize");
+    // The block layer (blk_validate_limits): 0 means 512 (the attribute
+    // keeps 0).
+    const uint64_t bs = o.u64("blocksize") == 0 ? 512 : o.u64("blocksize");
     if (bs < 512 || bs > k_max_block_size || (bs & (bs - 1)) != 0) {
         return make_error(EINVAL,
                           fmt::format("blocksize={}: the block size must be a power of two from "
