@@ -98,6 +98,12 @@ TEST(null_zoned, defaults_and_clamps_as_null_blk)
     EXPECT_EQ(l.max_active_zones, 0u);  // 4 >= 1 sequential zone
     EXPECT_EQ(l.max_open_zones, 0u);
     EXPECT_EQ(l.max_zone_append_bytes, 1001u * 512);
+    // The clamps are written back, as null_init_zoned_dev writes them.
+    EXPECT_EQ(*d->get_option("zone_nr_conv"), "3\n");
+    EXPECT_EQ(*d->get_option("zone_max_active"), "0\n");
+    EXPECT_EQ(*d->get_option("zone_max_open"), "0\n");
+    EXPECT_EQ(*d->get_option("zone_capacity"), "256\n");
+    EXPECT_EQ(*d->get_option("zone_append_max_sectors"), "1001\n");
     auto e = make_null({"zoned=1", "size=64", "zone_size=4", "zone_max_open=9", "zone_max_active=4",
                         "bs=4096", "zone_append_max_sectors=15"});
     ASSERT_TRUE(e);

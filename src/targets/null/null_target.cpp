@@ -504,7 +504,7 @@ void null_queue::submit(io_request& r)
 
 // null_init_zoned_dev (Linux 6.12): the checks, clamps and limits of a
 // zoned null device.
-result<void> make_zoned(null_target& t, const option_set& o, uint64_t size_mib, uint64_t bs)
+result<void> make_zoned(null_target& t, option_set& o, uint64_t size_mib, uint64_t bs)
 {
     const uint64_t zone_mib = o.u64("zone_size");
     if (zone_mib == 0 || (zone_mib & (zone_mib - 1)) != 0) {
@@ -515,10 +515,12 @@ result<void> make_zoned(null_target& t, const option_set& o, uint64_t size_mib, 
         return make_error(EINVAL, fmt::format("zone_size={}: larger than the device (size={} MiB)",
                                               zone_mib, size_mib));
     }
-    uint64_t cap_mib = o.u64("zone_capacity");
-    if (cap_mib == 0) {
-        cap_mib = zone_mib;
+    // The clamps below are written back, as null_init_zoned_dev writes the
+    // device's fields (a read after power on shows them).
+    if (o.u64("zone_capacity") == 0) {
+        o.set_u64("zone_capacity", zone_mib);
     }
+    const uint64_t cap_mib = o.u64("zone_capacity");
     if (cap_mib > zone_mib) {
         return make_error(EINVAL, fmt::format("zone_capacity={}: larger than zone_size={} (MiB)",
                                               cap_mib, zone_mib));
@@ -531,15 +533,28 @@ result<void> make_zoned(null_target& t, const option_set& o, uint64_t size_mib, 
                                       cap_mib, size_mib, zone_mib));
     }
     const uint64_t nr_zones = (size_mib + zone_mib - 1) / zone_mib;
-    uint64_t nr_conv = o.u64("zone_nr_conv");
-    if (nr_conv >= nr_zones) {
-        nr_conv = nr_zones - 1;  // null_blk: "changed the number of conventional zones"
+    if (o.u64("zone_nr_conv") >= nr_zones) {
+        o.set_u64("zone_nr_conv", nr_zones - 1);  // "changed the number of conventional zones"
     }
+    const uint64_t nr_conv = o.u64("zone_nr_conv");
     // zone_append_max_sectors: whole blocks, at most the zone capacity.
     const uint64_t block_sectors = bs / 512;
     uint64_t append_sectors = o.u64("zone_append_max_sectors");
     append_sectors -= append_sectors % block_sectors;
     append_sectors = std::min(append_sectors, cap_mib * k_mib / 512);
+    o.set_u64("zone_append_max_sectors", append_sectors);
+    // The open and active limits: at most the sequential zones (else none),
+    // open at most active.
+    const uint64_t sequential = nr_zones - nr_conv;
+    if (o.u64("zone_max_active") >= sequential) {
+        o.set_u64("zone_max_active", 0);
+    }
+    const uint64_t max_active = o.u64("zone_max_active");
+    if (max_active != 0 && o.u64("zone_max_open") > max_active) {
+        o.set_u64("zone_max_open", max_active);
+    } else if (o.u64("zone_max_open") >= sequential) {
+        o.set_u64("zone_max_open", 0);
+    }
     zone_engine_config c;
     c.flavor = zone_flavor::null_blk;
     c.capacity_bytes = size_mib * k_mib;
@@ -557,7 +572,6 @@ result<void> make_zoned(null_target& t, const option_set& o, uint64_t size_mib, 
         std::min<uint64_t>(append_sectors * 512, t.limits().max_transfer_bytes);
     return t.make_zoned(c, static_cast<uint32_t>(append_bytes));
 }
-
 
 // Copies every allocated block of `from` into `to` (a store of another
 // block granularity, size or NUMA node), whole blocks of `to` at a time
