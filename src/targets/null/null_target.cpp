@@ -179,6 +179,22 @@ constexpr option_def k_null_options[] = {
      .help = "largest zone append, rounded down to whole blocks and to the zone capacity; 0: "
              "no zone append (the kernel emulates it)",
      .bits = 32},
+    // Write-only, only while powered on (zone_cond_store): a sector whose
+    // sequential zone becomes read-only / offline (again: empty).
+    {.name = "zone_readonly",
+     .kind = option_kind::text,
+     .unit = "sector",
+     .help = "write a sector: its sequential zone becomes read-only (written again: empty); "
+             "zoned=1, powered on",
+     .update = option_update::powered_on,
+     .write_only = true},
+    {.name = "zone_offline",
+     .kind = option_kind::text,
+     .unit = "sector",
+     .help = "write a sector: its sequential zone goes offline (written again: empty); zoned=1, "
+             "powered on",
+     .update = option_update::powered_on,
+     .write_only = true},
     {.name = "zone_full",
      .kind = option_kind::boolean,
      .default_value = "0",
@@ -346,10 +362,34 @@ public:
             }
             return {};
         }
+        if (def.name == "zone_readonly" || def.name == "zone_offline") {
+            return set_zone_condition_attribute(def.name, options.text(def.name));
+        }
         return target::apply_option(def, options);
     }
 
     uint64_t memory_bytes() const override { return _store ? _store->memory_bytes() : 0; }
+
+    // zone_cond_store: EINVAL unless zoned, then the sector parsed with
+    // kstrtoull (EINVAL, ERANGE), EINVAL beyond the zones or for a
+    // conventional zone (the zone engine's checks).
+    result<void> set_zone_condition_attribute(std::string_view name, std::string_view text)
+    {
+        if (!_zones) {
+            return make_error(EINVAL, fmt::format("{}: the device is not zoned (zoned=0)", name));
+        }
+        auto sector = parse_kernel_unsigned(text);
+        if (!sector) {
+            return std::unexpected(sector.error());
+        }
+        if (*sector >= _limits.capacity_bytes / 512) {
+            return make_error(EINVAL, fmt::format("{}={}: beyond the device's last sector {}", name,
+                                                  *sector, _limits.capacity_bytes / 512 - 1));
+        }
+        return _zones->set_condition(*sector * 512, name == "zone_readonly"
+                                                        ? zone_condition::read_only
+                                                        : zone_condition::offline);
+    }
 
     void describe(nlohmann::json& out) const override
     {
