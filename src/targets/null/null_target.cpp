@@ -687,6 +687,8 @@ result<std::unique_ptr<target>> power_on_null(option_set& o, std::shared_ptr<tar
     }
     const uint64_t size_mib = o.u64("size");
 
+    // null_blk checks queue_mode before any clamp; here the core's clamps
+    // have been applied already (a difference recorded in docs/null.md).
     if (o.u64("queue_mode") == 1) {
         return make_error(EINVAL,
                           "queue_mode=1: the legacy request path is no longer available (as in "
