@@ -90,6 +90,22 @@ std::string dump(const json& value)
     return value.dump(2, ' ', false, json::error_handler_t::replace);
 }
 
+// fail(), and with --json also the error as the daemon gave it on stdout,
+// {"error": {"errno": N, "name": "EBUSY", "message": ...}}, so that a script
+// sees the errno a configfs write of the same attribute would give.
+int fail_json(const softblk::error& err, bool json_output)
+{
+    if (json_output) {
+        const int code = err.code.value();
+        const char* name = strerrorname_np(code);
+        fmt::print("{}\n", dump(json{{"error",
+                                      {{"errno", code},
+                                       {"name", name != nullptr ? name : ""},
+                                       {"message", err.message}}}}));
+    }
+    return fail(err);
+}
+
 softblk::result<control_client> connect(bool autostart)
 {
     auto paths = softblk::cli::resolve_run_paths();
@@ -222,7 +238,7 @@ int run_set(const std::string& name, const std::vector<std::string>& options, bo
     }
     auto res = client->call("set", {{"name", name}, {"options", options}, {"force", force}});
     if (!res) {
-        return fail(res.error());
+        return fail_json(res.error(), json_output);
     }
     if (json_output) {
         fmt::print("{}\n", dump(*res));
@@ -244,7 +260,7 @@ int run_get(const std::string& name, const std::vector<std::string>& keys, bool 
     }
     auto res = client->call("get", {{"name", name}, {"keys", keys}});
     if (!res) {
-        return fail(res.error());
+        return fail_json(res.error(), json_output);
     }
     if (json_output) {
         fmt::print("{}\n", dump(*res));

@@ -617,7 +617,9 @@ result<void> device_impl::set_option(std::string_view key, std::string_view valu
         if (auto r = _target->apply_option(*def, next); !r) {
             return r;
         }
-        _options = std::move(next);
+        if (!def->write_only) {
+            _options = std::move(next);  // a write-only value is an action, not a setting
+        }
         return {};
     case option_update::reconfigure:
         if (!powered()) {

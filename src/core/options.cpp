@@ -296,34 +296,41 @@ result<const option_def*> option_set::assign(std::string_view key, std::string_v
 
 result<void> option_set::check_ranges(std::vector<std::string>* notes)
 {
-    for (const option_def& def : _defs) {
-        value& v = find(def.name);
-        bool out = false;
-        if (def.kind == option_kind::integer) {
-            out = v.u < def.min || v.u > def.max;
-        } else if (def.kind == option_kind::signed_integer) {
-            out = v.s < def.smin || v.s > def.smax;
-        }
-        if (!out) {
-            continue;
-        }
-        if (def.range == option_range::reject) {
-            return make_error(EINVAL, fmt::format("{}={}: out of range; {} must be {}{}", def.name,
-                                                  value_text(def.name), def.name, range_text(def),
-                                                  unit_suffix(def)));
-        }
-        const std::string before = value_text(def.name);
-        if (def.kind == option_kind::integer) {
-            v.u = v.u < def.min ? def.min : def.max;
-            v.s = static_cast<int64_t>(v.u);
-        } else {
-            v.s = v.s < def.smin ? def.smin : def.smax;
-            v.u = static_cast<uint64_t>(v.s);
-        }
-        if (notes != nullptr) {
-            notes->push_back(fmt::format("{}={} clamped to {} ({} is {}{})", def.name, before,
-                                         value_text(def.name), def.name, range_text(def),
-                                         unit_suffix(def)));
+    // Clamps first, then refusals: null_blk writes its clamps back before
+    // the block layer can refuse (a refused power on leaves them written).
+    for (const option_range pass : {option_range::clamp, option_range::reject}) {
+        for (const option_def& def : _defs) {
+            if (def.range != pass) {
+                continue;
+            }
+            value& v = find(def.name);
+            bool out = false;
+            if (def.kind == option_kind::integer) {
+                out = v.u < def.min || v.u > def.max;
+            } else if (def.kind == option_kind::signed_integer) {
+                out = v.s < def.smin || v.s > def.smax;
+            }
+            if (!out) {
+                continue;
+            }
+            if (pass == option_range::reject) {
+                return make_error(EINVAL, fmt::format("{}={}: out of range; {} must be {}{}",
+                                                      def.name, value_text(def.name), def.name,
+                                                      range_text(def), unit_suffix(def)));
+            }
+            const std::string before = value_text(def.name);
+            if (def.kind == option_kind::integer) {
+                v.u = v.u < def.min ? def.min : def.max;
+                v.s = static_cast<int64_t>(v.u);
+            } else {
+                v.s = v.s < def.smin ? def.smin : def.smax;
+                v.u = static_cast<uint64_t>(v.s);
+            }
+            if (notes != nullptr) {
+                notes->push_back(fmt::format("{}={} clamped to {} ({} is {}{})", def.name, before,
+                                             value_text(def.name), def.name, range_text(def),
+                                             unit_suffix(def)));
+            }
         }
     }
     return {};

@@ -98,6 +98,12 @@ TEST(null_zoned, defaults_and_clamps_as_null_blk)
     EXPECT_EQ(l.max_active_zones, 0u);  // 4 >= 1 sequential zone
     EXPECT_EQ(l.max_open_zones, 0u);
     EXPECT_EQ(l.max_zone_append_bytes, 1001u * 512);
+    // The clamps are written back, as null_init_zoned_dev writes them.
+    EXPECT_EQ(*d->get_option("zone_nr_conv"), "3\n");
+    EXPECT_EQ(*d->get_option("zone_max_active"), "0\n");
+    EXPECT_EQ(*d->get_option("zone_max_open"), "0\n");
+    EXPECT_EQ(*d->get_option("zone_capacity"), "256\n");
+    EXPECT_EQ(*d->get_option("zone_append_max_sectors"), "1001\n");
     auto e = make_null({"zoned=1", "size=64", "zone_size=4", "zone_max_open=9", "zone_max_active=4",
                         "bs=4096", "zone_append_max_sectors=15"});
     ASSERT_TRUE(e);
@@ -122,10 +128,18 @@ TEST(null_zoned, refuses_what_null_blk_refuses)
     EXPECT_NE(create_error({"zoned=1", "size=66", "zone_size=4", "zone_capacity=2"})
                   .find("smaller last zone"),
               std::string::npos);
-    EXPECT_NE(create_error({"zone_size=4"}).find("needs zoned=1"), std::string::npos);
-    EXPECT_NE(create_error({"zoned=1", "size=64", "zone_size=4", "memory_backed=1", "discard=1"})
-                  .find("discard"),
-              std::string::npos);
+    // zoned=0: the zone attributes are ignored (with a note), as null_blk
+    // does; zoned=1: discard is ignored and reads 0 (null_config_discard).
+    auto flat = make_null({"zone_size=3", "size=64"});
+    ASSERT_TRUE(flat);
+    EXPECT_FALSE(flat->limits().zoned);
+    ASSERT_FALSE(flat->notes().empty());
+    EXPECT_NE(flat->notes().front().find("zone_size=3 ignored"), std::string::npos);
+    auto no_discard =
+        make_null({"zoned=1", "size=64", "zone_size=4", "memory_backed=1", "discard=1"});
+    ASSERT_TRUE(no_discard);
+    EXPECT_EQ(no_discard->limits().max_discard_bytes, 0u);
+    EXPECT_EQ(*no_discard->get_option("discard"), "0\n");
     EXPECT_NE(create_error({"zoned=1", "size=64", "zone_size=4", "memory_backed=1", "cache_size=4"})
                   .find("zoned"),
               std::string::npos);

@@ -349,7 +349,14 @@ result<void> bad_block_table::apply(std::string_view spec)
     auto start = parse_kernel_unsigned(s.substr(1, dash - 1));
     auto end = parse_kernel_unsigned(s.substr(dash + 1));
     if (!start || !end) {
-        return bad("not a number");
+        // kstrtoull's own errno: EINVAL malformed, ERANGE above 64 bits.
+        const int code = (!start ? start.error() : end.error()).code.value();
+        return make_error(
+            code,
+            fmt::format("badblocks={}: {}; badblocks takes +start-end with "
+                        "sector numbers of at most 64 bits, e.g. "
+                        "badblocks=+8-15",
+                        trim(spec), code == ERANGE ? "a number above 64 bits" : "not a number"));
     }
     if (*start > *end) {
         return bad("start is after end");

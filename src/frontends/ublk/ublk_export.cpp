@@ -365,10 +365,11 @@ result<void> ublk_export::start_new()
         }
         want |= *features & k_f_cmd_ioctl_encode;
     }
-    if (q.queue_depth > k_max_queue_depth) {
-        return make_error(EINVAL, fmt::format("hw_queue_depth={}: ublk allows at most {}",
-                                              q.queue_depth, k_max_queue_depth));
-    }
+    // ublk_drv takes at most UBLK_MAX_QUEUE_DEPTH tags a queue: a deeper
+    // device gets that many, as blk_mq_alloc_tag_set reduces a tag set
+    // deeper than BLK_MQ_MAX_DEPTH; the attribute keeps its value and the
+    // export's description ("depth") shows the tags it has.
+    const unsigned depth = std::min(q.queue_depth, k_max_queue_depth);
     // Check what SET_PARAMS would refuse before creating anything.
     const uint32_t buf_bytes = io_buf_bytes_for(lim, page);
     if (auto p = make_params(lim, buf_bytes, page); !p) {
@@ -377,7 +378,7 @@ result<void> ublk_export::start_new()
 
     dev_info in{};
     in.nr_hw_queues = static_cast<uint16_t>(q.submit_queues);
-    in.queue_depth = static_cast<uint16_t>(q.queue_depth);
+    in.queue_depth = static_cast<uint16_t>(depth);
     in.max_io_buf_bytes = buf_bytes;
     in.dev_id = _cfg.id < 0 ? UINT32_MAX : static_cast<uint32_t>(_cfg.id);
     in.ublksrv_pid = ::getpid();

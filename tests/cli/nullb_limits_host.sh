@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The attribute table (tests/cli/nullb_limits.tsv: every null_blk configfs
+# attribute at and beyond its limits, with the kernel's errno and the value
+# read back) through both of softblk's ways in: `softblk set`/`get` against
+# a daemon, and write(2)/read(2) on `softblk nullb mount`'s tree. Devices
+# are exported nowhere (--export none): the table is about attributes and
+# power on, not about a front end. The VM test vm.nullb_configfs runs the
+# same table against the kernel's /sys/kernel/config/nullb.
+# Usage: nullb_limits_host.sh PATH/TO/softblk        (exit 77: skipped)
+softblk=${1:?usage: $0 PATH/TO/softblk}
+here=$(cd "$(dirname "$0")" && pwd)
+. "$here/lib_cli.sh"
+require_root_fuse dd
+setup_run_dir limits
+tree=$run_dir/nullb
+mkdir "$tree"
+
+note "softblk set/get"
+"$softblk" daemon >/dev/null || fail "daemon"
+remember_daemon
+set_ok=0
+sh "$here/nullb_limits.sh" "$here/nullb_limits.tsv" set "$softblk" || set_ok=1
+
+note "the tree"
+"$softblk" nullb mount "$tree" --export none >/dev/null || fail "nullb mount failed"
+tree_ok=0
+sh "$here/nullb_limits.sh" "$here/nullb_limits.tsv" tree "$tree" || tree_ok=1
+"$softblk" nullb umount "$tree" || fail "nullb umount"
+[ "$set_ok$tree_ok" = 00 ] || fail "the table's expected results differ (set: $set_ok, tree: $tree_ok)"
+echo PASS
