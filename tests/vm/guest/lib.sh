@@ -79,3 +79,27 @@ vm_wait_io() {
     sleep 0.1
   done
 }
+
+# vm_zloop_check_files REPORT DIR: checks zloop zone files against a
+# `blkzone report` saved in REPORT (of a device whose files are DIR/cnv-*,
+# DIR/seq-*, e.g. after the device is gone): every sequential zone's file
+# size is its write pointer (blkzone prints sectors), and a full zone's
+# file holds its whole capacity. Fails on the first mismatch.
+vm_zloop_check_files() {
+  while read -r _line; do
+    _start=$(echo "$_line" | sed -n 's/.*start: 0x\([0-9a-f]*\),.*/\1/p')
+    _len=$(echo "$_line" | sed -n 's/.*len 0x\([0-9a-f]*\),.*/\1/p')
+    _cap=$(echo "$_line" | sed -n 's/.*cap 0x\([0-9a-f]*\),.*/\1/p')
+    _wptr=$(echo "$_line" | sed -n 's/.*wptr 0x\([0-9a-f]*\) .*/\1/p')
+    _cond=$(echo "$_line" | sed -n 's/.*zcond: *\([0-9]*\).*/\1/p')
+    _type=$(echo "$_line" | sed -n 's/.*type: *\([0-9]*\).*/\1/p')
+    [ -n "$_start" ] && [ "$_type" = 2 ] || continue
+    _f=$(printf '%s/seq-%06d' "$2" $(( 0x$_start / 0x$_len )))
+    _size=$(stat -c %s "$_f")
+    if [ "$_cond" = 14 ]; then
+      vm_expect_eq "$_f (full)" "$_size" $(( 0x$_cap * 512 ))
+    else
+      vm_expect_eq "$_f" "$_size" $(( 0x$_wptr * 512 ))
+    fi
+  done <"$1"
+}
