@@ -56,6 +56,18 @@ median() {
     awk '{v[NR] = $1} END {if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2}'
 }
 
+# cells JOB PEER SYS RATIOS: the start of a table row comparing SYS with
+# PEER (no newline): the job, the medians of both (IOPS and MiB/s), the
+# ratio of the medians and the median of the per-round RATIOS (each round).
+cells() {
+  local rw bs qd nj
+  read -r rw bs qd nj <<<"$1"
+  awk -v n="$rw $bs QD$qd x$nj" -v a="$(median "${iops[$2 $1]}")" -v ab="$(median "${bw[$2 $1]}")" \
+    -v s="$(median "${iops[$3 $1]}")" -v sb="$(median "${bw[$3 $1]}")" -v r="$(median "$4")" \
+    -v all="${4% }" \
+    'BEGIN {printf "| %s | %d (%s) | %d (%s) | %.2f | %.2f (%s) |", n, a, ab, s, sb, (a > 0) ? s / a : 0, r, all}'
+}
+
 for q in 1 2; do
   vm_step "queues $q"
   vm_null_blk_create nullbz$q zoned=1 size=512 zone_size=16 zone_nr_conv=0 blocksize=4096 \
@@ -112,27 +124,17 @@ for q in 1 2; do
   echo "queues $q: | job | null_blk IOPS (MiB/s) | softblk null/ublk IOPS (MiB/s) | ratio of medians | median of per-round ratios (each round) | softblk zloop/ublk IOPS (MiB/s) |"
   echo "|---|---:|---:|---:|---:|---:|"
   for j in "${jobs[@]}"; do
-    read -r rw bs qd nj <<<"$j"
-    n=$(median "${iops[nullb $j]}"); nb=$(median "${bw[nullb $j]}")
-    s=$(median "${iops[sbnull $j]}"); sb=$(median "${bw[sbnull $j]}")
-    z=$(median "${iops[sbzloop $j]}"); zb=$(median "${bw[sbzloop $j]}")
-    r=$(median "${ratio[$j]}")
-    awk -v n="$rw $bs QD$qd x$nj" -v a="$n" -v ab="$nb" -v s="$s" -v sb="$sb" -v z="$z" -v zb="$zb" \
-      -v r="$r" -v all="${ratio[$j]% }" \
-      'BEGIN {printf "| %s | %d (%s) | %d (%s) | %.2f | %.2f (%s) | %d (%s) |\n", n, a, ab, s, sb, (a > 0) ? s / a : 0, r, all, z, zb}'
+    cells "$j" nullb sbnull "${ratio[$j]}"
+    awk -v z="$(median "${iops[sbzloop $j]}")" -v zb="$(median "${bw[sbzloop $j]}")" \
+      'BEGIN {printf " %d (%s) |\n", z, zb}'
   done
   if [[ $systems == *kzloop* ]]; then
     echo
     echo "queues $q: | job | kernel zloop IOPS (MiB/s) | softblk zloop/ublk IOPS (MiB/s) | ratio of medians | median of per-round ratios (each round) |"
     echo "|---|---:|---:|---:|---:|"
     for j in "${jobs[@]}"; do
-      read -r rw bs qd nj <<<"$j"
-      k=$(median "${iops[kzloop $j]}"); kb=$(median "${bw[kzloop $j]}")
-      z=$(median "${iops[sbzloop $j]}"); zb=$(median "${bw[sbzloop $j]}")
-      r=$(median "${zratio[$j]}")
-      awk -v n="$rw $bs QD$qd x$nj" -v k="$k" -v kb="$kb" -v z="$z" -v zb="$zb" -v r="$r" \
-        -v all="${zratio[$j]% }" \
-        'BEGIN {printf "| %s | %d (%s) | %d (%s) | %.2f | %.2f (%s) |\n", n, k, kb, z, zb, (k > 0) ? z / k : 0, r, all}'
+      cells "$j" kzloop sbzloop "${zratio[$j]}"
+      echo
     done
     echo "remove id=$((10 + q))" >/dev/zloop-control
   fi
