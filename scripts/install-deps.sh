@@ -22,6 +22,10 @@ packages=(
   ceph-mon ceph-osd ceph-common qemu-block-extra
   # VM lab
   qemu-system-x86 busybox-static cpio zstd xz-utils squashfs-tools nbd-client btrfs-progs f2fs-tools
+  # the kernel's zloop.ko for the VM lab's backports kernel, built out of tree
+  # (tests/vm/build-zloop-ko): modpost and objtool are built from the
+  # kernel's source, objtool needs libelf
+  libelf-dev
   # fuzzing: clang 14 for the NBD codec; clang 16 with libc++ for the
   # fuzzers that need std::expected (fuzz/*/run_fuzz.sh)
   clang libclang-rt-14-dev

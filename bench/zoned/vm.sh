@@ -1,27 +1,32 @@
 #!/usr/bin/env bash
-# VM half of the zoned benchmark: boots Debian's 6.12 kernel under QEMU
-# (tests/vm/run-vm, software emulation) once and runs vm_guest.sh: the
+# VM half of the zoned benchmark: boots Debian's 6.12 kernel (or with
+# --kernel backports trixie-backports' 7.3) under QEMU (tests/vm/run-vm,
+# software emulation) once and runs vm_guest.sh: the
 # workloads of the published zloop-against-ublk comparison with
 # fio --zonemode=zbd, on the kernel's null_blk (zoned, memory-backed) and
 # softblk's zoned null device over ublk (the same geometry), with 1 and 2
 # queues, and softblk's zloop target over ublk on ext4 on a RAM disk. The
-# kernel's zloop is not in Debian's kernels (tests/vm/README.md), so the
-# zloop target has no kernel peer in this run.
+# kernel's zloop is not in Debian's kernels: with --kernel backports run-vm
+# builds zloop.ko out of tree (--module zloop, tests/vm/zloop-ko.sh) and
+# the kernel's zloop on the same ext4 is the zloop target's peer.
 #
 # usage: bench/zoned/vm.sh [--softblk PATH] [--runtime S] [--rounds N] [--cpus N]
+#                          [--kernel 6.12|backports]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 softblk=""
 env=()
 cpus=2
+kernel=(--kernel 6.12)
 while (($#)); do
   case "$1" in
     --softblk) softblk=$2; shift 2 ;;
     --runtime) env+=(--env "RUNTIME=$2"); shift 2 ;;
     --rounds) env+=(--env "ROUNDS=$2"); shift 2 ;;
     --cpus) cpus=$2; shift 2 ;;
-    *) echo "usage: $0 [--softblk PATH] [--runtime S] [--rounds N] [--cpus N]" >&2
+    --kernel) kernel=(--kernel "$2"); [ "$2" = backports ] && kernel+=(--module zloop); shift 2 ;;
+    *) echo "usage: $0 [--softblk PATH] [--runtime S] [--rounds N] [--cpus N] [--kernel 6.12|backports]" >&2
        exit 2 ;;
   esac
 done
@@ -29,4 +34,4 @@ done
 [ -x "$softblk" ] || { echo "softblk not found; build it or pass --softblk" >&2; exit 2; }
 echo "host: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-), kernel $(uname -r), load $(cut -d' ' -f1-3 /proc/loadavg)"
 exec "$root/tests/vm/run-vm" "$here/vm_guest.sh" --bin "$softblk" --mem 3072 --cpus "$cpus" \
-  --timeout 1500 "${env[@]}"
+  --timeout 2400 "${kernel[@]}" "${env[@]}"

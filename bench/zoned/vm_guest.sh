@@ -5,13 +5,18 @@
 #   sbnull  softblk's null target with zoned=1 memory_backed=1, over ublk
 #   sbzloop softblk's zloop target over ublk, zone files on ext4 on a brd
 #           RAM disk (O_DIRECT)
+#   kzloop  the kernel's zloop (where the kernel has it: run-vm --module
+#           zloop on the backports kernel), the same options, its zone
+#           files on the same ext4 (direct I/O, its default)
 # with 1 and 2 queues (submit_queues / nr_queues). Jobs (fio, io_uring,
 # direct, --zonemode=zbd, time based): 4 KiB random write QD 1 x 1 job,
 # 4 KiB random write QD 32 x 8 jobs, 128 KiB random write QD 32 x 1 job,
 # 128 KiB sequential write QD 32 x 1 job. Each job runs on each device in
 # turn for ROUNDS rounds; the median IOPS and MiB/s are printed with the
-# ratio softblk null / null_blk of the medians and the median of the
-# per-round ratios.
+# ratios softblk null / null_blk and softblk zloop / kernel zloop of the
+# medians and the medians of the per-round ratios. Every device's zones
+# are reset before and after each run (the zone files of the two zloop
+# devices share the RAM disk).
 set -euo pipefail
 . /softblk-vm/lib.sh
 vm_require_tool softblk fio blkzone mkfs.ext4
@@ -20,6 +25,13 @@ vm_wait_for /dev/ublk-control
 vm_require_module brd rd_nr=1 rd_size=$((768 * 1024))
 runtime=${RUNTIME:-5}
 rounds=${ROUNDS:-3}
+systems="nullb sbnull sbzloop"
+if modprobe zloop 2>/dev/null; then
+  vm_wait_for /dev/zloop-control
+  systems="$systems kzloop"
+else
+  echo "no zloop module in $(uname -r): the kernel's zloop is left out (bench/zoned/vm.sh --kernel backports)"
+fi
 
 export SOFTBLK_RUN_DIR=/tmp/softblk-run
 cleanup() {
@@ -27,6 +39,7 @@ cleanup() {
   softblk shutdown >/dev/null 2>&1 || true
   for q in 1 2; do
     [ -d /sys/kernel/config/nullb/nullbz$q ] && vm_null_blk_remove nullbz$q
+    [ -b /dev/zloop$((10 + q)) ] && echo "remove id=$((10 + q))" >/dev/zloop-control
   done
   umount /mnt/zl 2>/dev/null || true
 }
@@ -43,6 +56,18 @@ median() {
     awk '{v[NR] = $1} END {if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2}'
 }
 
+# cells JOB PEER SYS RATIOS: the start of a table row comparing SYS with
+# PEER (no newline): the job, the medians of both (IOPS and MiB/s), the
+# ratio of the medians and the median of the per-round RATIOS (each round).
+cells() {
+  local rw bs qd nj
+  read -r rw bs qd nj <<<"$1"
+  awk -v n="$rw $bs QD$qd x$nj" -v a="$(median "${iops[$2 $1]}")" -v ab="$(median "${bw[$2 $1]}")" \
+    -v s="$(median "${iops[$3 $1]}")" -v sb="$(median "${bw[$3 $1]}")" -v r="$(median "$4")" \
+    -v all="${4% }" \
+    'BEGIN {printf "| %s | %d (%s) | %d (%s) | %.2f | %.2f (%s) |", n, a, ab, s, sb, (a > 0) ? s / a : 0, r, all}'
+}
+
 for q in 1 2; do
   vm_step "queues $q"
   vm_null_blk_create nullbz$q zoned=1 size=512 zone_size=16 zone_nr_conv=0 blocksize=4096 \
@@ -55,22 +80,31 @@ for q in 1 2; do
     conv_zones=0 nr_queues=$q queue_depth=128 >/tmp/add2.txt
   sbzl=$(grep -o '/dev/ublkb[0-9]*' /tmp/add2.txt | head -n1)
   [ -b "$sbnull" ] && [ -b "$sbzl" ] || vm_fail "no ublk devices: $(cat /tmp/add1.txt /tmp/add2.txt)"
-  echo "devices: null_blk /dev/nullbz$q, softblk null $sbnull, softblk zloop $sbzl"
-  declare -A iops=() bw=() ratio=()
+  kzl=/dev/zloop$((10 + q))
+  if [[ $systems == *kzloop* ]]; then
+    rm -rf /mnt/zl/$((10 + q)) && mkdir -p /mnt/zl/$((10 + q))
+    echo "add id=$((10 + q)),capacity_mb=512,zone_size_mb=16,conv_zones=0,base_dir=/mnt/zl,nr_queues=$q,queue_depth=128" \
+      >/dev/zloop-control
+    vm_wait_for $kzl
+  fi
+  echo "devices: null_blk /dev/nullbz$q, softblk null $sbnull, softblk zloop $sbzl, kernel zloop $kzl"
+  declare -A iops=() bw=() ratio=() zratio=()
   for round in $(seq "$rounds"); do
     for j in "${jobs[@]}"; do
       read -r rw bs qd nj <<<"$j"
-      for sys in nullb sbnull sbzloop; do
+      for sys in $systems; do
         case $sys in
           nullb) dev=/dev/nullbz$q ;;
           sbnull) dev=$sbnull ;;
           sbzloop) dev=$sbzl ;;
+          kzloop) dev=$kzl ;;
         esac
         blkzone reset "$dev"
         # terse v3: field 49 write IOPS, 48 write KiB/s.
         out=$(fio --name=z --filename="$dev" --ioengine=io_uring --direct=1 --zonemode=zbd \
           --rw="$rw" --bs="$bs" --iodepth="$qd" --numjobs="$nj" --group_reporting \
           --time_based --runtime="$runtime" --output-format=terse --terse-version=3)
+        blkzone reset "$dev"
         v=$(awk -F';' '{print $49}' <<<"$out")
         b=$(awk -F';' '{printf "%.1f", $48 / 1024}' <<<"$out")
         iops["$sys $j"]+="$v "
@@ -81,21 +115,29 @@ for q in 1 2; do
       # The devices ran one after the other: their ratio in one round is
       # less exposed to the host's load drifting than either figure.
       ratio["$j"]+="$(awk -v s="$last_sbnull" -v n="$last_nullb" 'BEGIN {printf "%.2f", (n > 0) ? s / n : 0}') "
+      if [[ $systems == *kzloop* ]]; then
+        zratio["$j"]+="$(awk -v s="$last_sbzloop" -v n="$last_kzloop" 'BEGIN {printf "%.2f", (n > 0) ? s / n : 0}') "
+      fi
     done
   done
   echo
   echo "queues $q: | job | null_blk IOPS (MiB/s) | softblk null/ublk IOPS (MiB/s) | ratio of medians | median of per-round ratios (each round) | softblk zloop/ublk IOPS (MiB/s) |"
   echo "|---|---:|---:|---:|---:|---:|"
   for j in "${jobs[@]}"; do
-    read -r rw bs qd nj <<<"$j"
-    n=$(median "${iops[nullb $j]}"); nb=$(median "${bw[nullb $j]}")
-    s=$(median "${iops[sbnull $j]}"); sb=$(median "${bw[sbnull $j]}")
-    z=$(median "${iops[sbzloop $j]}"); zb=$(median "${bw[sbzloop $j]}")
-    r=$(median "${ratio[$j]}")
-    awk -v n="$rw $bs QD$qd x$nj" -v a="$n" -v ab="$nb" -v s="$s" -v sb="$sb" -v z="$z" -v zb="$zb" \
-      -v r="$r" -v all="${ratio[$j]% }" \
-      'BEGIN {printf "| %s | %d (%s) | %d (%s) | %.2f | %.2f (%s) | %d (%s) |\n", n, a, ab, s, sb, (a > 0) ? s / a : 0, r, all, z, zb}'
+    cells "$j" nullb sbnull "${ratio[$j]}"
+    awk -v z="$(median "${iops[sbzloop $j]}")" -v zb="$(median "${bw[sbzloop $j]}")" \
+      'BEGIN {printf " %d (%s) |\n", z, zb}'
   done
+  if [[ $systems == *kzloop* ]]; then
+    echo
+    echo "queues $q: | job | kernel zloop IOPS (MiB/s) | softblk zloop/ublk IOPS (MiB/s) | ratio of medians | median of per-round ratios (each round) |"
+    echo "|---|---:|---:|---:|---:|"
+    for j in "${jobs[@]}"; do
+      cells "$j" kzloop sbzloop "${zratio[$j]}"
+      echo
+    done
+    echo "remove id=$((10 + q))" >/dev/zloop-control
+  fi
   softblk del sbnull$q sbzl$q
   vm_null_blk_remove nullbz$q
 done

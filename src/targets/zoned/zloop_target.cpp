@@ -192,8 +192,9 @@ public:
     }
 
     // zone_backend: reset truncates the zone's file to 0, finish extends it
-    // to the zone capacity (the kernel's zloop extends it to the zone size;
-    // zloop_layout reads both as full). Queue thread, zone locked.
+    // to the zone capacity, as 7.3.4's zloop does (which refuses a larger
+    // file; zloop_layout also reads a file of the zone size as full).
+    // Queue thread, zone locked.
     int reset_zone(uint32_t zone) override
     {
         mark_dirty(zone);

@@ -79,3 +79,51 @@ vm_wait_io() {
     sleep 0.1
   done
 }
+
+# vm_zloop_check_files REPORT DIR: checks zloop zone files against a
+# `blkzone report` saved in REPORT (of a device whose files are DIR/cnv-*,
+# DIR/seq-*, e.g. after the device is gone): every sequential zone's file
+# size is its write pointer (blkzone prints sectors), and a full zone's
+# file holds its whole capacity. Fails on the first mismatch.
+vm_zloop_check_files() {
+  # One sed for the whole report: a process per zone and field costs
+  # seconds under TCG.
+  sed -n 's/.*start: 0x\([0-9a-f]*\), len 0x\([0-9a-f]*\), cap 0x\([0-9a-f]*\), wptr 0x\([0-9a-f]*\) .*zcond: *\([0-9]*\).*type: *2(.*/\1 \2 \3 \4 \5/p' \
+    "$1" >/tmp/.vm_zloop_zones
+  while read -r _start _len _cap _wptr _cond; do
+    _f=$(printf '%s/seq-%06d' "$2" $(( 0x$_start / 0x$_len )))
+    _size=$(stat -c %s "$_f")
+    if [ "$_cond" = 14 ]; then
+      vm_expect_eq "$_f (full)" "$_size" $(( 0x$_cap * 512 ))
+    else
+      vm_expect_eq "$_f" "$_size" $(( 0x$_wptr * 512 ))
+    fi
+  done </tmp/.vm_zloop_zones
+}
+
+# vm_kill_under_writer DEV LOG BLOCKS [sequential]: one round of a crash
+# test: `softblk-crash-writer write DEV LOG BLOCKS [sequential]` runs in the
+# background (its pid in vm_writer_pid, for a cleanup trap) until it has
+# logged a few writes, then the softblk daemon is killed with SIGKILL at a
+# random moment 0.3 to 1.5 s later; returns once the writer has stopped
+# (its next I/O fails when the kernel has aborted the device), after
+# printing its summary. Fails when the writer still runs 10 s after the
+# kill.
+vm_kill_under_writer() {
+  _pid=$(softblk list | sed -n 's/.* pid \([0-9]*\) .*/\1/p' | head -n1)
+  [ -n "$_pid" ] || vm_fail "no daemon pid ($(softblk list))"
+  _before=$(wc -l <"$2")
+  softblk-crash-writer write "$@" >/tmp/writer.txt 2>&1 &
+  vm_writer_pid=$!
+  for _ in $(seq 100); do [ "$(wc -l <"$2")" -gt $((_before + 4)) ] && break; sleep 0.05; done
+  _delay_ms=$((300 + RANDOM % 1200))
+  sleep "$(printf '0.%03d' $((_delay_ms % 1000)))"
+  [ $_delay_ms -ge 1000 ] && sleep 1
+  kill -9 "$_pid"
+  while kill -0 "$_pid" 2>/dev/null; do sleep 0.05; done
+  for _ in $(seq 200); do kill -0 "$vm_writer_pid" 2>/dev/null || break; sleep 0.05; done
+  kill -0 "$vm_writer_pid" 2>/dev/null && vm_fail "the writer still runs 10 s after the kill"
+  wait "$vm_writer_pid" || true
+  vm_writer_pid=
+  cat /tmp/writer.txt
+}

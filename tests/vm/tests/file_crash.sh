@@ -19,9 +19,9 @@ vm_wait_for /dev/ublk-control
 vm_require_module brd rd_nr=1 rd_size=786432
 
 export SOFTBLK_RUN_DIR=/tmp/softblk-run
-writer_pid=
+vm_writer_pid=
 cleanup() {
-  [ -n "$writer_pid" ] && kill -9 "$writer_pid" 2>/dev/null
+  [ -n "$vm_writer_pid" ] && kill -9 "$vm_writer_pid" 2>/dev/null
   softblk del --all >/dev/null 2>&1 || true
   softblk shutdown >/dev/null 2>&1 || true
   umount /mnt/data 2>/dev/null || true
@@ -42,24 +42,7 @@ for round in $(seq "$rounds"); do
   vm_step "round $round"
   dev=$(softblk list | grep '^c0 ' | grep -o '/dev/ublkb[0-9]*' | head -n1)
   [ -n "$dev" ] && [ -b "$dev" ] || vm_fail "round $round: no device ($(softblk list))"
-  pid=$(softblk list | sed -n 's/.* pid \([0-9]*\) .*/\1/p' | head -n1)
-  [ -n "$pid" ] || vm_fail "round $round: no daemon pid"
-  before=$(wc -l <"$log")
-  softblk-crash-writer write "$dev" "$log" $blocks >/tmp/writer.txt 2>&1 &
-  writer_pid=$!
-  # Let the writer get going, then kill at a random moment.
-  for _ in $(seq 100); do [ "$(wc -l <"$log")" -gt $((before + 4)) ] && break; sleep 0.05; done
-  delay_ms=$((300 + RANDOM % 1200))
-  sleep "$(printf '0.%03d' $((delay_ms % 1000)))"
-  [ $delay_ms -ge 1000 ] && sleep 1
-  kill -9 "$pid"
-  while kill -0 "$pid" 2>/dev/null; do sleep 0.05; done
-  # The writer's next I/O fails once the kernel has aborted the device.
-  for _ in $(seq 200); do kill -0 "$writer_pid" 2>/dev/null || break; sleep 0.05; done
-  kill -0 "$writer_pid" 2>/dev/null && vm_fail "round $round: the writer still runs 10 s after the kill"
-  wait "$writer_pid" || true
-  writer_pid=
-  cat /tmp/writer.txt
+  vm_kill_under_writer "$dev" "$log" $blocks
   softblk-crash-writer check "$img" "$log" $blocks || vm_fail "round $round: an acknowledged and flushed write is missing"
   # The next daemon re-opens the image from the state file.
   softblk recover >/dev/null 2>&1 || true

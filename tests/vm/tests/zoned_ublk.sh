@@ -160,20 +160,6 @@ fio --name=zl --filename=$dev --direct=1 --zonemode=zbd --ioengine=io_uring --io
   --output-format=terse >/tmp/fio-zl.txt 2>&1 || { cat /tmp/fio-zl.txt; vm_fail "fio zbd verify on zloop failed"; }
 blkzone report $dev >/tmp/zl-report.txt
 softblk del zl0
-# Every sequential zone file's size is the write pointer the report showed
-# (blkzone prints it in sectors from the zone start).
-while read -r line; do
-  start=$(echo "$line" | sed -n 's/.*start: 0x\([0-9a-f]*\),.*/\1/p')
-  wptr=$(echo "$line" | sed -n 's/.*wptr 0x\([0-9a-f]*\) .*/\1/p')
-  cond=$(echo "$line" | sed -n 's/.*zcond: *\([0-9]*\).*/\1/p')
-  type=$(echo "$line" | sed -n 's/.*type: *\([0-9]*\).*/\1/p')
-  [ -n "$start" ] && [ "$type" = 2 ] || continue
-  f=$(printf '/tmp/zloop/0/seq-%06d' $(( 0x$start / 8192 )))
-  size=$(stat -c %s "$f")
-  if [ "$cond" = 14 ]; then
-    vm_expect_eq "$f (full)" "$size" $((4 << 20))
-  else
-    vm_expect_eq "$f" "$size" $(( 0x$wptr * 512 ))
-  fi
-done </tmp/zl-report.txt
+# Every sequential zone file's size is the write pointer the report showed.
+vm_zloop_check_files /tmp/zl-report.txt /tmp/zloop/0
 echo "PASS"

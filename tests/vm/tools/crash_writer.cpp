@@ -1,7 +1,8 @@
-// softblk-crash-writer: the writer and the checker of the file target's
-// crash-consistency test (tests/vm/tests/file_crash.sh).
+// softblk-crash-writer: the writer and the checker of the crash-consistency
+// tests of the file target (tests/vm/tests/file_crash.sh) and the zloop
+// target (tests/vm/tests/zloop_crash.sh).
 //
-//   softblk-crash-writer write DEVICE LOG BLOCKS
+//   softblk-crash-writer write DEVICE LOG BLOCKS [sequential]
 //     Writes 4 KiB blocks to DEVICE (O_DIRECT, one at a time) until a write
 //     or flush fails, and records in LOG, after each acknowledgement,
 //     "W seq" (the write of sequence number seq returned) and "F seq" (an
@@ -9,14 +10,22 @@
 //     sequence continues from the last one in LOG, so rounds append. Write
 //     seq goes to block (seq * 65537) mod BLOCKS: no block is written twice
 //     while seq < BLOCKS (65537 is prime; BLOCKS must not be a multiple).
-//   softblk-crash-writer check IMAGE LOG BLOCKS
+//     With `sequential`, write seq goes to block seq: one write after the
+//     other at the write pointer of a zoned device (no conventional zones,
+//     zone capacity = zone size) fills its zones in order. A line "S seq"
+//     in LOG (the test's: after a crash the write pointer may be past the
+//     last acknowledged write, by writes that landed unacknowledged) makes
+//     the next round start at seq.
+//   softblk-crash-writer check IMAGE LOG BLOCKS [sequential]
 //     Reads IMAGE (the device's backing file) and checks that every write
 //     recorded as flushed is there, whole; counts the acknowledged writes
 //     not flushed yet that are there too. Exit 0 when no flushed write is
-//     missing, 1 otherwise, and prints one summary line.
+//     missing, 1 otherwise, and prints one summary line. IMAGE may be the
+//     device itself, restarted.
 //
 // A block holds: magic, seq, a checksum of the rest, then bytes derived
 // from seq, so a torn, stale or misplaced block is told from the right one.
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
@@ -34,9 +43,12 @@ constexpr uint64_t k_magic = 0x534f4654'424c4b57ull;  // "SOFTBLKW"
 constexpr uint64_t k_stride = 65537;                  // prime: seq -> block is one-to-one
 constexpr uint64_t k_flush_every = 8;
 
+// Where write seq goes: spread over the device, or one after the other.
+bool g_sequential = false;
+
 uint64_t slot_of(uint64_t seq, uint64_t blocks)
 {
-    return (seq * k_stride) % blocks;
+    return g_sequential ? seq : (seq * k_stride) % blocks;
 }
 
 uint64_t mix(uint64_t x)
@@ -69,6 +81,7 @@ void fill_block(char* b, uint64_t seq)
 struct log_state {
     int64_t last_write = -1;
     int64_t last_flush = -1;
+    int64_t skip_to = -1;
     std::vector<uint64_t> writes;
 };
 
@@ -87,6 +100,8 @@ log_state read_log(const char* path)
             s.writes.push_back(seq);
         } else if (kind == 'F') {
             s.last_flush = static_cast<int64_t>(seq);
+        } else if (kind == 'S') {
+            s.skip_to = static_cast<int64_t>(seq);
         }
     }
     std::fclose(f);
@@ -119,7 +134,7 @@ int run_write(const char* device, const char* log_path, uint64_t blocks)
         return 2;
     }
     char* buf = static_cast<char*>(std::aligned_alloc(k_block, k_block));
-    uint64_t seq = static_cast<uint64_t>(s.last_write + 1);
+    uint64_t seq = static_cast<uint64_t>(std::max(s.last_write + 1, s.skip_to));
     uint64_t written = 0;
     for (;; ++seq) {
         if (seq >= blocks) {
@@ -191,13 +206,16 @@ int run_check(const char* image, const char* log_path, uint64_t blocks)
 
 int main(int argc, char** argv)
 {
-    if (argc != 5) {
-        std::fprintf(stderr, "usage: %s write DEVICE LOG BLOCKS | check IMAGE LOG BLOCKS\n",
+    if (argc != 5 && !(argc == 6 && std::string(argv[5]) == "sequential")) {
+        std::fprintf(stderr,
+                     "usage: %s write DEVICE LOG BLOCKS [sequential] | check IMAGE LOG BLOCKS "
+                     "[sequential]\n",
                      argv[0]);
         return 2;
     }
+    g_sequential = argc == 6;
     const uint64_t blocks = std::strtoull(argv[4], nullptr, 10);
-    if (blocks < 2 || blocks % k_stride == 0) {
+    if (blocks < 2 || (!g_sequential && blocks % k_stride == 0)) {
         std::fprintf(stderr, "BLOCKS must be prime to %llu\n",
                      static_cast<unsigned long long>(k_stride));
         return 2;
