@@ -10,6 +10,10 @@
 // onto its queue's lock-free list and wakes the queue's eventfd, and the
 // queue's own thread completes it from poll(). No thread per request, no
 // polling while idle.
+#include "completion_list.hpp"
+#include "map_worker.hpp"
+
+#include <softblk/support/intrusive_fifo.hpp>
 #include <softblk/target.hpp>
 
 #include <rados/librados.h>
@@ -116,11 +120,11 @@ constexpr uint64_t k_fua_pending = 1;
 class rbd_target;
 
 // Per-queue half. The queue's thread calls submit/poll/next_wakeup_ns;
-// librbd's threads call only push().
+// librbd's threads and the map worker call only on_aio_done / hand_back.
 class rbd_queue final : public target_queue {
 public:
-    rbd_queue(rbd_image_t image, completion_sink& sink, int event_fd)
-        : _image(image), _sink(sink), _event_fd(event_fd)
+    rbd_queue(rbd_image_t image, completion_sink& sink, int event_fd, rbd_target& target)
+        : _image(image), _sink(sink), _target(target), _done(event_fd)
     {
     }
     ~rbd_queue() override;
@@ -128,34 +132,34 @@ public:
     void submit(io_request& r) override;
     unsigned poll() override;
     bool busy() const override { return _in_flight != 0; }
-    int wait_fd() const override { return _event_fd; }
-    uint64_t next_wakeup_ns() const override;
-    // librbd holds the request and may still fill its buffer: it cannot be
-    // let go before its callback runs.
+    int wait_fd() const override { return _done.fd(); }
+    uint64_t next_wakeup_ns() const override { return _done.ready_or_reset() ? 0 : UINT64_MAX; }
+    // librbd (or the map worker) holds the request and may still fill its
+    // buffer: it cannot be let go before it comes back.
     bool timed_out(io_request&) override { return false; }
 
     // librbd's completion callback (any librbd thread): hands the request
     // to its queue's thread.
     static void on_aio_done(rbd_completion_t c, void* arg);
-
-    void set_target(rbd_target& t) { _target = &t; }
+    // Hands `r`, whose result is in target_scratch[0], back to the queue
+    // that submitted it. Any thread.
+    static void hand_back(io_request& r);
 
 private:
     int start(io_request& r);
-    void push(io_request& r);
     void finish(io_request& r, int64_t res);
+    void finish_map(io_request& r, int64_t res);
 
     rbd_image_t _image;
     completion_sink& _sink;
-    rbd_target* _target = nullptr;
-    int _event_fd;
+    rbd_target& _target;
     unsigned _in_flight = 0;  // queue thread only
-    // Requests whose callbacks ran and poll() has not completed yet (a
-    // lock-free stack through io_request::next, newest first).
-    std::atomic<io_request*> _done{nullptr};
-    // Callbacks started and not yet returned: the destructor waits for 0
-    // so that no librbd thread touches a freed queue.
-    std::atomic<unsigned> _outstanding{0};
+    // Allocation maps: one at a time per queue on the target's map worker
+    // (so one queue cannot fill the worker), the rest wait here in order.
+    bool _map_posted = false;
+    intrusive_fifo<io_request> _maps_waiting;
+    // Requests that came back and poll() has not completed yet.
+    rbd::completion_list _done;
 };
 
 class rbd_target final : public target {
@@ -170,7 +174,12 @@ public:
           _image_name(std::move(image_name)),
           _snap(std::move(snap)),
           _id(std::move(id)),
-          _image_size(limits.capacity_bytes)
+          _image_size(limits.capacity_bytes),
+          _maps([this](io_request& r) {
+              r.target_scratch[0] =
+                  static_cast<uint64_t>(static_cast<int64_t>(answer_report_extents(*this, r)));
+              rbd_queue::hand_back(r);
+          })
     {
         // The image's header changes (resize, snapshots, features): re-read
         // its size so that `softblk list` shows it.
@@ -200,9 +209,7 @@ public:
             return make_error(
                 errno, fmt::format("rbd queue {}: eventfd: {}", index, std::strerror(errno)));
         }
-        auto q = std::make_unique<rbd_queue>(_image, sink, fd);
-        q->set_target(*this);
-        return q;
+        return std::make_unique<rbd_queue>(_image, sink, fd, *this);
     }
 
     int map_extents(uint64_t offset, uint64_t length, std::vector<extent>& out) override;
@@ -230,6 +237,10 @@ public:
 
     void count_error() { _io_errors.fetch_add(1, std::memory_order_relaxed); }
 
+    // Answers the report_extents request `r` on the map worker and hands it
+    // back to its queue. A queue's thread.
+    void post_map(io_request& r) { _maps.post(r); }
+
 private:
     static void on_header_update(void* arg)
     {
@@ -254,31 +265,37 @@ private:
     std::atomic<uint64_t> _image_size;
     std::atomic<uint64_t> _size_changes{0};
     std::atomic<uint64_t> _io_errors{0};
+    // Idle when the destructor closes the image: the queues, destroyed
+    // before the target, wait for their maps.
+    rbd::map_worker _maps;
 };
 
 // ---------------------------------------------------------------- queue
 
 rbd_queue::~rbd_queue()
 {
-    // A queue may be destroyed while librbd still holds requests (a front
-    // end stopped while the cluster was away): librbd will call back into
-    // this queue, so wait for every request to come back (the completions
-    // are dropped, as the core already gave up on them), then for the last
-    // callback to return.
+    // A queue may be destroyed while librbd or the map worker still holds
+    // requests (a front end stopped while the cluster was away): they will
+    // come back to this queue, so wait for every one (the completions are
+    // dropped, as the core already gave up on them). Maps that wait for
+    // their turn were never posted: drop them now.
+    while (_maps_waiting.pop() != nullptr) {
+        --_in_flight;
+    }
     while (_in_flight != 0) {
-        pollfd p{_event_fd, POLLIN, 0};
+        pollfd p{_done.fd(), POLLIN, 0};
         ::poll(&p, 1, 100);
-        eventfd_t value = 0;
-        eventfd_read(_event_fd, &value);
-        for (io_request* r = _done.exchange(nullptr, std::memory_order_acquire); r != nullptr;
-             r = r->next) {
+        for (io_request* r = _done.take(); r != nullptr; r = r->next) {
             --_in_flight;
         }
     }
-    while (_outstanding.load(std::memory_order_acquire) != 0) {
-        std::this_thread::yield();
-    }
-    close(_event_fd);
+    // ~completion_list waits for the last push to return.
+}
+
+void rbd_queue::hand_back(io_request& r)
+{
+    auto* q = reinterpret_cast<rbd_queue*>(r.target_scratch[1] & ~k_fua_pending);
+    q->_done.push(r);
 }
 
 void rbd_queue::on_aio_done(rbd_completion_t c, void* arg)
@@ -286,37 +303,7 @@ void rbd_queue::on_aio_done(rbd_completion_t c, void* arg)
     auto& r = *static_cast<io_request*>(arg);
     r.target_scratch[0] = static_cast<uint64_t>(static_cast<int64_t>(rbd_aio_get_return_value(c)));
     rbd_aio_release(c);
-    auto* q = reinterpret_cast<rbd_queue*>(r.target_scratch[1] & ~k_fua_pending);
-    q->push(r);
-}
-
-void rbd_queue::push(io_request& r)
-{
-    _outstanding.fetch_add(1, std::memory_order_relaxed);
-    io_request* head = _done.load(std::memory_order_relaxed);
-    do {
-        r.next = head;
-    } while (!_done.compare_exchange_weak(head, &r, std::memory_order_release,
-                                          std::memory_order_relaxed));
-    // Only the push that makes the list non-empty wakes the queue: poll()
-    // takes the whole list at once.
-    if (head == nullptr) {
-        eventfd_write(_event_fd, 1);
-    }
-    _outstanding.fetch_sub(1, std::memory_order_release);
-}
-
-uint64_t rbd_queue::next_wakeup_ns() const
-{
-    if (_done.load(std::memory_order_acquire) != nullptr) {
-        return 0;
-    }
-    // Reset the eventfd before the owner sleeps on it, so that a wake-up
-    // for requests poll() already took does not make a level-triggered
-    // sleep spin; then look again (a push after the reset writes anew).
-    eventfd_t value = 0;
-    eventfd_read(_event_fd, &value);
-    return _done.load(std::memory_order_acquire) != nullptr ? 0 : UINT64_MAX;
+    hand_back(r);
 }
 
 int rbd_queue::start(io_request& r)
@@ -367,24 +354,45 @@ int rbd_queue::start(io_request& r)
 
 void rbd_queue::submit(io_request& r)
 {
+    r.target_scratch[1] = reinterpret_cast<uint64_t>(this);
     if (r.op == io_op::report_extents) {
-        // rbd_diff_iterate2 on the queue's thread: synchronous, a few round
-        // trips to the OSDs (one listing per object without fast-diff).
-        _sink.complete(r, answer_report_extents(*_target, r));
+        // rbd_diff_iterate2 is synchronous (a few round trips to the OSDs,
+        // forever while they are down): the target's worker runs it.
+        ++_in_flight;
+        if (_map_posted) {
+            _maps_waiting.push(r);
+        } else {
+            _map_posted = true;
+            _target.post_map(r);
+        }
         return;
     }
-    r.target_scratch[1] = reinterpret_cast<uint64_t>(this);
     const int rc = start(r);
     if (rc < 0) {
-        _target->count_error();
+        _target.count_error();
         _sink.complete(r, rc);
         return;
     }
     ++_in_flight;
 }
 
+void rbd_queue::finish_map(io_request& r, int64_t res)
+{
+    --_in_flight;
+    if (io_request* next = _maps_waiting.pop(); next != nullptr) {
+        _target.post_map(*next);
+    } else {
+        _map_posted = false;
+    }
+    _sink.complete(r, static_cast<int>(res));
+}
+
 void rbd_queue::finish(io_request& r, int64_t res)
 {
+    if (r.op == io_op::report_extents) {
+        finish_map(r, res);
+        return;
+    }
     if (res >= 0 && r.op == io_op::write && (r.flags & k_io_fua) != 0 &&
         (r.target_scratch[1] & k_fua_pending) == 0) {
         // FUA: librbd has no such flag; the write is durable once a flush
@@ -400,7 +408,7 @@ void rbd_queue::finish(io_request& r, int64_t res)
     --_in_flight;
     int result = 0;
     if (res < 0) {
-        _target->count_error();
+        _target.count_error();
         result = static_cast<int>(res);
     } else if (r.op == io_op::read || r.op == io_op::write) {
         if (r.op == io_op::read && res < static_cast<int64_t>(r.length)) {
@@ -415,28 +423,14 @@ void rbd_queue::finish(io_request& r, int64_t res)
 
 unsigned rbd_queue::poll()
 {
-    // Reset the eventfd first, then take the list: a push after the take
-    // writes the eventfd again, so no completion is left without a wake-up.
-    eventfd_t value = 0;
-    eventfd_read(_event_fd, &value);
-    io_request* list = _done.exchange(nullptr, std::memory_order_acquire);
-    // The stack is newest first: reverse it to complete in arrival order.
-    io_request* ordered = nullptr;
-    while (list != nullptr) {
-        io_request* next = list->next;
-        list->next = ordered;
-        ordered = list;
-        list = next;
-    }
     unsigned n = 0;
-    while (ordered != nullptr) {
-        io_request* r = ordered;
-        ordered = ordered->next;
+    for (io_request* r = _done.take(); r != nullptr;) {
+        io_request* next = r->next;
         r->next = nullptr;
-        const int64_t res = static_cast<int64_t>(r->target_scratch[0]);
         const unsigned before = _in_flight;
-        finish(*r, res);
+        finish(*r, static_cast<int64_t>(r->target_scratch[0]));
         n += before - _in_flight;
+        r = next;
     }
     return n;
 }
