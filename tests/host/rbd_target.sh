@@ -24,12 +24,7 @@ source "$here/../cli/lib_cli.sh"
 # shellcheck source=lib_ceph.sh
 source "$here/lib_ceph.sh"
 sb() { timeout 120 "$softblk" "$@"; }
-if why=$(ceph_missing); then skip "$why"; fi
-for tool in nbdinfo fio /usr/bin/python3; do
-  command -v "$tool" >/dev/null || skip "$tool is not installed (scripts/install-deps.sh)"
-done
-/usr/bin/python3 -c 'import nbd' 2>/dev/null || skip "python3-libnbd is not installed"
-"$softblk" features rbd >/dev/null 2>&1 || skip "this softblk was built without the rbd target"
+ceph_test_requires
 
 setup_run_dir rbd
 work=$run_dir/work

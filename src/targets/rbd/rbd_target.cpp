@@ -27,6 +27,8 @@
 #include <cerrno>
 #include <cstring>
 #include <fmt/core.h>
+#include <functional>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -182,7 +184,8 @@ public:
           })
     {
         // The image's header changes (resize, snapshots, features): re-read
-        // its size so that `softblk list` shows it.
+        // its size, which `softblk list` shows and watch_capacity's callback
+        // makes the device's.
         if (rbd_update_watch(_image, &_watch, &rbd_target::on_header_update, this) == 0) {
             _watching = true;
         }
@@ -201,6 +204,17 @@ public:
     }
 
     const block_limits& limits() const override { return _limits; }
+
+    void watch_capacity(std::function<void(uint64_t bytes)> resized) override
+    {
+        std::lock_guard lock(_resize_mutex);
+        _resized = std::move(resized);
+        // A resize between rbd_open and now: the device learns it here.
+        if (const uint64_t size = _image_size.load(std::memory_order_relaxed);
+            size / k_block * k_block != _limits.capacity_bytes) {
+            _resized(size);
+        }
+    }
 
     result<std::unique_ptr<target_queue>> open_queue(unsigned index, completion_sink& sink) override
     {
@@ -226,13 +240,6 @@ public:
         out["image_size"] = size;
         out["size_changes"] = _size_changes.load(std::memory_order_relaxed);
         out["io_errors"] = _io_errors.load(std::memory_order_relaxed);
-        if (size != _limits.capacity_bytes) {
-            // `softblk list` prints a target's notice under its row.
-            out["notice"] = fmt::format(
-                "{}/{}: the image is now {} bytes; the device serves {} "
-                "until it is added again",
-                _pool, _image_name, size, _limits.capacity_bytes);
-        }
     }
 
     void count_error() { _io_errors.fetch_add(1, std::memory_order_relaxed); }
@@ -242,13 +249,22 @@ public:
     void post_map(io_request& r) { _maps.post(r); }
 
 private:
+    // librbd's watcher thread; rbd_update_unwatch (the destructor) waits
+    // for a call in progress.
     static void on_header_update(void* arg)
     {
         auto* self = static_cast<rbd_target*>(arg);
         uint64_t size = 0;
-        if (rbd_get_size(self->_image, &size) == 0 &&
-            self->_image_size.exchange(size, std::memory_order_relaxed) != size) {
-            self->_size_changes.fetch_add(1, std::memory_order_relaxed);
+        if (rbd_get_size(self->_image, &size) != 0) {
+            return;
+        }
+        std::lock_guard lock(self->_resize_mutex);
+        if (self->_image_size.exchange(size, std::memory_order_relaxed) == size) {
+            return;  // another header change (a snapshot, a feature)
+        }
+        self->_size_changes.fetch_add(1, std::memory_order_relaxed);
+        if (self->_resized) {
+            self->_resized(size);
         }
     }
 
@@ -263,6 +279,10 @@ private:
     uint64_t _watch = 0;
     bool _watching = false;
     std::atomic<uint64_t> _image_size;
+    // The core's watch_capacity callback; the mutex also keeps two header
+    // changes from reaching it out of order.
+    std::mutex _resize_mutex;
+    std::function<void(uint64_t)> _resized;
     std::atomic<uint64_t> _size_changes{0};
     std::atomic<uint64_t> _io_errors{0};
     // Idle when the destructor closes the image: the queues, destroyed
@@ -478,7 +498,10 @@ int on_diff_extent(uint64_t offset, size_t length, int exists, void* arg)
 
 int rbd_target::map_extents(uint64_t offset, uint64_t length, std::vector<extent>& out)
 {
-    const uint64_t end = std::min(_limits.capacity_bytes, offset + length);
+    // The image as it is now (the core has checked the range against the
+    // device's capacity, which follows the image's size).
+    const uint64_t image_end = _image_size.load(std::memory_order_relaxed) / k_block * k_block;
+    const uint64_t end = std::min(image_end, offset + length);
     if (offset >= end) {
         return 0;
     }
@@ -532,6 +555,134 @@ result<void> set_conf(rados_t cluster, const char* key, const std::string& value
     return {};
 }
 
+// What create_rbd reaches the image with, checked.
+struct rbd_settings {
+    std::string pool, image, id, conf, keyring, snap;
+    bool create = false;
+    uint64_t size = 0;  // create=1 only
+    bool read_only = false;
+    uint64_t connect_timeout = 0;
+};
+
+// The OSD timeout an open runs with, and the option that set it.
+struct osd_timeout {
+    uint64_t seconds = 0;  // 0: none
+    const char* option = "osd_op_timeout";
+};
+
+std::string no_osd_answered(const rbd_settings& set, osd_timeout timeout)
+{
+    return fmt::format("image={}: no OSD answered within {}={} s; are the OSDs of pool {} up?",
+                       set.image, timeout.option, timeout.seconds, set.pool);
+}
+
+// Connects to the cluster with rados_osd_op_timeout=`timeout` (0: wait for
+// the OSDs forever), creates the image when asked and opens it, into `h`.
+// Errors name the option to change. Control thread.
+result<void> open_image(const rbd_settings& set, osd_timeout timeout, rbd_handles& h)
+{
+    const std::string& pool = set.pool;
+    const std::string& image = set.image;
+    const std::string& id = set.id;
+    const std::string& conf = set.conf;
+    const std::string& keyring = set.keyring;
+    const std::string& snap = set.snap;
+    const bool create = set.create;
+    const bool read_only = set.read_only;
+    int rc = rados_create(&h.cluster, id.c_str());
+    if (rc < 0) {
+        return make_error(-rc, fmt::format("id={}: rados_create: {}", id, errno_text(rc)));
+    }
+    // conf= empty: librados's own search ($CEPH_CONF, /etc/ceph/ceph.conf,
+    // ~/.ceph/ceph.conf, ./ceph.conf).
+    rc = rados_conf_read_file(h.cluster, conf.empty() ? nullptr : conf.c_str());
+    if (rc < 0) {
+        return make_error(
+            -rc, conf.empty() ? fmt::format("conf: no ceph.conf found ($CEPH_CONF, "
+                                            "/etc/ceph/ceph.conf): {}; give conf=PATH",
+                                            errno_text(rc))
+                              : fmt::format("conf={}: cannot read it: {}", conf, errno_text(rc)));
+    }
+    if (!keyring.empty()) {
+        if (access(keyring.c_str(), R_OK) != 0) {
+            return make_error(errno, fmt::format("keyring={}: {}", keyring, std::strerror(errno)));
+        }
+        if (auto s = set_conf(h.cluster, "keyring", keyring); !s) {
+            return std::unexpected(s.error());
+        }
+    }
+    const std::string connect_timeout = std::to_string(set.connect_timeout);
+    for (const char* key : {"client_mount_timeout", "rados_mon_op_timeout"}) {
+        if (auto s = set_conf(h.cluster, key, connect_timeout); !s) {
+            return std::unexpected(s.error());
+        }
+    }
+    if (auto s = set_conf(h.cluster, "rados_osd_op_timeout", std::to_string(timeout.seconds)); !s) {
+        return std::unexpected(s.error());
+    }
+    // librbd's logs go to the daemon's stderr otherwise (the daemon's log).
+    (void)rados_conf_set(h.cluster, "log_to_stderr", "false");
+    (void)rados_conf_set(h.cluster, "err_to_stderr", "false");
+    rc = rados_connect(h.cluster);
+    if (rc < 0) {
+        std::string why;
+        if (rc == -ETIMEDOUT || rc == -ENOTCONN) {
+            why = fmt::format(
+                "no monitor answered within connect_timeout={} s; is the cluster "
+                "up and conf= right?",
+                connect_timeout);
+        } else if (rc == -EACCES || rc == -EPERM || rc == -ENOENT || rc == -EINVAL) {
+            why = fmt::format("client.{} was refused; check id= and keyring=", id);
+        } else {
+            why = errno_text(rc);
+        }
+        return make_error(-rc, fmt::format("rbd: cannot connect to the cluster ({}): {}",
+                                           conf.empty() ? "default ceph.conf" : conf, why));
+    }
+    rc = rados_ioctx_create(h.cluster, pool.c_str(), &h.io);
+    if (rc < 0) {
+        return make_error(-rc, rc == -ENOENT
+                                   ? fmt::format("pool={}: no such pool in the cluster", pool)
+                                   : fmt::format("pool={}: {}", pool, errno_text(rc)));
+    }
+    if (create) {
+        int order = 0;
+        rc = rbd_create(h.io, image.c_str(), set.size, &order);
+        if (rc == -ETIMEDOUT) {
+            return make_error(ETIMEDOUT, no_osd_answered(set, timeout));
+        }
+        if (rc < 0 && rc != -EEXIST) {
+            return make_error(-rc, fmt::format("image={}: cannot create it in pool {}: {}", image,
+                                               pool, errno_text(rc)));
+        }
+    }
+    const char* snap_name = snap.empty() ? nullptr : snap.c_str();
+    rc = read_only ? rbd_open_read_only(h.io, image.c_str(), &h.image, snap_name)
+                   : rbd_open(h.io, image.c_str(), &h.image, nullptr);
+    if (rc < 0) {
+        if (rc == -ENOENT && snap_name != nullptr) {
+            // Tell a missing image from a missing snapshot.
+            rbd_image_t probe = nullptr;
+            if (rbd_open_read_only(h.io, image.c_str(), &probe, nullptr) == 0) {
+                rbd_close(probe);
+                return make_error(ENOENT, fmt::format("snap={}: image {}/{} has no such snapshot",
+                                                      snap, pool, image));
+            }
+        }
+        if (rc == -ENOENT) {
+            return make_error(ENOENT, fmt::format("image={}: no such image in pool {} (create=1 "
+                                                  "size= creates it)",
+                                                  image, pool));
+        }
+        if (rc == -ETIMEDOUT) {
+            return make_error(ETIMEDOUT, no_osd_answered(set, timeout));
+        }
+        return make_error(-rc, fmt::format("image={}: cannot open {}/{}: {}", image, pool, image,
+                                           errno_text(rc)));
+    }
+    return {};
+}
+
 result<std::unique_ptr<target>> create_rbd(const option_set& o)
 {
     const std::string& pool = o.text("pool");
@@ -575,96 +726,37 @@ result<std::unique_ptr<target>> create_rbd(const option_set& o)
                           "or the other");
     }
 
+    const rbd_settings set{.pool = pool,
+                           .image = image,
+                           .id = id,
+                           .conf = conf,
+                           .keyring = keyring,
+                           .snap = snap,
+                           .create = create,
+                           .size = *size,
+                           .read_only = read_only,
+                           .connect_timeout = o.u64("connect_timeout")};
+    const uint64_t osd_op_timeout = o.u64("osd_op_timeout");
+    if (osd_op_timeout == 0) {
+        // Opening reads the image's header from an OSD, and without an
+        // osd_op_timeout librados waits for one forever, holding up the
+        // daemon's control thread: a first open on a handle of its own
+        // with connect_timeout as its OSD timeout bounds the add.
+        // Read-only: the probe takes no lock and writes nothing but the
+        // image that create=1 makes.
+        rbd_settings probe_set = set;
+        probe_set.read_only = true;
+        rbd_handles probe;
+        if (auto r = open_image(probe_set, {set.connect_timeout, "connect_timeout"}, probe); !r) {
+            return std::unexpected(r.error());
+        }
+    }
     rbd_handles h;
-    int rc = rados_create(&h.cluster, id.c_str());
-    if (rc < 0) {
-        return make_error(-rc, fmt::format("id={}: rados_create: {}", id, errno_text(rc)));
-    }
-    // conf= empty: librados's own search ($CEPH_CONF, /etc/ceph/ceph.conf,
-    // ~/.ceph/ceph.conf, ./ceph.conf).
-    rc = rados_conf_read_file(h.cluster, conf.empty() ? nullptr : conf.c_str());
-    if (rc < 0) {
-        return make_error(
-            -rc, conf.empty() ? fmt::format("conf: no ceph.conf found ($CEPH_CONF, "
-                                            "/etc/ceph/ceph.conf): {}; give conf=PATH",
-                                            errno_text(rc))
-                              : fmt::format("conf={}: cannot read it: {}", conf, errno_text(rc)));
-    }
-    if (!keyring.empty()) {
-        if (access(keyring.c_str(), R_OK) != 0) {
-            return make_error(errno, fmt::format("keyring={}: {}", keyring, std::strerror(errno)));
-        }
-        if (auto s = set_conf(h.cluster, "keyring", keyring); !s) {
-            return std::unexpected(s.error());
-        }
-    }
-    const std::string connect_timeout = std::to_string(o.u64("connect_timeout"));
-    for (const char* key : {"client_mount_timeout", "rados_mon_op_timeout"}) {
-        if (auto s = set_conf(h.cluster, key, connect_timeout); !s) {
-            return std::unexpected(s.error());
-        }
-    }
-    if (auto s =
-            set_conf(h.cluster, "rados_osd_op_timeout", std::to_string(o.u64("osd_op_timeout")));
-        !s) {
-        return std::unexpected(s.error());
-    }
-    // librbd's logs go to the daemon's stderr otherwise (the daemon's log).
-    (void)rados_conf_set(h.cluster, "log_to_stderr", "false");
-    (void)rados_conf_set(h.cluster, "err_to_stderr", "false");
-    rc = rados_connect(h.cluster);
-    if (rc < 0) {
-        std::string why;
-        if (rc == -ETIMEDOUT || rc == -ENOTCONN) {
-            why = fmt::format(
-                "no monitor answered within connect_timeout={} s; is the cluster "
-                "up and conf= right?",
-                connect_timeout);
-        } else if (rc == -EACCES || rc == -EPERM || rc == -ENOENT || rc == -EINVAL) {
-            why = fmt::format("client.{} was refused; check id= and keyring=", id);
-        } else {
-            why = errno_text(rc);
-        }
-        return make_error(-rc, fmt::format("rbd: cannot connect to the cluster ({}): {}",
-                                           conf.empty() ? "default ceph.conf" : conf, why));
-    }
-    rc = rados_ioctx_create(h.cluster, pool.c_str(), &h.io);
-    if (rc < 0) {
-        return make_error(-rc, rc == -ENOENT
-                                   ? fmt::format("pool={}: no such pool in the cluster", pool)
-                                   : fmt::format("pool={}: {}", pool, errno_text(rc)));
-    }
-    if (create) {
-        int order = 0;
-        rc = rbd_create(h.io, image.c_str(), *size, &order);
-        if (rc < 0 && rc != -EEXIST) {
-            return make_error(-rc, fmt::format("image={}: cannot create it in pool {}: {}", image,
-                                               pool, errno_text(rc)));
-        }
-    }
-    const char* snap_name = snap.empty() ? nullptr : snap.c_str();
-    rc = read_only ? rbd_open_read_only(h.io, image.c_str(), &h.image, snap_name)
-                   : rbd_open(h.io, image.c_str(), &h.image, nullptr);
-    if (rc < 0) {
-        if (rc == -ENOENT && snap_name != nullptr) {
-            // Tell a missing image from a missing snapshot.
-            rbd_image_t probe = nullptr;
-            if (rbd_open_read_only(h.io, image.c_str(), &probe, nullptr) == 0) {
-                rbd_close(probe);
-                return make_error(ENOENT, fmt::format("snap={}: image {}/{} has no such snapshot",
-                                                      snap, pool, image));
-            }
-        }
-        if (rc == -ENOENT) {
-            return make_error(ENOENT, fmt::format("image={}: no such image in pool {} (create=1 "
-                                                  "size= creates it)",
-                                                  image, pool));
-        }
-        return make_error(-rc, fmt::format("image={}: cannot open {}/{}: {}", image, pool, image,
-                                           errno_text(rc)));
+    if (auto r = open_image(set, {osd_op_timeout, "osd_op_timeout"}, h); !r) {
+        return std::unexpected(r.error());
     }
     uint64_t image_size = 0;
-    rc = rbd_get_size(h.image, &image_size);
+    int rc = rbd_get_size(h.image, &image_size);
     if (rc < 0) {
         return make_error(-rc,
                           fmt::format("image={}: cannot read its size: {}", image, errno_text(rc)));
