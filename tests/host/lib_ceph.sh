@@ -7,6 +7,7 @@
 #   source lib_ceph.sh
 #   ceph_missing || skip "$(ceph_missing)"   # prints what is not installed
 #   ceph_test_requires [TOOL...]             # the tests' skips (lib_cli.sh's skip)
+#   ceph_test_start OSD_MIB                  # the tests' start (sets conf=)
 #   ceph_start DIR [OSD_MEMORY_MIB]          # exports CEPH_CONF, CEPH_ADMIN_KEYRING (not CEPH_KEYRING: ceph daemons read that variable and would take the admin key)
 #   ceph_stop_osd / ceph_start_osd           # the OSD alone (outage tests)
 #   ceph_stop_mon / ceph_start_mon           # the monitor alone (outage tests)
@@ -38,6 +39,20 @@ ceph_test_requires() {
   done
   /usr/bin/python3 -c 'import nbd' 2>/dev/null || skip "python3-libnbd is not installed"
   "$softblk" features rbd >/dev/null 2>&1 || skip "this softblk was built without the rbd target"
+}
+
+# For the test scripts: starts the cluster in $run_dir/ceph with an OSD of
+# $1 MiB, its output in $work/ceph-start.txt (shown, and the test failed,
+# when it does not come up), and sets conf (conf=CEPH_CONF, the rbd
+# target's option).
+ceph_test_start() {
+  note "single-node Ceph cluster"
+  local t0
+  t0=$(date +%s)
+  ceph_start "$run_dir/ceph" "$1" >"$work/ceph-start.txt" 2>&1 ||
+    { cat "$work/ceph-start.txt"; fail "the cluster did not come up"; }
+  echo "cluster up in $(($(date +%s) - t0)) s (mon $CEPH_MON_ADDR)"
+  conf=conf=$CEPH_CONF
 }
 
 # The cluster's own time limit for every `ceph`/`rbd` command.

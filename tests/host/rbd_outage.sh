@@ -60,12 +60,7 @@ $2
 EOF
 }
 
-note "single-node Ceph cluster"
-t0=$(date +%s)
-ceph_start "$run_dir/ceph" 1024 >"$work/ceph-start.txt" 2>&1 ||
-  { cat "$work/ceph-start.txt"; fail "the cluster did not come up"; }
-echo "cluster up in $(($(date +%s) - t0)) s"
-conf=conf=$CEPH_CONF
+ceph_test_start 1024
 "$softblk" daemon --stop-timeout 3000 || fail "the daemon did not start"
 
 # ---------------------------------------------------------------- queues + monitor

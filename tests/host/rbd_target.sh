@@ -40,12 +40,7 @@ MiB=$((1 << 20))
 # `rbd export` of img0 into a new file.
 rbd_export() { rm -f "$1"; rbd_cmd export --no-progress rbd/img0 "$1" >/dev/null 2>&1 || fail "rbd export"; }
 
-note "single-node Ceph cluster"
-t0=$(date +%s)
-ceph_start "$run_dir/ceph" 1536 >"$work/ceph-start.txt" 2>&1 ||
-  { cat "$work/ceph-start.txt"; fail "the cluster did not come up"; }
-echo "cluster up in $(($(date +%s) - t0)) s (mon $CEPH_MON_ADDR)"
-conf=conf=$CEPH_CONF
+ceph_test_start 1536
 
 # ---------------------------------------------------------------- errors
 note "errors at add time"
