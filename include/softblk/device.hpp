@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -267,6 +268,21 @@ public:
     // -EOPNOTSUPP: no such zones in this model) name the cause. Any thread,
     // safe against I/O.
     virtual result<void> set_zone_condition(uint64_t offset, zone_condition condition) = 0;
+
+    // A change of the capacity the target reported (an rbd image resized
+    // in the cluster): limits().capacity_bytes already holds `bytes` (read
+    // it with current_capacity()) when the listener runs. Requests beyond
+    // the new end fail with -EIO from then on, as the block layer's. The
+    // listener runs on the thread that reported the change (the target's
+    // own, never a queue thread), one call at a time; it tells the front
+    // end's users what its protocol allows and must not wait for the
+    // device's I/O. Returns a handle for remove_capacity_listener. Any
+    // thread.
+    using capacity_listener = std::function<void(uint64_t bytes)>;
+    virtual uint64_t add_capacity_listener(capacity_listener listener) = 0;
+    // Ends a listener; once this returns it runs no more (a call in
+    // progress is waited for). Any thread but the listener's own.
+    virtual void remove_capacity_listener(uint64_t handle) = 0;
 
     // null_blk's `power`. On: applies the power-on rules to the options
     // (clamped and ignored values are written back; notes() says what was

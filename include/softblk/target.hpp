@@ -94,8 +94,18 @@ class target {
 public:
     virtual ~target() = default;
 
-    // Geometry and feature flags. Must not change after creation.
+    // Geometry and feature flags. Must not change after creation (a new
+    // capacity goes through watch_capacity's callback).
     virtual const block_limits& limits() const = 0;
+
+    // Where the target reports that its capacity changed under it (an rbd
+    // image resized in the cluster): `resized(bytes)`, which the core
+    // rounds down to the logical block size and makes the device's
+    // capacity. Given once by the core at power on, before any queue opens;
+    // the target may call it on a thread of its own (never from a queue's
+    // submit or poll) until it is destroyed, and its destructor waits for a
+    // call in progress. The default keeps the capacity fixed.
+    virtual void watch_capacity(std::function<void(uint64_t bytes)> resized) {}
 
     // Opens queue `index` (0 .. queue_count-1) whose completions go to
     // `sink`. Called on the control thread before any I/O on that queue.
@@ -161,6 +171,10 @@ public:
     explicit target_decorator(std::unique_ptr<target> inner) : _inner(std::move(inner)) {}
 
     const block_limits& limits() const override { return _inner->limits(); }
+    void watch_capacity(std::function<void(uint64_t bytes)> resized) override
+    {
+        _inner->watch_capacity(std::move(resized));
+    }
     result<std::unique_ptr<target_queue>> open_queue(unsigned index, completion_sink& sink) override
     {
         return _inner->open_queue(index, sink);

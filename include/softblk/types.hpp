@@ -3,6 +3,7 @@
 // the control-path error type.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <expected>
 #include <string>
@@ -136,6 +137,10 @@ struct io_request {
 // What a block device looks like to whoever uses it: the values a kernel
 // front end hands to the block layer (ublk SET_PARAMS, NBD_INFO_BLOCK_SIZE).
 struct block_limits {
+    // The one value that may change while the device serves: a target whose
+    // store is resized under it (an rbd image) reports it, and the core
+    // changes the device's capacity (device::add_capacity_listener). Read
+    // it with current_capacity() where I/O may run.
     uint64_t capacity_bytes = 0;
     uint32_t logical_block_size = 512;
     uint32_t physical_block_size = 512;
@@ -171,6 +176,23 @@ struct block_limits {
     // Largest zone_append (0: zone append unsupported).
     uint32_t max_zone_append_bytes = 0;
 };
+
+// The capacity as it is now, read without a lock while the core may change
+// it (block_limits::capacity_bytes). Any thread.
+inline uint64_t current_capacity(const block_limits& l)
+{
+    // The object is never const (the device's and the front ends' copies);
+    // std::atomic_ref<const T> is C++26.
+    return std::atomic_ref<uint64_t>(const_cast<uint64_t&>(l.capacity_bytes))
+        .load(std::memory_order_relaxed);
+}
+
+// Sets `l.capacity_bytes` while other threads read it with
+// current_capacity(). Any thread.
+inline void set_capacity(block_limits& l, uint64_t bytes)
+{
+    std::atomic_ref<uint64_t>(l.capacity_bytes).store(bytes, std::memory_order_relaxed);
+}
 
 // Number of zones of a zoned device (0 for one that is not zoned).
 inline uint64_t zone_count(const block_limits& l)

@@ -464,7 +464,7 @@ nlohmann::json device_host::summary(const hosted_device& entry) const
     out["name"] = entry.name;
     out["type"] = entry.type;
     out["power"] = entry.dev->powered() ? 1 : 0;
-    out["capacity_bytes"] = entry.dev->limits().capacity_bytes;
+    out["capacity_bytes"] = current_capacity(entry.dev->limits());
     out["logical_block_size"] = entry.dev->limits().logical_block_size;
     out["options"] = entry.options;
     if (!entry.dev->notes().empty()) {

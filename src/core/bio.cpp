@@ -373,13 +373,14 @@ result<std::vector<extent>> io_queue::map(uint64_t offset, uint64_t length)
     // The map is asked for in whole blocks and cut back to the range.
     const block_limits& lim = limits();
     std::vector<extent> out;
-    if (offset >= lim.capacity_bytes) {
+    const uint64_t capacity = current_capacity(lim);
+    if (offset >= capacity) {
         return out;
     }
-    const uint64_t end = offset + std::min(length, lim.capacity_bytes - offset);
+    const uint64_t end = offset + std::min(length, capacity - offset);
     const uint64_t block = lim.logical_block_size;
     uint64_t at = offset - offset % block;
-    const uint64_t block_end = std::min(lim.capacity_bytes, (end + block - 1) / block * block);
+    const uint64_t block_end = std::min(capacity, (end + block - 1) / block * block);
     extent window[64];
     auto append = [&](extent e) {
         const uint64_t from = std::max(e.offset, offset);

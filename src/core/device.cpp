@@ -410,6 +410,10 @@ result<void> device_impl::power_on()
     }
     _target = std::move(*chain);
     _info.limits = _target->limits();
+    if (!_info.limits.zoned) {
+        // A zoned device's zones are its geometry: it keeps its size.
+        _target->watch_capacity([this](uint64_t bytes) { capacity_changed(bytes); });
+    }
     _info.queues = q;
 
     std::shared_ptr<shared_tag_pool> device_pool;
@@ -684,13 +688,47 @@ uint64_t device_impl::memory_bytes() const
     return _kept ? _kept->memory_bytes() : 0;
 }
 
+uint64_t device_impl::add_capacity_listener(capacity_listener listener)
+{
+    std::lock_guard lock(_capacity_mutex);
+    const uint64_t handle = _next_listener++;
+    _capacity_listeners.emplace_back(handle, std::move(listener));
+    return handle;
+}
+
+void device_impl::remove_capacity_listener(uint64_t handle)
+{
+    std::lock_guard lock(_capacity_mutex);
+    std::erase_if(_capacity_listeners, [&](const auto& l) { return l.first == handle; });
+}
+
+void device_impl::capacity_changed(uint64_t bytes)
+{
+    std::lock_guard lock(_capacity_mutex);
+    const uint64_t capacity =
+        bytes / _info.limits.logical_block_size * _info.limits.logical_block_size;
+    if (capacity == 0 || capacity == current_capacity(_info.limits)) {
+        // Less than a block is no device; a change within the last block
+        // leaves the capacity as it was.
+        return;
+    }
+    set_capacity(_info.limits, capacity);
+    _resizes.fetch_add(1, std::memory_order_relaxed);
+    for (auto& [handle, listener] : _capacity_listeners) {
+        listener(capacity);
+    }
+}
+
 void device_impl::describe(nlohmann::json& out) const
 {
     const block_limits& l = _info.limits;
     out["name"] = _info.name;
     out["type"] = _info.target_type;
     out["power"] = powered() ? 1 : 0;
-    out["capacity_bytes"] = l.capacity_bytes;
+    out["capacity_bytes"] = current_capacity(l);
+    if (const uint64_t n = _resizes.load(std::memory_order_relaxed); n != 0) {
+        out["resizes"] = n;
+    }
     out["logical_block_size"] = l.logical_block_size;
     out["physical_block_size"] = l.physical_block_size;
     out["max_transfer_bytes"] = l.max_transfer_bytes;

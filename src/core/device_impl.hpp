@@ -5,6 +5,8 @@
 
 #include <atomic>
 #include <memory>
+#include <mutex>
+#include <utility>
 #include <vector>
 
 #include <softblk/device.hpp>
@@ -40,8 +42,14 @@ public:
     const option_set& options() const override { return _options; }
     void describe(nlohmann::json& out) const override;
     uint64_t memory_bytes() const override;
+    uint64_t add_capacity_listener(capacity_listener listener) override;
+    void remove_capacity_listener(uint64_t handle) override;
 
 private:
+    // The target's watch_capacity callback: the new capacity, then the
+    // listeners. The target's thread.
+    void capacity_changed(uint64_t bytes);
+
     result<void> power_on();
     void power_off();
     // The core's power-on rules (null_validate_conf's queue part) on `o`.
@@ -61,6 +69,12 @@ private:
     std::vector<std::unique_ptr<queue_impl>> _queues;
     std::atomic<bool> _powered{false};
     std::vector<std::string> _notes;
+    // Guards the listeners and serialises capacity changes; held while a
+    // listener runs, so that removing one waits for it.
+    std::mutex _capacity_mutex;
+    std::vector<std::pair<uint64_t, capacity_listener>> _capacity_listeners;
+    uint64_t _next_listener = 1;
+    std::atomic<uint64_t> _resizes{0};  // capacity changes, for describe()
 };
 
 // Reads the core's queue options into a queue_config (with the block

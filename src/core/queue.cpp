@@ -264,7 +264,7 @@ int queue_impl::validate(const io_request& r) const
             if (r.buffer == nullptr || r.report_capacity == 0) {
                 return -EINVAL;
             }
-            return r.offset < lim.capacity_bytes ? 0 : -EIO;
+            return r.offset < current_capacity(lim) ? 0 : -EIO;
         }
         if (r.op == io_op::zone_append) {
             if (lim.max_zone_append_bytes == 0) {
@@ -281,7 +281,7 @@ int queue_impl::validate(const io_request& r) const
             }
             return zone_start() ? 0 : -EIO;
         }
-        if (r.offset >= lim.capacity_bytes) {
+        if (r.offset >= current_capacity(lim)) {
             return -EIO;
         }
         if (r.op == io_op::zone_reset_all) {

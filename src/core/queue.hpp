@@ -43,7 +43,8 @@ inline int check_block_range(const block_limits& lim, uint64_t offset, uint64_t 
     if (((offset | length) & mask) != 0) {
         return -EINVAL;
     }
-    if (offset > lim.capacity_bytes || length > lim.capacity_bytes - offset) {
+    const uint64_t capacity = current_capacity(lim);
+    if (offset > capacity || length > capacity - offset) {
         return -EIO;  // beyond the end of the device, as the block layer says
     }
     return 0;

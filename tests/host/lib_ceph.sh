@@ -6,8 +6,11 @@
 #
 #   source lib_ceph.sh
 #   ceph_missing || skip "$(ceph_missing)"   # prints what is not installed
+#   ceph_test_requires [TOOL...]             # the tests' skips (lib_cli.sh's skip)
+#   ceph_test_start OSD_MIB                  # the tests' start (sets conf=)
 #   ceph_start DIR [OSD_MEMORY_MIB]          # exports CEPH_CONF, CEPH_ADMIN_KEYRING (not CEPH_KEYRING: ceph daemons read that variable and would take the admin key)
 #   ceph_stop_osd / ceph_start_osd           # the OSD alone (outage tests)
+#   ceph_stop_mon / ceph_start_mon           # the monitor alone (outage tests)
 #   ceph_cmd ... / rbd_cmd ...               # ceph / rbd with a time limit
 #   ceph_stop                                # kill every daemon, keep DIR
 #
@@ -22,6 +25,34 @@ ceph_missing() {
     command -v "$t" >/dev/null || { echo "$t is not installed (scripts/install-deps.sh)"; return 0; }
   done
   return 1
+}
+
+# For the test scripts, after lib_cli.sh (its skip) with $softblk set:
+# skips (exit 77) with the reason unless the ceph packages, nbdinfo, fio,
+# python3-libnbd, the tools given as arguments and softblk's rbd target
+# are there.
+ceph_test_requires() {
+  local why tool
+  if why=$(ceph_missing); then skip "$why"; fi
+  for tool in nbdinfo fio /usr/bin/python3 "$@"; do
+    command -v "$tool" >/dev/null || skip "$tool is not installed (scripts/install-deps.sh)"
+  done
+  /usr/bin/python3 -c 'import nbd' 2>/dev/null || skip "python3-libnbd is not installed"
+  "$softblk" features rbd >/dev/null 2>&1 || skip "this softblk was built without the rbd target"
+}
+
+# For the test scripts: starts the cluster in $run_dir/ceph with an OSD of
+# $1 MiB, its output in $work/ceph-start.txt (shown, and the test failed,
+# when it does not come up), and sets conf (conf=CEPH_CONF, the rbd
+# target's option).
+ceph_test_start() {
+  note "single-node Ceph cluster"
+  local t0
+  t0=$(date +%s)
+  ceph_start "$run_dir/ceph" "$1" >"$work/ceph-start.txt" 2>&1 ||
+    { cat "$work/ceph-start.txt"; fail "the cluster did not come up"; }
+  echo "cluster up in $(($(date +%s) - t0)) s (mon $CEPH_MON_ADDR)"
+  conf=conf=$CEPH_CONF
 }
 
 # The cluster's own time limit for every `ceph`/`rbd` command.
@@ -150,6 +181,19 @@ _ceph_kill_pidfile() {
 # memstore to osd data first, so ceph_start_osd brings the objects back
 # (SIGKILL would lose them all).
 ceph_stop_osd() { _ceph_kill_pidfile "$CEPH_DIR/run/osd.0.pid"; }
+
+ceph_stop_mon() { _ceph_kill_pidfile "$CEPH_DIR/run/mon.a.pid"; }
+
+ceph_start_mon() {
+  ceph-mon --conf "$CEPH_CONF" -i a || return 1
+  local i
+  for i in $(seq 100); do
+    ceph_cmd osd stat >/dev/null 2>&1 && return 0
+    sleep 0.2
+  done
+  echo "ceph_start_mon: the monitor does not answer (see $CEPH_DIR/log/mon.a.log)" >&2
+  return 1
+}
 
 ceph_stop() {
   [ -n "${CEPH_DIR:-}" ] || return 0

@@ -339,7 +339,7 @@ negotiated params(bool ro = false, bool structured = true, bool meta = true)
     e->size = 1 << 20;
     e->read_only = ro;
     e->can_trim = true;
-    return negotiated{e, 0, structured, meta};
+    return negotiated{e, 0, structured, meta, e->size};
 }
 
 request_header req(uint16_t type, uint64_t offset, uint32_t length, uint16_t flags = 0)

@@ -4,6 +4,8 @@
 // FLUSH work through the asynchronous target_queue / completion_sink path.
 #include "test_util.hpp"
 
+#include <functional>
+
 #include <atomic>
 #include <cerrno>
 
@@ -78,6 +80,10 @@ struct async_data final : target_data {
         memory_store::create({.capacity_bytes = 8 << 20, .block_size = 4096});
 };
 
+// The last async_target's watch_capacity callback: the tests resize the
+// device through it, as the rbd target does when its image is resized.
+std::function<void(uint64_t)> g_resized;
+
 class async_target final : public target {
 public:
     explicit async_target(std::shared_ptr<async_data> data) : _data(std::move(data))
@@ -91,6 +97,10 @@ public:
     result<std::unique_ptr<target_queue>> open_queue(unsigned, completion_sink& sink) override
     {
         return std::make_unique<async_queue>(*_data->store, sink);
+    }
+    void watch_capacity(std::function<void(uint64_t)> resized) override
+    {
+        g_resized = std::move(resized);
     }
 
 private:
@@ -192,6 +202,42 @@ TEST(mbps_over_async_target, throttled_requests_complete)
             128 << 10);
     }
     EXPECT_GE(now_ns() - start, 20'000'000u);
+}
+
+TEST(resize, the_target_changes_the_capacity_listeners_and_the_range_check)
+{
+    // Through a decorator (the cache), which passes the callback on.
+    g_resized = nullptr;
+    auto d = make_async({"cache_size=1", "irqmode=0"});
+    ASSERT_TRUE(d);
+    ASSERT_TRUE(g_resized) << "the core gave the target no capacity callback";
+    std::vector<uint64_t> seen;
+    const uint64_t handle =
+        d->add_capacity_listener([&](uint64_t bytes) { seen.push_back(bytes); });
+    std::vector<char> buf(4096, 'r');
+    ASSERT_EQ(run_one(d->queue(0), io_op::write, 6 << 20, 4096, buf.data()).result, 4096);
+
+    g_resized(4 << 20);  // shrunk
+    EXPECT_EQ(current_capacity(d->limits()), 4u << 20);
+    EXPECT_EQ(seen, (std::vector<uint64_t>{4 << 20}));
+    EXPECT_EQ(run_one(d->queue(0), io_op::write, 6 << 20, 4096, buf.data()).result, -EIO);
+    EXPECT_EQ(run_one(d->queue(0), io_op::read, (4 << 20) - 4096, 8192, buf.data()).result, -EIO);
+    EXPECT_EQ(run_one(d->queue(0), io_op::read, (4 << 20) - 4096, 4096, buf.data()).result, 4096);
+    EXPECT_EQ(d->execute(io_op::read, 4 << 20, 4096, buf.data()), -EIO);
+
+    g_resized((4 << 20) + 100);  // within a block: rounded down, no change
+    EXPECT_EQ(seen.size(), 1u);
+    g_resized(8 << 20);  // grown back: the data beyond the old end is there
+    EXPECT_EQ(seen.back(), 8u << 20);
+    std::fill(buf.begin(), buf.end(), 0);
+    ASSERT_EQ(run_one(d->queue(0), io_op::read, 6 << 20, 4096, buf.data()).result, 4096);
+    EXPECT_EQ(buf, std::vector<char>(4096, 'r'));
+
+    d->remove_capacity_listener(handle);
+    g_resized(2 << 20);
+    EXPECT_EQ(seen.size(), 2u) << "a removed listener was called";
+    EXPECT_EQ(describe(*d)["capacity_bytes"], 2u << 20);
+    EXPECT_EQ(describe(*d)["resizes"], 3);
 }
 
 }  // namespace

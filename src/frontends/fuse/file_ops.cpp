@@ -26,10 +26,10 @@ struct stat fuse_export::file_attr() const
     st.st_nlink = 1;
     st.st_uid = _uid;
     st.st_gid = _gid;
-    st.st_size = static_cast<off_t>(_limits.capacity_bytes);
+    st.st_size = static_cast<off_t>(current_capacity(_limits));
     st.st_blksize =
         static_cast<blksize_t>(std::max(_limits.physical_block_size, _limits.logical_block_size));
-    st.st_blocks = static_cast<blkcnt_t>(_limits.capacity_bytes / 512);
+    st.st_blocks = static_cast<blkcnt_t>(current_capacity(_limits) / 512);
     st.st_atim = st.st_mtim = st.st_ctim = _created;
     return st;
 }
@@ -115,7 +115,7 @@ void fuse_export::op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, 
         return;
     }
     if ((to_set & FUSE_SET_ATTR_SIZE) != 0 &&
-        static_cast<uint64_t>(attr->st_size) != e._limits.capacity_bytes) {
+        static_cast<uint64_t>(attr->st_size) != current_capacity(e._limits)) {
         fuse_reply_err(req, EPERM);
         return;
     }
@@ -198,7 +198,7 @@ void fuse_export::op_statfs(fuse_req_t req, fuse_ino_t)
     // The loop driver takes f_bsize as its discard granularity.
     st.f_bsize = e._limits.logical_block_size;
     st.f_frsize = e._limits.logical_block_size;
-    st.f_blocks = e._limits.capacity_bytes / e._limits.logical_block_size;
+    st.f_blocks = current_capacity(e._limits) / e._limits.logical_block_size;
     st.f_files = 1;
     st.f_namemax = 255;
     fuse_reply_statfs(req, &st);
@@ -210,7 +210,7 @@ void fuse_export::op_read(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fu
 {
     fuse_export& e = self(req);
     worker& w = *t_worker;
-    const uint64_t capacity = e._limits.capacity_bytes;
+    const uint64_t capacity = current_capacity(e._limits);
     const uint64_t block = e._limits.logical_block_size;
     if (off < 0) {
         fuse_reply_err(req, EINVAL);
@@ -279,7 +279,7 @@ void fuse_export::op_write(fuse_req_t req, fuse_ino_t, const char* buf, size_t s
 {
     fuse_export& e = self(req);
     worker& w = *t_worker;
-    const uint64_t capacity = e._limits.capacity_bytes;
+    const uint64_t capacity = current_capacity(e._limits);
     const uint64_t block = e._limits.logical_block_size;
     if (e._limits.read_only) {
         fuse_reply_err(req, EROFS);
@@ -377,7 +377,7 @@ void fuse_export::op_fallocate(fuse_req_t req, fuse_ino_t, int mode, off_t off, 
 {
     fuse_export& e = self(req);
     worker& w = *t_worker;
-    const uint64_t capacity = e._limits.capacity_bytes;
+    const uint64_t capacity = current_capacity(e._limits);
     const int known = FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE;
     if ((mode & ~known) != 0 ||
         ((mode & FALLOC_FL_PUNCH_HOLE) != 0 && (mode & FALLOC_FL_ZERO_RANGE) != 0)) {
@@ -433,7 +433,7 @@ void fuse_export::op_fallocate(fuse_req_t req, fuse_ino_t, int mode, off_t off, 
 void fuse_export::op_lseek(fuse_req_t req, fuse_ino_t, off_t off, int whence, fuse_file_info*)
 {
     fuse_export& e = self(req);
-    const uint64_t capacity = e._limits.capacity_bytes;
+    const uint64_t capacity = current_capacity(e._limits);
     if (whence != SEEK_DATA && whence != SEEK_HOLE) {
         fuse_reply_err(req, EINVAL);
         return;

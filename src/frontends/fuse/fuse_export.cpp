@@ -287,7 +287,31 @@ result<void> fuse_export::start()
         }
         _loop = *loop;
     }
+    _capacity_listener = _dev.add_capacity_listener([this](uint64_t b) { capacity_changed(b); });
+    // A change before the listener was there.
+    set_capacity(_limits, current_capacity(_dev.limits()));
     return {};
+}
+
+void fuse_export::capacity_changed(uint64_t bytes)
+{
+    set_capacity(_limits, bytes);
+    // The kernel keeps the file's attributes for attr_timeout (an hour):
+    // drop them (a negative offset: the attributes only), so that the next
+    // stat asks for the new size.
+    if (_session != nullptr) {
+        fuse_lowlevel_notify_inval_inode(_session, k_file_ino, -1, 0);
+    }
+    if (_loop) {
+        // The loop driver takes the size from the file's inode, which only
+        // a stat brings up to date; then LOOP_SET_CAPACITY (losetup -c).
+        struct stat st;
+        if (::stat(_file_path.c_str(), &st) == 0) {
+            if (auto r = set_loop_capacity(_loop->number); !r) {
+                fmt::print(stderr, "fuse: {}: {}\n", _name, r.error().message);
+            }
+        }
+    }
 }
 
 void fuse_export::run_worker(worker& w)
@@ -540,6 +564,11 @@ result<void> fuse_export::stop_impl(bool force)
     std::lock_guard guard(_stop_lock);
     if (_stopped) {
         return {};
+    }
+    if (_capacity_listener != 0) {
+        // Before the loop device goes: the listener uses it.
+        _dev.remove_capacity_listener(_capacity_listener);
+        _capacity_listener = 0;
     }
     if (_loop) {
         // Forced, a loop device that is still held (mounted) detaches itself

@@ -135,6 +135,17 @@ std::string loop_holder(unsigned number)
         path);
 }
 
+result<void> set_loop_capacity(unsigned number)
+{
+    const std::string path = fmt::format("/dev/loop{}", number);
+    fd_guard loop{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
+    if (loop.fd < 0 || ::ioctl(loop.fd, LOOP_SET_CAPACITY, 0) < 0) {
+        const int e = errno;
+        return make_error(e, fmt::format("{}: LOOP_SET_CAPACITY: {}", path, std::strerror(e)));
+    }
+    return {};
+}
+
 result<void> detach_loop(unsigned number, unsigned timeout_ms, bool even_if_held)
 {
     const std::string path = fmt::format("/dev/loop{}", number);

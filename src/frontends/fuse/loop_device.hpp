@@ -35,6 +35,10 @@ result<loop_attachment> attach_loop(const std::string& file, uint32_t block_size
 // Returns success if it is not attached at all. Any thread.
 result<void> detach_loop(unsigned number, unsigned timeout_ms = 5000, bool even_if_held = false);
 
+// Makes loop device `number` take its backing file's size as it is now
+// (LOOP_SET_CAPACITY, `losetup -c`). Any thread; needs CAP_SYS_ADMIN.
+result<void> set_loop_capacity(unsigned number);
+
 // What holds loop device `number` exclusively, e.g. "/dev/loop3 is mounted
 // on /mnt (ext4)" or "/dev/loop3 is held exclusively by another program";
 // empty when nothing does (it could be detached). Any thread; no waiting.

@@ -198,8 +198,13 @@ private:
     result<void> stop_impl(bool force);
     void join_workers();
 
+    // The device's capacity changed (device::add_capacity_listener): the
+    // file takes the new size, and the loop device attached to it too.
+    void capacity_changed(uint64_t bytes);
+
     device& _dev;
-    const block_limits _limits;
+    block_limits _limits;  // capacity_bytes changes with the device's (set_capacity)
+    uint64_t _capacity_listener = 0;
     std::string _name;
     std::string _mount_point;
     std::string _file_path;

@@ -130,11 +130,11 @@ uint16_t handshake::transmission_flags(const export_details& e) const
 }
 
 void handshake::reply_info_export(std::vector<uint8_t>& out, uint32_t option,
-                                  const export_details& e)
+                                  const export_details& e, uint64_t size)
 {
     uint8_t b[12];
     store_be16(b, k_info_export);
-    store_be64(b + 2, e.size);
+    store_be64(b + 2, size);
     store_be16(b + 10, transmission_flags(e));
     reply(out, option, k_rep_info, b);
 }
@@ -275,12 +275,14 @@ handshake_step handshake::process_option(uint32_t option, std::span<const uint8_
         if (!e) {
             return close("NBD_OPT_EXPORT_NAME: no such export", 0);
         }
-        put64(out, e->size);
+        const uint64_t size = e->current_size();
+        put64(out, size);
         put16(out, transmission_flags(*e));
         if (!_no_zeroes) {
             out.insert(out.end(), 124, 0);
         }
         _result.exp = e;
+        _result.size = size;
         _result.transmission_flags = transmission_flags(*e);
         _result.structured_replies = _structured;
         _result.base_allocation = _base_allocation && _meta_export == e->name;
@@ -331,12 +333,14 @@ handshake_step handshake::process_option(uint32_t option, std::span<const uint8_
             }
             // Unknown information types are ignored, as the protocol says.
         }
-        reply_info_export(out, option, *e);
+        const uint64_t size = e->current_size();
+        reply_info_export(out, option, *e, size);
         reply(out, option, k_rep_ack);
         if (option == k_opt_info) {
             return more;
         }
         _result.exp = e;
+        _result.size = size;
         _result.transmission_flags = transmission_flags(*e);
         _result.structured_replies = _structured;
         _result.base_allocation = _base_allocation && _meta_export == e->name;
@@ -443,7 +447,7 @@ request_check check_request(const request_header& h, const negotiated& n)
     };
     const uint64_t mask = e.min_block - 1;
     const bool aligned = (h.offset & mask) == 0 && (h.length & mask) == 0;
-    const bool in_range = h.offset <= e.size && h.length <= e.size - h.offset;
+    const bool in_range = h.offset <= n.size && h.length <= n.size - h.offset;
     uint16_t allowed = k_cmd_flag_fua;
 
     if ((h.flags & ~k_known_flags) != 0) {

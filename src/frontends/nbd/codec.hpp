@@ -22,6 +22,9 @@ namespace softblk::nbd {
 struct export_details {
     std::string name;
     std::string description;
+    // What a new connection is told. The server changes it when the device
+    // is resized (set_size); connections keep the size they were told
+    // (negotiated::size), as NBD has no resize.
     uint64_t size = 0;
     uint32_t min_block = 512;  // requests must be aligned to this
     uint32_t preferred_block = 4096;
@@ -30,6 +33,12 @@ struct export_details {
     bool rotational = false;
     bool can_trim = false;
     bool can_multi_conn = false;
+
+    // `size` now, while the server may change it. Any thread.
+    // The compilers' atomic built-ins rather than std::atomic_ref, which
+    // the fuzzers' libc++ 16 does not have.
+    uint64_t current_size() const { return __atomic_load_n(&size, __ATOMIC_RELAXED); }
+    void set_size(uint64_t bytes) { __atomic_store_n(&size, bytes, __ATOMIC_RELAXED); }
 
     virtual ~export_details() = default;
 };
@@ -74,6 +83,7 @@ struct negotiated {
     uint16_t transmission_flags = 0;
     bool structured_replies = false;
     bool base_allocation = false;  // meta context k_base_allocation_id selected
+    uint64_t size = 0;             // the export's size the client was told
 };
 
 // The server side of the fixed-newstyle handshake.
@@ -107,7 +117,8 @@ private:
                std::span<const uint8_t> data = {});
     void reply_error(std::vector<uint8_t>& out, uint32_t option, uint32_t type,
                      std::string_view message);
-    void reply_info_export(std::vector<uint8_t>& out, uint32_t option, const export_details& e);
+    void reply_info_export(std::vector<uint8_t>& out, uint32_t option, const export_details& e,
+                           uint64_t size);
     uint16_t transmission_flags(const export_details& e) const;
     bool do_meta_context(uint32_t option, std::span<const uint8_t> data, std::vector<uint8_t>& out);
     handshake_step close(std::string reason, size_t consumed);

@@ -250,9 +250,11 @@ void event_loop::start_op(nbd_op& o)
         b.op = io_op::report_extents;
         b.flags = 0;
         b.offset = h.offset - h.offset % block;
+        // The device may have shrunk below this connection's size: the
+        // core then refuses the request beyond its end.
+        const uint64_t capacity = current_capacity(c.exp->dev->limits());
         b.length =
-            std::min(c.exp->dev->limits().capacity_bytes, (end + block - 1) / block * block) -
-            b.offset;
+            std::max(b.offset, std::min(capacity, (end + block - 1) / block * block)) - b.offset;
         if (!o.extents) {
             o.extents = std::make_unique<extent[]>(k_status_extents);
         }

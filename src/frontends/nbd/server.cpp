@@ -210,7 +210,7 @@ result<void> server::add_export(device& dev, bool read_only, std::string descrip
     e->name = info.name;
     e->description = description.empty() ? fmt::format("softblk {} device", info.target_type)
                                          : std::move(description);
-    e->size = lim.capacity_bytes;
+    e->size = current_capacity(lim);
     e->min_block = lim.logical_block_size;
     e->preferred_block = std::max<uint32_t>(lim.physical_block_size, 4096);
     e->max_block = 32u << 20;
@@ -226,6 +226,16 @@ result<void> server::add_export(device& dev, bool read_only, std::string descrip
     if (_exports.count(e->name) != 0) {
         return make_error(EEXIST, fmt::format("{}: already exported on this NBD server", e->name));
     }
+    // NBD has no resize: connections keep the size they were told (the
+    // core refuses what lies beyond a shrunk device's end), new ones are
+    // told the new size.
+    e->capacity_listener =
+        dev.add_capacity_listener([w = std::weak_ptr<server_export>(e)](uint64_t bytes) {
+            if (auto held = w.lock()) {
+                held->set_size(bytes);
+            }
+        });
+    e->set_size(current_capacity(lim));  // a resize before the listener was there
     _exports.emplace(e->name, std::move(e));
     return {};
 }
@@ -242,6 +252,7 @@ result<std::shared_ptr<server_export>> server::begin_remove_export(const std::st
         e = it->second;
         _exports.erase(it);
     }
+    e->dev->remove_capacity_listener(e->capacity_listener);
     e->removed.store(true);
     for (auto& l : _loops) {
         l->drop_export();

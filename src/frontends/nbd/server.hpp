@@ -84,6 +84,9 @@ struct server_export : export_details {
     device* dev = nullptr;
     std::atomic<unsigned> connections{0};  // in transmission on this export
     std::atomic<bool> removed{false};
+    // device::add_capacity_listener's handle: a resize changes the size new
+    // connections are told.
+    uint64_t capacity_listener = 0;
 };
 
 // Why a TCP listener needs tls=require or insecure=1 (the error's text).

@@ -10,6 +10,10 @@
 // onto its queue's lock-free list and wakes the queue's eventfd, and the
 // queue's own thread completes it from poll(). No thread per request, no
 // polling while idle.
+#include "completion_list.hpp"
+#include "map_worker.hpp"
+
+#include <softblk/support/intrusive_fifo.hpp>
 #include <softblk/target.hpp>
 
 #include <rados/librados.h>
@@ -23,6 +27,8 @@
 #include <cerrno>
 #include <cstring>
 #include <fmt/core.h>
+#include <functional>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -116,11 +122,11 @@ constexpr uint64_t k_fua_pending = 1;
 class rbd_target;
 
 // Per-queue half. The queue's thread calls submit/poll/next_wakeup_ns;
-// librbd's threads call only push().
+// librbd's threads and the map worker call only on_aio_done / hand_back.
 class rbd_queue final : public target_queue {
 public:
-    rbd_queue(rbd_image_t image, completion_sink& sink, int event_fd)
-        : _image(image), _sink(sink), _event_fd(event_fd)
+    rbd_queue(rbd_image_t image, completion_sink& sink, int event_fd, rbd_target& target)
+        : _image(image), _sink(sink), _target(target), _done(event_fd)
     {
     }
     ~rbd_queue() override;
@@ -128,34 +134,34 @@ public:
     void submit(io_request& r) override;
     unsigned poll() override;
     bool busy() const override { return _in_flight != 0; }
-    int wait_fd() const override { return _event_fd; }
-    uint64_t next_wakeup_ns() const override;
-    // librbd holds the request and may still fill its buffer: it cannot be
-    // let go before its callback runs.
+    int wait_fd() const override { return _done.fd(); }
+    uint64_t next_wakeup_ns() const override { return _done.ready_or_reset() ? 0 : UINT64_MAX; }
+    // librbd (or the map worker) holds the request and may still fill its
+    // buffer: it cannot be let go before it comes back.
     bool timed_out(io_request&) override { return false; }
 
     // librbd's completion callback (any librbd thread): hands the request
     // to its queue's thread.
     static void on_aio_done(rbd_completion_t c, void* arg);
-
-    void set_target(rbd_target& t) { _target = &t; }
+    // Hands `r`, whose result is in target_scratch[0], back to the queue
+    // that submitted it. Any thread.
+    static void hand_back(io_request& r);
 
 private:
     int start(io_request& r);
-    void push(io_request& r);
     void finish(io_request& r, int64_t res);
+    void finish_map(io_request& r, int64_t res);
 
     rbd_image_t _image;
     completion_sink& _sink;
-    rbd_target* _target = nullptr;
-    int _event_fd;
+    rbd_target& _target;
     unsigned _in_flight = 0;  // queue thread only
-    // Requests whose callbacks ran and poll() has not completed yet (a
-    // lock-free stack through io_request::next, newest first).
-    std::atomic<io_request*> _done{nullptr};
-    // Callbacks started and not yet returned: the destructor waits for 0
-    // so that no librbd thread touches a freed queue.
-    std::atomic<unsigned> _outstanding{0};
+    // Allocation maps: one at a time per queue on the target's map worker
+    // (so one queue cannot fill the worker), the rest wait here in order.
+    bool _map_posted = false;
+    intrusive_fifo<io_request> _maps_waiting;
+    // Requests that came back and poll() has not completed yet.
+    rbd::completion_list _done;
 };
 
 class rbd_target final : public target {
@@ -170,10 +176,16 @@ public:
           _image_name(std::move(image_name)),
           _snap(std::move(snap)),
           _id(std::move(id)),
-          _image_size(limits.capacity_bytes)
+          _image_size(limits.capacity_bytes),
+          _maps([this](io_request& r) {
+              r.target_scratch[0] =
+                  static_cast<uint64_t>(static_cast<int64_t>(answer_report_extents(*this, r)));
+              rbd_queue::hand_back(r);
+          })
     {
         // The image's header changes (resize, snapshots, features): re-read
-        // its size so that `softblk list` shows it.
+        // its size, which `softblk list` shows and watch_capacity's callback
+        // makes the device's.
         if (rbd_update_watch(_image, &_watch, &rbd_target::on_header_update, this) == 0) {
             _watching = true;
         }
@@ -193,6 +205,17 @@ public:
 
     const block_limits& limits() const override { return _limits; }
 
+    void watch_capacity(std::function<void(uint64_t bytes)> resized) override
+    {
+        std::lock_guard lock(_resize_mutex);
+        _resized = std::move(resized);
+        // A resize between rbd_open and now: the device learns it here.
+        if (const uint64_t size = _image_size.load(std::memory_order_relaxed);
+            size / k_block * k_block != _limits.capacity_bytes) {
+            _resized(size);
+        }
+    }
+
     result<std::unique_ptr<target_queue>> open_queue(unsigned index, completion_sink& sink) override
     {
         const int fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -200,9 +223,7 @@ public:
             return make_error(
                 errno, fmt::format("rbd queue {}: eventfd: {}", index, std::strerror(errno)));
         }
-        auto q = std::make_unique<rbd_queue>(_image, sink, fd);
-        q->set_target(*this);
-        return q;
+        return std::make_unique<rbd_queue>(_image, sink, fd, *this);
     }
 
     int map_extents(uint64_t offset, uint64_t length, std::vector<extent>& out) override;
@@ -219,25 +240,31 @@ public:
         out["image_size"] = size;
         out["size_changes"] = _size_changes.load(std::memory_order_relaxed);
         out["io_errors"] = _io_errors.load(std::memory_order_relaxed);
-        if (size != _limits.capacity_bytes) {
-            // `softblk list` prints a target's notice under its row.
-            out["notice"] = fmt::format(
-                "{}/{}: the image is now {} bytes; the device serves {} "
-                "until it is added again",
-                _pool, _image_name, size, _limits.capacity_bytes);
-        }
     }
 
     void count_error() { _io_errors.fetch_add(1, std::memory_order_relaxed); }
 
+    // Answers the report_extents request `r` on the map worker and hands it
+    // back to its queue. A queue's thread.
+    void post_map(io_request& r) { _maps.post(r); }
+
 private:
+    // librbd's watcher thread; rbd_update_unwatch (the destructor) waits
+    // for a call in progress.
     static void on_header_update(void* arg)
     {
         auto* self = static_cast<rbd_target*>(arg);
         uint64_t size = 0;
-        if (rbd_get_size(self->_image, &size) == 0 &&
-            self->_image_size.exchange(size, std::memory_order_relaxed) != size) {
-            self->_size_changes.fetch_add(1, std::memory_order_relaxed);
+        if (rbd_get_size(self->_image, &size) != 0) {
+            return;
+        }
+        std::lock_guard lock(self->_resize_mutex);
+        if (self->_image_size.exchange(size, std::memory_order_relaxed) == size) {
+            return;  // another header change (a snapshot, a feature)
+        }
+        self->_size_changes.fetch_add(1, std::memory_order_relaxed);
+        if (self->_resized) {
+            self->_resized(size);
         }
     }
 
@@ -252,33 +279,43 @@ private:
     uint64_t _watch = 0;
     bool _watching = false;
     std::atomic<uint64_t> _image_size;
+    // The core's watch_capacity callback; the mutex also keeps two header
+    // changes from reaching it out of order.
+    std::mutex _resize_mutex;
+    std::function<void(uint64_t)> _resized;
     std::atomic<uint64_t> _size_changes{0};
     std::atomic<uint64_t> _io_errors{0};
+    // Idle when the destructor closes the image: the queues, destroyed
+    // before the target, wait for their maps.
+    rbd::map_worker _maps;
 };
 
 // ---------------------------------------------------------------- queue
 
 rbd_queue::~rbd_queue()
 {
-    // A queue may be destroyed while librbd still holds requests (a front
-    // end stopped while the cluster was away): librbd will call back into
-    // this queue, so wait for every request to come back (the completions
-    // are dropped, as the core already gave up on them), then for the last
-    // callback to return.
+    // A queue may be destroyed while librbd or the map worker still holds
+    // requests (a front end stopped while the cluster was away): they will
+    // come back to this queue, so wait for every one (the completions are
+    // dropped, as the core already gave up on them). Maps that wait for
+    // their turn were never posted: drop them now.
+    while (_maps_waiting.pop() != nullptr) {
+        --_in_flight;
+    }
     while (_in_flight != 0) {
-        pollfd p{_event_fd, POLLIN, 0};
+        pollfd p{_done.fd(), POLLIN, 0};
         ::poll(&p, 1, 100);
-        eventfd_t value = 0;
-        eventfd_read(_event_fd, &value);
-        for (io_request* r = _done.exchange(nullptr, std::memory_order_acquire); r != nullptr;
-             r = r->next) {
+        for (io_request* r = _done.take(); r != nullptr; r = r->next) {
             --_in_flight;
         }
     }
-    while (_outstanding.load(std::memory_order_acquire) != 0) {
-        std::this_thread::yield();
-    }
-    close(_event_fd);
+    // ~completion_list waits for the last push to return.
+}
+
+void rbd_queue::hand_back(io_request& r)
+{
+    auto* q = reinterpret_cast<rbd_queue*>(r.target_scratch[1] & ~k_fua_pending);
+    q->_done.push(r);
 }
 
 void rbd_queue::on_aio_done(rbd_completion_t c, void* arg)
@@ -286,37 +323,7 @@ void rbd_queue::on_aio_done(rbd_completion_t c, void* arg)
     auto& r = *static_cast<io_request*>(arg);
     r.target_scratch[0] = static_cast<uint64_t>(static_cast<int64_t>(rbd_aio_get_return_value(c)));
     rbd_aio_release(c);
-    auto* q = reinterpret_cast<rbd_queue*>(r.target_scratch[1] & ~k_fua_pending);
-    q->push(r);
-}
-
-void rbd_queue::push(io_request& r)
-{
-    _outstanding.fetch_add(1, std::memory_order_relaxed);
-    io_request* head = _done.load(std::memory_order_relaxed);
-    do {
-        r.next = head;
-    } while (!_done.compare_exchange_weak(head, &r, std::memory_order_release,
-                                          std::memory_order_relaxed));
-    // Only the push that makes the list non-empty wakes the queue: poll()
-    // takes the whole list at once.
-    if (head == nullptr) {
-        eventfd_write(_event_fd, 1);
-    }
-    _outstanding.fetch_sub(1, std::memory_order_release);
-}
-
-uint64_t rbd_queue::next_wakeup_ns() const
-{
-    if (_done.load(std::memory_order_acquire) != nullptr) {
-        return 0;
-    }
-    // Reset the eventfd before the owner sleeps on it, so that a wake-up
-    // for requests poll() already took does not make a level-triggered
-    // sleep spin; then look again (a push after the reset writes anew).
-    eventfd_t value = 0;
-    eventfd_read(_event_fd, &value);
-    return _done.load(std::memory_order_acquire) != nullptr ? 0 : UINT64_MAX;
+    hand_back(r);
 }
 
 int rbd_queue::start(io_request& r)
@@ -367,24 +374,45 @@ int rbd_queue::start(io_request& r)
 
 void rbd_queue::submit(io_request& r)
 {
+    r.target_scratch[1] = reinterpret_cast<uint64_t>(this);
     if (r.op == io_op::report_extents) {
-        // rbd_diff_iterate2 on the queue's thread: synchronous, a few round
-        // trips to the OSDs (one listing per object without fast-diff).
-        _sink.complete(r, answer_report_extents(*_target, r));
+        // rbd_diff_iterate2 is synchronous (a few round trips to the OSDs,
+        // forever while they are down): the target's worker runs it.
+        ++_in_flight;
+        if (_map_posted) {
+            _maps_waiting.push(r);
+        } else {
+            _map_posted = true;
+            _target.post_map(r);
+        }
         return;
     }
-    r.target_scratch[1] = reinterpret_cast<uint64_t>(this);
     const int rc = start(r);
     if (rc < 0) {
-        _target->count_error();
+        _target.count_error();
         _sink.complete(r, rc);
         return;
     }
     ++_in_flight;
 }
 
+void rbd_queue::finish_map(io_request& r, int64_t res)
+{
+    --_in_flight;
+    if (io_request* next = _maps_waiting.pop(); next != nullptr) {
+        _target.post_map(*next);
+    } else {
+        _map_posted = false;
+    }
+    _sink.complete(r, static_cast<int>(res));
+}
+
 void rbd_queue::finish(io_request& r, int64_t res)
 {
+    if (r.op == io_op::report_extents) {
+        finish_map(r, res);
+        return;
+    }
     if (res >= 0 && r.op == io_op::write && (r.flags & k_io_fua) != 0 &&
         (r.target_scratch[1] & k_fua_pending) == 0) {
         // FUA: librbd has no such flag; the write is durable once a flush
@@ -400,7 +428,7 @@ void rbd_queue::finish(io_request& r, int64_t res)
     --_in_flight;
     int result = 0;
     if (res < 0) {
-        _target->count_error();
+        _target.count_error();
         result = static_cast<int>(res);
     } else if (r.op == io_op::read || r.op == io_op::write) {
         if (r.op == io_op::read && res < static_cast<int64_t>(r.length)) {
@@ -415,28 +443,14 @@ void rbd_queue::finish(io_request& r, int64_t res)
 
 unsigned rbd_queue::poll()
 {
-    // Reset the eventfd first, then take the list: a push after the take
-    // writes the eventfd again, so no completion is left without a wake-up.
-    eventfd_t value = 0;
-    eventfd_read(_event_fd, &value);
-    io_request* list = _done.exchange(nullptr, std::memory_order_acquire);
-    // The stack is newest first: reverse it to complete in arrival order.
-    io_request* ordered = nullptr;
-    while (list != nullptr) {
-        io_request* next = list->next;
-        list->next = ordered;
-        ordered = list;
-        list = next;
-    }
     unsigned n = 0;
-    while (ordered != nullptr) {
-        io_request* r = ordered;
-        ordered = ordered->next;
+    for (io_request* r = _done.take(); r != nullptr;) {
+        io_request* next = r->next;
         r->next = nullptr;
-        const int64_t res = static_cast<int64_t>(r->target_scratch[0]);
         const unsigned before = _in_flight;
-        finish(*r, res);
+        finish(*r, static_cast<int64_t>(r->target_scratch[0]));
         n += before - _in_flight;
+        r = next;
     }
     return n;
 }
@@ -484,7 +498,10 @@ int on_diff_extent(uint64_t offset, size_t length, int exists, void* arg)
 
 int rbd_target::map_extents(uint64_t offset, uint64_t length, std::vector<extent>& out)
 {
-    const uint64_t end = std::min(_limits.capacity_bytes, offset + length);
+    // The image as it is now (the core has checked the range against the
+    // device's capacity, which follows the image's size).
+    const uint64_t image_end = _image_size.load(std::memory_order_relaxed) / k_block * k_block;
+    const uint64_t end = std::min(image_end, offset + length);
     if (offset >= end) {
         return 0;
     }
@@ -538,6 +555,134 @@ result<void> set_conf(rados_t cluster, const char* key, const std::string& value
     return {};
 }
 
+// What create_rbd reaches the image with, checked.
+struct rbd_settings {
+    std::string pool, image, id, conf, keyring, snap;
+    bool create = false;
+    uint64_t size = 0;  // create=1 only
+    bool read_only = false;
+    uint64_t connect_timeout = 0;
+};
+
+// The OSD timeout an open runs with, and the option that set it.
+struct osd_timeout {
+    uint64_t seconds = 0;  // 0: none
+    const char* option = "osd_op_timeout";
+};
+
+std::string no_osd_answered(const rbd_settings& set, osd_timeout timeout)
+{
+    return fmt::format("image={}: no OSD answered within {}={} s; are the OSDs of pool {} up?",
+                       set.image, timeout.option, timeout.seconds, set.pool);
+}
+
+// Connects to the cluster with rados_osd_op_timeout=`timeout` (0: wait for
+// the OSDs forever), creates the image when asked and opens it, into `h`.
+// Errors name the option to change. Control thread.
+result<void> open_image(const rbd_settings& set, osd_timeout timeout, rbd_handles& h)
+{
+    const std::string& pool = set.pool;
+    const std::string& image = set.image;
+    const std::string& id = set.id;
+    const std::string& conf = set.conf;
+    const std::string& keyring = set.keyring;
+    const std::string& snap = set.snap;
+    const bool create = set.create;
+    const bool read_only = set.read_only;
+    int rc = rados_create(&h.cluster, id.c_str());
+    if (rc < 0) {
+        return make_error(-rc, fmt::format("id={}: rados_create: {}", id, errno_text(rc)));
+    }
+    // conf= empty: librados's own search ($CEPH_CONF, /etc/ceph/ceph.conf,
+    // ~/.ceph/ceph.conf, ./ceph.conf).
+    rc = rados_conf_read_file(h.cluster, conf.empty() ? nullptr : conf.c_str());
+    if (rc < 0) {
+        return make_error(
+            -rc, conf.empty() ? fmt::format("conf: no ceph.conf found ($CEPH_CONF, "
+                                            "/etc/ceph/ceph.conf): {}; give conf=PATH",
+                                            errno_text(rc))
+                              : fmt::format("conf={}: cannot read it: {}", conf, errno_text(rc)));
+    }
+    if (!keyring.empty()) {
+        if (access(keyring.c_str(), R_OK) != 0) {
+            return make_error(errno, fmt::format("keyring={}: {}", keyring, std::strerror(errno)));
+        }
+        if (auto s = set_conf(h.cluster, "keyring", keyring); !s) {
+            return std::unexpected(s.error());
+        }
+    }
+    const std::string connect_timeout = std::to_string(set.connect_timeout);
+    for (const char* key : {"client_mount_timeout", "rados_mon_op_timeout"}) {
+        if (auto s = set_conf(h.cluster, key, connect_timeout); !s) {
+            return std::unexpected(s.error());
+        }
+    }
+    if (auto s = set_conf(h.cluster, "rados_osd_op_timeout", std::to_string(timeout.seconds)); !s) {
+        return std::unexpected(s.error());
+    }
+    // librbd's logs go to the daemon's stderr otherwise (the daemon's log).
+    (void)rados_conf_set(h.cluster, "log_to_stderr", "false");
+    (void)rados_conf_set(h.cluster, "err_to_stderr", "false");
+    rc = rados_connect(h.cluster);
+    if (rc < 0) {
+        std::string why;
+        if (rc == -ETIMEDOUT || rc == -ENOTCONN) {
+            why = fmt::format(
+                "no monitor answered within connect_timeout={} s; is the cluster "
+                "up and conf= right?",
+                connect_timeout);
+        } else if (rc == -EACCES || rc == -EPERM || rc == -ENOENT || rc == -EINVAL) {
+            why = fmt::format("client.{} was refused; check id= and keyring=", id);
+        } else {
+            why = errno_text(rc);
+        }
+        return make_error(-rc, fmt::format("rbd: cannot connect to the cluster ({}): {}",
+                                           conf.empty() ? "default ceph.conf" : conf, why));
+    }
+    rc = rados_ioctx_create(h.cluster, pool.c_str(), &h.io);
+    if (rc < 0) {
+        return make_error(-rc, rc == -ENOENT
+                                   ? fmt::format("pool={}: no such pool in the cluster", pool)
+                                   : fmt::format("pool={}: {}", pool, errno_text(rc)));
+    }
+    if (create) {
+        int order = 0;
+        rc = rbd_create(h.io, image.c_str(), set.size, &order);
+        if (rc == -ETIMEDOUT) {
+            return make_error(ETIMEDOUT, no_osd_answered(set, timeout));
+        }
+        if (rc < 0 && rc != -EEXIST) {
+            return make_error(-rc, fmt::format("image={}: cannot create it in pool {}: {}", image,
+                                               pool, errno_text(rc)));
+        }
+    }
+    const char* snap_name = snap.empty() ? nullptr : snap.c_str();
+    rc = read_only ? rbd_open_read_only(h.io, image.c_str(), &h.image, snap_name)
+                   : rbd_open(h.io, image.c_str(), &h.image, nullptr);
+    if (rc < 0) {
+        if (rc == -ENOENT && snap_name != nullptr) {
+            // Tell a missing image from a missing snapshot.
+            rbd_image_t probe = nullptr;
+            if (rbd_open_read_only(h.io, image.c_str(), &probe, nullptr) == 0) {
+                rbd_close(probe);
+                return make_error(ENOENT, fmt::format("snap={}: image {}/{} has no such snapshot",
+                                                      snap, pool, image));
+            }
+        }
+        if (rc == -ENOENT) {
+            return make_error(ENOENT, fmt::format("image={}: no such image in pool {} (create=1 "
+                                                  "size= creates it)",
+                                                  image, pool));
+        }
+        if (rc == -ETIMEDOUT) {
+            return make_error(ETIMEDOUT, no_osd_answered(set, timeout));
+        }
+        return make_error(-rc, fmt::format("image={}: cannot open {}/{}: {}", image, pool, image,
+                                           errno_text(rc)));
+    }
+    return {};
+}
+
 result<std::unique_ptr<target>> create_rbd(const option_set& o)
 {
     const std::string& pool = o.text("pool");
@@ -581,96 +726,37 @@ result<std::unique_ptr<target>> create_rbd(const option_set& o)
                           "or the other");
     }
 
+    const rbd_settings set{.pool = pool,
+                           .image = image,
+                           .id = id,
+                           .conf = conf,
+                           .keyring = keyring,
+                           .snap = snap,
+                           .create = create,
+                           .size = *size,
+                           .read_only = read_only,
+                           .connect_timeout = o.u64("connect_timeout")};
+    const uint64_t osd_op_timeout = o.u64("osd_op_timeout");
+    if (osd_op_timeout == 0) {
+        // Opening reads the image's header from an OSD, and without an
+        // osd_op_timeout librados waits for one forever, holding up the
+        // daemon's control thread: a first open on a handle of its own
+        // with connect_timeout as its OSD timeout bounds the add.
+        // Read-only: the probe takes no lock and writes nothing but the
+        // image that create=1 makes.
+        rbd_settings probe_set = set;
+        probe_set.read_only = true;
+        rbd_handles probe;
+        if (auto r = open_image(probe_set, {set.connect_timeout, "connect_timeout"}, probe); !r) {
+            return std::unexpected(r.error());
+        }
+    }
     rbd_handles h;
-    int rc = rados_create(&h.cluster, id.c_str());
-    if (rc < 0) {
-        return make_error(-rc, fmt::format("id={}: rados_create: {}", id, errno_text(rc)));
-    }
-    // conf= empty: librados's own search ($CEPH_CONF, /etc/ceph/ceph.conf,
-    // ~/.ceph/ceph.conf, ./ceph.conf).
-    rc = rados_conf_read_file(h.cluster, conf.empty() ? nullptr : conf.c_str());
-    if (rc < 0) {
-        return make_error(
-            -rc, conf.empty() ? fmt::format("conf: no ceph.conf found ($CEPH_CONF, "
-                                            "/etc/ceph/ceph.conf): {}; give conf=PATH",
-                                            errno_text(rc))
-                              : fmt::format("conf={}: cannot read it: {}", conf, errno_text(rc)));
-    }
-    if (!keyring.empty()) {
-        if (access(keyring.c_str(), R_OK) != 0) {
-            return make_error(errno, fmt::format("keyring={}: {}", keyring, std::strerror(errno)));
-        }
-        if (auto s = set_conf(h.cluster, "keyring", keyring); !s) {
-            return std::unexpected(s.error());
-        }
-    }
-    const std::string connect_timeout = std::to_string(o.u64("connect_timeout"));
-    for (const char* key : {"client_mount_timeout", "rados_mon_op_timeout"}) {
-        if (auto s = set_conf(h.cluster, key, connect_timeout); !s) {
-            return std::unexpected(s.error());
-        }
-    }
-    if (auto s =
-            set_conf(h.cluster, "rados_osd_op_timeout", std::to_string(o.u64("osd_op_timeout")));
-        !s) {
-        return std::unexpected(s.error());
-    }
-    // librbd's logs go to the daemon's stderr otherwise (the daemon's log).
-    (void)rados_conf_set(h.cluster, "log_to_stderr", "false");
-    (void)rados_conf_set(h.cluster, "err_to_stderr", "false");
-    rc = rados_connect(h.cluster);
-    if (rc < 0) {
-        std::string why;
-        if (rc == -ETIMEDOUT || rc == -ENOTCONN) {
-            why = fmt::format(
-                "no monitor answered within connect_timeout={} s; is the cluster "
-                "up and conf= right?",
-                connect_timeout);
-        } else if (rc == -EACCES || rc == -EPERM || rc == -ENOENT || rc == -EINVAL) {
-            why = fmt::format("client.{} was refused; check id= and keyring=", id);
-        } else {
-            why = errno_text(rc);
-        }
-        return make_error(-rc, fmt::format("rbd: cannot connect to the cluster ({}): {}",
-                                           conf.empty() ? "default ceph.conf" : conf, why));
-    }
-    rc = rados_ioctx_create(h.cluster, pool.c_str(), &h.io);
-    if (rc < 0) {
-        return make_error(-rc, rc == -ENOENT
-                                   ? fmt::format("pool={}: no such pool in the cluster", pool)
-                                   : fmt::format("pool={}: {}", pool, errno_text(rc)));
-    }
-    if (create) {
-        int order = 0;
-        rc = rbd_create(h.io, image.c_str(), *size, &order);
-        if (rc < 0 && rc != -EEXIST) {
-            return make_error(-rc, fmt::format("image={}: cannot create it in pool {}: {}", image,
-                                               pool, errno_text(rc)));
-        }
-    }
-    const char* snap_name = snap.empty() ? nullptr : snap.c_str();
-    rc = read_only ? rbd_open_read_only(h.io, image.c_str(), &h.image, snap_name)
-                   : rbd_open(h.io, image.c_str(), &h.image, nullptr);
-    if (rc < 0) {
-        if (rc == -ENOENT && snap_name != nullptr) {
-            // Tell a missing image from a missing snapshot.
-            rbd_image_t probe = nullptr;
-            if (rbd_open_read_only(h.io, image.c_str(), &probe, nullptr) == 0) {
-                rbd_close(probe);
-                return make_error(ENOENT, fmt::format("snap={}: image {}/{} has no such snapshot",
-                                                      snap, pool, image));
-            }
-        }
-        if (rc == -ENOENT) {
-            return make_error(ENOENT, fmt::format("image={}: no such image in pool {} (create=1 "
-                                                  "size= creates it)",
-                                                  image, pool));
-        }
-        return make_error(-rc, fmt::format("image={}: cannot open {}/{}: {}", image, pool, image,
-                                           errno_text(rc)));
+    if (auto r = open_image(set, {osd_op_timeout, "osd_op_timeout"}, h); !r) {
+        return std::unexpected(r.error());
     }
     uint64_t image_size = 0;
-    rc = rbd_get_size(h.image, &image_size);
+    int rc = rbd_get_size(h.image, &image_size);
     if (rc < 0) {
         return make_error(-rc,
                           fmt::format("image={}: cannot read its size: {}", image, errno_text(rc)));
