@@ -20,14 +20,16 @@ inline constexpr option_def k_socket_mode_option{
     .kind = option_kind::text,
     .default_value = "0600",
     .unit = "octal",
-    .help = "permissions of the unix socket, set before it listens whatever the umask (0600: the "
-            "daemon's user only; 0660 with group= for a group)"};
+    .help =
+        "permissions of the unix socket, set before it listens whatever the umask (0600: the "
+        "daemon's user only; 0660 with group= for a group)"};
 inline constexpr option_def k_socket_group_option{.name = "group",
                                                   .kind = option_kind::text,
                                                   .default_value = "",
                                                   .unit = "name or gid",
-                                                  .help = "group of the unix socket (default: the "
-                                                          "daemon's)"};
+                                                  .help =
+                                                      "group of the unix socket (default: the "
+                                                      "daemon's)"};
 
 // Why `path` cannot be bound as a unix socket, or "" when it may: nothing
 // is there, or a socket of this user that nobody listens on (connect() is
