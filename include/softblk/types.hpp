@@ -179,19 +179,19 @@ struct block_limits {
 
 // The capacity as it is now, read without a lock while the core may change
 // it (block_limits::capacity_bytes). Any thread.
+// The compiler's atomic built-ins rather than std::atomic_ref: the fuzzers
+// build this header with clang-16's libc++, which has no atomic_ref (as the
+// NBD codec's negotiated size, codec.hpp).
 inline uint64_t current_capacity(const block_limits& l)
 {
-    // The object is never const (the device's and the front ends' copies);
-    // std::atomic_ref<const T> is C++26.
-    return std::atomic_ref<uint64_t>(const_cast<uint64_t&>(l.capacity_bytes))
-        .load(std::memory_order_relaxed);
+    return __atomic_load_n(&l.capacity_bytes, __ATOMIC_RELAXED);
 }
 
 // Sets `l.capacity_bytes` while other threads read it with
 // current_capacity(). Any thread.
 inline void set_capacity(block_limits& l, uint64_t bytes)
 {
-    std::atomic_ref<uint64_t>(l.capacity_bytes).store(bytes, std::memory_order_relaxed);
+    __atomic_store_n(&l.capacity_bytes, bytes, __ATOMIC_RELAXED);
 }
 
 // Number of zones of a zoned device (0 for one that is not zoned).
