@@ -699,6 +699,31 @@ void zone_engine::write_failed(uint32_t index)
     }
 }
 
+namespace {
+
+// zloop's reset and finish: nothing to do for a zone already in `done`
+// that has not failed; otherwise the backend settles the zone's storage
+// (`backend_op`, 0 or an error), then `mark` sets its condition. A backend
+// failure marks the zone failed (so the next attempt retries) and is EIO,
+// as zloop returns it.
+template <typename Zone, typename BackendOp, typename Mark>
+int settle_zloop_zone(Zone& z, zone_condition done, BackendOp backend_op, Mark mark)
+{
+    if (!z.failed.load(std::memory_order_relaxed) &&
+        z.cond.load(std::memory_order_relaxed) == done) {
+        return 0;
+    }
+    if (backend_op() != 0) {
+        z.failed.store(true, std::memory_order_relaxed);
+        return -EIO;
+    }
+    mark();
+    z.failed.store(false, std::memory_order_relaxed);
+    return 0;
+}
+
+}  // namespace
+
 int zone_engine::zloop_close(uint32_t index)
 {
     zone& z = _zones[index];
@@ -724,34 +749,18 @@ int zone_engine::zloop_close(uint32_t index)
 
 int zone_engine::zloop_reset(uint32_t index)
 {
-    zone& z = _zones[index];
-    if (!z.failed.load(std::memory_order_relaxed) &&
-        z.cond.load(std::memory_order_relaxed) == zone_condition::empty) {
-        return 0;
-    }
-    if (_backend != nullptr && _backend->reset_zone(index) != 0) {
-        z.failed.store(true, std::memory_order_relaxed);
-        return -EIO;
-    }
-    zloop_mark_empty(index);
-    z.failed.store(false, std::memory_order_relaxed);
-    return 0;
+    return settle_zloop_zone(
+        _zones[index], zone_condition::empty,
+        [&] { return _backend != nullptr ? _backend->reset_zone(index) : 0; },
+        [&] { zloop_mark_empty(index); });
 }
 
 int zone_engine::zloop_finish(uint32_t index)
 {
-    zone& z = _zones[index];
-    if (!z.failed.load(std::memory_order_relaxed) &&
-        z.cond.load(std::memory_order_relaxed) == zone_condition::full) {
-        return 0;
-    }
-    if (_backend != nullptr && _backend->finish_zone(index) != 0) {
-        z.failed.store(true, std::memory_order_relaxed);
-        return -EIO;
-    }
-    zloop_mark_full(index);
-    z.failed.store(false, std::memory_order_relaxed);
-    return 0;
+    return settle_zloop_zone(
+        _zones[index], zone_condition::full,
+        [&] { return _backend != nullptr ? _backend->finish_zone(index) : 0; },
+        [&] { zloop_mark_full(index); });
 }
 
 int zone_engine::zloop_manage(io_op op, uint32_t index)
