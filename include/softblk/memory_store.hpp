@@ -19,6 +19,8 @@
 #include <memory>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include <softblk/options.hpp>
 #include <softblk/types.hpp>
 
@@ -83,6 +85,19 @@ public:
     uint64_t used() const { return _used.load(std::memory_order_relaxed); }
     // The limit in bytes; 0: none of its own. Any thread.
     uint64_t limit() const { return _limit.load(std::memory_order_relaxed); }
+    // The smallest limit of this budget and its parents, as they are now;
+    // 0: none anywhere. Any thread.
+    uint64_t smallest_limit() const
+    {
+        uint64_t smallest = 0;
+        for (const memory_budget* b = this; b != nullptr; b = b->_parent) {
+            const uint64_t l = b->limit();
+            if (l != 0 && (smallest == 0 || l < smallest)) {
+                smallest = l;
+            }
+        }
+        return smallest;
+    }
     // Charges refused because of this budget's own limit. Any thread.
     uint64_t refused() const { return _refused.load(std::memory_order_relaxed); }
     // Sets the limit (0: none). Memory charged already stays charged, even
@@ -155,8 +170,11 @@ public:
     // before the failure stays stored.
     virtual int write(uint64_t offset, const void* data, uint64_t length) = 0;
 
-    // Forgets the blocks of [offset, offset+length): they read as zeros;
-    // pages left empty go back to the kernel and their memory to the budget.
+    // Forgets the blocks of [offset, offset+length): they read as zeros.
+    // Pages left empty are kept resident for reuse by later writes (no
+    // system call either way) up to free_page_limit_bytes(); those beyond
+    // it go back to the kernel before discard returns, and their memory to
+    // the budget.
     virtual void discard(uint64_t offset, uint64_t length) = 0;
 
     // Makes [offset, offset+length) read as zeros. keep_allocated=false
@@ -180,16 +198,37 @@ public:
     virtual uint64_t memory_bytes() const = 0;
     // Bytes of pages that hold at least one block of data. Any thread.
     virtual uint64_t data_page_bytes() const = 0;
+    // Bytes of pages freed by discards and kept resident (and charged) for
+    // reuse: at most free_page_limit_bytes() once a discard has returned.
+    // Any thread.
+    virtual uint64_t free_page_bytes() const = 0;
+    // The most free_page_bytes() may be now: 1/8 of the capacity, 1/8 of
+    // the smallest memory limit over the store (its own, the process's),
+    // 256 MiB at most (memory_store.cpp says why). Any thread.
+    virtual uint64_t free_page_limit_bytes() const = 0;
+    // Bytes of pages given back to the kernel since the store was created
+    // (MADV_DONTNEED beyond the free-page limit; clear() and destruction
+    // not counted). Any thread.
+    virtual uint64_t returned_bytes() const = 0;
     // Lock acquisitions that had to wait (the benchmark's contention figure).
     virtual uint64_t contended() const = 0;
     // The store's own budget (limit = config::limit_bytes). Any thread.
     virtual const memory_budget& budget() const = 0;
     // Changes the store's own limit (memory_limit written while the device
-    // runs); what is held stays. Any thread.
+    // runs); data held stays, free pages beyond the new free-page limit go
+    // back to the kernel. Any thread.
     virtual void set_limit(uint64_t limit_bytes) = 0;
 
     virtual uint64_t capacity_bytes() const = 0;
     virtual uint32_t block_size() const = 0;
 };
+
+// The store's figures for the describe() of a target that keeps its data in
+// `store`, under the names every such target uses: data_page_bytes,
+// store_memory_bytes, store_free_page_bytes, store_free_page_limit_bytes,
+// store_returned_bytes, store_lock_contended, memory_limit_bytes (the
+// store's own limit: the convention of k_memory_limit_option) and
+// memory_refused. Any thread.
+void describe_memory_store(const memory_store& store, nlohmann::json& out);
 
 }  // namespace softblk

@@ -7,9 +7,11 @@
 // leaf entry is the page's address with a bitmap of the blocks it holds in
 // its low bits, so unwritten blocks of a page read as zeros and discard works
 // at block granularity; a page whose last block is discarded goes back to the
-// page pool, whose RAM is returned to the kernel (MADV_DONTNEED). A device of
-// any size with nothing written costs one root node, the lock stripes and
-// nothing else.
+// page pool, which keeps it resident for the next write (a zone reset and the
+// zone's rewrite cost no system call and no page fault) up to a bound, and
+// returns RAM beyond the bound to the kernel (MADV_DONTNEED). A device of any
+// size with nothing written costs one root node, the lock stripes and nothing
+// else.
 //
 // Concurrency: any number of queue threads may call read/write/discard at
 // once. Page-table nodes are installed lock-free (compare-and-swap) and never
@@ -19,10 +21,12 @@
 //
 // Accounting: the store charges its budget for what it holds resident, where
 // it allocates: a 1 MiB chunk when it is mapped (the pool populates it
-// whole), a released page when it is reused, a page-table node when it is
-// created; pages returned to the kernel are released. So memory_bytes() is
-// the budget's use, and a charge happens once per chunk, node or reused page
-// (relaxed atomics, no lock of its own; the pool's mutex is taken anyway).
+// whole), a page returned to the kernel when it is reused, a page-table node
+// when it is created; pages returned to the kernel are released. A free page
+// kept resident stays charged, so reusing it charges nothing. So
+// memory_bytes() is the budget's use, and a charge happens once per chunk,
+// node or page taken back from the kernel (relaxed atomics, no lock of its
+// own; the pool's mutex is taken anyway).
 #include <softblk/memory_store.hpp>
 
 #include <algorithm>
@@ -35,6 +39,8 @@
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+
+#include <nlohmann/json.hpp>
 
 #include <softblk/support/cpu_relax.hpp>
 
@@ -68,9 +74,22 @@ public:
     {
         return _live_pages.load(std::memory_order_relaxed) * uint64_t{k_page_size};
     }
+    uint64_t free_page_bytes() const override { return _pool.free_pages() * uint64_t{k_page_size}; }
+    uint64_t free_page_limit_bytes() const override
+    {
+        return _pool.keep_pages() * uint64_t{k_page_size};
+    }
+    uint64_t returned_bytes() const override
+    {
+        return _pool.returned_pages() * uint64_t{k_page_size};
+    }
     uint64_t contended() const override { return _contended.load(std::memory_order_relaxed); }
     const memory_budget& budget() const override { return _budget; }
-    void set_limit(uint64_t limit_bytes) override { _budget.set_limit(limit_bytes); }
+    void set_limit(uint64_t limit_bytes) override
+    {
+        _budget.set_limit(limit_bytes);
+        _pool.trim();
+    }
     uint64_t capacity_bytes() const override { return _capacity; }
     uint32_t block_size() const override { return _block_size; }
 
@@ -88,37 +107,60 @@ private:
         std::atomic<uint32_t> locked{0};
     };
 
-    // Pages come from 1 MiB chunks mapped (and populated) at once; freed
-    // pages are released to the kernel in batches and reused. Every page
-    // counted in resident_pages() is charged to the budget.
+    // Pages come from 1 MiB chunks mapped (and populated) at once. A freed
+    // page is kept resident on a free list threaded through the pages
+    // themselves (no allocation, no system call) while the list holds fewer
+    // than keep_pages(); beyond that it is queued and returned to the
+    // kernel in batches (MADV_DONTNEED), and faults back in when reused.
+    // Every page counted in resident_pages() is charged to the budget.
     class page_pool {
     public:
-        page_pool(int numa_node, memory_budget& budget) : _numa_node(numa_node), _budget(budget) {}
+        page_pool(int numa_node, memory_budget& budget, uint64_t capacity_bytes)
+            : _numa_node(numa_node), _budget(budget), _capacity(capacity_bytes)
+        {
+        }
         ~page_pool();
-        // A page, or nullptr with `error` set to -ENOSPC (the budget
-        // refused) or -ENOMEM (the system did).
+        // A page (its contents undefined), or nullptr with `error` set to
+        // -ENOSPC (the budget refused) or -ENOMEM (the system did). Reuses
+        // a kept free page first, which charges nothing.
         void* allocate(int& error);
-        // Queues `page` for release; flush() returns queued pages' RAM.
+        // Takes `page` back: kept for reuse within keep_pages(), else
+        // queued; flush() returns queued pages' RAM.
         void free(void* page);
         void flush();
+        // Returns kept free pages beyond keep_pages() (a lowered limit).
+        void trim();
         void release_all();
+        // How many free pages may be kept resident now (see the .cpp's
+        // k_keep_ceiling for why this bound).
+        uint64_t keep_pages() const;
         uint64_t resident_pages() const { return _resident.load(std::memory_order_relaxed); }
+        uint64_t free_pages() const { return _kept_count.load(std::memory_order_relaxed); }
+        uint64_t returned_pages() const { return _returned.load(std::memory_order_relaxed); }
 
     private:
         static constexpr size_t k_chunk_bytes = size_t{1} << 20;
-        static constexpr size_t k_batch = 64;
+        // Pages returned per flush at most: 1 MiB, so that a store far
+        // beyond its bound pays one madvise (and TLB shootdown) per run of
+        // adjacent pages in a MiB, not per 64 pages.
+        static constexpr size_t k_batch = 256;
+        void queue_locked(void* page);
         void flush_locked();
 
         int _numa_node;
         memory_budget& _budget;
+        uint64_t _capacity;
         mutable std::mutex _lock;
         std::vector<void*> _chunks;
-        std::vector<void*> _free;      // released, ready to reuse
-        void* _pending[k_batch] = {};  // freed, not yet released
+        void* _kept = nullptr;  // free list of resident pages, linked through their first word
+        std::atomic<uint64_t> _kept_count{0};
+        std::vector<void*> _returned_free;  // returned to the kernel, ready to reuse
+        void* _pending[k_batch] = {};       // freed beyond the bound, not yet returned
         size_t _pending_count = 0;
         char* _bump = nullptr;  // unused rest of the newest chunk
         char* _bump_end = nullptr;
         std::atomic<uint64_t> _resident{0};
+        std::atomic<uint64_t> _returned{0};
     };
 
     // The leaf entry of page `index`, creating missing nodes if `create`;
@@ -154,29 +196,66 @@ private:
 
 // ---------------------------------------------------------------- page pool
 
+// The most free memory a store keeps resident for reuse. A zoned device
+// discards a whole zone at each reset and rewrites it next, and a file
+// system discards freed extents it will fill again: keeping those pages
+// mapped saves a madvise, its TLB shootdown (costly in a VM: most of the
+// zoned benchmark's time before) and a page fault per page rewritten.
+// Bounded so that a device that discards most of its data still gives
+// memory back (null_blk's memory_backed: discard frees memory):
+//  - 1/8 of the capacity: a full device that discards everything returns
+//    at least 7/8 of its data memory, and the kept memory never exceeds
+//    what a device of that size was expected to hold;
+//  - 1/8 of the smallest memory limit over the store (its memory_limit,
+//    the daemon's budget): free pages count against the budget, so one
+//    device's spare pages must not take a large share of what the others
+//    may allocate;
+//  - 256 MiB: the default zone size of null_blk and of zloop, the largest
+//    discard that zoned use repeats with default geometry; beyond it a
+//    sparse terabyte device would keep gigabytes nobody writes again.
+// The limits are read at each free, so a lowered limit applies at once
+// (the store's own limit through trim() too).
+constexpr uint64_t k_keep_ceiling = uint64_t{256} << 20;
+
 page_store::page_pool::~page_pool()
 {
     release_all();
 }
 
+uint64_t page_store::page_pool::keep_pages() const
+{
+    uint64_t keep = std::min(_capacity / 8, k_keep_ceiling);
+    if (const uint64_t limit = _budget.smallest_limit(); limit != 0) {
+        keep = std::min(keep, limit / 8);
+    }
+    return keep / k_page_size;
+}
+
 void* page_store::page_pool::allocate(int& error)
 {
     std::lock_guard guard(_lock);
-    if (!_free.empty()) {
-        // Released pages fault back in (zeroed) on first touch: resident
+    if (_kept != nullptr) {
+        // Resident and charged already: nothing to do but unlink it.
+        void* p = _kept;
+        _kept = *static_cast<void**>(p);
+        _kept_count.fetch_sub(1, std::memory_order_relaxed);
+        return p;
+    }
+    if (_pending_count > 0) {
+        // Not returned yet: hand it straight back out, still resident.
+        return _pending[--_pending_count];
+    }
+    if (_bump == _bump_end && !_returned_free.empty()) {
+        // Returned pages fault back in (zeroed) on first touch: resident
         // again, so charged again.
         if (!_budget.try_charge(k_page_size)) {
             error = -ENOSPC;
             return nullptr;
         }
-        void* p = _free.back();
-        _free.pop_back();
+        void* p = _returned_free.back();
+        _returned_free.pop_back();
         _resident.fetch_add(1, std::memory_order_relaxed);
         return p;
-    }
-    if (_pending_count > 0) {
-        // Not released yet: hand it straight back out, still resident.
-        return _pending[--_pending_count];
     }
     if (_bump == _bump_end) {
         // The whole chunk becomes resident (populated below).
@@ -208,6 +287,8 @@ void* page_store::page_pool::allocate(int& error)
         _bump_end = _bump + k_chunk_bytes;
         _resident.fetch_add(k_chunk_bytes / k_page_size, std::memory_order_relaxed);
     }
+    // The rest of the newest chunk before returned pages: it is resident
+    // and charged already.
     void* p = _bump;
     _bump += k_page_size;
     return p;
@@ -216,16 +297,40 @@ void* page_store::page_pool::allocate(int& error)
 void page_store::page_pool::free(void* page)
 {
     std::lock_guard guard(_lock);
-    _pending[_pending_count++] = page;
-    if (_pending_count == k_batch) {
-        flush_locked();
+    if (_kept_count.load(std::memory_order_relaxed) < keep_pages()) {
+        *static_cast<void**>(page) = _kept;
+        _kept = page;
+        _kept_count.fetch_add(1, std::memory_order_relaxed);
+        return;
     }
+    queue_locked(page);
 }
 
 void page_store::page_pool::flush()
 {
     std::lock_guard guard(_lock);
     flush_locked();
+}
+
+void page_store::page_pool::trim()
+{
+    std::lock_guard guard(_lock);
+    const uint64_t keep = keep_pages();
+    while (_kept_count.load(std::memory_order_relaxed) > keep) {
+        void* p = _kept;
+        _kept = *static_cast<void**>(p);
+        _kept_count.fetch_sub(1, std::memory_order_relaxed);
+        queue_locked(p);
+    }
+    flush_locked();
+}
+
+void page_store::page_pool::queue_locked(void* page)
+{
+    _pending[_pending_count++] = page;
+    if (_pending_count == k_batch) {
+        flush_locked();
+    }
 }
 
 void page_store::page_pool::flush_locked()
@@ -244,8 +349,9 @@ void page_store::page_pool::flush_locked()
         madvise(_pending[i], (j - i) * k_page_size, MADV_DONTNEED);
         i = j;
     }
-    _free.insert(_free.end(), _pending, _pending + _pending_count);
+    _returned_free.insert(_returned_free.end(), _pending, _pending + _pending_count);
     _resident.fetch_sub(_pending_count, std::memory_order_relaxed);
+    _returned.fetch_add(_pending_count, std::memory_order_relaxed);
     _budget.release(_pending_count * uint64_t{k_page_size});
     _pending_count = 0;
 }
@@ -257,7 +363,9 @@ void page_store::page_pool::release_all()
         munmap(c, k_chunk_bytes);
     }
     _chunks.clear();
-    _free.clear();
+    _kept = nullptr;
+    _kept_count.store(0, std::memory_order_relaxed);
+    _returned_free.clear();
     _pending_count = 0;
     _bump = _bump_end = nullptr;
     _budget.release(_resident.exchange(0, std::memory_order_relaxed) * uint64_t{k_page_size});
@@ -272,7 +380,7 @@ page_store::page_store(const config& cfg, memory_budget& parent)
       _block_shift(static_cast<unsigned>(__builtin_ctz(cfg.block_size))),
       _budget(cfg.limit_bytes, &parent),
       _stripes(new stripe[k_stripes]),
-      _pool(cfg.numa_node, _budget)
+      _pool(cfg.numa_node, _budget, _page_count * k_page_size)
 {
     assert(_block_size >= 512 && _block_size <= k_page_size &&
            (_block_size & (_block_size - 1)) == 0);
@@ -561,6 +669,18 @@ void page_store::clear()
 }
 
 }  // namespace core
+
+void describe_memory_store(const memory_store& store, nlohmann::json& out)
+{
+    out["data_page_bytes"] = store.data_page_bytes();
+    out["store_memory_bytes"] = store.memory_bytes();
+    out["store_free_page_bytes"] = store.free_page_bytes();
+    out["store_free_page_limit_bytes"] = store.free_page_limit_bytes();
+    out["store_returned_bytes"] = store.returned_bytes();
+    out["store_lock_contended"] = store.contended();
+    out["memory_limit_bytes"] = store.budget().limit();
+    out["memory_refused"] = store.budget().refused();
+}
 
 std::unique_ptr<memory_store> memory_store::create(const config& cfg)
 {

@@ -52,7 +52,9 @@ TEST(memory_store, memory_follows_the_data_written)
     EXPECT_LT(s.memory_bytes(), (8u << 20) + (1u << 20));
     s.discard(0, uint64_t{8} << 30);
     EXPECT_EQ(s.data_page_bytes(), 0u);
-    EXPECT_LT(s.memory_bytes(), 1u << 20);
+    // The freed pages stay for reuse (within the bound: 256 MiB here).
+    EXPECT_EQ(s.free_page_bytes(), 8u << 20);
+    EXPECT_LT(s.memory_bytes() - s.free_page_bytes(), 1u << 20);
 }
 
 TEST(memory_store, blocks_of_a_page_are_independent)
@@ -251,10 +253,15 @@ TEST(memory_store, memory_bytes_is_what_the_store_charged)
         EXPECT_GE(store->memory_bytes(), 8 * k_mib);
         EXPECT_LT(store->memory_bytes(), 9 * k_mib + empty);
         store->discard(0, uint64_t{8} << 30);
-        EXPECT_LT(daemon.used(), 64 * 1024 + empty);  // pages and their chunks' rest returned
-        // Pages reused from the pool are charged again.
+        // The freed pages stay resident for reuse, and charged.
+        EXPECT_EQ(store->free_page_bytes(), 8 * k_mib);
+        EXPECT_EQ(daemon.used(), store->memory_bytes());
+        EXPECT_LT(daemon.used() - store->free_page_bytes(), 64 * 1024 + empty);
+        // Reusing them charges nothing more.
+        const uint64_t held = daemon.used();
         ASSERT_EQ(store->write(0, mib.data(), mib.size()), 0);
-        EXPECT_GE(daemon.used(), k_mib);
+        EXPECT_EQ(daemon.used(), held);
+        EXPECT_EQ(store->free_page_bytes(), 7 * k_mib);
         store->clear();
         EXPECT_EQ(daemon.used(), empty);
     }
@@ -289,6 +296,123 @@ TEST(memory_store, writes_past_the_limit_fail_with_enospc_and_discard_gives_room
     daemon.set_limit(daemon.used() + k_mib / 2);
     EXPECT_EQ(store->write(40 * k_mib, mib.data(), k_mib), -ENOSPC);
     EXPECT_GT(daemon.refused(), 0u);
+}
+
+// ---------------------------------------------------------------- free pages
+
+TEST(memory_store, freed_pages_are_reused_without_returning_them)
+{
+    auto store = make(64 * k_mib, 512);  // keeps up to 8 MiB of free pages
+    memory_store& s = *store;
+    EXPECT_EQ(s.free_page_limit_bytes(), 8 * k_mib);
+    std::vector<char> zone(4 * k_mib, 'z');
+    ASSERT_EQ(s.write(16 * k_mib, zone.data(), zone.size()), 0);
+    const uint64_t full = s.memory_bytes();
+    // A zone reset and the zone rewritten, again and again: the pages go to
+    // the free list and back, the kernel sees none of them.
+    for (int round = 0; round < 20; ++round) {
+        s.discard(16 * k_mib, zone.size());
+        EXPECT_EQ(s.data_page_bytes(), 0u);
+        EXPECT_EQ(s.free_page_bytes(), 4 * k_mib);
+        EXPECT_EQ(s.memory_bytes(), full);
+        std::memset(zone.data(), 'a' + round, zone.size());
+        // The first block of each page is left unwritten: a reused page
+        // must read as zeros where this round did not write.
+        for (uint64_t p = 0; p < zone.size(); p += 4096) {
+            ASSERT_EQ(s.write(16 * k_mib + p + 512, zone.data() + p + 512, 4096 - 512), 0);
+        }
+        EXPECT_EQ(s.free_page_bytes(), 0u);
+        EXPECT_EQ(s.memory_bytes(), full);
+        std::vector<char> page(4096);
+        s.read(16 * k_mib + 4096 * uint64_t(round), page.data(), page.size());
+        EXPECT_TRUE(std::all_of(page.begin(), page.begin() + 512, [](char c) { return c == 0; }));
+        EXPECT_TRUE(
+            std::all_of(page.begin() + 512, page.end(), [&](char c) { return c == 'a' + round; }));
+    }
+    EXPECT_EQ(s.returned_bytes(), 0u);
+}
+
+TEST(memory_store, free_pages_beyond_the_bound_go_back_to_the_kernel)
+{
+    memory_budget daemon;
+    auto store = make(16 * k_mib, 4096, 0, &daemon);
+    memory_store& s = *store;
+    EXPECT_EQ(s.free_page_limit_bytes(), 2 * k_mib);  // 1/8 of the capacity
+    std::vector<char> data(16 * k_mib, 'd');
+    ASSERT_EQ(s.write(0, data.data(), data.size()), 0);
+    const uint64_t full = s.memory_bytes();
+    // A device that discards most of its data gives most of it back.
+    s.discard(0, 16 * k_mib);
+    EXPECT_EQ(s.free_page_bytes(), 2 * k_mib);
+    EXPECT_EQ(s.returned_bytes(), 14 * k_mib);
+    EXPECT_EQ(s.memory_bytes(), full - 14 * k_mib);
+    EXPECT_EQ(daemon.used(), s.memory_bytes());
+    // A lower limit of the store's own lowers the bound at once.
+    s.set_limit(8 * k_mib);
+    EXPECT_EQ(s.free_page_limit_bytes(), k_mib);
+    EXPECT_EQ(s.free_page_bytes(), k_mib);
+    EXPECT_EQ(s.returned_bytes(), 15 * k_mib);
+    EXPECT_EQ(s.memory_bytes(), full - 15 * k_mib);
+    // The parent's limit counts too (seen at the next discard).
+    s.set_limit(0);
+    daemon.set_limit(4 * k_mib);
+    EXPECT_EQ(s.free_page_limit_bytes(), k_mib / 2);
+    ASSERT_EQ(s.write(0, data.data(), 2 * k_mib), 0);  // 1 MiB reused, 1 MiB back from the kernel
+    EXPECT_EQ(s.free_page_bytes(), 0u);
+    s.discard(0, 2 * k_mib);
+    EXPECT_EQ(s.free_page_bytes(), k_mib / 2);
+    EXPECT_EQ(s.returned_bytes(), 15 * k_mib + 3 * k_mib / 2);
+    EXPECT_EQ(daemon.used(), s.memory_bytes());
+    // The bound's ceiling: a sparse terabyte keeps at most 256 MiB.
+    EXPECT_EQ(make(k_tib, 4096)->free_page_limit_bytes(), 256 * k_mib);
+}
+
+TEST(memory_store, accounting_stays_exact_through_discard_and_reuse_cycles)
+{
+    memory_budget daemon;
+    constexpr uint64_t k_capacity = 32 * k_mib;
+    auto store = make(k_capacity, 512, 0, &daemon);
+    memory_store& s = *store;
+    // Written whole once: every page-table node and chunk exists, so from
+    // here on the store's memory is its fixed part and nodes (constant),
+    // the data pages and the free pages, exactly.
+    std::vector<char> model(k_capacity, 'i');
+    ASSERT_EQ(s.write(0, model.data(), model.size()), 0);
+    const uint64_t fixed = s.memory_bytes() - s.data_page_bytes() - s.free_page_bytes();
+    uint64_t rng = 88172645463325252ull;
+    auto next = [&] {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        return rng;
+    };
+    std::vector<char> buf(256 * 1024);
+    for (int cycle = 0; cycle < 400; ++cycle) {
+        // Ranges of 1-512 blocks anywhere: partial pages, whole pages, runs.
+        const uint64_t blocks = 1 + next() % 512;
+        const uint64_t off = (next() % (k_capacity / 512 - blocks)) * 512;
+        const uint64_t len = blocks * 512;
+        if (next() % 3 == 0) {
+            std::memset(buf.data(), static_cast<int>(cycle & 0xff), len);
+            ASSERT_EQ(s.write(off, buf.data(), len), 0);
+            std::memcpy(model.data() + off, buf.data(), len);
+        } else {
+            s.discard(off, len);
+            std::memset(model.data() + off, 0, len);
+        }
+        if (cycle == 200) {
+            s.set_limit(16 * k_mib);  // the bound falls from 4 MiB to 2 MiB
+        }
+        ASSERT_EQ(s.memory_bytes(), fixed + s.data_page_bytes() + s.free_page_bytes()) << cycle;
+        ASSERT_LE(s.free_page_bytes(), s.free_page_limit_bytes()) << cycle;
+        ASSERT_EQ(daemon.used(), s.memory_bytes()) << cycle;
+    }
+    EXPECT_GT(s.returned_bytes(), 0u);  // the cycles went past the bound
+    std::vector<char> back(k_capacity);
+    s.read(0, back.data(), back.size());
+    EXPECT_TRUE(back == model);
+    store.reset();
+    EXPECT_EQ(daemon.used(), 0u);
 }
 
 TEST(memory_store, concurrent_writers_share_the_budget_exactly)

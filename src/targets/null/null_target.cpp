@@ -400,12 +400,7 @@ public:
         out["no_sched"] = _no_sched;
         out["use_per_node_hctx"] = _use_per_node_hctx;
         if (_store) {
-            out["data_page_bytes"] = _store->data_page_bytes();
-            out["store_memory_bytes"] = _store->memory_bytes();
-            out["store_lock_contended"] = _store->contended();
-            // The convention of memory_store.hpp: the device's own limit.
-            out["memory_limit_bytes"] = _store->budget().limit();
-            out["memory_refused"] = _store->budget().refused();
+            describe_memory_store(*_store, out);
         }
         if (_zones) {
             _zones->describe(out);

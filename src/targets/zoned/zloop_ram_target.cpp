@@ -122,8 +122,7 @@ public:
     void describe(nlohmann::json& out) const override
     {
         out["ordered_zone_append"] = _settings.ordered_zone_append;
-        out["memory_limit_bytes"] = _store->budget().limit();
-        out["memory_refused"] = _store->budget().refused();
+        describe_memory_store(*_store, out);
         _zones->describe(out);
     }
 
