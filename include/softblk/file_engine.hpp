@@ -20,6 +20,7 @@
 #pragma once
 
 #include <atomic>
+#include <cerrno>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -133,7 +134,10 @@ struct file_engine_stats {
     std::atomic<uint64_t> sync_discards{0};        // block-device discards run as a blocking ioctl
     std::atomic<uint64_t> memory_copies{0};   // reads/writes on tmpfs/ramfs done with pread/pwrite
     std::atomic<uint64_t> ring_handovers{0};  // single-issuer rings rebuilt for a new thread
-    std::atomic<bool> no_zero_range{false};   // the file system refused FALLOC_FL_ZERO_RANGE
+    // io_uring_enter refused the ring for good (EEXIST: a thread the kernel
+    // did not bind it to): its queued and later requests failed.
+    std::atomic<uint64_t> ring_errors{0};
+    std::atomic<bool> no_zero_range{false};     // the file system refused FALLOC_FL_ZERO_RANGE
     std::atomic<bool> no_uring_discard{false};  // the kernel has no BLOCK_URING_CMD_DISCARD
 };
 
@@ -221,7 +225,9 @@ private:
     bool admit(io_request& r);
     void start_fsync(io_request& r);
     void start_discard(io_request& r, unsigned file, uint64_t file_offset, uint64_t length);
-    io_uring_sqe* next_sqe();
+    // An entry for `r`'s next step, or nullptr after completing `r` with
+    // the error when the ring takes none.
+    io_uring_sqe* next_sqe(io_request& r);
     void start_rw(io_request& r);
     void copy_rw(io_request& r);
     void start_fallocate(io_request& r, int mode, uint64_t offset, uint64_t length);
@@ -229,6 +235,7 @@ private:
     void on_cqe(io_request& r, int res);
     void finish(io_request& r, int result);
     void submit_queued();
+    void fail_unsubmitted();
     void drain_event_fd() const;
 
     std::vector<backing_file*> _files;
@@ -239,8 +246,13 @@ private:
     std::unique_ptr<io_uring> _ring;
     bool _ring_ready = false;
     ring_mode _mode = ring_mode::plain;
-    bool _enabled = false;         // R_DISABLED ring enabled by its owner thread
-    const void* _owner = nullptr;  // the thread that enabled the ring
+    bool _enabled = false;  // R_DISABLED ring enabled by its owner thread
+    uint64_t _owner = 0;    // the thread that enabled the ring (this_thread_id)
+    // Non-zero: the kernel refused the ring to this thread for good; every
+    // request fails with this (-EBUSY for EEXIST) until setup() again.
+    int _broken = 0;
+    int _submit_error = -EBUSY;     // the last io_uring_enter error
+    unsigned _submit_failures = 0;  // transient submit errors in a row
     int _event_fd = -1;
     unsigned _in_flight = 0;
     unsigned _unsubmitted = 0;

@@ -14,6 +14,7 @@
 #include <softblk/file_engine.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <fcntl.h>
@@ -84,12 +85,23 @@ inline void set_state(io_request& r, uint64_t offset, uint32_t count, unsigned f
                           (uint64_t(mode & 0xff) << 52) | (uint64_t{retries & 0xf} << 60);
 }
 
-// The thread identity the single-issuer check compares (an address unique
-// per live thread, with no system call).
-const void* this_thread_token()
+// The thread identity the single-issuer check compares: a number unique per
+// thread for the process's life, with no system call. (Not a thread_local's
+// address: a new thread often gets the TLS block of one that exited, and
+// would pass for the ring's owner while the kernel refuses it: -EEXIST.)
+uint64_t this_thread_id()
 {
-    thread_local char token;
-    return &token;
+    static std::atomic<uint64_t> next{1};
+    thread_local const uint64_t id = next.fetch_add(1, std::memory_order_relaxed);
+    return id;
+}
+
+// io_uring_enter's errors that a later call may not repeat: completions
+// backed up (EBUSY, until poll() reaps them), no memory for a request
+// (EAGAIN), a signal (EINTR). Any other error will come back every time.
+bool transient_enter_error(int rc)
+{
+    return rc == -EBUSY || rc == -EAGAIN || rc == -EINTR;
 }
 
 }  // namespace
@@ -175,7 +187,9 @@ result<void> file_ring::setup(ring_mode mode)
     _ring_ready = true;
     _mode = mode;
     _enabled = mode != ring_mode::defer_taskrun;
-    _owner = nullptr;
+    _owner = 0;
+    _broken = 0;
+    _submit_failures = 0;
     // Registered files save a file-table lookup and reference per I/O.
     rc = io_uring_register_files(_ring.get(), _registered.data(),
                                  static_cast<unsigned>(_registered.size()));
@@ -218,7 +232,7 @@ bool file_ring::owner_ok()
     if (_mode != ring_mode::defer_taskrun) {
         return true;
     }
-    const void* me = this_thread_token();
+    const uint64_t me = this_thread_id();
     if (!_enabled) {
         // liburing 2.3 declares io_uring_enable_rings but does not export it.
         if (::syscall(__NR_io_uring_register, _ring->ring_fd, IORING_REGISTER_ENABLE_RINGS, nullptr,
@@ -243,30 +257,69 @@ bool file_ring::owner_ok()
     return true;
 }
 
-io_uring_sqe* file_ring::next_sqe()
+io_uring_sqe* file_ring::next_sqe(io_request& r)
 {
-    io_uring_sqe* sqe = io_uring_get_sqe(_ring.get());
-    if (sqe == nullptr) {
+    io_uring_sqe* sqe = _broken == 0 ? io_uring_get_sqe(_ring.get()) : nullptr;
+    if (sqe == nullptr && _broken == 0) {
         // The submission ring is full: hand it to the kernel and take the
         // next entry (submission empties it).
         submit_queued();
-        sqe = io_uring_get_sqe(_ring.get());
+        sqe = _broken == 0 ? io_uring_get_sqe(_ring.get()) : nullptr;
+    }
+    if (sqe == nullptr) {
+        // The kernel refuses the ring (_broken), or takes nothing now and
+        // the ring is full: the request fails rather than wait in a loop.
+        finish(r, _broken != 0 ? _broken : _submit_error);
     }
     return sqe;
 }
 
 void file_ring::submit_queued()
 {
-    if (_unsubmitted == 0) {
+    if (_unsubmitted == 0 || _broken != 0) {
         return;
     }
     const int rc = _mode == ring_mode::defer_taskrun ? io_uring_submit_and_get_events(_ring.get())
                                                      : io_uring_submit(_ring.get());
     if (rc >= 0) {
         _unsubmitted -= std::min<unsigned>(_unsubmitted, static_cast<unsigned>(rc));
+        _submit_failures = 0;
+        return;
     }
-    // rc < 0 (EBUSY/EAGAIN while completions back up): the entries stay
-    // queued and the next poll() submits them after reaping.
+    _submit_error = rc;
+    if (transient_enter_error(rc) && ++_submit_failures <= k_max_retries) {
+        // The entries stay queued and the next poll() submits them after
+        // reaping; not for ever, as a request's own EAGAIN.
+        return;
+    }
+    // The kernel will not take these entries. -EEXIST: this thread is not
+    // the one a single-issuer ring is bound to; owner_ok() hands an idle
+    // ring to a new thread, so only a caller that breaks the one-thread rule
+    // (a thread the kernel and owner_ok() disagree about, e.g. a forked
+    // child) gets here. A programming error, but on the hot path: the
+    // requests fail (-EBUSY, as admit() refuses a second thread) and so does
+    // every later one, instead of a retry loop that would never end.
+    _broken = rc == -EEXIST ? -EBUSY : rc;
+    _stats.ring_errors.fetch_add(1, std::memory_order_relaxed);
+    fail_unsubmitted();
+}
+
+void file_ring::fail_unsubmitted()
+{
+    // liburing has handed the entries to the kernel (the SQ ring's tail),
+    // which has not consumed them: take them back (the tail to the head)
+    // so that no later io_uring_enter runs them, then fail their requests.
+    // Every entry's user_data is its request. Completion callbacks cannot
+    // queue new entries meanwhile: a broken ring refuses them (admit).
+    io_uring_sq& sq = _ring->sq;
+    const unsigned head = IO_URING_READ_ONCE(*sq.khead);
+    const unsigned tail = sq.sqe_tail;
+    sq.sqe_head = sq.sqe_tail = head;
+    io_uring_smp_store_release(sq.ktail, head);
+    _unsubmitted = 0;
+    for (unsigned i = head; i != tail; ++i) {
+        finish(*reinterpret_cast<io_request*>(sq.sqes[i & sq.ring_mask].user_data), _broken);
+    }
 }
 
 // ---------------------------------------------------------------- operations
@@ -277,6 +330,12 @@ bool file_ring::admit(io_request& r)
         // A second thread while the first still has requests in the ring
         // (docs/file.md): refused rather than lost.
         _sink.complete(r, -EBUSY);
+        return false;
+    }
+    if (_broken != 0) {
+        // The kernel refused this thread (submit_queued): every request
+        // fails until another thread takes the ring over (owner_ok).
+        _sink.complete(r, _broken);
         return false;
     }
     ++_in_flight;
@@ -312,7 +371,10 @@ void file_ring::flush(io_request& r, unsigned file)
 
 void file_ring::start_fsync(io_request& r)
 {
-    io_uring_sqe* sqe = next_sqe();
+    io_uring_sqe* sqe = next_sqe(r);
+    if (sqe == nullptr) {
+        return;
+    }
     io_uring_prep_fsync(sqe, static_cast<int>(2 * file_of(r)), IORING_FSYNC_DATASYNC);
     sqe->flags |= IOSQE_FIXED_FILE;
     io_uring_sqe_set_data(sqe, &r);
@@ -418,7 +480,10 @@ void file_ring::start_rw(io_request& r)
         _stats.unaligned_buffered.fetch_add(1, std::memory_order_relaxed);
     }
     const int slot = static_cast<int>(2 * file + (direct ? 0 : 1));
-    io_uring_sqe* sqe = next_sqe();
+    io_uring_sqe* sqe = next_sqe(r);
+    if (sqe == nullptr) {
+        return;
+    }
     const step s = step_of(r);
     if (s == k_read) {
         io_uring_prep_read(sqe, slot, buffer, length, offset);
@@ -483,7 +548,10 @@ void file_ring::copy_rw(io_request& r)
 
 void file_ring::start_fallocate(io_request& r, int mode, uint64_t offset, uint64_t length)
 {
-    io_uring_sqe* sqe = next_sqe();
+    io_uring_sqe* sqe = next_sqe(r);
+    if (sqe == nullptr) {
+        return;
+    }
     // fallocate runs in the kernel's io-wq workers: the queue's thread
     // never blocks on it.
     io_uring_prep_fallocate(sqe, static_cast<int>(2 * file_of(r)), mode, static_cast<off_t>(offset),
@@ -495,7 +563,10 @@ void file_ring::start_fallocate(io_request& r, int mode, uint64_t offset, uint64
 
 void file_ring::start_discard_bdev(io_request& r)
 {
-    io_uring_sqe* sqe = next_sqe();
+    io_uring_sqe* sqe = next_sqe(r);
+    if (sqe == nullptr) {
+        return;
+    }
     io_uring_prep_rw(IORING_OP_URING_CMD, sqe, static_cast<int>(2 * file_of(r)), nullptr, 0, 0);
     sqe->cmd_op = k_block_uring_cmd_discard;
     sqe->addr = r.target_scratch[0];
@@ -625,7 +696,12 @@ unsigned file_ring::poll()
     } else if (_mode != ring_mode::plain && (IO_URING_READ_ONCE(*ring->sq.kflags) &
                                              (IORING_SQ_TASKRUN | IORING_SQ_CQ_OVERFLOW)) != 0) {
         // Completions wait as task work (DEFER/COOP_TASKRUN): run it.
-        io_uring_get_events(ring);
+        if (const int rc = io_uring_get_events(ring); rc < 0 && !transient_enter_error(rc)) {
+            // -EEXIST: not the thread the kernel bound the ring to (see
+            // submit_queued). Its task work is not this thread's to run.
+            _broken = rc == -EEXIST ? -EBUSY : rc;
+            _stats.ring_errors.fetch_add(1, std::memory_order_relaxed);
+        }
     }
     const uint64_t finished_before = _finished;
     for (;;) {
@@ -684,9 +760,11 @@ uint64_t file_ring::next_wakeup_ns() const
     // read costs a system call per sleep, not per poll().
     drain_event_fd();
     io_uring* ring = _ring.get();
-    if (io_uring_cq_ready(ring) != 0 ||
-        (_mode != ring_mode::plain && (IO_URING_READ_ONCE(*ring->sq.kflags) &
-                                       (IORING_SQ_TASKRUN | IORING_SQ_CQ_OVERFLOW)) != 0)) {
+    // Task work waiting is work only for a thread the kernel lets run it:
+    // a broken ring's would make the owner spin on poll().
+    if (io_uring_cq_ready(ring) != 0 || (_mode != ring_mode::plain && _broken == 0 &&
+                                         (IO_URING_READ_ONCE(*ring->sq.kflags) &
+                                          (IORING_SQ_TASKRUN | IORING_SQ_CQ_OVERFLOW)) != 0)) {
         return 0;
     }
     return UINT64_MAX;

@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <climits>
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <fcntl.h>
@@ -680,6 +681,88 @@ TEST(FileRing, AnotherThreadTakesOverAnIdleQueue)
     }
     // And back: the rebuilt ring serves any thread.
     EXPECT_EQ(t.read(0, r.data, 4096), 4096);
+}
+
+TEST(FileRing, AThreadAfterTheOwnerExitedTakesTheRingOver)
+{
+    // The owner thread ends, a new one drives the queue (a benchmark's or a
+    // caller's thread per run). The new thread often reuses the old one's
+    // thread-local storage: it must still be seen as another thread and get
+    // the ring handed over, not be taken for the owner and have the kernel
+    // refuse every submission (EEXIST) while poll() retries for ever.
+    temp_dir dir;
+    auto f = open_file(dir.file("after-exit.img"), {.create = true, .grow_to = 1 << 20});
+    ASSERT_TRUE(f);
+    ring_fixture t(*f);
+    aligned_buffer w(4096), r(4096);
+    fill(w.data, 4096, 9);
+    int rc = INT_MIN;
+    std::thread first([&] { rc = t.write(0, w.data, 4096); });
+    first.join();
+    ASSERT_EQ(rc, 4096);
+    const ring_mode mode = t.ring->mode();
+    rc = INT_MIN;
+    std::thread second([&] { rc = t.read(0, r.data, 4096); });
+    second.join();
+    EXPECT_EQ(rc, 4096) << "INT_MIN: the request never completed";
+    EXPECT_EQ(std::memcmp(w.data, r.data, 4096), 0);
+    EXPECT_EQ(t.stats.ring_errors.load(), 0u);
+    if (mode == ring_mode::defer_taskrun) {
+        EXPECT_EQ(t.stats.ring_handovers.load(), 1u);
+    }
+}
+
+TEST(FileRing, ThreadTheKernelRefusesFailsItsRequestsWithoutSpinning)
+{
+    // A thread the kernel did not bind the single-issuer ring to, but that
+    // the ring takes for its owner: a forked child of the owner thread (the
+    // same thread-local state, another task). io_uring_enter answers EEXIST
+    // every time; the requests must fail with -EBUSY at once, not spin.
+    temp_dir dir;
+    auto f = open_file(dir.file("refused.img"), {.create = true, .grow_to = 1 << 20});
+    ASSERT_TRUE(f);
+    ring_fixture t(*f);
+    aligned_buffer w(4096), r(4096);
+    fill(w.data, 4096, 10);
+    ASSERT_EQ(t.write(0, w.data, 4096), 4096);
+    if (t.ring->mode() != ring_mode::defer_taskrun) {
+        GTEST_SKIP() << "this kernel has no SINGLE_ISSUER/DEFER_TASKRUN ring ("
+                     << to_string(t.ring->mode()) << ")";
+    }
+    const pid_t child = ::fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+        // Exit codes: 0 as expected; 1 the first request did not fail with
+        // -EBUSY; 2 the next one was not refused; 3 not counted.
+        int code = 0;
+        if (t.read(0, r.data, 4096) != -EBUSY) {
+            code = 1;
+        } else if (t.write(4096, w.data, 4096) != -EBUSY) {
+            code = 2;
+        } else if (t.stats.ring_errors.load() != 1 || t.ring->in_flight() != 0 ||
+                   t.ring->next_wakeup_ns() != UINT64_MAX) {
+            code = 3;
+        }
+        ::_exit(code);
+    }
+    int status = 0;
+    pid_t done = 0;
+    for (int i = 0; i < 2000 && done == 0; ++i) {  // 20 s
+        done = ::waitpid(child, &status, WNOHANG);
+        if (done == 0) {
+            ::usleep(10000);
+        }
+    }
+    if (done == 0) {
+        ::kill(child, SIGKILL);
+        ::waitpid(child, &status, 0);
+        FAIL() << "the child still ran after 20 s: the ring spins on EEXIST";
+    }
+    ASSERT_TRUE(WIFEXITED(status));
+    EXPECT_EQ(WEXITSTATUS(status), 0);
+    // The owner's ring is untouched.
+    EXPECT_EQ(t.read(0, r.data, 4096), 4096);
+    EXPECT_EQ(std::memcmp(w.data, r.data, 4096), 0);
 }
 
 TEST(FileRing, ManyRequestsBeyondTheRingSize)

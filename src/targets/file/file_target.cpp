@@ -148,6 +148,7 @@ public:
         out["sync_discards"] = _stats.sync_discards.load(std::memory_order_relaxed);
         out["memory_copies"] = _stats.memory_copies.load(std::memory_order_relaxed);
         out["ring_handovers"] = _stats.ring_handovers.load(std::memory_order_relaxed);
+        out["ring_errors"] = _stats.ring_errors.load(std::memory_order_relaxed);
     }
 
 private:

@@ -225,6 +225,7 @@ public:
         out["retries"] = _stats.retries.load(std::memory_order_relaxed);
         out["unaligned_buffered"] = _stats.unaligned_buffered.load(std::memory_order_relaxed);
         out["memory_copies"] = _stats.memory_copies.load(std::memory_order_relaxed);
+        out["ring_errors"] = _stats.ring_errors.load(std::memory_order_relaxed);
         _zones->describe(out);
     }
 
