@@ -24,8 +24,9 @@
 // the null device (the median of the per-round ratios), and the heap
 // allocations of the measured loops: the bio path and the zloop queues
 // make none; the memory store (null, zloop-ram) allocates its 1 MiB chunks
-// and page-table nodes when fresh memory is first written (after a reset
-// gave the zone's pages back to the kernel).
+// and page-table nodes when fresh memory is first written, and its list of
+// pages returned to the kernel grows when a reset frees more than the store
+// keeps for reuse.
 //
 // Usage: softblk-bench-zoned [--seconds S] [--rounds N] [--queues 1|2|12]
 //                            [--only NAME[,NAME...]]
