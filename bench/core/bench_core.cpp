@@ -325,10 +325,8 @@ void bench_ram()
         d->execute(io_op::discard, off, 1u << 31, nullptr);
     }
     fmt::print(
-        "  after discarding all: memory_bytes {} B (page-table nodes and kept free pages stay), "
-        "RSS "
-        "{:.1f} MiB above "
-        "start\n",
+        "  after discarding all: memory_bytes {} B (page-table nodes and kept free pages "
+        "stay), RSS {:.1f} MiB above start\n",
         d->memory_bytes(), static_cast<double>(rss_bytes() - rss0) / (1 << 20));
 }
 
