@@ -17,7 +17,10 @@
 // once. Page-table nodes are installed lock-free (compare-and-swap) and never
 // freed while the store lives; a page's contents and its leaf entry are
 // guarded by one of k_stripes spin locks chosen by page index, so adjacent
-// pages never share a lock.
+// pages never share a lock. The page pool has one mutex, taken once per page
+// allocated or freed (under the page's stripe lock); its free list, linked
+// through the free pages' first word, is only touched under it, and a page
+// is on it only after its leaf entry was cleared, so no reader sees it.
 //
 // Accounting: the store charges its budget for what it holds resident, where
 // it allocates: a 1 MiB chunk when it is mapped (the pool populates it
