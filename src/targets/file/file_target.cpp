@@ -138,14 +138,18 @@ public:
         if (def.name != "size") {
             return target::apply_option(def, options);
         }
+        if (!_resized) {
+            // The core gave no callback (a device that keeps its size).
+            return make_error(EBUSY,
+                              "size: this device cannot change its size while powered on; "
+                              "write power=0 first");
+        }
         auto capacity = resized_capacity(options);
         if (!capacity) {
             return std::unexpected(capacity.error());
         }
         set_capacity(_limits, *capacity);
-        if (_resized) {
-            _resized(*capacity);  // the core tells the front ends
-        }
+        _resized(*capacity);  // the core tells the front ends
         return {};
     }
 

@@ -5,7 +5,7 @@
 #    kernel): grown, /dev/ublkbN's size (blockdev --getsize64) follows at
 #    once, a write at the new end reads back, the data before the old end
 #    is intact, `softblk list --json` shows the kernel's size; shrunk, the
-#    size follows and a write beyond the new end is refused.
+#    size follows and a write at the new end fails with ENOSPC.
 #  - Where it lacks it (6.12): the disk keeps its size, `softblk list` shows
 #    the device's new size with a warning that the disk kept its own, the
 #    daemon's log says once why (naming the kernel), and after a shrink a
@@ -66,12 +66,17 @@ if [ "$update_size" = 1 ]; then
   vm_step "shrink to 32 MiB"
   softblk set r0 size=32M
   vm_expect_eq "disk size after shrinking" "$(size_of "$dev")" $((32 * mib))
-  if dd if=/tmp/old-end of="$dev" bs=4096 seek=$((64 * blocks_per_mib - 1)) oflag=direct conv=notrunc status=none 2>/tmp/dd.err; then
-    vm_fail "a write beyond the shrunk disk's end succeeded"
+  # At the new end itself (beyond it even the seek is refused): the write
+  # reaches the block layer, which refuses it.
+  if dd if=/tmp/old-end of="$dev" bs=4096 seek=$((32 * blocks_per_mib)) oflag=direct conv=notrunc status=none 2>/tmp/dd.err; then
+    vm_fail "a write at the shrunk disk's end succeeded"
   fi
   echo "refused as expected: $(cat /tmp/dd.err)"
+  grep -q 'No space left on device' /tmp/dd.err || vm_fail "the write at the end did not fail with ENOSPC"
   dd if="$dev" of=/dev/null bs=4096 skip=$((32 * blocks_per_mib - 1)) count=1 iflag=direct status=none ||
     vm_fail "a read of the shrunk disk's last block failed"
+  n=$(grep -c 'resized to [0-9]* bytes (UPDATE_SIZE)' "$SOFTBLK_RUN_DIR/daemon.log" || true)
+  vm_expect_eq "UPDATE_SIZE lines in the daemon's log" "$n" 2
 else
   vm_expect_eq "disk size after growing (no UPDATE_SIZE)" "$(size_of "$dev")" $((64 * mib))
   vm_expect_eq "kernel_capacity_bytes" "$(kernel_size_json)" $((64 * mib))
