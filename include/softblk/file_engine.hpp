@@ -91,8 +91,18 @@ public:
     // worker thread; the ring copies their data with pread/pwrite instead.
     bool memory_file_system() const { return _memory_fs; }
     bool read_only() const { return _read_only; }
-    // Size in bytes (after growing), for a block device its capacity.
-    uint64_t size() const { return _size; }
+    // Size in bytes (after growing), for a block device its capacity, as
+    // last measured (open, measure_size, grow). Any thread.
+    uint64_t size() const { return _size.load(std::memory_order_relaxed); }
+    // Measures the size again: a file that someone grew or shrank
+    // (truncate, qemu-img resize), a block device resized underneath (what
+    // loop's LOOP_SET_CAPACITY asks). Returns it; errors name the path.
+    // Control thread.
+    result<uint64_t> measure_size();
+    // Grows a regular file sparsely to `bytes` (never shrinks: a smaller
+    // `bytes` is a no-op). EINVAL for a block device, EROFS for a read-only
+    // file; errors name the path and the cause. Control thread.
+    result<void> grow(uint64_t bytes);
     // The smallest block that direct I/O accepts (statx dio_offset_align,
     // the block device's logical block size), 512 when unknown or buffered.
     uint32_t min_block_size() const { return _min_block; }
@@ -117,7 +127,7 @@ private:
     bool _block_device = false;
     bool _memory_fs = false;
     bool _read_only = false;
-    uint64_t _size = 0;
+    std::atomic<uint64_t> _size{0};
     uint32_t _min_block = 512;
     uint32_t _physical_block = 512;
     uint64_t _max_discard = 0;

@@ -64,21 +64,23 @@ std::vector<std::pair<std::string, std::string>> export_paths(const json& exp)
 std::string export_summary(const json& exp)
 {
     std::string type = exp.is_object() ? exp.value("type", std::string("none")) : "none";
+    std::string summary = type;
     if (type == "ublk" && exp.contains("block")) {
         // The kernel's view of the ublk device and the daemon that serves it.
-        return fmt::format("ublk {} {} pid {} queues {} depth {}",
-                           exp.value("block", std::string("?")),
-                           exp.value("state", std::string("?")), exp.value("daemon_pid", -1),
-                           exp.value("queues", 0u), exp.value("depth", 0u));
-    }
-    std::string summary = type;
-    for (const char* key : {"loop", "device", "uri", "file", "socket"}) {
-        if (exp.contains(key) && exp[key].is_string()) {
-            summary = fmt::format("{} {}", type, exp[key].get<std::string>());
-            break;
+        summary = fmt::format("ublk {} {} pid {} queues {} depth {}",
+                              exp.value("block", std::string("?")),
+                              exp.value("state", std::string("?")), exp.value("daemon_pid", -1),
+                              exp.value("queues", 0u), exp.value("depth", 0u));
+    } else {
+        for (const char* key : {"loop", "device", "uri", "file", "socket"}) {
+            if (exp.contains(key) && exp[key].is_string()) {
+                summary = fmt::format("{} {}", type, exp[key].get<std::string>());
+                break;
+            }
         }
     }
-    // What the export wants a person to know (an NBD listener without TLS).
+    // What the export wants a person to know (an NBD listener without TLS,
+    // a ublk disk that kept its size).
     if (exp.contains("warning") && exp["warning"].is_string()) {
         summary += fmt::format(" ({})", exp["warning"].get<std::string>());
     }

@@ -287,26 +287,63 @@ result<std::unique_ptr<backing_file>> backing_file::open(const std::string& path
             return std::unexpected(ok.error());
         }
     }
-    if (options.create && options.grow_to > f->_size) {
-        if (f->_block_device) {
-            return make_error(EINVAL,
-                              fmt::format("path={}: size={} is larger than the block device "
-                                          "({} bytes), which cannot grow",
-                                          path, options.grow_to, f->_size));
-        }
-        if (::ftruncate(buffered.fd, static_cast<off_t>(options.grow_to)) != 0) {
-            const int err = errno;
-            return make_error(err, fmt::format("path={}: cannot grow the file to size={}: {}", path,
-                                               options.grow_to, errno_text(err)));
-        }
-        f->_size = options.grow_to;
-    }
-
-    remove_created.armed = false;
     f->_direct = direct.fd >= 0;
     f->_buffered_fd = buffered.release();
     f->_fd = f->_direct ? direct.release() : f->_buffered_fd;
+    if (options.create) {
+        // A refusal still removes a file this call created (the guard),
+        // then closes it (f).
+        if (auto grown = f->grow(options.grow_to); !grown) {
+            return std::unexpected(grown.error());
+        }
+    }
+    remove_created.armed = false;
     return f;
+}
+
+result<uint64_t> backing_file::measure_size()
+{
+    uint64_t bytes = 0;
+    if (_block_device) {
+        if (::ioctl(_buffered_fd, BLKGETSIZE64, &bytes) != 0) {
+            const int err = errno;
+            return make_error(err, fmt::format("path={}: cannot read the block device's size: {}",
+                                               _path, errno_text(err)));
+        }
+    } else {
+        struct stat st {};
+        if (::fstat(_buffered_fd, &st) != 0) {
+            const int err = errno;
+            return make_error(err, fmt::format("path={}: {}", _path, errno_text(err)));
+        }
+        bytes = static_cast<uint64_t>(st.st_size);
+    }
+    _size.store(bytes, std::memory_order_relaxed);
+    return bytes;
+}
+
+result<void> backing_file::grow(uint64_t bytes)
+{
+    if (bytes <= size()) {
+        return {};
+    }
+    if (_block_device) {
+        return make_error(EINVAL, fmt::format("path={}: size={} is larger than the block device "
+                                              "({} bytes), which cannot grow",
+                                              _path, bytes, size()));
+    }
+    if (_read_only) {
+        return make_error(EROFS, fmt::format("path={}: size={} is larger than the file ({} "
+                                             "bytes), and a read_only=1 device does not grow it",
+                                             _path, bytes, size()));
+    }
+    if (::ftruncate(_buffered_fd, static_cast<off_t>(bytes)) != 0) {
+        const int err = errno;
+        return make_error(err, fmt::format("path={}: cannot grow the file to size={}: {}", _path,
+                                           bytes, errno_text(err)));
+    }
+    _size.store(bytes, std::memory_order_relaxed);
+    return {};
 }
 
 }  // namespace softblk

@@ -8,7 +8,8 @@
 #     truncated) and the data is still there;
 #   - FUSE + loop (root): lseek SEEK_DATA/SEEK_HOLE on the FUSE file shows
 #     the image's holes; mkfs.ext4 on the loop device, files copied in,
-#     e2fsck -fn clean, then e2fsck -fn of the image file itself;
+#     e2fsck -fn clean; `softblk set e0 size=320M` grows the image, the
+#     FUSE file and the loop device; then e2fsck -fn of the image file;
 #   - `softblk fat` on a file device: fsck.fat -n and mtools on the image;
 #   - bad input through the CLI: errors name the path, nothing is created.
 # (Debian's python3-libnbd, imported by /usr/bin/python3.)
@@ -151,6 +152,13 @@ EOF
   sync
   umount "$work/mnt"
   e2fsck -fn "$loop" >"$work/fsck.txt" 2>&1 || { cat "$work/fsck.txt"; fail "e2fsck on the loop device"; }
+  # A live size= (docs/file.md "Resize"): the image grows (create=1), the
+  # FUSE file and its loop device follow.
+  sb set e0 size=320M >/dev/null || fail "set e0 size=320M"
+  [ "$(stat -c %s "$ext")" = $((320 << 20)) ] || fail "size=320M did not grow the image"
+  [ "$(stat -c %s "$fuse_file")" = $((320 << 20)) ] || fail "the FUSE file did not follow size=320M"
+  [ "$(blockdev --getsize64 "$loop")" = $((320 << 20)) ] || fail "the loop device did not follow size=320M"
+  e2fsck -fn "$loop" >"$work/fsck.txt" 2>&1 || { cat "$work/fsck.txt"; fail "e2fsck after the resize"; }
   sb del e0 >/dev/null || fail "del e0"
   e2fsck -fn "$ext" >"$work/fsck.txt" 2>&1 || { cat "$work/fsck.txt"; fail "e2fsck on the image file"; }
   echo "ok: FUSE + loop ext4"

@@ -366,6 +366,71 @@ TEST_F(file_target_test, ODirectRefusalIsShownInDescribe)
     EXPECT_EQ(r, w);
 }
 
+// `size` written while powered on resizes the device (softblk set NAME
+// size=...): grown (the file too, with create=1), shrunk (the file keeps
+// its data), and size=0 re-reads a file grown by someone else (losetup -c).
+// Every front end hears of it through the capacity listeners.
+TEST_F(file_target_test, SizeWrittenLiveResizesTheDevice)
+{
+    const std::string img = path("grow.img");
+    auto d = make({"path=" + img, "size=8M", "create=1"});
+    ASSERT_TRUE(d);
+    std::vector<uint64_t> seen;
+    const uint64_t handle = d->add_capacity_listener([&](uint64_t b) { seen.push_back(b); });
+    auto w = pattern(4096, 9);
+    EXPECT_EQ(d->execute(io_op::write, 12u << 20, 4096, w.data()), -EIO);
+
+    ASSERT_TRUE(d->set_option("size", "16M"));
+    EXPECT_EQ(current_capacity(d->limits()), 16u << 20);
+    EXPECT_EQ(file_size(img), 16u << 20) << "create=1 grows the file";
+    EXPECT_EQ(seen, (std::vector<uint64_t>{16u << 20}));
+    EXPECT_EQ(d->get_option("size").value_or(""), "16M\n");
+    ASSERT_EQ(d->execute(io_op::write, (16u << 20) - 4096, 4096, w.data()), 4096);
+    EXPECT_EQ(read_back(*d, (16u << 20) - 4096, 4096), w);
+
+    ASSERT_TRUE(d->set_option("size", "4M"));
+    EXPECT_EQ(current_capacity(d->limits()), 4u << 20);
+    EXPECT_EQ(file_size(img), 16u << 20) << "shrinking the device leaves the file";
+    EXPECT_EQ(d->execute(io_op::read, 4u << 20, 4096, w.data()), -EIO);
+    EXPECT_EQ(d->execute(io_op::read, (4u << 20) - 4096, 8192, w.data()), -EIO);
+
+    // Someone grows the image; size=0 takes the whole file as it is now.
+    ASSERT_EQ(::truncate(img.c_str(), 32 << 20), 0);
+    ASSERT_TRUE(d->set_option("size", "0"));
+    EXPECT_EQ(current_capacity(d->limits()), 32u << 20);
+    EXPECT_EQ(describe(*d)["target"]["file_size"], 32u << 20);
+    EXPECT_EQ(read_back(*d, (16u << 20) - 4096, 4096), w) << "the data survived both resizes";
+    EXPECT_EQ(seen, (std::vector<uint64_t>{16u << 20, 4u << 20, 32u << 20}));
+    EXPECT_EQ(describe(*d)["resizes"], 3);
+    d->remove_capacity_listener(handle);
+}
+
+TEST_F(file_target_test, SizeWrittenLiveRefusesWhatCreationRefuses)
+{
+    const std::string img = path("fixed.img");
+    make_file(img, 8 << 20);
+    auto d = make({"path=" + img});
+    ASSERT_TRUE(d);
+    auto larger = d->set_option("size", "16M");
+    ASSERT_FALSE(larger);
+    EXPECT_EQ(larger.error().code.value(), EINVAL);
+    EXPECT_NE(larger.error().message.find("create=1"), std::string::npos) << larger.error().message;
+    auto ragged = d->set_option("size", "1000");
+    ASSERT_FALSE(ragged);
+    EXPECT_NE(ragged.error().message.find("not a multiple of the block size"), std::string::npos)
+        << ragged.error().message;
+    EXPECT_EQ(current_capacity(d->limits()), 8u << 20);
+    EXPECT_EQ(file_size(img), 8u << 20);
+    EXPECT_EQ(d->get_option("size").value_or(""), "0\n") << "a refused value is not kept";
+
+    // Powered off, the value waits for the next power on (null_blk's rule
+    // for an attribute written while off).
+    ASSERT_TRUE(d->set_power(false));
+    ASSERT_TRUE(d->set_option("size", "4M"));
+    ASSERT_TRUE(d->set_power(true));
+    EXPECT_EQ(current_capacity(d->limits()), 4u << 20);
+}
+
 TEST_F(file_target_test, FeaturesListTheOptions)
 {
     const target_type* t = find_target_type("file");

@@ -22,6 +22,8 @@ TEST(ublk_abi, control_commands_are_ioctl_encoded_like_the_kernel)
     EXPECT_EQ(ctrl_op(k_cmd_set_params, true), 0xc0207508u);
     EXPECT_EQ(ctrl_op(k_cmd_start_user_recovery, true), 0xc0207510u);
     EXPECT_EQ(ctrl_op(k_cmd_end_user_recovery, true), 0xc0207511u);
+    // UBLK_U_CMD_UPDATE_SIZE (Linux 6.16): _IOWR('u', 0x15, ...).
+    EXPECT_EQ(ctrl_op(k_cmd_update_size, true), 0xc0207515u);
     // _IOR for the GET_* commands: dir 2.
     EXPECT_EQ(ctrl_op(k_cmd_get_dev_info, true), 0x80207502u);
     EXPECT_EQ(ctrl_op(k_cmd_get_params, true), 0x80207509u);

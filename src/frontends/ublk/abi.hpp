@@ -46,6 +46,7 @@ enum ctrl_nr : uint8_t {
     k_cmd_get_dev_info2 = 0x12,
     k_cmd_get_features = 0x13,   // ioctl-encoded only (Linux 6.5+)
     k_cmd_del_dev_async = 0x14,  // ioctl-encoded only (Linux 6.10+)
+    k_cmd_update_size = 0x15,    // ioctl-encoded only (Linux 6.16+, UBLK_F_UPDATE_SIZE)
 };
 
 enum io_nr : uint8_t {

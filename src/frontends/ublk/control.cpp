@@ -336,4 +336,15 @@ result<void> control::end_user_recovery(uint32_t dev_id, int32_t daemon_pid)
     return {};
 }
 
+result<void> control::update_size(uint32_t dev_id, uint64_t sectors, int timeout_ms)
+{
+    const int r =
+        run_with_payload(k_cmd_update_size, dev_id, nullptr, 0, _unprivileged, sectors, timeout_ms);
+    if (r < 0) {
+        return make_error(-r, fmt::format("ublk UPDATE_SIZE on device {} ({} sectors): {}", dev_id,
+                                          sectors, errno_text(r)));
+    }
+    return {};
+}
+
 }  // namespace softblk::ublk

@@ -56,6 +56,12 @@ public:
     result<dev_info> get_dev_info(uint32_t dev_id);
     result<void> start_user_recovery(uint32_t dev_id);
     result<void> end_user_recovery(uint32_t dev_id, int32_t daemon_pid);
+    // UPDATE_SIZE (kernels with UBLK_F_UPDATE_SIZE): the started device's
+    // disk gets `sectors` 512-byte sectors (the kernel's set_capacity and
+    // a change uevent; I/O beyond the new end is refused by the block
+    // layer). ENODEV before START_DEV and after STOP_DEV. Gives up after
+    // `timeout_ms`.
+    result<void> update_size(uint32_t dev_id, uint64_t sectors, int timeout_ms);
 
     // Devices created unprivileged need /dev/ublkcN's path with every
     // command after ADD_DEV; remember which ones are.

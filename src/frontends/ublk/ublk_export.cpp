@@ -3,6 +3,7 @@
 #include "control.hpp"
 #include "params.hpp"
 #include "queue_runner.hpp"
+#include "resize.hpp"
 #include "state.hpp"
 
 #include <softblk/ublk/ublk.hpp>
@@ -18,6 +19,7 @@
 #include <fmt/core.h>
 #include <fmt/ranges.h>
 #include <sys/stat.h>
+#include <sys/utsname.h>
 #include <thread>
 #include <unistd.h>
 
@@ -169,6 +171,8 @@ result<void> wait_char_device_access(uint32_t dev_id, int timeout_ms)
 std::string kernel_requirement(uint64_t flag)
 {
     switch (flag) {
+    case k_f_update_size:
+        return " (Linux 6.16+)";
     case k_f_user_recovery_fail_io:
         return " (Linux 6.13+)";
     case k_f_user_copy:
@@ -216,6 +220,10 @@ private:
     result<void> start_queues(unsigned nr_queues, unsigned depth, uint32_t buf_bytes,
                               uint64_t flags);
     void stop_queues(int timeout_ms);
+    // Once the disk is live: /dev/ublkbN follows the device's capacity from
+    // now on (resize.hpp). `kernel_bytes`: the disk's size, nullopt when
+    // unknown (a recovered device). Control thread, without the control lock.
+    void follow_capacity(std::optional<uint64_t> kernel_bytes);
     // Undoes a start that failed after ADD_DEV.
     void abandon();
     result<void> persist();
@@ -231,6 +239,7 @@ private:
     bool _recovered = false;
     int _char_fd = -1;
     std::vector<std::unique_ptr<queue_runner>> _queues;
+    std::unique_ptr<capacity_follower> _follower;
 };
 
 result<void> ublk_export::start_queues(unsigned nr_queues, unsigned depth, uint32_t buf_bytes,
@@ -284,6 +293,28 @@ void ublk_export::stop_queues(int timeout_ms)
         ::close(_char_fd);
         _char_fd = -1;
     }
+}
+
+void ublk_export::follow_capacity(std::optional<uint64_t> kernel_bytes)
+{
+    utsname un{};
+    (void)::uname(&un);
+    const auto features = _ctl->features();
+    capacity_follower::config cfg{
+        .device_name = _dev.name(),
+        .block_path = block_path(_info.dev_id),
+        .can_update = features && (*features & k_f_update_size) != 0,
+        .kernel_release = un.release,
+        .kernel_bytes = kernel_bytes,
+    };
+    // The listener runs on the thread that reported the change (the
+    // target's own, or the control thread for a written option), never on
+    // a queue thread: UPDATE_SIZE goes through the control ring like every
+    // control command, under its lock, and does not wait for I/O.
+    _follower = std::make_unique<capacity_follower>(_dev, std::move(cfg), [this](uint64_t sectors) {
+        std::lock_guard guard(_ctl->lock());
+        return _ctl->update_size(_info.dev_id, sectors, 5000);
+    });
 }
 
 void ublk_export::abandon()
@@ -442,6 +473,7 @@ result<void> ublk_export::start_new()
         abandon();
         return r;
     }
+    follow_capacity(p->basic.dev_sectors * 512);
     return {};
 }
 
@@ -494,7 +526,11 @@ result<void> ublk_export::start_recovery(const export_state& st, const dev_info&
     }
     _recovered = true;
     (void)st;
-    return persist();
+    if (auto r = persist(); !r) {
+        return r;
+    }
+    follow_capacity(std::nullopt);
+    return {};
 }
 
 nlohmann::json ublk_export::describe() const
@@ -521,6 +557,9 @@ nlohmann::json ublk_export::describe() const
     }
     out["requests"] = requests;
     out["errors"] = errors;
+    if (_follower) {
+        _follower->describe(out);
+    }
     if (!_stopped) {
         std::lock_guard guard(_ctl->lock());
         if (auto info = _ctl->get_dev_info(_info.dev_id)) {
@@ -541,6 +580,9 @@ result<void> ublk_export::stop()
         return {};
     }
     _stopped = true;
+    // No more UPDATE_SIZE (its listener takes the control lock, which a
+    // listener call in progress would wait for while this waits for it).
+    _follower.reset();
     result<void> first_error;
     std::lock_guard guard(_ctl->lock());
     if (_added) {

@@ -14,6 +14,7 @@
 #include <atomic>
 #include <cerrno>
 #include <fmt/core.h>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
@@ -36,7 +37,9 @@ constexpr option_def k_file_options[] = {
      .default_value = "0",
      .unit = "bytes",
      .help = "device size, bytes with an optional binary suffix (64M, 2G); 0: the whole file; "
-             "larger than the file needs create=1, which grows it sparsely"},
+             "larger than the file needs create=1, which grows it sparsely. Live: written while "
+             "powered on it resizes the device (0: to the file's size now, as losetup -c)",
+     .update = option_update::live},
     {.name = "create",
      .kind = option_kind::boolean,
      .default_value = "0",
@@ -70,6 +73,24 @@ constexpr option_def k_file_options[] = {
              "thread asks), coop_taskrun or plain; a mode the kernel lacks falls back to the "
              "next"},
 };
+
+// `size=` in bytes (a binary suffix allowed), a multiple of `block_size`:
+// at creation (where the smallest block size is checked first) and when
+// written live.
+result<uint64_t> parse_size_option(const std::string& text, uint64_t block_size)
+{
+    auto size = parse_size(text);
+    if (!size) {
+        return make_error(
+            EINVAL, fmt::format("size={}: not a size in bytes (e.g. 1073741824, 64M, 2G)", text));
+    }
+    if (*size % block_size != 0) {
+        return make_error(
+            EINVAL,
+            fmt::format("size={}: not a multiple of the block size ({} bytes)", text, block_size));
+    }
+    return *size;
+}
 
 // Per-queue half: one ring, driven by the queue's thread.
 class file_queue final : public target_queue {
@@ -106,6 +127,32 @@ public:
 
     const block_limits& limits() const override { return _limits; }
 
+    void watch_capacity(std::function<void(uint64_t bytes)> resized) override
+    {
+        _resized = std::move(resized);
+    }
+
+    // `size` written while powered on: the device takes the new size.
+    result<void> apply_option(const option_def& def, const option_set& options) override
+    {
+        if (def.name != "size") {
+            return target::apply_option(def, options);
+        }
+        if (!_resized) {
+            // The core gave no callback (a device that keeps its size).
+            return make_error(EBUSY,
+                              "size: this device cannot change its size while powered on; "
+                              "write power=0 first");
+        }
+        auto capacity = resized_capacity(options);
+        if (!capacity) {
+            return std::unexpected(capacity.error());
+        }
+        set_capacity(_limits, *capacity);
+        _resized(*capacity);  // the core tells the front ends
+        return {};
+    }
+
     result<std::unique_ptr<target_queue>> open_queue(unsigned, completion_sink& sink) override
     {
         backing_file* files[] = {_file.get()};
@@ -120,7 +167,7 @@ public:
 
     int map_extents(uint64_t offset, uint64_t length, std::vector<extent>& out) override
     {
-        const uint64_t end = std::min(_limits.capacity_bytes, offset + length);
+        const uint64_t end = std::min(current_capacity(_limits), offset + length);
         if (offset >= end) {
             return 0;
         }
@@ -152,14 +199,56 @@ public:
     }
 
 private:
+    // The capacity `size` asks for, as at creation: 0 the whole file (as
+    // it is now), more than the file grows it with create=1, less leaves
+    // the file as it is. Refusals name the option and change nothing.
+    result<uint64_t> resized_capacity(const option_set& options);
+
     std::unique_ptr<backing_file> _file;
     block_limits _limits;
+    std::function<void(uint64_t)> _resized;
     unsigned _depth;
     bool _buffered_io;
     ring_mode _asked_mode;
     file_engine_stats _stats;
     std::atomic<uint8_t> _ring_mode{static_cast<uint8_t>(ring_mode::plain)};
 };
+
+result<uint64_t> file_target::resized_capacity(const option_set& options)
+{
+    const std::string& text = options.text("size");
+    const uint32_t bs = _limits.logical_block_size;
+    auto size = parse_size_option(text, bs);
+    if (!size) {
+        return std::unexpected(size.error());
+    }
+    auto file_bytes = _file->measure_size();
+    if (!file_bytes) {
+        return std::unexpected(file_bytes.error());
+    }
+    if (*size == 0) {
+        // losetup -c: the whole file as it is now, in whole blocks.
+        const uint64_t whole = *file_bytes / bs * bs;
+        if (whole == 0) {
+            return make_error(EINVAL, fmt::format("size=0: {} has {} bytes, less than one block "
+                                                  "({} bytes)",
+                                                  _file->path(), *file_bytes, bs));
+        }
+        return whole;
+    }
+    if (*size > *file_bytes) {
+        if (!options.flag("create")) {
+            return make_error(EINVAL, fmt::format("size={}: larger than {} ({} bytes); the device "
+                                                  "grows its file only with create=1 (or grow the "
+                                                  "file yourself and write size=0)",
+                                                  text, _file->path(), *file_bytes));
+        }
+        if (auto grown = _file->grow(*size); !grown) {
+            return std::unexpected(grown.error());
+        }
+    }
+    return *size;
+}
 
 void file_queue::submit(io_request& r)
 {
@@ -211,17 +300,18 @@ result<std::unique_ptr<target>> create_file(const option_set& o)
                                               "or plain",
                                               mode_text));
     }
-    auto size = parse_size(o.text("size"));
-    if (!size) {
-        return make_error(EINVAL, fmt::format("size={}: not a size in bytes (e.g. 1073741824, "
-                                              "64M, 2G)",
-                                              o.text("size")));
-    }
     const uint64_t bs_given = o.u64("blocksize");
     if (bs_given != 0 && (bs_given < 512 || (bs_given & (bs_given - 1)) != 0)) {
         return make_error(EINVAL, fmt::format("blocksize={}: blocksize must be 0 (the file's "
                                               "own) or a power of two from 512 to 4096",
                                               bs_given));
+    }
+    // A size that is not whole blocks is refused before anything is
+    // created (the block size of a new file is known only once it exists,
+    // so the smallest, 512, is checked first and the real one below).
+    auto size = parse_size_option(o.text("size"), std::max<uint64_t>(bs_given, 512));
+    if (!size) {
+        return std::unexpected(size.error());
     }
     backing_file_options fo{.read_only = o.flag("read_only"),
                             .buffered_io = o.flag("buffered_io"),
@@ -230,14 +320,6 @@ result<std::unique_ptr<target>> create_file(const option_set& o)
     if (fo.create && *size == 0) {
         return make_error(
             EINVAL, fmt::format("path={}: create=1 needs size= (how large the file is)", path));
-    }
-    // A size that is not whole blocks is refused before anything is
-    // created (the block size of a new file is known only once it exists,
-    // so the smallest, 512, is checked first and the real one below).
-    if (*size % std::max<uint64_t>(bs_given, 512) != 0) {
-        return make_error(EINVAL, fmt::format("size={}: not a multiple of the block size ({} "
-                                              "bytes)",
-                                              *size, std::max<uint64_t>(bs_given, 512)));
     }
     // Everything that depends on the file is checked after it is opened
     // and before it is grown, so that a refusal creates or changes nothing.
