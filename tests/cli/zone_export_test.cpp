@@ -230,7 +230,7 @@ TEST_F(zone_export_test, commands_interleave_with_io_in_flight)
             }
         }
     });
-    for (unsigned i = 0; i < 10; ++i) {
+    for (unsigned i = 0; i < 6; ++i) {
         run_result r = zone("reset", 4 * k_zone_sectors);
         EXPECT_EQ(r.status, 0) << r.err;
         json z = daemon_zone(4);
