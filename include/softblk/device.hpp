@@ -207,6 +207,46 @@ public:
     virtual int event_fd() const = 0;
 
     virtual queue_stats stats() const = 0;
+
+    // ---- control submissions: a second submitter on a driven queue
+    //
+    // A queue is driven by one thread, but a program's control thread (the
+    // daemon's `softblk zone` on an exported device) may need to put a
+    // request on it too, ordered with the owner's I/O as the core orders
+    // the bios of one queue. An owner that drives the queue from a loop of
+    // its own (a front end's queue thread) attaches with a function that
+    // wakes that loop; post() then hands bios to it through the queue's
+    // inbox (a lock-free handoff_list), and the owner's next process() or
+    // wait() submits them as submit(bio&) would, behind what it submitted
+    // before. Without an owner, post() runs the bio on the calling thread
+    // under the lock device::execute takes.
+
+    // Makes the calling thread the queue's owner for post(). `wake` runs on
+    // post()'s thread when the inbox becomes non-empty, and must make the
+    // owner call process() soon without blocking (write the eventfd its
+    // loop sleeps on). While posted bios wait, in_flight() counts them and
+    // next_event_ns() is 0, so an owner that runs the queue while
+    // in_flight() is not 0 takes them. Waits for a post() that is running
+    // a bio on its caller's thread. Owner thread.
+    virtual void attach_owner(std::function<void()> wake) = 0;
+
+    // Ends attach_owner: true when nothing is in flight (in_flight() is 0:
+    // no posted bio waits or runs); false, still attached, otherwise (the
+    // owner runs the queue and asks again), so that no posted bio is left
+    // without a thread to complete it. Owner thread.
+    virtual bool detach_owner() = 0;
+
+    // Hands `b` to the queue's owner, which submits it in order with its own
+    // bios and runs b.on_complete on its thread; with no owner attached,
+    // runs `b` here (on_complete is called before post returns). `b` is
+    // owned by the caller until its completion. Any thread but the owner's.
+    virtual void post(bio& b) = 0;
+
+    // post(b) and wait for its completion: one synchronous control request.
+    // Returns b's status (0 or -errno), `b.transferred` and
+    // `b.result_offset` filled; `b.on_complete` is not called. Any thread
+    // but the owner's.
+    int call(bio& b);
 };
 
 class device {
@@ -246,6 +286,15 @@ public:
     // other threads, nor with set_power or set_option from another thread.
     virtual int execute(bio& b) = 0;
 
+    // A control submission: runs `b` on submit queue 0 through
+    // io_queue::call, so that while an export's thread drives the queue
+    // (it attached as its owner) the request goes through that thread's
+    // loop, in order with the export's I/O and without blocking it, and
+    // otherwise runs on this thread as execute() does. Returns `b`'s status
+    // (0 or -errno; -ENODEV while powered off). Not from a queue's owner,
+    // nor with set_power or set_option from another thread. Control thread.
+    virtual int execute_control(bio& b) = 0;
+
     // The same for the common case. Returns bytes done for read, write and
     // zone_append (`length`), entries filled for report operations, 0 for
     // the others, or -errno.
@@ -258,8 +307,10 @@ public:
     virtual result<std::vector<extent>> map(uint64_t offset, uint64_t length) = 0;
 
     // Zones from the one that holds `offset` on, at most `max_zones`
-    // (report_zones through execute()). -EOPNOTSUPP if not zoned.
-    result<std::vector<zone_descriptor>> report_zones(uint64_t offset, uint32_t max_zones);
+    // (report_zones through execute(), or through execute_control() when
+    // `control`). -EOPNOTSUPP if not zoned.
+    result<std::vector<zone_descriptor>> report_zones(uint64_t offset, uint32_t max_zones,
+                                                      bool control = false);
 
     // null_blk's zone_readonly / zone_offline (a live attribute): the
     // sequential zone holding byte `offset` becomes read-only or offline

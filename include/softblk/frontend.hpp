@@ -111,7 +111,9 @@ struct export_type {
     std::span<const option_def> options;
     // The front end carries zoned devices (zone geometry, report and
     // management, zone append). start_export refuses a zoned device to one
-    // that does not.
+    // that does not. A zoned front end's threads attach as the owners of
+    // the queues they drive (io_queue::attach_owner), so that the daemon's
+    // zone commands reach an exported device through them.
     bool zoned = false;
     // The largest logical block size the front end carries with these
     // export options, and why (e.g. {4096, "ublk_drv limits logical_bs_shift

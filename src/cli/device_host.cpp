@@ -623,16 +623,6 @@ result<nlohmann::json> device_host::zone(std::string_view name, const zone_reque
                           fmt::format("{} is {}", entry.name,
                                       entry.stopping ? "being removed" : "a failed recovery"));
     }
-    if (entry.exp) {
-        const nlohmann::json exp = entry.exp->describe();
-        const std::string where = exp.value("block", exp.value("socket", std::string()));
-        return make_error(
-            EBUSY, fmt::format("{} is exported over {}{}, whose threads drive its queues; the "
-                               "daemon does not submit on them meanwhile: use blkzone(8) on the "
-                               "exported device, or add the device with --export none",
-                               entry.name, entry.export_type,
-                               where.empty() ? "" : fmt::format(" ({})", where)));
-    }
     return run_zone_request(*entry.dev, request);
 }
 

@@ -83,11 +83,11 @@ public:
     result<nlohmann::json> get(std::string_view name, const std::vector<std::string>& keys) const;
 
     // `softblk zone` on device `name` (zone_control.hpp's run_zone_request
-    // through device::execute, on the control thread). Refused (EBUSY) while
-    // an export drives the device's queues from its own threads: the
-    // control thread may not submit on them then; the error names the
-    // export's device, which blkzone(8) reaches. Errors also: no such
-    // device, being removed, a failed recovery. Control thread.
+    // through device::execute_control, from the control thread: on an
+    // exported device the export's queue thread runs each request in order
+    // with its I/O, as it would the kernel's or a guest's zone request).
+    // Errors also: no such device, being removed, a failed recovery.
+    // Control thread.
     result<nlohmann::json> zone(std::string_view name, const zone_request& request);
 
     // Starts removing device `name`: its export stops and the device is

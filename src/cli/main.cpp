@@ -759,7 +759,8 @@ int main(int argc, char** argv)
     CLI::App* zone_cmd = app.add_subcommand(
         "zone",
         "zone report and management of a zoned device, as blkzone(8) (sectors of 512 "
-        "bytes; through the daemon, on devices without an export)");
+        "bytes; through the daemon, exported or not: an export's queue thread runs them in "
+        "order with its I/O)");
     zone_cmd->require_subcommand(1);
     std::vector<std::pair<CLI::App*, softblk::cli::zone_action>> zone_cmds;
     for (auto [action, help] :

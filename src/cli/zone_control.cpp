@@ -59,6 +59,15 @@ nlohmann::json zone_json(const zone_descriptor& z)
                           {"cond_name", to_string(z.condition)}};
 }
 
+// One zone management request as a control submission
+// (device::execute_control): through the export's queue thread when one
+// drives the queue, else here. Returns 0 or -errno.
+int zone_management(device& dev, io_op op, uint64_t start)
+{
+    bio b = make_bio(op, start, 0, nullptr);
+    return dev.execute_control(b);
+}
+
 // Why the zone engine may have refused `action` on zone `z`, for the
 // errno values whose cause is a limit of the device or the zone's type
 // (the rest speak for themselves with the zone's condition beside them).
@@ -99,7 +108,7 @@ error zone_error(device& dev, zone_action action, uint64_t start, int err, size_
 {
     std::string state = "condition unknown";
     std::string why;
-    if (auto z = dev.report_zones(start, 1); z && !z->empty()) {
+    if (auto z = dev.report_zones(start, 1, true); z && !z->empty()) {
         const zone_descriptor& d = z->front();
         state = d.type == zone_type::conventional ? "conventional" : to_string(d.condition);
         why = cause(err, action, d, dev.limits());
@@ -198,7 +207,7 @@ result<nlohmann::json> run_zone_request(device& dev, const zone_request& req)
     const uint64_t zone_sectors = l.zone_size_bytes / k_sector;
     nlohmann::json out{{"name", dev.name()}, {"action", to_string(req.action)}};
     if (req.all) {
-        if (const int rc = dev.execute(io_op::zone_reset_all, 0, 0, nullptr); rc < 0) {
+        if (const int rc = zone_management(dev, io_op::zone_reset_all, 0); rc < 0) {
             return make_error(-rc, fmt::format("{}: reset of all zones: {} ({})", dev.name(),
                                                std::strerror(-rc), strerrorname_np(-rc)));
         }
@@ -225,7 +234,7 @@ result<nlohmann::json> run_zone_request(device& dev, const zone_request& req)
     if (req.action == zone_action::report) {
         const bool more = n > k_max_report_zones;
         n = std::min<uint64_t>(n, k_max_report_zones);
-        auto report = dev.report_zones(req.sector * k_sector, static_cast<uint32_t>(n));
+        auto report = dev.report_zones(req.sector * k_sector, static_cast<uint32_t>(n), true);
         if (!report) {
             return std::unexpected(report.error());
         }
@@ -248,7 +257,7 @@ result<nlohmann::json> run_zone_request(device& dev, const zone_request& req)
     nlohmann::json done = nlohmann::json::array();
     for (uint64_t zone = first; zone < first + n; ++zone) {
         const uint64_t start = zone * l.zone_size_bytes;
-        if (const int rc = dev.execute(op, start, 0, nullptr); rc < 0) {
+        if (const int rc = zone_management(dev, op, start); rc < 0) {
             return std::unexpected(zone_error(dev, req.action, start, -rc, done.size()));
         }
         done.push_back(start / k_sector);

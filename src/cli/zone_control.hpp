@@ -1,9 +1,11 @@
 // `softblk zone report|open|close|finish|reset NAME ...`: the protocol's
 // "zone" method on both sides. The daemon side runs the request on a device
-// through the core's submission path (device::report_zones and
-// device::execute with the zone operations: the same checks, decorators and
-// zone engine as any front end's requests); the client side turns the reply
-// into what blkzone(8) prints.
+// through the core's submission path as control submissions
+// (device::report_zones and device::execute_control with the zone
+// operations: the same checks, decorators and zone engine as any front
+// end's requests; on an exported device they go through the export's queue
+// thread, in order with its I/O); the client side turns the reply into what
+// blkzone(8) prints.
 //
 //   zone {name, action: "report", sector?, count?}
 //        -> {name, zone_sectors, nr_zones, zones: [{start, len, cap, wptr,
@@ -53,8 +55,10 @@ std::optional<zone_action> parse_zone_action(std::string_view name);
 nlohmann::json zone_params(const zone_request& req);
 result<zone_request> parse_zone_params(const nlohmann::json& params);
 
-// Runs `req` on `dev` (the daemon's control thread; nobody else may drive
-// the device's queues, see device::execute). Errors: EOPNOTSUPP not a zoned
+// Runs `req` on `dev` (the daemon's control thread, through
+// device::execute_control: on submit queue 0, by the export's thread that
+// drives it or else on this thread; the call waits for each request).
+// Errors: EOPNOTSUPP not a zoned
 // device, ENODEV powered off, EINVAL a sector beyond the device or not at a
 // zone start, and the zone engine's errno (ETOOMANYREFS, EOVERFLOW, EIO ...)
 // with a message that names the zone, its condition and the limit in force.

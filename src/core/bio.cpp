@@ -17,8 +17,10 @@
 #include <cassert>
 #include <cerrno>
 #include <climits>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 
 #include <fmt/core.h>
 
@@ -337,7 +339,7 @@ namespace softblk {
 
 namespace {
 
-// What a synchronous caller waits for.
+// What a synchronous caller on the queue's thread waits for.
 struct sync_completion {
     int status = 0;
     bool done = false;
@@ -350,22 +352,61 @@ void on_sync_complete(bio& b, int status)
     c->done = true;
 }
 
+// What call() waits for: the completion runs on the owner's thread, and
+// signals under the mutex so that the waiter cannot free this before the
+// signal is done.
+struct call_completion {
+    std::mutex lock;
+    std::condition_variable cv;
+    int status = 0;
+    bool done = false;
+};
+
+void on_call_complete(bio& b, int status)
+{
+    auto* c = static_cast<call_completion*>(b.user_data);
+    std::lock_guard guard(c->lock);
+    c->status = status;
+    c->done = true;
+    c->cv.notify_one();
+}
+
+// Runs `go` (submit `b` and wait) with b's completion sent to `fn` with
+// `c`, then gives the caller's completion back. Returns c's status.
+template <class Completion, class Go>
+int run_redirected(bio& b, Completion& c, bio_completion_fn fn, Go&& go)
+{
+    const bio_completion_fn their_fn = b.on_complete;
+    void* const their_data = b.user_data;
+    b.on_complete = fn;
+    b.user_data = &c;
+    go();
+    b.on_complete = their_fn;
+    b.user_data = their_data;
+    return c.status;
+}
+
 }  // namespace
 
 int io_queue::run(bio& b)
 {
-    const bio_completion_fn their_fn = b.on_complete;
-    void* const their_data = b.user_data;
     sync_completion c;
-    b.on_complete = on_sync_complete;
-    b.user_data = &c;
-    submit(b);
-    while (!c.done) {
-        wait(1, -1);
-    }
-    b.on_complete = their_fn;
-    b.user_data = their_data;
-    return c.status;
+    return run_redirected(b, c, on_sync_complete, [&] {
+        submit(b);
+        while (!c.done) {
+            wait(1, -1);
+        }
+    });
+}
+
+int io_queue::call(bio& b)
+{
+    call_completion c;
+    return run_redirected(b, c, on_call_complete, [&] {
+        post(b);
+        std::unique_lock guard(c.lock);
+        c.cv.wait(guard, [&] { return c.done; });
+    });
 }
 
 result<std::vector<extent>> io_queue::map(uint64_t offset, uint64_t length)

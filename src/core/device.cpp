@@ -233,7 +233,8 @@ int device::execute(io_op op, uint64_t offset, uint32_t length, void* buffer, ui
     }
 }
 
-result<std::vector<zone_descriptor>> device::report_zones(uint64_t offset, uint32_t max_zones)
+result<std::vector<zone_descriptor>> device::report_zones(uint64_t offset, uint32_t max_zones,
+                                                          bool control)
 {
     std::vector<zone_descriptor> zones(max_zones);
     bio b;
@@ -241,7 +242,7 @@ result<std::vector<zone_descriptor>> device::report_zones(uint64_t offset, uint3
     b.offset = offset;
     b.buffer = zones.data();
     b.report_capacity = max_zones;
-    if (const int rc = execute(b); rc < 0) {
+    if (const int rc = control ? execute_control(b) : execute(b); rc < 0) {
         return make_error(-rc, fmt::format("{}: report zones at offset {}: {}", name(), offset,
                                            std::strerror(-rc)));
     }
@@ -460,6 +461,14 @@ int device_impl::execute(bio& b)
     queue_impl& q = caller_queue();
     std::lock_guard guard(q.sync_lock());
     return q.run(b);
+}
+
+int device_impl::execute_control(bio& b)
+{
+    if (!powered() || _queues.empty()) {
+        return -ENODEV;
+    }
+    return _queues.front()->call(b);
 }
 
 queue_impl& device_impl::caller_queue()

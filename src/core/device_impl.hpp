@@ -31,6 +31,7 @@ public:
     io_queue& queue(unsigned index) override { return *_queues.at(index); }
     using device::execute;
     int execute(bio& b) override;
+    int execute_control(bio& b) override;
     result<std::vector<extent>> map(uint64_t offset, uint64_t length) override;
     result<void> set_power(bool on) override;
     result<void> set_zone_condition(uint64_t offset, zone_condition condition) override;

@@ -395,6 +395,9 @@ unsigned queue_impl::check_timeouts(uint64_t now)
 unsigned queue_impl::process()
 {
     const unsigned before = _delivered;
+    if (_posted_count.load(std::memory_order_acquire) != 0) {
+        take_posted();
+    }
     if (!_bios_waiting.empty()) {
         serve_waiting();
     }
@@ -443,6 +446,9 @@ unsigned queue_impl::process()
 
 uint64_t queue_impl::next_event_ns() const
 {
+    if (_posted_count.load(std::memory_order_relaxed) != 0) {
+        return 0;  // posted bios wait for process()
+    }
     if (_in_flight == 0) {
         // Bios can wait with nothing of ours in flight only for a tag of a
         // shared pool, which another queue frees: look again soon.
@@ -542,6 +548,58 @@ unsigned queue_impl::wait(unsigned min_completions, int64_t timeout_ns)
         timespec ts{static_cast<time_t>(wake / uint64_t{1'000'000'000}),
                     static_cast<long>(wake % uint64_t{1'000'000'000})};
         clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, nullptr);
+    }
+}
+
+// ---------------------------------------------------------------- control submissions
+
+void queue_impl::attach_owner(std::function<void()> wake)
+{
+    std::lock_guard lock(_owner_mutex);
+    _owner_wake = std::move(wake);
+}
+
+bool queue_impl::detach_owner()
+{
+    std::lock_guard lock(_owner_mutex);
+    if (in_flight() != 0) {
+        return false;  // posted bios (or the owner's own) are not done yet
+    }
+    _owner_wake = nullptr;
+    return true;
+}
+
+void queue_impl::post(bio& b)
+{
+    std::unique_lock lock(_owner_mutex);
+    if (_owner_wake) {
+        // Counted before it is on the list, so that the owner's in_flight()
+        // is not 0 from the moment it can take it; wake() runs inside the
+        // push, while the owner (and what it sleeps on) cannot go.
+        _posted_count.fetch_add(1, std::memory_order_release);
+        _posted.push(b, [this] { _owner_wake(); });
+        return;
+    }
+    // Nobody drives the queue: run it here, excluding device::execute's
+    // callers and (through _owner_mutex) an owner that would attach.
+    int status;
+    {
+        std::lock_guard sync(_sync_lock);
+        status = run(b);
+    }
+    lock.unlock();
+    if (b.on_complete != nullptr) {
+        b.on_complete(b, status);
+    }
+}
+
+void queue_impl::take_posted()
+{
+    for (bio* b = _posted.take(); b != nullptr;) {
+        bio* next = b->next;
+        _posted_count.fetch_sub(1, std::memory_order_relaxed);
+        submit(*b);  // may complete at once: `b` is not touched after
+        b = next;
     }
 }
 

@@ -10,6 +10,7 @@
 
 #include <softblk/device.hpp>
 #include <softblk/support/clock.hpp>
+#include <softblk/support/handoff_list.hpp>
 #include <softblk/support/intrusive_fifo.hpp>
 #include <softblk/target.hpp>
 
@@ -78,10 +79,16 @@ public:
     void submit(bio& b) override;
     unsigned process() override;
     unsigned wait(unsigned min_completions, int64_t timeout_ns) override;
-    unsigned in_flight() const override { return _in_flight + _bios_waiting.size(); }
+    unsigned in_flight() const override
+    {
+        return _in_flight + _bios_waiting.size() + _posted_count.load(std::memory_order_relaxed);
+    }
     uint64_t next_event_ns() const override;
     int event_fd() const override;
     queue_stats stats() const override;
+    void attach_owner(std::function<void()> wake) override;
+    bool detach_owner() override;
+    void post(bio& b) override;
 
     // completion_sink: called by the target on this queue's thread.
     void complete(io_request& request, int result) override;
@@ -116,6 +123,8 @@ private:
     // on other queues).
     void serve_waiting();
     static void piece_done(io_request& r, int result);
+    // Submits the bios post() handed over. Owner thread.
+    void take_posted();
 
     device_impl& _dev;
     completion_mode _mode;
@@ -141,6 +150,15 @@ private:
     uint64_t _next_timeout_scan = 0;
 
     std::mutex _sync_lock;
+
+    // Control submissions (post): the owner's wake-up, set while a thread
+    // is attached, and the inbox it drains. _owner_mutex orders post()
+    // against attach/detach (and is held while post runs a bio itself);
+    // _posted_count counts bios posted and not yet taken (in_flight()).
+    std::mutex _owner_mutex;
+    std::function<void()> _owner_wake;
+    handoff_list<bio> _posted;
+    std::atomic<unsigned> _posted_count{0};
 
     // Counters: written by the queue thread, read by others.
     std::atomic<uint64_t> _submitted{0}, _completed{0}, _errors{0}, _bytes_read{0},

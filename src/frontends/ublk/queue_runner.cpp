@@ -520,6 +520,13 @@ void queue_runner::run(std::promise<result<void>>& ready)
         return;
     }
     ready.set_value({});
+    // This thread drives the device queue: control submissions (the
+    // daemon's `softblk zone`) come through its inbox, and the wake read
+    // armed in setup() wakes the loop for them; in_flight() counts them.
+    _dq.attach_owner([this] {
+        const uint64_t one = 1;
+        [[maybe_unused]] ssize_t n = ::write(_wake_fd, &one, sizeof(one));
+    });
 
     for (;;) {
         if (_dq.in_flight() > 0) {
@@ -528,8 +535,11 @@ void queue_runner::run(std::promise<result<void>>& ready)
         if (_backlog_count != 0) {
             retry_backlog();
         }
+        // Leaving: the queue's owner goes only once no control submission
+        // waits for it (detach_owner refuses while one does).
         if (_dq.in_flight() == 0 && _backlog_count == 0 &&
-            (_aborted == _cfg.depth || _exit_requested.load(std::memory_order_acquire))) {
+            (_aborted == _cfg.depth || _exit_requested.load(std::memory_order_acquire)) &&
+            _dq.detach_owner()) {
             break;
         }
         int r;

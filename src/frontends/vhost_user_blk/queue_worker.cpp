@@ -270,12 +270,18 @@ void queue_worker::run()
     const std::string name = fmt::format("vublk-q{}", _cfg.index);
     pthread_setname_np(pthread_self(), name.substr(0, 15).c_str());
     resubmit_inflight();
+    // This thread drives device queue i: control submissions (the daemon's
+    // `softblk zone`) come through its inbox and wake the loop here.
+    _queue.attach_owner([this] { signal(_wake_fd); });
     uint64_t last_work = monotonic_ns();
     for (;;) {
         const int cmd = _command.load(std::memory_order_acquire);
         if (cmd != k_none && (cmd == k_pause || idle())) {
             if (cmd == k_stop) {
-                break;
+                if (_queue.detach_owner()) {
+                    break;
+                }
+                continue;  // a control submission came in: run it first
             }
             park();
             continue;

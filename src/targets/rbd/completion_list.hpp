@@ -1,18 +1,16 @@
 // The rbd target's hand-over of finished requests from foreign threads
 // (librbd's callback threads, the allocation-map worker) to the queue's own
-// thread: a lock-free stack through io_request::next plus an eventfd that
-// the queue's owner sleeps on (target_queue::wait_fd). Needs no librbd, so
-// the unit tests drive it alone (tests/targets/rbd_parts_test.cpp).
+// thread: the shared lock-free handoff_list through io_request::next plus
+// an eventfd that the queue's owner sleeps on (target_queue::wait_fd).
+// Needs no librbd, so the unit tests drive it alone
+// (tests/targets/rbd_parts_test.cpp).
 #pragma once
 
+#include <softblk/support/handoff_list.hpp>
 #include <softblk/types.hpp>
 
 #include <sys/eventfd.h>
 #include <unistd.h>
-
-#include <atomic>
-#include <cstdint>
-#include <thread>
 
 namespace softblk::targets::rbd {
 
@@ -22,7 +20,7 @@ public:
     explicit completion_list(int event_fd) : _event_fd(event_fd) {}
     ~completion_list()
     {
-        wait_for_pushers();
+        _list.wait_for_pushers();
         close(_event_fd);
     }
     completion_list(const completion_list&) = delete;
@@ -35,16 +33,7 @@ public:
     // whole list at once.
     void push(io_request& r)
     {
-        _pushing.fetch_add(1, std::memory_order_relaxed);
-        io_request* head = _head.load(std::memory_order_relaxed);
-        do {
-            r.next = head;
-        } while (!_head.compare_exchange_weak(head, &r, std::memory_order_release,
-                                              std::memory_order_relaxed));
-        if (head == nullptr) {
-            eventfd_write(_event_fd, 1);
-        }
-        _pushing.fetch_sub(1, std::memory_order_release);
+        _list.push(r, [this] { eventfd_write(_event_fd, 1); });
     }
 
     // Every request pushed so far, oldest first, as a chain through
@@ -54,15 +43,7 @@ public:
     {
         eventfd_t value = 0;
         eventfd_read(_event_fd, &value);
-        io_request* list = _head.exchange(nullptr, std::memory_order_acquire);
-        io_request* ordered = nullptr;  // the stack is newest first
-        while (list != nullptr) {
-            io_request* next = list->next;
-            list->next = ordered;
-            ordered = list;
-            list = next;
-        }
-        return ordered;
+        return _list.take();
     }
 
     // Before the owner sleeps on fd(): true when requests already wait (do
@@ -72,28 +53,22 @@ public:
     // queue's thread.
     bool ready_or_reset() const
     {
-        if (_head.load(std::memory_order_acquire) != nullptr) {
+        if (!_list.empty()) {
             return true;
         }
         eventfd_t value = 0;
         eventfd_read(_event_fd, &value);
-        return _head.load(std::memory_order_acquire) != nullptr;
+        return !_list.empty();
     }
 
     // Waits until no push() is still running (it may touch the list after
     // its request was taken): the last step before the owner of the list
     // frees it.
-    void wait_for_pushers() const
-    {
-        while (_pushing.load(std::memory_order_acquire) != 0) {
-            std::this_thread::yield();
-        }
-    }
+    void wait_for_pushers() const { _list.wait_for_pushers(); }
 
 private:
     int _event_fd;
-    std::atomic<io_request*> _head{nullptr};
-    std::atomic<unsigned> _pushing{0};
+    handoff_list<io_request> _list;
 };
 
 }  // namespace softblk::targets::rbd

@@ -4,7 +4,9 @@
 # conventional, 4 KiB blocks, memory-backed):
 #  - `blkzone report` of both is the same (types, conditions, write
 #    pointers, capacities), and stays the same after blkzone open, close,
-#    finish and reset of the same zones;
+#    finish and reset of the same zones, and after `softblk zone` open,
+#    finish and reset on the exported device (the same as blkzone's on
+#    null_blk; `softblk zone report` prints what blkzone prints);
 #  - a differential run: softblk-zone-steps plays one random sequence of
 #    writes (at, off and across the write pointer and capacity), reads,
 #    open, close, finish, reset and reset all on each device, printing the
@@ -94,6 +96,19 @@ for limits in off on; do
     blkzone reset -o $((2 * zs)) -c 1 $d
   done
   compare_reports "after blkzone open/close/finish/reset and a write"
+  # softblk zone on the exported device (through its ublk queue thread)
+  # and blkzone on null_blk: the kernel's reports of both agree.
+  softblk zone open z$limits $((7 * zs))
+  softblk zone finish z$limits $((3 * zs))
+  softblk zone reset z$limits $((6 * zs))
+  blkzone open -o $((7 * zs)) -c 1 /dev/$ref
+  blkzone finish -o $((3 * zs)) -c 1 /dev/$ref
+  blkzone reset -o $((6 * zs)) -c 1 /dev/$ref
+  compare_reports "after softblk zone open/finish/reset on the exported device"
+  softblk zone report z$limits | sed 's/^ *//' >/tmp/sb-zone.txt
+  report $dev >/tmp/sb.txt
+  cmp -s /tmp/sb-zone.txt /tmp/sb.txt || { diff /tmp/sb-zone.txt /tmp/sb.txt | head;
+    vm_fail "softblk zone report differs from blkzone report of $dev"; }
   # Not at a zone start: both refuse.
   if blkzone reset -o $((2 * zs + 8)) -c 1 $dev 2>/dev/null; then
     vm_fail "a reset off a zone start succeeded on softblk"
