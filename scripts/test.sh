@@ -4,8 +4,9 @@
 # installs the Debian packages (through sudo when not root, only if some are
 # missing) and runs these stages, each on its own, in this order:
 #   format   scripts/format.sh --check: the whole tree as .clang-format says
-#   release  build/ (Release, warnings as errors): every target, test and
-#            benchmark; the VM tests (their programs run in a guest), the
+#   release  build/ (Release, warnings as errors): every program and
+#            benchmark, of the GoogleTest programs those with nosan cases;
+#            the VM tests (their programs run in a guest), the
 #            fuzzers (they carry their own sanitizers) and the tests whose
 #            bounds a sanitizer breaks (label nosan): ctest -L
 #            '^(vm|fuzz|nosan)$'
@@ -198,7 +199,9 @@ if want format; then
 fi
 all_targets=()
 if want release; then
-  release_cmake=(-DCMAKE_BUILD_TYPE=Release -DSOFTBLK_SANITIZE=)
+  # The GoogleTest programs without nosan cases are built and run in the
+  # asan stage only (SOFTBLK_ONLY_NOSAN_GTESTS, tests/CMakeLists.txt).
+  release_cmake=(-DCMAKE_BUILD_TYPE=Release -DSOFTBLK_SANITIZE= -DSOFTBLK_ONLY_NOSAN_GTESTS=ON)
   release_tests=(-L '^(vm|fuzz|nosan)$')
   stage release "$repo/build" all_targets release_cmake release_tests
 fi

@@ -79,6 +79,13 @@ constexpr uint32_t k_flag_need_reply = 1u << 3;
 // reserved bit 30).
 constexpr unsigned k_f_protocol_features = 30;
 
+// The mask of feature or protocol-feature bit `n` (the numbers above and
+// those of <linux/virtio_*.h>).
+constexpr uint64_t feature_bit(unsigned n)
+{
+    return uint64_t{1} << n;
+}
+
 // Protocol feature bits.
 constexpr unsigned k_pf_mq = 0;
 constexpr unsigned k_pf_log_shmfd = 1;

@@ -13,10 +13,7 @@ namespace softblk::vhost_user_blk {
 
 namespace {
 
-constexpr uint64_t bit(unsigned n)
-{
-    return uint64_t{1} << n;
-}
+using virtio::vhost_user::feature_bit;
 
 uint32_t sectors(uint64_t bytes)
 {
@@ -32,23 +29,24 @@ bool read_only(const block_limits& l, const export_settings& s)
 
 uint64_t offered_features(const block_limits& l, const export_settings& s)
 {
-    uint64_t f = bit(VIRTIO_F_VERSION_1) | bit(VIRTIO_RING_F_EVENT_IDX) |
-                 bit(VIRTIO_RING_F_INDIRECT_DESC) | bit(virtio::vhost_user::k_f_protocol_features) |
-                 bit(VIRTIO_BLK_F_BLK_SIZE) | bit(VIRTIO_BLK_F_TOPOLOGY) |
-                 bit(VIRTIO_BLK_F_SEG_MAX) | bit(VIRTIO_BLK_F_MQ);
+    uint64_t f = feature_bit(VIRTIO_F_VERSION_1) | feature_bit(VIRTIO_RING_F_EVENT_IDX) |
+                 feature_bit(VIRTIO_RING_F_INDIRECT_DESC) |
+                 feature_bit(virtio::vhost_user::k_f_protocol_features) |
+                 feature_bit(VIRTIO_BLK_F_BLK_SIZE) | feature_bit(VIRTIO_BLK_F_TOPOLOGY) |
+                 feature_bit(VIRTIO_BLK_F_SEG_MAX) | feature_bit(VIRTIO_BLK_F_MQ);
     if (read_only(l, s)) {
-        f |= bit(VIRTIO_BLK_F_RO);
+        f |= feature_bit(VIRTIO_BLK_F_RO);
     } else {
-        f |= bit(VIRTIO_BLK_F_WRITE_ZEROES);
+        f |= feature_bit(VIRTIO_BLK_F_WRITE_ZEROES);
         if (l.max_discard_bytes != 0) {
-            f |= bit(VIRTIO_BLK_F_DISCARD);
+            f |= feature_bit(VIRTIO_BLK_F_DISCARD);
         }
     }
     if (l.volatile_write_cache) {
-        f |= bit(VIRTIO_BLK_F_FLUSH) | bit(VIRTIO_BLK_F_CONFIG_WCE);
+        f |= feature_bit(VIRTIO_BLK_F_FLUSH) | feature_bit(VIRTIO_BLK_F_CONFIG_WCE);
     }
     if (l.zoned) {
-        f |= bit(VIRTIO_BLK_F_ZONED);
+        f |= feature_bit(VIRTIO_BLK_F_ZONED);
     }
     return f;
 }

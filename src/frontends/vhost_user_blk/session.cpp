@@ -21,17 +21,13 @@
 namespace softblk::vhost_user_blk {
 
 namespace vu = virtio::vhost_user;
+using vu::feature_bit;
 
 namespace {
 
-constexpr uint64_t bit(unsigned n)
-{
-    return uint64_t{1} << n;
-}
-
-constexpr uint64_t k_offered_protocol = bit(vu::k_pf_mq) | bit(vu::k_pf_reply_ack) |
-                                        bit(vu::k_pf_config) | bit(vu::k_pf_inflight_shmfd) |
-                                        bit(vu::k_pf_configure_mem_slots);
+constexpr uint64_t k_offered_protocol =
+    feature_bit(vu::k_pf_mq) | feature_bit(vu::k_pf_reply_ack) | feature_bit(vu::k_pf_config) |
+    feature_bit(vu::k_pf_inflight_shmfd) | feature_bit(vu::k_pf_configure_mem_slots);
 
 // Requests whose answer is a reply of their own (REPLY_ACK adds none).
 bool has_reply(uint32_t request)
@@ -112,7 +108,7 @@ bool session::handle_message()
     if (r == outcome::close) {
         return false;
     }
-    if (r != outcome::replied && (_protocol & bit(vu::k_pf_reply_ack)) != 0 &&
+    if (r != outcome::replied && (_protocol & feature_bit(vu::k_pf_reply_ack)) != 0 &&
         (m.hdr.flags & vu::k_flag_need_reply) != 0 && !has_reply(m.hdr.request)) {
         const uint64_t status = r == outcome::ok ? 0 : 1;
         if (!reply(m, &status, sizeof status)) {
@@ -432,10 +428,10 @@ bool session::start_ring(unsigned index)
     cfg.used_addr = v.addr.used_user_addr;
     cfg.num = v.num;
     cfg.base = v.base;
-    cfg.event_idx = (_features & bit(VIRTIO_RING_F_EVENT_IDX)) != 0;
-    cfg.indirect = (_features & bit(VIRTIO_RING_F_INDIRECT_DESC)) != 0;
+    cfg.event_idx = (_features & feature_bit(VIRTIO_RING_F_EVENT_IDX)) != 0;
+    cfg.indirect = (_features & feature_bit(VIRTIO_RING_F_INDIRECT_DESC)) != 0;
     // Without protocol features a ring is enabled once started.
-    cfg.enabled = (_features & bit(vu::k_f_protocol_features)) == 0 || v.enabled;
+    cfg.enabled = (_features & feature_bit(vu::k_f_protocol_features)) == 0 || v.enabled;
     cfg.kick_fd = v.kick;
     cfg.call_fd = v.call;
     if (_inflight != nullptr && index < _inflight_queues && v.num == _inflight_queue_size) {
@@ -539,11 +535,11 @@ session::outcome session::set_config(const vu::message& m)
 {
     const vu::config_space& c = m.body.config;
     // Only the write-cache mode is writable, and only when offered.
-    if ((_offered & bit(VIRTIO_BLK_F_CONFIG_WCE)) == 0 ||
+    if ((_offered & feature_bit(VIRTIO_BLK_F_CONFIG_WCE)) == 0 ||
         c.offset != offsetof(virtio_blk_config, wce) || c.size != 1) {
         log(fmt::format("SET_CONFIG of {} bytes at offset {}: only wce (offset {}) is writable{}",
                         c.size, c.offset, offsetof(virtio_blk_config, wce),
-                        (_offered & bit(VIRTIO_BLK_F_CONFIG_WCE)) == 0
+                        (_offered & feature_bit(VIRTIO_BLK_F_CONFIG_WCE)) == 0
                             ? ", and the device has no write cache"
                             : ""));
         return outcome::failed;

@@ -39,6 +39,7 @@ namespace softblk::virtio_driver {
 namespace {
 
 namespace vu = virtio::vhost_user;
+using vu::feature_bit;
 
 constexpr option_def k_options[] = {
     {.name = "path",
@@ -76,19 +77,16 @@ constexpr option_def k_options[] = {
      .max = 600'000},
 };
 
-constexpr uint64_t bit(unsigned n)
-{
-    return uint64_t{1} << n;
-}
-
 constexpr uint64_t k_wanted_features =
-    bit(VIRTIO_F_VERSION_1) | bit(VIRTIO_RING_F_EVENT_IDX) | bit(vu::k_f_protocol_features) |
-    bit(VIRTIO_BLK_F_SIZE_MAX) | bit(VIRTIO_BLK_F_SEG_MAX) | bit(VIRTIO_BLK_F_BLK_SIZE) |
-    bit(VIRTIO_BLK_F_TOPOLOGY) | bit(VIRTIO_BLK_F_MQ) | bit(VIRTIO_BLK_F_RO) |
-    bit(VIRTIO_BLK_F_FLUSH) | bit(VIRTIO_BLK_F_CONFIG_WCE) | bit(VIRTIO_BLK_F_DISCARD) |
-    bit(VIRTIO_BLK_F_WRITE_ZEROES) | bit(VIRTIO_BLK_F_ZONED);
+    feature_bit(VIRTIO_F_VERSION_1) | feature_bit(VIRTIO_RING_F_EVENT_IDX) |
+    feature_bit(vu::k_f_protocol_features) | feature_bit(VIRTIO_BLK_F_SIZE_MAX) |
+    feature_bit(VIRTIO_BLK_F_SEG_MAX) | feature_bit(VIRTIO_BLK_F_BLK_SIZE) |
+    feature_bit(VIRTIO_BLK_F_TOPOLOGY) | feature_bit(VIRTIO_BLK_F_MQ) |
+    feature_bit(VIRTIO_BLK_F_RO) | feature_bit(VIRTIO_BLK_F_FLUSH) |
+    feature_bit(VIRTIO_BLK_F_CONFIG_WCE) | feature_bit(VIRTIO_BLK_F_DISCARD) |
+    feature_bit(VIRTIO_BLK_F_WRITE_ZEROES) | feature_bit(VIRTIO_BLK_F_ZONED);
 constexpr uint64_t k_wanted_protocol =
-    bit(vu::k_pf_mq) | bit(vu::k_pf_reply_ack) | bit(vu::k_pf_config);
+    feature_bit(vu::k_pf_mq) | feature_bit(vu::k_pf_reply_ack) | feature_bit(vu::k_pf_config);
 
 // Config bytes read: through write_zeroes_may_unmap and its padding, or
 // through the zoned characteristics.
@@ -183,7 +181,7 @@ public:
         out["backend_virtqueues"] = _backend_queues;
         out["queue_size"] = _queues.empty() ? 0 : _queues[0]->layout().num;
         out["indirect"] = _indirect;
-        out["event_idx"] = (_features & bit(VIRTIO_RING_F_EVENT_IDX)) != 0;
+        out["event_idx"] = (_features & feature_bit(VIRTIO_RING_F_EVENT_IDX)) != 0;
         out["shared_memory_bytes"] = _memory_bytes;
         out["connected"] = !_dead.load(std::memory_order_relaxed);
         uint64_t bogus = 0;
@@ -230,13 +228,13 @@ result<void> virtio_target::negotiate(const option_set& o, uint64_t& protocol)
     if (!offered) {
         return std::unexpected(offered.error());
     }
-    if ((*offered & bit(VIRTIO_F_VERSION_1)) == 0) {
+    if ((*offered & feature_bit(VIRTIO_F_VERSION_1)) == 0) {
         return make_error(EPROTO, fmt::format("path={}: the back end does not offer "
                                               "VIRTIO_F_VERSION_1 (legacy devices are not "
                                               "supported)",
                                               _client.path()));
     }
-    if ((*offered & bit(vu::k_f_protocol_features)) == 0) {
+    if ((*offered & feature_bit(vu::k_f_protocol_features)) == 0) {
         return make_error(EPROTO,
                           fmt::format("path={}: the back end has no vhost-user protocol features "
                                       "(needed for its config space)",
@@ -247,7 +245,7 @@ result<void> virtio_target::negotiate(const option_set& o, uint64_t& protocol)
         return std::unexpected(offered_protocol.error());
     }
     protocol = *offered_protocol & k_wanted_protocol;
-    if ((protocol & bit(vu::k_pf_config)) == 0) {
+    if ((protocol & feature_bit(vu::k_pf_config)) == 0) {
         return make_error(EPROTO, fmt::format("path={}: the back end does not offer "
                                               "VHOST_USER_PROTOCOL_F_CONFIG (its geometry)",
                                               _client.path()));
@@ -255,9 +253,9 @@ result<void> virtio_target::negotiate(const option_set& o, uint64_t& protocol)
     if (auto r = _client.set_u64(vu::k_set_protocol_features, protocol); !r) {
         return r;
     }
-    _client.set_reply_ack((protocol & bit(vu::k_pf_reply_ack)) != 0);
+    _client.set_reply_ack((protocol & feature_bit(vu::k_pf_reply_ack)) != 0);
     _backend_queues = 1;
-    if ((protocol & bit(vu::k_pf_mq)) != 0) {
+    if ((protocol & feature_bit(vu::k_pf_mq)) != 0) {
         auto n = _client.get_u64(vu::k_get_queue_num);
         if (!n) {
             return std::unexpected(n.error());
@@ -278,12 +276,12 @@ result<void> virtio_target::negotiate(const option_set& o, uint64_t& protocol)
     _features = *offered & k_wanted_features;
     _indirect = o.flag("indirect");
     if (_indirect) {
-        if ((*offered & bit(VIRTIO_RING_F_INDIRECT_DESC)) == 0) {
+        if ((*offered & feature_bit(VIRTIO_RING_F_INDIRECT_DESC)) == 0) {
             return make_error(EINVAL, fmt::format("indirect=1: the back end at {} does not offer "
                                                   "VIRTIO_RING_F_INDIRECT_DESC",
                                                   _client.path()));
         }
-        _features |= bit(VIRTIO_RING_F_INDIRECT_DESC);
+        _features |= feature_bit(VIRTIO_RING_F_INDIRECT_DESC);
     }
     return {};
 }
@@ -291,7 +289,7 @@ result<void> virtio_target::negotiate(const option_set& o, uint64_t& protocol)
 result<void> virtio_target::read_config(const virtio::blk_config& cfg, const option_set& o)
 {
     const virtio_blk_config& c = cfg.base;
-    const auto has = [&](unsigned f) { return (_features & bit(f)) != 0; };
+    const auto has = [&](unsigned f) { return (_features & feature_bit(f)) != 0; };
     const uint32_t lbs = has(VIRTIO_BLK_F_BLK_SIZE) ? c.blk_size : 512;
     if (lbs < 512 || lbs > 65536 || (lbs & (lbs - 1)) != 0) {
         return make_error(EPROTO, fmt::format("path={}: the back end's block size {} is not a "
@@ -332,7 +330,7 @@ result<void> virtio_target::read_config(const virtio::blk_config& cfg, const opt
         if (z.model != VIRTIO_BLK_Z_HM || z.zone_sectors == 0) {
             // Host-aware devices take random writes: used as a normal disk,
             // as Linux does.
-            _features &= ~bit(VIRTIO_BLK_F_ZONED);
+            _features &= ~feature_bit(VIRTIO_BLK_F_ZONED);
         } else {
             _limits.zoned = true;
             _limits.zone_size_bytes = uint64_t{z.zone_sectors} * 512;
@@ -388,7 +386,7 @@ result<void> virtio_target::share_memory(const option_set& o)
         l.num = _ring_num;
         l.depth = _depth;
         l.data_bytes = _data_bytes;
-        l.event_idx = (_features & bit(VIRTIO_RING_F_EVENT_IDX)) != 0;
+        l.event_idx = (_features & feature_bit(VIRTIO_RING_F_EVENT_IDX)) != 0;
         l.indirect = _indirect;
         l.polling = q >= _submit_queues || o.flag("poll");
         l.volatile_cache = _limits.volatile_write_cache;
@@ -484,7 +482,7 @@ result<void> virtio_target::setup(const option_set& o)
     if (auto r = negotiate(o, protocol); !r) {
         return r;
     }
-    const uint32_t config_bytes = (_features & bit(VIRTIO_BLK_F_ZONED)) != 0
+    const uint32_t config_bytes = (_features & feature_bit(VIRTIO_BLK_F_ZONED)) != 0
                                       ? uint32_t{virtio::k_blk_config_bytes}
                                       : k_config_bytes;
     auto raw = _client.get_config(config_bytes);

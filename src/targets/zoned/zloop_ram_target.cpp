@@ -179,7 +179,7 @@ result<std::unique_ptr<target>> create_zloop_ram(const option_set& o)
     return t;
 }
 
-[[maybe_unused]] const bool k_registered = register_target_type(target_type{
+[[maybe_unused]] const bool k_zloop_ram_registered = register_target_type(target_type{
     .name = "zloop-ram",
     .description = "the zloop target with its zones in RAM: zloop's options and zone model, no "
                    "files; the data goes with the device (and with power=0)",

@@ -388,7 +388,7 @@ result<std::unique_ptr<target>> create_zloop(const option_set& o)
     return t;
 }
 
-[[maybe_unused]] const bool k_registered = register_target_type(target_type{
+[[maybe_unused]] const bool k_zloop_registered = register_target_type(target_type{
     .name = "zloop",
     .description = "a zoned device with one file per zone in the kernel's zloop layout "
                    "(BASE_DIR/ID/cnv-NNNNNN, seq-NNNNNN); the zones persist",

@@ -56,10 +56,10 @@ std::vector<blk_zone> report(const device_info& d)
 
 // "cond:wp" per zone, wp relative to the zone start in blocks ("-" when the
 // zone has none: conventional, full, read-only, offline, per the driver).
-std::string state(const device_info& d)
+std::string state(const device_info& d, const std::vector<blk_zone>& zones)
 {
     std::string s;
-    for (const blk_zone& z : report(d)) {
+    for (const blk_zone& z : zones) {
         char item[48];
         const bool none = z.type == BLK_ZONE_TYPE_CONVENTIONAL || z.wp == UINT64_MAX ||
                           z.cond == BLK_ZONE_COND_FULL;
@@ -130,10 +130,13 @@ int main(int argc, char** argv)
     const uint64_t zone_bytes = d.zone_sectors * 512;
     std::printf("geometry block=%u zone_sectors=%" PRIu64 " zones=%u\n", d.block, d.zone_sectors,
                 d.nr_zones);
-    std::printf("0 start ->%s\n", state(d).c_str());
+    // One report per step: the state printed after a step is the state the
+    // next step starts from (a report is a round trip to the driver, the
+    // bulk of a step's time in the VM lab).
+    std::vector<blk_zone> zones = report(d);
+    std::printf("0 start ->%s\n", state(d, zones).c_str());
 
     for (long step = 1; step <= steps; ++step) {
-        const std::vector<blk_zone> zones = report(d);
         const uint32_t zi = static_cast<uint32_t>(rng() % d.nr_zones);
         const blk_zone& z = zones[zi];
         const uint64_t start = z.start * 512;
@@ -206,7 +209,8 @@ int main(int argc, char** argv)
             err = ioctl(d.fd, request, &range) != 0 ? errno : 0;
             std::snprintf(what, sizeof what, "%s z%u", op, zi);
         }
-        std::printf("%ld %s -> %s%s\n", step, what, name_of(err), state(d).c_str());
+        zones = report(d);
+        std::printf("%ld %s -> %s%s\n", step, what, name_of(err), state(d, zones).c_str());
     }
     std::free(mem);
     close(d.fd);
