@@ -12,6 +12,9 @@
 
 namespace softblk {
 
+// One mebibyte, for sizes in code and tests.
+inline constexpr uint64_t k_mib = uint64_t{1} << 20;
+
 // ---------------------------------------------------------------- errors
 
 // Control-path error: an errno-style code plus a message a person can act

@@ -14,7 +14,6 @@ namespace softblk::cli {
 
 namespace {
 
-constexpr uint64_t k_mib = uint64_t{1} << 20;
 
 std::string read_text(const std::string& path)
 {

@@ -8,9 +8,10 @@
 
 using namespace softblk::cli;
 
+using softblk::k_mib;
+
 namespace {
 
-constexpr uint64_t k_mib = uint64_t{1} << 20;
 constexpr uint64_t k_gib = uint64_t{1} << 30;
 
 TEST(memory_limit, mem_total_is_read_in_bytes)

@@ -24,8 +24,8 @@ namespace {
 
 // "post_test" target: 1 MiB of memory, 4 KiB blocks, completes at once in
 // submission order (the core's irqmode decides when callbacks run).
-constexpr uint64_t k_capacity = 1 << 20;
-constexpr uint32_t k_block = 4096;
+constexpr uint64_t k_post_capacity = 1 << 20;
+constexpr uint32_t k_post_block = 4096;
 
 class memory_queue final : public target_queue {
 public:
@@ -47,11 +47,11 @@ private:
 
 class memory_target final : public target {
 public:
-    memory_target() : _data(k_capacity)
+    memory_target() : _data(k_post_capacity)
     {
-        _limits.capacity_bytes = k_capacity;
-        _limits.logical_block_size = k_block;
-        _limits.physical_block_size = k_block;
+        _limits.capacity_bytes = k_post_capacity;
+        _limits.logical_block_size = k_post_block;
+        _limits.physical_block_size = k_post_block;
         _limits.max_transfer_bytes = 64 << 10;
     }
     const block_limits& limits() const override { return _limits; }
@@ -67,7 +67,7 @@ private:
     std::vector<char> _data;
 };
 
-const bool k_registered = register_target_type(target_type{
+[[maybe_unused]] const bool k_post_test_registered = register_target_type(target_type{
     .name = "post_test",
     .description = "test target of the core's control-submission tests",
     .options = {},
@@ -77,7 +77,7 @@ const bool k_registered = register_target_type(target_type{
     .submit_queues = {},
 });
 
-std::unique_ptr<device> make(std::initializer_list<const char*> opts)
+std::unique_ptr<device> make_post_device(std::initializer_list<const char*> opts)
 {
     std::vector<std::string> args(opts.begin(), opts.end());
     auto dev = device::create("p0", "post_test", args);
@@ -117,13 +117,13 @@ void record(bio& b, int status)
 
 TEST(post, runs_on_the_owner_behind_what_it_submitted)
 {
-    auto dev = make({"irqmode=1"});
+    auto dev = make_post_device({"irqmode=1"});
     ASSERT_TRUE(dev);
     io_queue& q = dev->queue(0);
     wake_fd wake;
-    std::vector<char> got(k_block, 0);
+    std::vector<char> got(k_post_block, 0);
     seen posted;
-    bio read = make_bio(io_op::read, 0, k_block, got.data());
+    bio read = make_bio(io_op::read, 0, k_post_block, got.data());
     read.on_complete = record;
     read.user_data = &posted;
     std::atomic<bool> attached{false};
@@ -137,8 +137,8 @@ TEST(post, runs_on_the_owner_behind_what_it_submitted)
         while (q.in_flight() == 0) {
             wake.sleep(1000);
         }
-        std::vector<char> data(k_block, 0x5a);
-        bio write = make_bio(io_op::write, 0, k_block, data.data());
+        std::vector<char> data(k_post_block, 0x5a);
+        bio write = make_bio(io_op::write, 0, k_post_block, data.data());
         q.submit(write);
         while (q.in_flight() != 0) {
             q.process();
@@ -154,28 +154,28 @@ TEST(post, runs_on_the_owner_behind_what_it_submitted)
     owner.join();
     EXPECT_EQ(posted.status, 0);
     EXPECT_EQ(posted.thread, owner_id);
-    EXPECT_EQ(got, std::vector<char>(k_block, 0x5a));
+    EXPECT_EQ(got, std::vector<char>(k_post_block, 0x5a));
 }
 
 TEST(post, without_an_owner_runs_on_the_caller)
 {
-    auto dev = make({"irqmode=2", "completion_nsec=1000"});
+    auto dev = make_post_device({"irqmode=2", "completion_nsec=1000"});
     ASSERT_TRUE(dev);
-    std::vector<char> data(2 * k_block, 0x33);
-    bio write = make_bio(io_op::write, k_block, data.size(), data.data());
+    std::vector<char> data(2 * k_post_block, 0x33);
+    bio write = make_bio(io_op::write, k_post_block, data.size(), data.data());
     seen s;
     write.on_complete = record;
     write.user_data = &s;
     dev->queue(0).post(write);  // completes before post returns
     EXPECT_EQ(s.status, 0);
     EXPECT_EQ(s.thread, std::this_thread::get_id());
-    std::vector<char> back(2 * k_block);
-    bio read = make_bio(io_op::read, k_block, back.size(), back.data());
+    std::vector<char> back(2 * k_post_block);
+    bio read = make_bio(io_op::read, k_post_block, back.size(), back.data());
     EXPECT_EQ(dev->execute_control(read), 0);
     EXPECT_EQ(read.transferred, back.size());
     EXPECT_EQ(back, data);
     // The core's checks apply as to any submission.
-    bio beyond = make_bio(io_op::read, k_capacity, k_block, back.data());
+    bio beyond = make_bio(io_op::read, k_post_capacity, k_post_block, back.data());
     EXPECT_EQ(dev->execute_control(beyond), -EIO);
     ASSERT_TRUE(dev->set_power(false));
     EXPECT_EQ(dev->execute_control(read), -ENODEV);
@@ -183,13 +183,13 @@ TEST(post, without_an_owner_runs_on_the_caller)
 
 TEST(post, owner_stays_until_posted_bios_are_taken)
 {
-    auto dev = make({"irqmode=1"});
+    auto dev = make_post_device({"irqmode=1"});
     ASSERT_TRUE(dev);
     io_queue& q = dev->queue(0);
     wake_fd wake;
     q.attach_owner([&] { wake.signal(); });  // this thread owns the queue
-    std::vector<char> buf(k_block);
-    bio read = make_bio(io_op::read, 0, k_block, buf.data());
+    std::vector<char> buf(k_post_block);
+    bio read = make_bio(io_op::read, 0, k_post_block, buf.data());
     seen s;
     read.on_complete = record;
     read.user_data = &s;
@@ -214,7 +214,7 @@ TEST(post, owner_stays_until_posted_bios_are_taken)
 // completes once with the right data.
 TEST(post, concurrent_posters_and_owners_that_come_and_go)
 {
-    auto dev = make({"irqmode=1", "submit_queues=2"});
+    auto dev = make_post_device({"irqmode=1", "submit_queues=2"});
     ASSERT_TRUE(dev);
     ASSERT_GE(dev->queue_count(), 2u);
     constexpr unsigned k_posters = 3;
@@ -225,15 +225,15 @@ TEST(post, concurrent_posters_and_owners_that_come_and_go)
         io_queue& q = dev->queue(index);
         wake_fd wake;
         // The owner's blocks: 200 + index.
-        const uint64_t offset = (200 + index) * uint64_t{k_block};
-        std::vector<char> out(k_block), in(k_block);
+        const uint64_t offset = (200 + index) * uint64_t{k_post_block};
+        std::vector<char> out(k_post_block), in(k_post_block);
         unsigned round = 0;
         while (!stop) {
             q.attach_owner([&] { wake.signal(); });
             for (unsigned i = 0; i < 50; ++i, ++round) {
-                std::memset(out.data(), static_cast<int>(round & 0xff), k_block);
-                bio w = make_bio(io_op::write, offset, k_block, out.data());
-                bio r = make_bio(io_op::read, offset, k_block, in.data());
+                std::memset(out.data(), static_cast<int>(round & 0xff), k_post_block);
+                bio w = make_bio(io_op::write, offset, k_post_block, out.data());
+                bio r = make_bio(io_op::read, offset, k_post_block, in.data());
                 q.submit(w);
                 q.submit(r);
                 while (q.in_flight() != 0) {
@@ -255,14 +255,15 @@ TEST(post, concurrent_posters_and_owners_that_come_and_go)
     std::vector<std::thread> posters;
     for (unsigned p = 0; p < k_posters; ++p) {
         posters.emplace_back([&, p] {
-            const uint64_t offset = p * uint64_t{k_block};
-            std::vector<char> out(k_block), in(k_block);
+            const uint64_t offset = p * uint64_t{k_post_block};
+            std::vector<char> out(k_post_block), in(k_post_block);
             for (unsigned i = 0; i < k_calls; ++i) {
                 io_queue& q = dev->queue(i % 2);
-                std::memset(out.data(), static_cast<int>((p * 31 + i) & 0xff), k_block);
-                bio w = make_bio(io_op::write, offset, k_block, out.data());
-                bio r = make_bio(io_op::read, offset, k_block, in.data());
-                if (q.call(w) != 0 || w.transferred != k_block || q.call(r) != 0 || in != out) {
+                std::memset(out.data(), static_cast<int>((p * 31 + i) & 0xff), k_post_block);
+                bio w = make_bio(io_op::write, offset, k_post_block, out.data());
+                bio r = make_bio(io_op::read, offset, k_post_block, in.data());
+                if (q.call(w) != 0 || w.transferred != k_post_block || q.call(r) != 0 ||
+                    in != out) {
                     ++poster_errors;
                 }
             }

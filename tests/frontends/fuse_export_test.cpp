@@ -22,9 +22,10 @@
 #include <softblk/device.hpp>
 #include <softblk/frontend.hpp>
 
+using softblk::k_mib;
+
 namespace {
 
-constexpr uint64_t k_mib = 1 << 20;
 
 bool fuse_usable(std::string& why)
 {

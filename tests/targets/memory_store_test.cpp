@@ -10,6 +10,7 @@
 
 #include <softblk/memory_store.hpp>
 
+using softblk::k_mib;
 using softblk::extent;
 using softblk::memory_budget;
 using softblk::memory_store;
@@ -17,7 +18,6 @@ using softblk::memory_store;
 namespace {
 
 constexpr uint64_t k_tib = uint64_t{1} << 40;
-constexpr uint64_t k_mib = uint64_t{1} << 20;
 
 std::unique_ptr<memory_store> make(uint64_t capacity, uint32_t block_size, uint64_t limit = 0,
                                    memory_budget* parent = nullptr)

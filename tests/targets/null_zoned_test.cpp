@@ -20,7 +20,6 @@ using namespace softblk::test;
 
 namespace {
 
-constexpr uint64_t k_mib = 1 << 20;
 using zc = zone_condition;
 
 // null_blk's zone sizes are in MiB, so a capacity below the size needs 2

@@ -24,7 +24,6 @@ using namespace softblk::test;
 
 namespace {
 
-constexpr uint64_t k_mib = 1 << 20;
 using zc = zone_condition;
 
 struct aligned_buffer {

@@ -21,7 +21,6 @@
 namespace softblk::ublk {
 namespace {
 
-constexpr uint64_t k_mib = 1 << 20;
 
 class resize_test : public ::testing::Test {
 protected:

@@ -21,7 +21,6 @@ constexpr uint32_t k_min_clusters16 = 4087;
 constexpr uint32_t k_max_clusters16 = 65524;
 constexpr uint32_t k_min_clusters32 = 65525;
 constexpr uint32_t k_max_clusters32 = 0x0FFFFFF5;
-constexpr uint64_t k_mib = 1024 * 1024;
 
 struct layout {
     uint32_t reserved = 0;

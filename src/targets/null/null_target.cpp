@@ -32,7 +32,6 @@ namespace softblk::targets {
 
 namespace {
 
-constexpr uint64_t k_mib = uint64_t{1} << 20;
 // size is in MiB and the capacity in bytes must fit 64 bits.
 constexpr uint64_t k_max_size_mib = (uint64_t{1} << 44) - 1;
 // max_transfer_bytes is 32 bits: the most sectors a request may carry.
