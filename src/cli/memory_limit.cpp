@@ -14,7 +14,6 @@ namespace softblk::cli {
 
 namespace {
 
-
 std::string read_text(const std::string& path)
 {
     std::ifstream in(path);

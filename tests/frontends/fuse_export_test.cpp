@@ -26,7 +26,6 @@ using softblk::k_mib;
 
 namespace {
 
-
 bool fuse_usable(std::string& why)
 {
     if (::geteuid() != 0) {

@@ -10,8 +10,8 @@
 
 #include <softblk/memory_store.hpp>
 
-using softblk::k_mib;
 using softblk::extent;
+using softblk::k_mib;
 using softblk::memory_budget;
 using softblk::memory_store;
 

@@ -21,7 +21,6 @@
 namespace softblk::ublk {
 namespace {
 
-
 class resize_test : public ::testing::Test {
 protected:
     void SetUp() override
