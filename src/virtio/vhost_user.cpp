@@ -237,9 +237,11 @@ const char* check_request(const message& m, uint32_t max_queues)
             fds = fds_rule::one;
         }
         break;
+    case k_set_backend_req_fd:
+        fds = fds_rule::one;
+        break;
     case k_set_log_base:
     case k_set_log_fd:
-    case k_set_backend_req_fd:
     case k_gpu_set_socket:
         // Not offered; the back end answers them as unsupported and closes
         // what they carry.

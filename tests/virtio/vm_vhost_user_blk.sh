@@ -8,6 +8,8 @@
 #   restart   the daemon is killed (-9) under guest I/O and started again;
 #             QEMU reconnects, the new back end resubmits what was in
 #             flight (inflight region) and the guest sees no I/O error
+#   resize    a file device grown with `softblk set size=` while the guest
+#             runs: the guest's disk follows (CONFIG_CHANGE_MSG);
 #   zoned     a zoned device is seen by the guest as zoned (blkzone report);
 #             skipped until a zoned target type exists, and with a QEMU
 #             whose vhost-user-blk does not pass VIRTIO_BLK_F_ZONED
@@ -37,6 +39,13 @@ restart)
   # is killed; the device's options come back with the daemon.
   "$softblk" add null size=256 bs=4096 submit_queues=1 poll_queues=0 irqmode=2 \
     completion_nsec=20000000 --name $name --export vhost-user-blk >/dev/null
+  ;;
+resize)
+  # A file device whose size= the host changes while the guest runs: the
+  # guest sees the new capacity (the back end's CONFIG_CHANGE_MSG, QEMU's
+  # GET_CONFIG, the virtio config interrupt).
+  img=$run_dir/resize.img
+  "$softblk" add file "path=$img" size=64M create=1 --name $name --export vhost-user-blk >/dev/null
   ;;
 zoned)
   ztype=$("$softblk" features --json 2>/dev/null |
@@ -74,7 +83,33 @@ guest_failed() {
   exit "$rc"
 }
 
-if [ "$scenario" != restart ]; then
+if [ "$scenario" = resize ]; then
+  "${vm_cmd[@]}" &
+  vm=$!
+  extra_cleanup+=("kill $vm 2>/dev/null")
+  # The guest writes a marker at the disk's start once it has checked the
+  # first size; then the host grows the device.
+  marker() { head -c 14 "$img" 2>/dev/null | tr -d '\0'; }
+  for i in $(seq 1 600); do
+    [ "$(marker)" = SOFTBLK-RESIZE ] && break
+    kill -0 $vm 2>/dev/null || break
+    sleep 0.5
+  done
+  [ "$(marker)" = SOFTBLK-RESIZE ] || {
+    wait $vm || true
+    [ -f "$log" ] && grep -v '^\[ *[0-9.]*\]' "$log" | tail -25 >&2
+    fail "the guest never wrote its marker"
+  }
+  "$softblk" set $name size=128M >/dev/null || fail "softblk set $name size=128M"
+  note "grew $name to 128 MiB: $(field $name .export | jq -c '{connected, stats: .stats.requests}')"
+  set +e
+  wait $vm
+  rc=$?
+  set -e
+  [ $rc -eq 0 ] || guest_failed $rc
+  [ "$(stat -c %s "$img")" -eq $((128 << 20)) ] || fail "the image is $(stat -c %s "$img") bytes, not 128 MiB"
+  [ "$(marker)" = SOFTBLK-RESIZE ] || fail "the marker at the disk's start is gone"
+elif [ "$scenario" != restart ]; then
   set +e
   "${vm_cmd[@]}"
   rc=$?

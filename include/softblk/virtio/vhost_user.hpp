@@ -66,6 +66,14 @@ enum request : uint32_t {
     k_get_status = 40,
 };
 
+// Back-end requests (back end -> front end), on the channel the front end
+// gave with SET_BACKEND_REQ_FD.
+enum backend_request : uint32_t {
+    // The device's configuration space changed (a virtio-blk capacity):
+    // the front end reads it again with GET_CONFIG. No payload.
+    k_backend_config_change_msg = 2,
+};
+
 // The request's name for log lines ("SET_MEM_TABLE"), "unknown" otherwise.
 const char* request_name(uint32_t request);
 
@@ -90,6 +98,7 @@ constexpr uint64_t feature_bit(unsigned n)
 constexpr unsigned k_pf_mq = 0;
 constexpr unsigned k_pf_log_shmfd = 1;
 constexpr unsigned k_pf_reply_ack = 3;
+constexpr unsigned k_pf_backend_req = 5;
 constexpr unsigned k_pf_config = 9;
 constexpr unsigned k_pf_inflight_shmfd = 12;
 constexpr unsigned k_pf_reset_device = 13;

@@ -58,7 +58,7 @@ virtio::blk_config make_config(const block_limits& l, const export_settings& s, 
     virtio_blk_config& b = c.base;
     const uint32_t lbs = l.logical_block_size;
     const uint32_t lbs_sectors = std::max<uint32_t>(lbs / 512, 1);
-    b.capacity = l.capacity_bytes / 512;
+    b.capacity = current_capacity(l) / 512;  // resizes run beside the export
     b.seg_max = k_seg_max;
     b.blk_size = lbs;
     b.physical_block_exp = static_cast<uint8_t>(std::countr_zero(

@@ -25,9 +25,12 @@ using vu::feature_bit;
 
 namespace {
 
+// BACKEND_REQ with CONFIG: a resized device tells the front end
+// (VHOST_USER_BACKEND_CONFIG_CHANGE_MSG), which re-reads the capacity.
 constexpr uint64_t k_offered_protocol =
     feature_bit(vu::k_pf_mq) | feature_bit(vu::k_pf_reply_ack) | feature_bit(vu::k_pf_config) |
-    feature_bit(vu::k_pf_inflight_shmfd) | feature_bit(vu::k_pf_configure_mem_slots);
+    feature_bit(vu::k_pf_backend_req) | feature_bit(vu::k_pf_inflight_shmfd) |
+    feature_bit(vu::k_pf_configure_mem_slots);
 
 // Requests whose answer is a reply of their own (REPLY_ACK adds none).
 bool has_reply(uint32_t request)
@@ -62,10 +65,13 @@ session::session(int conn_fd, device& dev, const export_settings& settings, ring
     _offered = offered_features(dev.limits(), settings);
     _vrings.resize(settings.num_queues);
     _error_fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    _capacity_listener = _dev.add_capacity_listener([this](uint64_t b) { capacity_changed(b); });
 }
 
 session::~session()
 {
+    _dev.remove_capacity_listener(_capacity_listener);
+    close_fd(_backend_fd);
     stop_rings();
     for (vring& v : _vrings) {
         close_fd(v.kick);
@@ -233,6 +239,8 @@ session::outcome session::dispatch(vu::message& m)
     }
     case vu::k_get_config:
         return get_config(m);
+    case vu::k_set_backend_req_fd:
+        return set_backend_req_fd(m);
     case vu::k_set_config:
         return set_config(m);
     case vu::k_get_inflight_fd:
@@ -529,6 +537,43 @@ session::outcome session::get_config(const vu::message& m)
         out.payload[i] = at < sizeof cfg ? bytes[at] : 0;
     }
     return reply(m, &out, vu::k_config_header_bytes + out.size) ? outcome::replied : outcome::close;
+}
+
+session::outcome session::set_backend_req_fd(vu::message& m)
+{
+    if ((_protocol & feature_bit(vu::k_pf_backend_req)) == 0) {
+        log("SET_BACKEND_REQ_FD without the BACKEND_REQ protocol feature; answered as failed");
+        return outcome::failed;
+    }
+    std::lock_guard lock(_backend_mutex);
+    close_fd(_backend_fd);
+    _backend_fd = m.fds[0];
+    m.fds[0] = -1;
+    return outcome::ok;
+}
+
+void session::capacity_changed(uint64_t bytes)
+{
+    std::lock_guard lock(_backend_mutex);
+    if (_backend_fd < 0) {
+        log(
+            fmt::format("capacity now {} bytes; the front end gave no back-end channel, so "
+                        "the guest sees it only after it reads the config space again",
+                        bytes));
+        return;
+    }
+    // No reply asked for: the front end's answer is to read the config
+    // space (GET_CONFIG on the main channel, this session's thread).
+    vu::message note;
+    note.hdr.request = vu::k_backend_config_change_msg;
+    note.hdr.flags = vu::k_version;
+    note.hdr.size = 0;
+    if (const int rc = vu::send(_backend_fd, note); rc < 0) {
+        log(fmt::format("capacity now {} bytes; telling the front end failed: {}", bytes,
+                        std::strerror(-rc)));
+        return;
+    }
+    log(fmt::format("capacity now {} bytes; the front end was told (CONFIG_CHANGE_MSG)", bytes));
 }
 
 session::outcome session::set_config(const vu::message& m)

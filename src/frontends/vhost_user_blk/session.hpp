@@ -14,6 +14,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include <softblk/device.hpp>
@@ -79,6 +80,12 @@ private:
     outcome set_inflight_fd(virtio::vhost_user::message& m);
     outcome set_vring_fd(virtio::vhost_user::message& m);
     outcome get_vring_base(const virtio::vhost_user::message& m);
+    outcome set_backend_req_fd(virtio::vhost_user::message& m);
+    // The device's capacity changed (device::add_capacity_listener): tells
+    // the front end on the back-end channel that the config space changed,
+    // so it reads the new capacity (GET_CONFIG) and tells the guest. The
+    // resizing thread.
+    void capacity_changed(uint64_t bytes);
 
     // Maps one region from `fd` (which it closes) and adds it to the table.
     bool map_region(const virtio::vhost_user::region_desc& r, int fd);
@@ -109,6 +116,13 @@ private:
     size_t _inflight_length = 0;
     uint16_t _inflight_queues = 0;
     uint16_t _inflight_queue_size = 0;
+
+    // The back-end channel (SET_BACKEND_REQ_FD, protocol feature
+    // BACKEND_REQ), written by capacity_changed on another thread:
+    // _backend_mutex guards the descriptor and orders the messages.
+    std::mutex _backend_mutex;
+    int _backend_fd = -1;
+    uint64_t _capacity_listener = 0;
 };
 
 }  // namespace softblk::vhost_user_blk

@@ -6,6 +6,9 @@
 #                   write zeroes reads back zeros, discard of the whole disk
 #   restart NAME    fio keeps doing I/O while the host kills the back end and
 #                   starts it again: no I/O error reaches the guest
+#   resize NAME     the disk starts at 64 MiB; the guest writes a marker, the
+#                   host grows the device to 128 MiB, the disk follows and
+#                   I/O at its new end reads back
 #   zoned NAME      the disk is seen as a zoned (host-managed) device and
 #                   `blkzone report` lists its zones
 set -euo pipefail
@@ -89,6 +92,23 @@ restart)
     vm_fail "the kernel logged an I/O error"
   fi
   echo "ok: no I/O error across the back-end restart"
+  ;;
+resize)
+  vm_require_tool cmp dd
+  vm_step "64 MiB at first, then the host grows the device"
+  vm_expect_eq "size (bytes)" "$(blockdev --getsize64 "$dev")" $((64 << 20))
+  { printf SOFTBLK-RESIZE; head -c 4082 /dev/zero; } >/tmp/marker
+  dd if=/tmp/marker of="$dev" bs=4096 count=1 oflag=direct,sync status=none
+  for i in $(seq 1 600); do
+    [ "$(cat /sys/block/$b/size)" -eq $((128 << 11)) ] && break
+    sleep 0.2
+  done
+  vm_expect_eq "size after the host's resize (bytes)" "$(blockdev --getsize64 "$dev")" $((128 << 20))
+  head -c $((1 << 20)) /dev/urandom >/tmp/rand
+  dd if=/tmp/rand of="$dev" bs=1M seek=127 oflag=direct status=none || vm_fail "write at the new end failed"
+  cmp /tmp/rand <(dd if="$dev" bs=1M skip=127 count=1 iflag=direct status=none) ||
+    vm_fail "the new end does not read back what was written"
+  echo "ok: the disk grew to 128 MiB and its new end reads back"
   ;;
 zoned)
   vm_require_tool blkzone
