@@ -1,6 +1,7 @@
 // The rbd target: a device whose data is a Ceph RADOS Block Device image,
 // served through librbd's asynchronous C API (Debian's librbd-dev), as
-// QEMU's and SPDK's rbd drivers serve it. docs/rbd.md has the options, the
+// QEMU's and SPDK's rbd drivers serve it; librbd is loaded when the first
+// rbd device is made (librbd_calls.hpp says why). docs/rbd.md has the options, the
 // rules and the pitfalls.
 //
 // Built as the file target is (src/targets/file): an option table, a target
@@ -11,13 +12,12 @@
 // queue's own thread completes it from poll(). No thread per request, no
 // polling while idle.
 #include "completion_list.hpp"
+#include "librbd_calls.hpp"
 #include "map_worker.hpp"
 
 #include <softblk/support/intrusive_fifo.hpp>
 #include <softblk/target.hpp>
 
-#include <rados/librados.h>
-#include <rbd/librbd.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -186,7 +186,7 @@ public:
         // The image's header changes (resize, snapshots, features): re-read
         // its size, which `softblk list` shows and watch_capacity's callback
         // makes the device's.
-        if (rbd_update_watch(_image, &_watch, &rbd_target::on_header_update, this) == 0) {
+        if (librbd().rbd_update_watch(_image, &_watch, &rbd_target::on_header_update, this) == 0) {
             _watching = true;
         }
     }
@@ -194,13 +194,13 @@ public:
     ~rbd_target() override
     {
         if (_watching) {
-            rbd_update_unwatch(_image, _watch);
+            librbd().rbd_update_unwatch(_image, _watch);
         }
         // rbd_close flushes the cache and releases the exclusive lock; the
         // queues (destroyed before the target) have no request in flight.
-        rbd_close(_image);
-        rados_ioctx_destroy(_io);
-        rados_shutdown(_cluster);
+        librbd().rbd_close(_image);
+        librbd().rados_ioctx_destroy(_io);
+        librbd().rados_shutdown(_cluster);
     }
 
     const block_limits& limits() const override { return _limits; }
@@ -255,7 +255,7 @@ private:
     {
         auto* self = static_cast<rbd_target*>(arg);
         uint64_t size = 0;
-        if (rbd_get_size(self->_image, &size) != 0) {
+        if (librbd().rbd_get_size(self->_image, &size) != 0) {
             return;
         }
         std::lock_guard lock(self->_resize_mutex);
@@ -321,34 +321,35 @@ void rbd_queue::hand_back(io_request& r)
 void rbd_queue::on_aio_done(rbd_completion_t c, void* arg)
 {
     auto& r = *static_cast<io_request*>(arg);
-    r.target_scratch[0] = static_cast<uint64_t>(static_cast<int64_t>(rbd_aio_get_return_value(c)));
-    rbd_aio_release(c);
+    r.target_scratch[0] =
+        static_cast<uint64_t>(static_cast<int64_t>(librbd().rbd_aio_get_return_value(c)));
+    librbd().rbd_aio_release(c);
     hand_back(r);
 }
 
 int rbd_queue::start(io_request& r)
 {
     rbd_completion_t c = nullptr;
-    int rc = rbd_aio_create_completion(&r, &rbd_queue::on_aio_done, &c);
+    int rc = librbd().rbd_aio_create_completion(&r, &rbd_queue::on_aio_done, &c);
     if (rc < 0) {
         return rc;
     }
     char* buf = static_cast<char*>(r.buffer);
     if (r.target_scratch[1] & k_fua_pending) {
-        rc = rbd_aio_flush(_image, c);
+        rc = librbd().rbd_aio_flush(_image, c);
     } else {
         switch (r.op) {
         case io_op::read:
-            rc = rbd_aio_read(_image, r.offset, r.length, buf, c);
+            rc = librbd().rbd_aio_read(_image, r.offset, r.length, buf, c);
             break;
         case io_op::write:
-            rc = rbd_aio_write(_image, r.offset, r.length, buf, c);
+            rc = librbd().rbd_aio_write(_image, r.offset, r.length, buf, c);
             break;
         case io_op::flush:
-            rc = rbd_aio_flush(_image, c);
+            rc = librbd().rbd_aio_flush(_image, c);
             break;
         case io_op::discard:
-            rc = rbd_aio_discard(_image, r.offset, r.length, c);
+            rc = librbd().rbd_aio_discard(_image, r.offset, r.length, c);
             break;
         case io_op::write_zeroes:
             // Without unmap the zeros stay allocated (thick provisioning):
@@ -356,7 +357,7 @@ int rbd_queue::start(io_request& r)
             if ((r.flags & k_io_no_unmap) != 0 && (r.flags & k_io_fast_zero) != 0) {
                 rc = -EOPNOTSUPP;
             } else {
-                rc = rbd_aio_write_zeroes(
+                rc = librbd().rbd_aio_write_zeroes(
                     _image, r.offset, r.length, c,
                     (r.flags & k_io_no_unmap) != 0 ? RBD_WRITE_ZEROES_FLAG_THICK_PROVISION : 0, 0);
             }
@@ -367,7 +368,7 @@ int rbd_queue::start(io_request& r)
         }
     }
     if (rc < 0) {
-        rbd_aio_release(c);
+        librbd().rbd_aio_release(c);
     }
     return rc;
 }
@@ -508,8 +509,8 @@ int rbd_target::map_extents(uint64_t offset, uint64_t length, std::vector<extent
     std::vector<extent> found;
     diff_walk w{.block = _limits.logical_block_size, .at = offset, .out = &found};
     // include_parent=1: a clone's data inherited from its parent is data.
-    const int rc =
-        rbd_diff_iterate2(_image, nullptr, offset, end - offset, 1, 0, &on_diff_extent, &w);
+    const int rc = librbd().rbd_diff_iterate2(_image, nullptr, offset, end - offset, 1, 0,
+                                              &on_diff_extent, &w);
     if (rc < 0) {
         return rc;
     }
@@ -534,20 +535,20 @@ struct rbd_handles {
     ~rbd_handles()
     {
         if (image != nullptr) {
-            rbd_close(image);
+            librbd().rbd_close(image);
         }
         if (io != nullptr) {
-            rados_ioctx_destroy(io);
+            librbd().rados_ioctx_destroy(io);
         }
         if (cluster != nullptr) {
-            rados_shutdown(cluster);
+            librbd().rados_shutdown(cluster);
         }
     }
 };
 
 result<void> set_conf(rados_t cluster, const char* key, const std::string& value)
 {
-    const int rc = rados_conf_set(cluster, key, value.c_str());
+    const int rc = librbd().rados_conf_set(cluster, key, value.c_str());
     if (rc < 0) {
         return make_error(
             -rc, fmt::format("rbd: setting {}={} refused: {}", key, value, errno_text(rc)));
@@ -589,13 +590,13 @@ result<void> open_image(const rbd_settings& set, osd_timeout timeout, rbd_handle
     const std::string& snap = set.snap;
     const bool create = set.create;
     const bool read_only = set.read_only;
-    int rc = rados_create(&h.cluster, id.c_str());
+    int rc = librbd().rados_create(&h.cluster, id.c_str());
     if (rc < 0) {
         return make_error(-rc, fmt::format("id={}: rados_create: {}", id, errno_text(rc)));
     }
     // conf= empty: librados's own search ($CEPH_CONF, /etc/ceph/ceph.conf,
     // ~/.ceph/ceph.conf, ./ceph.conf).
-    rc = rados_conf_read_file(h.cluster, conf.empty() ? nullptr : conf.c_str());
+    rc = librbd().rados_conf_read_file(h.cluster, conf.empty() ? nullptr : conf.c_str());
     if (rc < 0) {
         return make_error(
             -rc, conf.empty() ? fmt::format("conf: no ceph.conf found ($CEPH_CONF, "
@@ -621,9 +622,9 @@ result<void> open_image(const rbd_settings& set, osd_timeout timeout, rbd_handle
         return std::unexpected(s.error());
     }
     // librbd's logs go to the daemon's stderr otherwise (the daemon's log).
-    (void)rados_conf_set(h.cluster, "log_to_stderr", "false");
-    (void)rados_conf_set(h.cluster, "err_to_stderr", "false");
-    rc = rados_connect(h.cluster);
+    (void)librbd().rados_conf_set(h.cluster, "log_to_stderr", "false");
+    (void)librbd().rados_conf_set(h.cluster, "err_to_stderr", "false");
+    rc = librbd().rados_connect(h.cluster);
     if (rc < 0) {
         std::string why;
         if (rc == -ETIMEDOUT || rc == -ENOTCONN) {
@@ -639,7 +640,7 @@ result<void> open_image(const rbd_settings& set, osd_timeout timeout, rbd_handle
         return make_error(-rc, fmt::format("rbd: cannot connect to the cluster ({}): {}",
                                            conf.empty() ? "default ceph.conf" : conf, why));
     }
-    rc = rados_ioctx_create(h.cluster, pool.c_str(), &h.io);
+    rc = librbd().rados_ioctx_create(h.cluster, pool.c_str(), &h.io);
     if (rc < 0) {
         return make_error(-rc, rc == -ENOENT
                                    ? fmt::format("pool={}: no such pool in the cluster", pool)
@@ -647,7 +648,7 @@ result<void> open_image(const rbd_settings& set, osd_timeout timeout, rbd_handle
     }
     if (create) {
         int order = 0;
-        rc = rbd_create(h.io, image.c_str(), set.size, &order);
+        rc = librbd().rbd_create(h.io, image.c_str(), set.size, &order);
         if (rc == -ETIMEDOUT) {
             return make_error(ETIMEDOUT, no_osd_answered(set, timeout));
         }
@@ -657,14 +658,14 @@ result<void> open_image(const rbd_settings& set, osd_timeout timeout, rbd_handle
         }
     }
     const char* snap_name = snap.empty() ? nullptr : snap.c_str();
-    rc = read_only ? rbd_open_read_only(h.io, image.c_str(), &h.image, snap_name)
-                   : rbd_open(h.io, image.c_str(), &h.image, nullptr);
+    rc = read_only ? librbd().rbd_open_read_only(h.io, image.c_str(), &h.image, snap_name)
+                   : librbd().rbd_open(h.io, image.c_str(), &h.image, nullptr);
     if (rc < 0) {
         if (rc == -ENOENT && snap_name != nullptr) {
             // Tell a missing image from a missing snapshot.
             rbd_image_t probe = nullptr;
-            if (rbd_open_read_only(h.io, image.c_str(), &probe, nullptr) == 0) {
-                rbd_close(probe);
+            if (librbd().rbd_open_read_only(h.io, image.c_str(), &probe, nullptr) == 0) {
+                librbd().rbd_close(probe);
                 return make_error(ENOENT, fmt::format("snap={}: image {}/{} has no such snapshot",
                                                       snap, pool, image));
             }
@@ -726,6 +727,9 @@ result<std::unique_ptr<target>> create_rbd(const option_set& o)
                           "or the other");
     }
 
+    if (auto loaded = load_librbd(); !loaded) {
+        return std::unexpected(loaded.error());
+    }
     const rbd_settings set{.pool = pool,
                            .image = image,
                            .id = id,
@@ -756,7 +760,7 @@ result<std::unique_ptr<target>> create_rbd(const option_set& o)
         return std::unexpected(r.error());
     }
     uint64_t image_size = 0;
-    int rc = rbd_get_size(h.image, &image_size);
+    int rc = librbd().rbd_get_size(h.image, &image_size);
     if (rc < 0) {
         return make_error(-rc,
                           fmt::format("image={}: cannot read its size: {}", image, errno_text(rc)));
