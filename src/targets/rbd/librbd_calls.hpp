@@ -30,6 +30,8 @@ namespace softblk::targets {
     X(rbd_open_read_only)           \
     X(rbd_close)                    \
     X(rbd_get_size)                 \
+    X(rbd_stat)                     \
+    X(rbd_get_stripe_count)         \
     X(rbd_update_watch)             \
     X(rbd_update_unwatch)           \
     X(rbd_diff_iterate2)            \

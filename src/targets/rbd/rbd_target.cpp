@@ -36,10 +36,13 @@ namespace softblk::targets {
 
 namespace {
 
-// Largest read or write in one request: 512 KiB, as the file target (the
-// ublk front end sizes its per-tag buffers from it); librbd splits requests
-// on its objects (4 MiB by default) itself.
-constexpr uint32_t k_max_transfer = 512u << 10;
+// Largest read or write in one request: the image's object set (object
+// size times stripe count, 4 MiB by default), as the kernel's rbd driver
+// sets max_hw_sectors, so that a request the front end passes whole is one
+// librbd call, never two that then queue behind each other in one object.
+// At most 32 MiB, ublk's largest per-tag buffer (the ublk front end sizes
+// its buffers from max_transfer; their pages are committed only as used).
+constexpr uint64_t k_max_transfer_cap = 32u << 20;
 constexpr uint32_t k_block = 512;
 
 constexpr option_def k_rbd_options[] = {
@@ -759,12 +762,17 @@ result<std::unique_ptr<target>> create_rbd(const option_set& o)
     if (auto r = open_image(set, {osd_op_timeout, "osd_op_timeout"}, h); !r) {
         return std::unexpected(r.error());
     }
-    uint64_t image_size = 0;
-    int rc = librbd().rbd_get_size(h.image, &image_size);
-    if (rc < 0) {
-        return make_error(-rc,
-                          fmt::format("image={}: cannot read its size: {}", image, errno_text(rc)));
+    rbd_image_info_t info{};
+    int rc = librbd().rbd_stat(h.image, &info, sizeof(info));
+    uint64_t stripe_count = 1;
+    if (rc == 0) {
+        rc = librbd().rbd_get_stripe_count(h.image, &stripe_count);
     }
+    if (rc < 0) {
+        return make_error(-rc, fmt::format("image={}: cannot read its size and layout: {}", image,
+                                           errno_text(rc)));
+    }
+    const uint64_t image_size = info.size;
     const uint64_t capacity = image_size / k_block * k_block;
     if (capacity == 0) {
         return make_error(EINVAL, fmt::format("image={}: {} bytes is less than one block ({} "
@@ -776,7 +784,8 @@ result<std::unique_ptr<target>> create_rbd(const option_set& o)
     lim.capacity_bytes = capacity;
     lim.logical_block_size = k_block;
     lim.physical_block_size = 4096;
-    lim.max_transfer_bytes = k_max_transfer;
+    lim.max_transfer_bytes = static_cast<uint32_t>(std::clamp<uint64_t>(
+        info.obj_size * std::max<uint64_t>(stripe_count, 1), 4096, k_max_transfer_cap));
     const uint32_t whole = UINT32_MAX / k_block * k_block;
     lim.max_discard_bytes = read_only ? 0 : whole;
     lim.max_write_zeroes_bytes = read_only ? 0 : whole;
