@@ -112,6 +112,19 @@ vm_zloop_check_files() {
   done </tmp/.vm_zloop_zones 3</tmp/.vm_zloop_nums 4</tmp/.vm_zloop_sizes
 }
 
+# vm_softblk_device NAME: prints the /dev/ublkbN that `softblk list` shows
+# for the device NAME, asking up to 100 times 0.1 s apart (after a
+# `softblk recover`, until the device is back); fails (status 1, nothing
+# printed) when it never shows one.
+vm_softblk_device() {
+  for _ in $(seq 100); do
+    _dev=$(softblk list 2>/dev/null | sed -n "s@^$1 .*\(/dev/ublkb[0-9]*\).*@\1@p" | head -n1)
+    [ -n "$_dev" ] && { echo "$_dev"; return 0; }
+    sleep 0.1
+  done
+  return 1
+}
+
 # vm_kill_under_writer DEV LOG BLOCKS [sequential]: one round of a crash
 # test: `softblk-crash-writer write DEV LOG BLOCKS [sequential]` runs in the
 # background (its pid in vm_writer_pid, for a cleanup trap) until it has

@@ -48,12 +48,7 @@ for round in $(seq "$rounds"); do
   softblk-crash-writer check "$img" "$log" $blocks || vm_fail "round $round: an acknowledged and flushed write is missing"
   # The next daemon re-opens the image from the state file.
   softblk recover >/dev/null 2>&1 || true
-  dev=
-  for _ in $(seq 100); do
-    dev=$(softblk list 2>/dev/null | sed -n 's@^c0 .*\(/dev/ublkb[0-9]*\).*@\1@p' | head -n1)
-    [ -n "$dev" ] && break
-    sleep 0.1
-  done
+  dev=$(vm_softblk_device c0) || dev=
 done
 flushes=$(grep -c '^F' "$log")
 [ "$flushes" -ge "$rounds" ] || vm_fail "only $flushes flushes in $rounds rounds: the writer hardly ran"

@@ -51,12 +51,7 @@ for round in $(seq "$rounds"); do
   vm_step "round $round: recover and check"
   # The next daemon re-opens the zone files from the state file.
   softblk recover >/dev/null 2>&1 || true
-  dev=
-  for _ in $(seq 100); do
-    dev=$(softblk list 2>/dev/null | sed -n 's@^zc .*\(/dev/ublkb[0-9]*\).*@\1@p' | head -n1)
-    [ -n "$dev" ] && break
-    sleep 0.1
-  done
+  dev=$(vm_softblk_device zc) || dev=
   [ -n "$dev" ] && [ -b "$dev" ] || vm_fail "round $round: not back after recover ($(softblk list))"
   softblk-crash-writer check "$dev" "$log" $blocks sequential ||
     vm_fail "round $round: an acknowledged and flushed write is missing"
