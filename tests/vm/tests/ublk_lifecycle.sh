@@ -1,7 +1,7 @@
 #!/bin/bash
 # Deleting a ublk device while fio runs on it ends cleanly (the daemon stops
 # within seconds and fio, whose disk went away under it, ends instead of
-# hanging), and 20 add/del
+# hanging), and 10 add/del
 # cycles leave nothing behind: no /dev/ublkb*, /dev/ublkc*, sysfs entries,
 # state files or daemons, and the device id is reused each time.
 set -euo pipefail
@@ -64,16 +64,19 @@ grep -v '^3;' /tmp/fio-busy.txt | head -n 3 || true
 echo "ok: fio ended (status $fio_rc, error field $(tail -n1 /tmp/fio-busy.txt | cut -d';' -f5))"
 [ ! -e "$dev" ] || vm_fail "$dev still there ($(stat -c %F "$dev"))"
 
-vm_step "20 add/del cycles"
+# Ten cycles: a leak shows after the first (the checks below count what is
+# left), and the id comes back nine times; each cycle costs some 2.5 s
+# under TCG, so the twenty this used to run proved no more.
+vm_step "10 add/del cycles"
 dd if=/dev/urandom of=/tmp/block bs=64k count=1 status=none
-for i in $(seq 20); do
+for i in $(seq 10); do
   serve c$i submit_queues=2 hw_queue_depth=32 memory_backed=1 size=64 blocksize=4096
   [ "$dev" = /dev/ublkb0 ] || vm_fail "cycle $i: got $dev, expected the id to be reused (/dev/ublkb0)"
   dd if=/tmp/block of=$dev bs=64k seek=$i oflag=direct status=none
   cmp -n 65536 -i 0:$((i * 65536)) /tmp/block $dev || vm_fail "cycle $i: data differs"
   stop_within 10
 done
-echo "ok: 20 cycles"
+echo "ok: 10 cycles"
 left=$(ls /dev | grep -c '^ublk[bc]' || true)
 vm_expect_eq "ublk device nodes left" "$left" 0
 vm_expect_eq "ublk char devices in sysfs" "$(ls /sys/class/ublk-char 2>/dev/null | wc -l)" 0

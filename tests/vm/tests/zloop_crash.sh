@@ -41,17 +41,17 @@ rounds=${ROUNDS:-6}
 
 softblk add zloop --name zc base_dir=$dir id=0 capacity_mb=512 zone_size_mb=$zone_mb conv_zones=0 \
   nr_queues=2 queue_depth=32 | tee /tmp/add.txt
-device() { softblk list | grep '^zc ' | grep -o '/dev/ublkb[0-9]*' | head -n1; }
+# Each softblk command costs about a second under TCG: the device is
+# taken from the listing that shows it back after a recover.
+dev=$(grep -o '/dev/ublkb[0-9]*' /tmp/add.txt | head -n1)
 for round in $(seq "$rounds"); do
   vm_step "round $round"
-  dev=$(device)
   [ -n "$dev" ] && [ -b "$dev" ] || vm_fail "round $round: no device ($(softblk list))"
   vm_kill_under_writer "$dev" "$log" $blocks sequential
   vm_step "round $round: recover and check"
   # The next daemon re-opens the zone files from the state file.
   softblk recover >/dev/null 2>&1 || true
-  for _ in $(seq 100); do softblk list 2>/dev/null | grep -q '^zc .*/dev/ublkb' && break; sleep 0.1; done
-  dev=$(device)
+  dev=$(vm_softblk_device zc) || dev=
   [ -n "$dev" ] && [ -b "$dev" ] || vm_fail "round $round: not back after recover ($(softblk list))"
   softblk-crash-writer check "$dev" "$log" $blocks sequential ||
     vm_fail "round $round: an acknowledged and flushed write is missing"

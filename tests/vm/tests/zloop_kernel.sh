@@ -17,7 +17,7 @@
 # Skips (77) where zloop.ko could not be built, with the reason.
 set -euo pipefail
 . /softblk-vm/lib.sh
-vm_require_tool softblk softblk-zone-steps blkzone sha256sum
+vm_require_tool softblk softblk-zone-steps blkzone md5sum
 modprobe ublk_drv || vm_skip "no ublk_drv in this kernel"
 vm_require_module zloop
 vm_wait_for /dev/ublk-control
@@ -116,8 +116,10 @@ for limits in off on; do
   # The last sequence left zones open, closed, full and partly written.
   report "$kdev" | reopened >/tmp/k-before.txt
   report "$sdev" | reopened >/tmp/s-before.txt
-  ksum=$(sha256sum <"$kdev" | cut -d' ' -f1)
-  ssum=$(sha256sum <"$sdev" | cut -d' ' -f1)
+  # md5sum: the same data, not an adversary; 0.9 s for the 64 MiB under
+  # TCG where sha256sum takes 2.2 s, four times per limit.
+  ksum=$(md5sum <"$kdev" | cut -d' ' -f1)
+  ssum=$(md5sum <"$sdev" | cut -d' ' -f1)
   kernel_remove $id
   softblk del sz$id
   # softblk on the kernel's files, the kernel on softblk's.
@@ -132,8 +134,8 @@ for limits in off on; do
   if ! cmp -s /tmp/s-before.txt /tmp/k-after.txt; then
     diff /tmp/s-before.txt /tmp/k-after.txt | head; vm_fail "the kernel on softblk's files: zones differ"
   fi
-  vm_expect_eq "data of the kernel's directory read by softblk" "$(sha256sum <"$sdev2" | cut -d' ' -f1)" "$ksum"
-  vm_expect_eq "data of softblk's directory read by the kernel" "$(sha256sum <"$kdev2" | cut -d' ' -f1)" "$ssum"
+  vm_expect_eq "data of the kernel's directory read by softblk" "$(md5sum <"$sdev2" | cut -d' ' -f1)" "$ksum"
+  vm_expect_eq "data of softblk's directory read by the kernel" "$(md5sum <"$kdev2" | cut -d' ' -f1)" "$ssum"
   grep 'zcond: *4' /tmp/s-after.txt >/dev/null && echo "closed zones after the reopen: $(grep -c 'zcond: *4' /tmp/s-after.txt)"
   kernel_remove $id
   softblk del kz$id
