@@ -1,8 +1,8 @@
 // The rbd target: a device whose data is a Ceph RADOS Block Device image,
 // served through librbd's asynchronous C API (Debian's librbd-dev), as
 // QEMU's and SPDK's rbd drivers serve it; librbd is loaded when the first
-// rbd device is made (librbd_calls.hpp says why). docs/rbd.md has the options, the
-// rules and the pitfalls.
+// rbd device is made (librbd_calls.hpp says why). docs/rbd.md has the
+// options, the rules and the pitfalls.
 //
 // Built as the file target is (src/targets/file): an option table, a target
 // (the cluster connection, the open image, the allocation map) and a
