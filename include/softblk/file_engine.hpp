@@ -144,6 +144,9 @@ struct file_engine_stats {
     std::atomic<uint64_t> sync_discards{0};        // block-device discards run as a blocking ioctl
     std::atomic<uint64_t> memory_copies{0};   // reads/writes on tmpfs/ramfs done with pread/pwrite
     std::atomic<uint64_t> ring_handovers{0};  // single-issuer rings rebuilt for a new thread
+    // Appends written by the queue's thread (append(); counted per write,
+    // beside a system call that costs far more).
+    std::atomic<uint64_t> held_appends{0};
     // io_uring_enter refused the ring for good (EEXIST: a thread the kernel
     // did not bind it to): its queued and later requests failed.
     std::atomic<uint64_t> ring_errors{0};
@@ -188,6 +191,17 @@ public:
     void read(io_request& r, unsigned file, uint64_t file_offset);
     // `fua`: the data is durable when the write completes (RWF_DSYNC).
     void write(io_request& r, unsigned file, uint64_t file_offset, bool fua);
+    // A write that extends the file (starts at its end: a zone file's
+    // write pointer), completed as write() completes. File systems cannot
+    // do such a direct write without blocking (ext4 and XFS refuse
+    // IOCB_NOWAIT for it), so io_uring would hand it to an io-wq worker and
+    // back: two thread switches. An append that is alone in the ring until
+    // the owner's next poll() (nothing else in flight, queued or joining
+    // it) is instead written by poll() itself with pwritev2, blocking the
+    // queue's thread as the kernel's zloop blocks its worker on the same
+    // write; with other requests in the ring it goes through the ring like
+    // any write, so that the workers overlap them.
+    void append(io_request& r, unsigned file, uint64_t file_offset, bool fua);
     // fdatasync(2) of the file.
     void flush(io_request& r, unsigned file);
     // The range reads as zeros afterwards. `unmap`: it may be deallocated
@@ -239,7 +253,12 @@ private:
     // the error when the ring takes none.
     io_uring_sqe* next_sqe(io_request& r);
     void start_rw(io_request& r);
-    void copy_rw(io_request& r);
+    // Whether `r`'s rest can go to the O_DIRECT descriptor (counts
+    // unaligned_buffered when the file is direct but `r` is not aligned).
+    bool direct_ok(const io_request& r);
+    // `r`'s rest with preadv2/pwritev2 on `fd`, on this thread.
+    void copy_rw(io_request& r, int fd);
+    void write_held();
     void start_fallocate(io_request& r, int mode, uint64_t offset, uint64_t length);
     void start_discard_bdev(io_request& r);
     void on_cqe(io_request& r, int res);
@@ -267,6 +286,9 @@ private:
     unsigned _in_flight = 0;
     unsigned _unsubmitted = 0;
     uint64_t _finished = 0;
+    // An append alone in the ring, not in the submission ring: poll()
+    // writes it, admit() of another request puts it in the ring.
+    io_request* _held = nullptr;
 };
 
 // Shared helpers of the engine.

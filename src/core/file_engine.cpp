@@ -26,6 +26,7 @@
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
+#include <utility>
 
 #include <fmt/core.h>
 
@@ -338,6 +339,12 @@ bool file_ring::admit(io_request& r)
         _sink.complete(r, _broken);
         return false;
     }
+    if (_held != nullptr) {
+        // Another request joins the held append: it is no longer alone, so
+        // the ring takes it (first, keeping the order).
+        io_request& held = *std::exchange(_held, nullptr);
+        start_rw(held);
+    }
     ++_in_flight;
     return true;
 }
@@ -357,6 +364,21 @@ void file_ring::write(io_request& r, unsigned file, uint64_t file_offset, bool f
         return;
     }
     set_state(r, file_offset, 0, file, fua ? k_write_fua : k_write);
+    start_rw(r);
+}
+
+void file_ring::append(io_request& r, unsigned file, uint64_t file_offset, bool fua)
+{
+    if (!admit(r)) {
+        return;
+    }
+    set_state(r, file_offset, 0, file, fua ? k_write_fua : k_write);
+    if (_in_flight == 1 && _unsubmitted == 0 && !_files[file]->block_device()) {
+        // Alone so far: held until the owner's next poll(), which writes it
+        // here unless another request joined it by then (admit).
+        _held = &r;
+        return;
+    }
     start_rw(r);
 }
 
@@ -457,29 +479,40 @@ void file_ring::start_discard(io_request& r, unsigned file, uint64_t file_offset
     finish(r, ::ioctl(_files[file]->fd(), BLKDISCARD, range) == 0 ? 0 : -errno);
 }
 
+bool file_ring::direct_ok(const io_request& r)
+{
+    const backing_file& f = *_files[file_of(r)];
+    const uint32_t done = count_of(r);
+    // Direct I/O needs the offset and length in whole blocks and the
+    // buffer aligned; a request that is not goes through the page cache
+    // (coherent with direct I/O on the same file: the kernel writes back
+    // and drops cached pages around each direct transfer).
+    if (!f.direct()) {
+        return false;
+    }
+    if ((((r.target_scratch[0] + done) | (r.length - done)) & (f.min_block_size() - 1)) != 0 ||
+        (reinterpret_cast<uintptr_t>(static_cast<char*>(r.buffer) + done) &
+         (f.memory_alignment() - 1)) != 0) {
+        _stats.unaligned_buffered.fetch_add(1, std::memory_order_relaxed);
+        return false;
+    }
+    return true;
+}
+
 void file_ring::start_rw(io_request& r)
 {
     const unsigned file = file_of(r);
     const backing_file& f = *_files[file];
     if (f.memory_file_system()) {
-        copy_rw(r);
+        _stats.memory_copies.fetch_add(1, std::memory_order_relaxed);
+        copy_rw(r, f.buffered_fd());
         return;
     }
     const uint32_t done = count_of(r);
     const uint64_t offset = r.target_scratch[0] + done;
     const uint32_t length = r.length - done;
     char* buffer = static_cast<char*>(r.buffer) + done;
-    // Direct I/O needs the offset and length in whole blocks and the
-    // buffer aligned; a request that is not goes through the page cache
-    // (coherent with direct I/O on the same file: the kernel writes back
-    // and drops cached pages around each direct transfer).
-    bool direct = f.direct();
-    if (direct && (((offset | length) & (f.min_block_size() - 1)) != 0 ||
-                   (reinterpret_cast<uintptr_t>(buffer) & (f.memory_alignment() - 1)) != 0)) {
-        direct = false;
-        _stats.unaligned_buffered.fetch_add(1, std::memory_order_relaxed);
-    }
-    const int slot = static_cast<int>(2 * file + (direct ? 0 : 1));
+    const int slot = static_cast<int>(2 * file + (direct_ok(r) ? 0 : 1));
     io_uring_sqe* sqe = next_sqe(r);
     if (sqe == nullptr) {
         return;
@@ -501,14 +534,24 @@ void file_ring::start_rw(io_request& r)
     ++_unsubmitted;
 }
 
-void file_ring::copy_rw(io_request& r)
+void file_ring::write_held()
+{
+    io_request& r = *std::exchange(_held, nullptr);
+    const backing_file& f = *_files[file_of(r)];
+    if (f.memory_file_system()) {
+        start_rw(r);
+        return;
+    }
+    _stats.held_appends.fetch_add(1, std::memory_order_relaxed);
+    copy_rw(r, direct_ok(r) ? f.fd() : f.buffered_fd());
+}
+
+void file_ring::copy_rw(io_request& r, int fd)
 {
     // A file in RAM: io_uring could only hand the request to a worker thread
     // (no FMODE_NOWAIT), which costs two thread switches to do one memory
     // copy. The copy is done here; it waits for nothing but memory (a page
-    // swapped out, or allocated, on a write).
-    _stats.memory_copies.fetch_add(1, std::memory_order_relaxed);
-    const backing_file& f = *_files[file_of(r)];
+    // swapped out, or allocated, on a write). A held append: see append().
     const step s = step_of(r);
     char* buffer = static_cast<char*>(r.buffer);
     uint32_t done = count_of(r);
@@ -516,9 +559,8 @@ void file_ring::copy_rw(io_request& r)
     while (done < r.length) {
         const off_t at = static_cast<off_t>(r.target_scratch[0] + done);
         iovec v{buffer + done, r.length - done};
-        const ssize_t n =
-            s == k_read ? ::preadv2(f.buffered_fd(), &v, 1, at, 0)
-                        : ::pwritev2(f.buffered_fd(), &v, 1, at, s == k_write_fua ? RWF_DSYNC : 0);
+        const ssize_t n = s == k_read ? ::preadv2(fd, &v, 1, at, 0)
+                                      : ::pwritev2(fd, &v, 1, at, s == k_write_fua ? RWF_DSYNC : 0);
         if (n < 0) {
             const int err = errno;
             if ((err == EINTR || err == EAGAIN) && ++retries <= k_max_retries) {
@@ -690,6 +732,11 @@ unsigned file_ring::poll()
     if (_in_flight == 0 || !owner_ok()) {
         return 0;
     }
+    const uint64_t finished_before = _finished;
+    if (_held != nullptr) {
+        // Still alone: written here (its completion may submit more).
+        write_held();
+    }
     io_uring* ring = _ring.get();
     if (_unsubmitted != 0) {
         submit_queued();
@@ -703,7 +750,6 @@ unsigned file_ring::poll()
             _stats.ring_errors.fetch_add(1, std::memory_order_relaxed);
         }
     }
-    const uint64_t finished_before = _finished;
     for (;;) {
         // Copy a batch out and give the slots back before completing:
         // completion callbacks may submit again.
@@ -748,7 +794,7 @@ void file_ring::drain_event_fd() const
 
 uint64_t file_ring::next_wakeup_ns() const
 {
-    if (_unsubmitted != 0) {
+    if (_unsubmitted != 0 || _held != nullptr) {
         return 0;
     }
     if (_in_flight == 0 || !_ring_ready) {

@@ -394,6 +394,85 @@ TEST(FileRing, ReadWriteFuaFlushRoundTrip)
     EXPECT_EQ(std::memcmp(direct_check, w.data, 16), 0);
 }
 
+TEST(FileRing, AnAppendAloneIsWrittenByPollAndOneWithCompanyByTheRing)
+{
+    temp_dir dir;
+    make_file(dir.file("zone"), 0);
+    auto f = open_file(dir.file("zone"), {});
+    ASSERT_TRUE(f);
+    if (f->memory_file_system()) {
+        GTEST_SKIP() << dir.path() << " is in RAM: appends there are copied like every write";
+    }
+    ring_fixture t(*f);
+    aligned_buffer w(3 * 65536), r(3 * 65536);
+    fill(w.data, w.size, 4);
+    auto file_size = [&] {
+        struct stat st {};
+        EXPECT_EQ(::fstat(f->buffered_fd(), &st), 0);
+        return static_cast<uint64_t>(st.st_size);
+    };
+
+    // Alone: held until poll(), which writes it on this thread.
+    io_request a = ring_fixture::request(io_op::write, 0, 65536, w.data);
+    t.ring->append(a, 0, 0, false);
+    EXPECT_EQ(a.state, 0) << "an append completed inside the call, before the owner's poll()";
+    EXPECT_EQ(t.ring->next_wakeup_ns(), 0u) << "the owner would sleep on a held append";
+    EXPECT_EQ(t.ring->poll(), 1u);
+    EXPECT_EQ(a.state, 1) << "poll() did not write the append it held";
+    EXPECT_EQ(a.status, 65536);
+    EXPECT_EQ(t.stats.held_appends.load(), 1u);
+    EXPECT_EQ(file_size(), 65536u);
+
+    // Two in one batch: the second's arrival puts the first in the ring
+    // (ahead of it), and both go through the ring.
+    io_request b = ring_fixture::request(io_op::write, 65536, 65536, w.data + 65536);
+    io_request c = ring_fixture::request(io_op::write, 131072, 65536, w.data + 131072);
+    t.ring->append(b, 0, 65536, false);
+    t.ring->append(c, 0, 131072, false);
+    EXPECT_EQ(t.wait(b), 65536);
+    EXPECT_EQ(t.wait(c), 65536);
+    EXPECT_EQ(t.stats.held_appends.load(), 1u) << "an append with company was written by poll()";
+    EXPECT_EQ(file_size(), 3u * 65536);
+    EXPECT_EQ(t.read(0, r.data, 3 * 65536), 3 * 65536);
+    EXPECT_EQ(std::memcmp(w.data, r.data, 3 * 65536), 0);
+
+    // Behind a request already in the ring: not held.
+    io_request rd = ring_fixture::request(io_op::read, 0, 4096, r.data);
+    t.ring->read(rd, 0, 0);
+    io_request d = ring_fixture::request(io_op::write, 3 * 65536, 4096, w.data);
+    t.ring->append(d, 0, 3 * 65536, false);
+    EXPECT_EQ(t.wait(rd), 4096);
+    EXPECT_EQ(t.wait(d), 4096);
+    EXPECT_EQ(t.stats.held_appends.load(), 1u);
+
+    // An unaligned buffer goes to the buffered descriptor on the held path
+    // too, and lands.
+    io_request e = ring_fixture::request(io_op::write, 3 * 65536 + 4096, 1000, w.data + 1);
+    t.ring->append(e, 0, 3 * 65536 + 4096, false);
+    EXPECT_EQ(t.wait(e), 1000);
+    EXPECT_EQ(t.stats.held_appends.load(), 2u);
+    EXPECT_EQ(file_size(), 3u * 65536 + 4096 + 1000);
+    char back[1000];
+    ASSERT_EQ(::pread(f->buffered_fd(), back, sizeof back, 3 * 65536 + 4096), 1000);
+    EXPECT_EQ(std::memcmp(back, w.data + 1, 1000), 0);
+    EXPECT_EQ(t.ring->in_flight(), 0u);
+}
+
+TEST(FileRing, AHeldAppendThatFailsCompletesWithTheError)
+{
+    temp_dir dir;
+    const std::string path = dir.file("ro-zone");
+    make_file(path, 0);
+    auto f = open_file(path, {.read_only = true});
+    ASSERT_TRUE(f);
+    ring_fixture t(*f);
+    aligned_buffer w(4096);
+    io_request a = ring_fixture::request(io_op::write, 0, 4096, w.data);
+    t.ring->append(a, 0, 0, false);
+    EXPECT_LT(t.wait(a), 0);
+    EXPECT_EQ(t.ring->in_flight(), 0u);
+}
+
 TEST(FileRing, UnalignedBufferGoesThroughThePageCache)
 {
     temp_dir dir;

@@ -64,10 +64,9 @@ private:
     {
         _ring->read(r, zone, zone_offset);
     }
-    void write_data(io_request& r, uint32_t zone, uint64_t zone_offset) override
-    {
-        _ring->write(r, zone, zone_offset, false);
-    }
+    // A sequential zone's write starts at its write pointer, its file's
+    // end: an append (file_ring::append says what that changes).
+    void write_data(io_request& r, uint32_t zone, uint64_t zone_offset) override;
     void complete_now(io_request& r, int result) override { _ring->complete_now(r, result); }
     int flush() override;
     void zone_written(uint32_t zone) override;
@@ -225,6 +224,7 @@ public:
         out["retries"] = _stats.retries.load(std::memory_order_relaxed);
         out["unaligned_buffered"] = _stats.unaligned_buffered.load(std::memory_order_relaxed);
         out["memory_copies"] = _stats.memory_copies.load(std::memory_order_relaxed);
+        out["held_appends"] = _stats.held_appends.load(std::memory_order_relaxed);
         out["ring_errors"] = _stats.ring_errors.load(std::memory_order_relaxed);
         _zones->describe(out);
     }
@@ -274,6 +274,15 @@ int zloop_file_queue::flush()
 void zloop_file_queue::zone_written(uint32_t zone)
 {
     _t.mark_dirty(zone);
+}
+
+void zloop_file_queue::write_data(io_request& r, uint32_t zone, uint64_t zone_offset)
+{
+    if (_t.zones().conventional(zone)) {
+        _ring->write(r, zone, zone_offset, false);
+    } else {
+        _ring->append(r, zone, zone_offset, false);
+    }
 }
 
 // Room for two descriptors per zone file (O_DIRECT and buffered; the rings'
