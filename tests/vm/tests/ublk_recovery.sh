@@ -8,9 +8,10 @@
 #  - recovery=recover: kill -9 under fio load; the I/O in flight fails (fio
 #    reports errors) and the device then recovers and verifies.
 # The devices complete each request 5 ms after it arrives (irqmode=2,
-# completion_nsec=5000000), so that requests are certainly held by the
-# daemon when it is killed: with instant completions fio can be caught
-# between two requests, and then nothing is in flight to fail or reissue.
+# completion_nsec=5000000), so that requests are held by the daemon most
+# of the time, and the kill comes only while the daemon is stopped with
+# requests in flight (kill_under_load): fio caught between two batches
+# leaves nothing in flight to fail or reissue.
 # (The memory target's data lives in the daemon and dies with it, so data
 # written before the kill is not expected back; the kernel device, its
 # queue of waiting I/O and its identity are.)
@@ -79,6 +80,21 @@ kill_under_load() {
   vm_wait_io "$dev"
   sleep 1
   kill -0 $fio_pid || vm_fail "fio ended before the kill"
+  # Killed only while the block layer counts requests in flight, with the
+  # daemon stopped so that it cannot complete them between the look and the
+  # kill: fio refills its queue depth only after a batch completed, and a
+  # kill in that gap found nothing to fail or reissue (a CI flake even with
+  # the 5 ms hold).
+  local tries=0 rd wr
+  while :; do
+    kill -STOP "$pid"
+    read -r rd wr <"/sys/block/${dev#/dev/}/inflight"
+    [ $((rd + wr)) -gt 0 ] && break
+    kill -CONT "$pid"
+    tries=$((tries + 1))
+    [ "$tries" -lt 200 ] || vm_fail "never caught a request in flight on $dev"
+    sleep 0.01
+  done
   kill -9 "$pid"
   wait "$pid" 2>/dev/null || true
   pid=
