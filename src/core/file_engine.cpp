@@ -373,7 +373,10 @@ void file_ring::append(io_request& r, unsigned file, uint64_t file_offset, bool 
         return;
     }
     set_state(r, file_offset, 0, file, fua ? k_write_fua : k_write);
-    if (_in_flight == 1 && _unsubmitted == 0 && !_files[file]->block_device()) {
+    const backing_file& f = *_files[file];
+    // (A block device takes direct writes without blocking; a file in RAM
+    // is copied inside start_rw anyway.)
+    if (_in_flight == 1 && _unsubmitted == 0 && !f.block_device() && !f.memory_file_system()) {
         // Alone so far: held until the owner's next poll(), which writes it
         // here unless another request joined it by then (admit).
         _held = &r;
@@ -538,10 +541,6 @@ void file_ring::write_held()
 {
     io_request& r = *std::exchange(_held, nullptr);
     const backing_file& f = *_files[file_of(r)];
-    if (f.memory_file_system()) {
-        start_rw(r);
-        return;
-    }
     _stats.held_appends.fetch_add(1, std::memory_order_relaxed);
     copy_rw(r, direct_ok(r) ? f.fd() : f.buffered_fd());
 }
