@@ -147,6 +147,12 @@ struct file_engine_stats {
     // Appends written by the queue's thread (append(); counted per write,
     // beside a system call that costs far more).
     std::atomic<uint64_t> held_appends{0};
+    // Writes whose data stayed in the kernel (io_request::kernel_data), and
+    // kernel buffers the kernel refused to register or unregister.
+    std::atomic<uint64_t> kernel_buffer_writes{0};
+    std::atomic<uint64_t> kernel_buffer_errors{0};
+    // Rings rebuilt without DEFER_TASKRUN for their first kernel buffer.
+    std::atomic<uint64_t> kernel_buffer_rings{0};
     // io_uring_enter refused the ring for good (EEXIST: a thread the kernel
     // did not bind it to): its queued and later requests failed.
     std::atomic<uint64_t> ring_errors{0};
@@ -202,6 +208,12 @@ public:
     // write; with other requests in the ring it goes through the ring like
     // any write, so that the workers overlap them.
     void append(io_request& r, unsigned file, uint64_t file_offset, bool fua);
+    // write() and append() also take a request whose data is in the kernel
+    // (io_request::kernel_data, never for read()): the pages are registered
+    // in the ring's table of fixed buffers, written with WRITE_FIXED (the
+    // ring's path, never held) and unregistered before the request
+    // completes.
+
     // fdatasync(2) of the file.
     void flush(io_request& r, unsigned file);
     // The range reads as zeros afterwards. `unmap`: it may be deallocated
@@ -253,6 +265,14 @@ private:
     // the error when the ring takes none.
     io_uring_sqe* next_sqe(io_request& r);
     void start_rw(io_request& r);
+    void start_kernel_write(io_request& r);
+    // Rebuilds a DEFER_TASKRUN ring as COOP_TASKRUN once nothing but the
+    // kernel-buffer writes waiting for it is in flight, then starts them.
+    void leave_defer_taskrun();
+    // Queues the entry that takes `r`'s kernel buffer out of the table.
+    void release_kernel_buffer(io_request& r);
+    // A register or unregister entry failed (its user_data is tagged).
+    void on_buffer_note(uintptr_t data, int res);
     // Whether `r`'s rest can go to the O_DIRECT descriptor (counts
     // unaligned_buffered when the file is direct but `r` is not aligned).
     bool direct_ok(const io_request& r);
@@ -289,6 +309,14 @@ private:
     // An append alone in the ring, not in the submission ring: poll()
     // writes it, admit() of another request puts it in the ring.
     io_request* _held = nullptr;
+    // Slots of the fixed-buffer table (registered sparse at the first
+    // kernel buffer; 0: none yet).
+    unsigned _buffer_slots = 0;
+    // Kernel-buffer writes waiting for leave_defer_taskrun (FIFO through
+    // io_request::next).
+    io_request* _awaiting_head = nullptr;
+    io_request* _awaiting_tail = nullptr;
+    unsigned _awaiting = 0;
 };
 
 // Shared helpers of the engine.

@@ -10,6 +10,8 @@
 #include <system_error>
 #include <utility>
 
+struct io_uring_sqe;  // liburing's, for kernel_buffer
+
 namespace softblk {
 
 // One mebibyte, for sizes in code and tests.
@@ -89,6 +91,27 @@ enum io_flag : uint32_t {
 
 struct io_request;
 
+// Data a request carries without the process seeing it: it stays in the
+// kernel, in a request of a kernel front end (ublk's zero copy), and only
+// io_uring can move it. A target whose limits say kernel_buffers takes
+// such writes; its ring (file_ring) puts the pages in its own table of
+// fixed buffers at `index` with an entry made by prep_register, writes
+// them from there, and takes them out with prep_unregister's entry when
+// the write is done. The front end fills it and keeps it until the request
+// completes.
+struct kernel_buffer {
+    void (*prep_register)(::io_uring_sqe& sqe, const kernel_buffer& kb) = nullptr;
+    void (*prep_unregister)(::io_uring_sqe& sqe, const kernel_buffer& kb) = nullptr;
+    // Where the data lives (for the two functions): ublk's /dev/ublkcN, queue, tag.
+    int fd = -1;
+    uint16_t queue = 0;
+    uint16_t tag = 0;
+    // The fixed-buffer slot: unique among the requests of one device queue
+    // in flight, below `slots`.
+    uint16_t index = 0;
+    uint16_t slots = 0;
+};
+
 // Called once per request when it completes, on the thread that drives the
 // request's queue. `result` is the number of bytes done (0 for operations
 // that move no data) or a negative errno. The request may be submitted again
@@ -111,6 +134,9 @@ struct io_request {
     // Data buffer of `length` bytes for read, write and zone_append; the
     // entries of report_zones and report_extents. Owned by the consumer.
     void* buffer = nullptr;
+    // Instead of `buffer`, for write and zone_append on a device whose
+    // limits say kernel_buffers: the data in the kernel (kernel_buffer).
+    const kernel_buffer* kernel_data = nullptr;
     io_completion_fn on_complete = nullptr;
     void* user_data = nullptr;
 
@@ -161,6 +187,9 @@ struct block_limits {
     // FUA is honoured (as opposed to emulated with a flush by the kernel).
     bool fua = false;
     bool read_only = false;
+    // Writes and zone appends may carry kernel_data instead of a buffer:
+    // the target never reads their bytes itself, a file_ring writes them.
+    bool kernel_buffers = false;
 
     // ---- zoned devices (the kernel's zoned block device model)
     bool zoned = false;

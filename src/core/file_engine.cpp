@@ -8,9 +8,12 @@
 //                                   (fallocate family)
 //                      bits 32..47  file number
 //                      bits 48..51  step (enum step)
-//                      bits 52..59  fallocate mode
+//                      bits 52..59  fallocate mode; for a write whose data
+//                                   is in the kernel, enum kernel_buffer_state
 //                      bits 60..63  EAGAIN/EINTR retries without progress
-// The SQE's user_data is the request's address.
+// The SQE's user_data is the request's address; the entries that register
+// and unregister a kernel buffer post a completion only when they fail, and
+// carry the address with a tag in its low bits (enum buffer_note).
 #include <softblk/file_engine.hpp>
 
 #include <algorithm>
@@ -56,6 +59,19 @@ enum step : unsigned {
     k_discard_cmd = 9,    // BLOCK_URING_CMD_DISCARD
 };
 
+// A write with kernel_data: where its buffer is (the mode bits).
+enum kernel_buffer_state : int {
+    k_kb_registered = 1,  // in the table: unregister before completing
+    k_kb_buffered = 2,    // direct I/O refused the pages: buffered descriptor
+};
+
+// user_data tags (io_request is 8-byte aligned).
+enum buffer_note : uintptr_t {
+    k_note_register = 1,
+    k_note_unregister = 2,
+    k_note_mask = 3,
+};
+
 constexpr uint64_t k_count_mask = 0xffff'ffffull;
 
 inline uint32_t count_of(const io_request& r)
@@ -77,6 +93,11 @@ inline int mode_of(const io_request& r)
 inline unsigned retries_of(const io_request& r)
 {
     return static_cast<unsigned>(r.target_scratch[1] >> 60);
+}
+inline void set_mode(io_request& r, int mode)
+{
+    r.target_scratch[1] =
+        (r.target_scratch[1] & ~(uint64_t{0xff} << 52)) | (uint64_t(mode & 0xff) << 52);
 }
 inline void set_state(io_request& r, uint64_t offset, uint32_t count, unsigned file, step s,
                       int mode = 0, unsigned retries = 0)
@@ -186,6 +207,7 @@ result<void> file_ring::setup(ring_mode mode)
     }
     _ring = std::move(ring);
     _ring_ready = true;
+    _buffer_slots = 0;
     _mode = mode;
     _enabled = mode != ring_mode::defer_taskrun;
     _owner = 0;
@@ -319,7 +341,18 @@ void file_ring::fail_unsubmitted()
     io_uring_smp_store_release(sq.ktail, head);
     _unsubmitted = 0;
     for (unsigned i = head; i != tail; ++i) {
-        finish(*reinterpret_cast<io_request*>(sq.sqes[i & sq.ring_mask].user_data), _broken);
+        const uintptr_t data = sq.sqes[i & sq.ring_mask].user_data;
+        auto* r = reinterpret_cast<io_request*>(data & ~uintptr_t{k_note_mask});
+        if ((data & k_note_mask) == k_note_register) {
+            // Never registered: its write (the next entry) fails as is.
+            set_mode(*r, mode_of(*r) & ~k_kb_registered);
+        } else if ((data & k_note_mask) == k_note_unregister) {
+            // Its request completed already; the buffer stays in the table
+            // until the ring is closed (which releases it).
+            _stats.kernel_buffer_errors.fetch_add(1, std::memory_order_relaxed);
+        } else {
+            finish(*r, _broken);
+        }
     }
 }
 
@@ -375,8 +408,10 @@ void file_ring::append(io_request& r, unsigned file, uint64_t file_offset, bool 
     set_state(r, file_offset, 0, file, fua ? k_write_fua : k_write);
     const backing_file& f = *_files[file];
     // (A block device takes direct writes without blocking; a file in RAM
-    // is copied inside start_rw anyway.)
-    if (_in_flight == 1 && _unsubmitted == 0 && !f.block_device() && !f.memory_file_system()) {
+    // is copied inside start_rw anyway; data in the kernel can only go
+    // through the ring.)
+    if (_in_flight == 1 && _unsubmitted == 0 && !f.block_device() && !f.memory_file_system() &&
+        r.kernel_data == nullptr) {
         // Alone so far: held until the owner's next poll(), which writes it
         // here unless another request joined it by then (admit).
         _held = &r;
@@ -493,9 +528,13 @@ bool file_ring::direct_ok(const io_request& r)
     if (!f.direct()) {
         return false;
     }
+    // (The pages of a kernel buffer are the block layer's: aligned for the
+    // device that sent them; where the file system wants more, the write
+    // fails with EINVAL and on_cqe sends it to the buffered descriptor.)
     if ((((r.target_scratch[0] + done) | (r.length - done)) & (f.min_block_size() - 1)) != 0 ||
-        (reinterpret_cast<uintptr_t>(static_cast<char*>(r.buffer) + done) &
-         (f.memory_alignment() - 1)) != 0) {
+        (r.kernel_data == nullptr &&
+         (reinterpret_cast<uintptr_t>(static_cast<char*>(r.buffer) + done) &
+          (f.memory_alignment() - 1)) != 0)) {
         _stats.unaligned_buffered.fetch_add(1, std::memory_order_relaxed);
         return false;
     }
@@ -504,6 +543,10 @@ bool file_ring::direct_ok(const io_request& r)
 
 void file_ring::start_rw(io_request& r)
 {
+    if (r.kernel_data != nullptr) {
+        start_kernel_write(r);
+        return;
+    }
     const unsigned file = file_of(r);
     const backing_file& f = *_files[file];
     if (f.memory_file_system()) {
@@ -535,6 +578,155 @@ void file_ring::start_rw(io_request& r)
     sqe->flags |= IOSQE_FIXED_FILE;
     io_uring_sqe_set_data(sqe, &r);
     ++_unsubmitted;
+}
+
+void file_ring::start_kernel_write(io_request& r)
+{
+    const kernel_buffer& kb = *r.kernel_data;
+    const step s = step_of(r);
+    if (s == k_read) {
+        // Nothing to read into: the core refuses such a request.
+        finish(r, -EINVAL);
+        return;
+    }
+    if (_mode == ring_mode::defer_taskrun) {
+        // With the pages of ublk requests registered and written through a
+        // DEFER_TASKRUN ring, requests that the kernel handed to ublk
+        // afterwards sometimes never reached the daemon (Linux 7.3.4: five
+        // test runs in six stalled, none in four with COOP_TASKRUN;
+        // docs/file.md).
+        // The ring is rebuilt without it first.
+        r.next = nullptr;
+        (_awaiting_tail != nullptr ? _awaiting_tail->next : _awaiting_head) = &r;
+        _awaiting_tail = &r;
+        ++_awaiting;
+        leave_defer_taskrun();
+        return;
+    }
+    if (_buffer_slots == 0 && _broken == 0) {
+        // The table is made at the first kernel buffer: rings that never
+        // see one carry none.
+        const int rc = io_uring_register_buffers_sparse(_ring.get(), kb.slots);
+        if (rc < 0) {
+            _stats.kernel_buffer_errors.fetch_add(1, std::memory_order_relaxed);
+            finish(r, rc);
+            return;
+        }
+        _buffer_slots = kb.slots;
+    }
+    if (kb.index >= _buffer_slots) {
+        finish(r, -EINVAL);
+        return;
+    }
+    const unsigned file = file_of(r);
+    const int mode = mode_of(r);
+    const bool registered = (mode & k_kb_registered) != 0;
+    io_uring_sqe* reg = nullptr;
+    io_uring_sqe* sqe = nullptr;
+    if (registered) {
+        sqe = next_sqe(r);
+        if (sqe == nullptr) {
+            return;
+        }
+    } else {
+        // The register entry and the write go in together (linked: the
+        // write runs only if the pages are in the table): both need room.
+        if (_broken == 0 && io_uring_sq_space_left(_ring.get()) < 2) {
+            submit_queued();
+        }
+        if (_broken != 0 || io_uring_sq_space_left(_ring.get()) < 2) {
+            finish(r, _broken != 0 ? _broken : _submit_error);
+            return;
+        }
+        reg = io_uring_get_sqe(_ring.get());
+        sqe = io_uring_get_sqe(_ring.get());
+    }
+    if (reg != nullptr) {
+        kb.prep_register(*reg, kb);
+        reg->flags |= IOSQE_IO_LINK | IOSQE_CQE_SKIP_SUCCESS;
+        io_uring_sqe_set_data64(reg, reinterpret_cast<uintptr_t>(&r) | k_note_register);
+        ++_unsubmitted;
+        set_mode(r, mode | k_kb_registered);
+        _stats.kernel_buffer_writes.fetch_add(1, std::memory_order_relaxed);
+    }
+    const uint32_t done = count_of(r);
+    const bool direct = (mode & k_kb_buffered) == 0 && direct_ok(r);
+    // A fixed kernel buffer is addressed from 0: the address is the offset
+    // into the request's data.
+    io_uring_prep_rw(IORING_OP_WRITE_FIXED, sqe, static_cast<int>(2 * file + (direct ? 0 : 1)),
+                     reinterpret_cast<void*>(uintptr_t{done}), r.length - done,
+                     r.target_scratch[0] + done);
+    sqe->buf_index = kb.index;
+    if (s == k_write_fua) {
+        sqe->rw_flags = RWF_DSYNC;
+    }
+    sqe->flags |= IOSQE_FIXED_FILE;
+    io_uring_sqe_set_data(sqe, &r);
+    ++_unsubmitted;
+}
+
+void file_ring::leave_defer_taskrun()
+{
+    if (_awaiting == 0 || _in_flight != _awaiting || _unsubmitted != 0 || _held != nullptr) {
+        return;  // again from poll(), once the rest has completed
+    }
+    io_request* waiting = std::exchange(_awaiting_head, nullptr);
+    _awaiting_tail = nullptr;
+    _awaiting = 0;
+    auto rebuilt = setup(ring_mode::coop_taskrun);
+    if (rebuilt) {
+        _stats.kernel_buffer_rings.fetch_add(1, std::memory_order_relaxed);
+    }
+    while (waiting != nullptr) {
+        io_request& r = *waiting;
+        waiting = std::exchange(r.next, nullptr);
+        if (rebuilt) {
+            start_kernel_write(r);
+        } else {
+            finish(r, -static_cast<int>(rebuilt.error().code.value()));
+        }
+    }
+}
+
+void file_ring::release_kernel_buffer(io_request& r)
+{
+    set_mode(r, mode_of(r) & ~k_kb_registered);
+    io_uring_sqe* sqe = _broken == 0 ? io_uring_get_sqe(_ring.get()) : nullptr;
+    if (sqe == nullptr && _broken == 0) {
+        submit_queued();
+        sqe = _broken == 0 ? io_uring_get_sqe(_ring.get()) : nullptr;
+    }
+    if (sqe == nullptr) {
+        // The kernel refuses the ring: the pages stay in the table, and the
+        // front end's request with them, until the ring is closed.
+        _stats.kernel_buffer_errors.fetch_add(1, std::memory_order_relaxed);
+        return;
+    }
+    // Sent now, before the request completes and its front end commits it
+    // (the order ublk's own servers keep; the kernel would also let the
+    // request end later, when the last reference to its pages goes).
+    r.kernel_data->prep_unregister(*sqe, *r.kernel_data);
+    sqe->flags |= IOSQE_CQE_SKIP_SUCCESS;
+    io_uring_sqe_set_data64(sqe, reinterpret_cast<uintptr_t>(&r) | k_note_unregister);
+    ++_unsubmitted;
+    submit_queued();
+}
+
+void file_ring::on_buffer_note(uintptr_t data, int res)
+{
+    _stats.kernel_buffer_errors.fetch_add(1, std::memory_order_relaxed);
+    if ((data & k_note_mask) != k_note_register) {
+        // An unregister that failed: its request completed already (and
+        // may be another one now); nothing to tell it.
+        return;
+    }
+    // The pages are not in the table, and the linked write was failed
+    // without a completion of its own (a failed entry that skips its
+    // success takes its links' completions with it): the request ends here,
+    // with the cause, and nothing to unregister.
+    io_request& r = *reinterpret_cast<io_request*>(data & ~uintptr_t{k_note_mask});
+    set_mode(r, mode_of(r) & ~k_kb_registered);
+    finish(r, res);
 }
 
 void file_ring::write_held()
@@ -621,6 +813,10 @@ void file_ring::start_discard_bdev(io_request& r)
 
 void file_ring::finish(io_request& r, int result)
 {
+    if (r.kernel_data != nullptr && step_of(r) <= k_write_fua &&
+        (mode_of(r) & k_kb_registered) != 0) {
+        release_kernel_buffer(r);
+    }
     --_in_flight;
     ++_finished;
     _sink.complete(r, result);
@@ -649,6 +845,17 @@ void file_ring::on_cqe(io_request& r, int res)
     case k_read:
     case k_write:
     case k_write_fua: {
+        if (r.kernel_data != nullptr) {
+            const int mode = mode_of(r);
+            if (res == -EINVAL && (mode & k_kb_buffered) == 0 && _files[file_of(r)]->direct()) {
+                // The pages are not aligned as this file system's direct
+                // I/O wants them: through the page cache, as a buffer would.
+                _stats.unaligned_buffered.fetch_add(1, std::memory_order_relaxed);
+                set_mode(r, mode | k_kb_buffered);
+                start_rw(r);
+                return;
+            }
+        }
         if (res < 0) {
             finish(r, res);
             return;
@@ -669,7 +876,7 @@ void file_ring::on_cqe(io_request& r, int res)
         if (done < r.length) {
             // A short transfer is never success: send the rest.
             _stats.short_transfers.fetch_add(1, std::memory_order_relaxed);
-            set_state(r, r.target_scratch[0], done, file_of(r), s);
+            set_state(r, r.target_scratch[0], done, file_of(r), s, mode_of(r));
             start_rw(r);
             return;
         }
@@ -753,7 +960,7 @@ unsigned file_ring::poll()
         // Copy a batch out and give the slots back before completing:
         // completion callbacks may submit again.
         struct {
-            io_request* r;
+            uintptr_t data;
             int res;
         } batch[64];
         unsigned count = 0;
@@ -761,7 +968,7 @@ unsigned file_ring::poll()
         io_uring_cqe* cqe;
         io_uring_for_each_cqe(ring, head, cqe)
         {
-            batch[count++] = {static_cast<io_request*>(io_uring_cqe_get_data(cqe)), cqe->res};
+            batch[count++] = {static_cast<uintptr_t>(cqe->user_data), cqe->res};
             if (count == std::size(batch)) {
                 break;
             }
@@ -771,12 +978,20 @@ unsigned file_ring::poll()
         }
         io_uring_cq_advance(ring, count);
         for (unsigned i = 0; i < count; ++i) {
-            on_cqe(*batch[i].r, batch[i].res);
+            if ((batch[i].data & k_note_mask) != 0) {
+                on_buffer_note(batch[i].data, batch[i].res);
+            } else {
+                on_cqe(*reinterpret_cast<io_request*>(batch[i].data), batch[i].res);
+            }
         }
     }
     // Resubmissions (short transfers, retries, second steps) and requests
     // submitted from completion callbacks go out now.
     submit_queued();
+    if (_awaiting != 0) {
+        leave_defer_taskrun();
+        submit_queued();
+    }
     if (_in_flight == 0) {
         // Idle: owners sleep on the eventfd with nothing else to wake them,
         // so it must not stay readable (next_wakeup_ns is not asked then).
@@ -793,7 +1008,7 @@ void file_ring::drain_event_fd() const
 
 uint64_t file_ring::next_wakeup_ns() const
 {
-    if (_unsubmitted != 0 || _held != nullptr) {
+    if (_unsubmitted != 0 || _held != nullptr || (_awaiting != 0 && _in_flight == _awaiting)) {
         return 0;
     }
     if (_in_flight == 0 || !_ring_ready) {

@@ -150,6 +150,7 @@ io_request* queue_impl::get_request()
     r.offset = 0;
     r.length = 0;
     r.buffer = nullptr;
+    r.kernel_data = nullptr;
     r.on_complete = nullptr;
     r.user_data = nullptr;
     r.transferred = 0;
@@ -189,6 +190,14 @@ int queue_impl::validate(const io_request& r) const
         return -ENODEV;
     }
     const block_limits& lim = _dev.info().limits;
+    // A read needs memory to land in; a write's data may stay in the
+    // kernel where the target takes that (kernel_buffer), never both.
+    auto has_data = [&]() {
+        if (r.kernel_data != nullptr) {
+            return r.op != io_op::read && lim.kernel_buffers && r.buffer == nullptr;
+        }
+        return r.buffer != nullptr;
+    };
     auto check_range = [&]() -> int {
         if (const int rc = check_block_range(lim, r.offset, r.length); rc != 0) {
             return rc;
@@ -211,7 +220,7 @@ int queue_impl::validate(const io_request& r) const
     switch (r.op) {
     case io_op::read:
     case io_op::write:
-        if (r.length == 0 || r.buffer == nullptr) {
+        if (r.length == 0 || !has_data()) {
             return -EINVAL;
         }
         if (r.op == io_op::write && lim.read_only) {
@@ -273,7 +282,7 @@ int queue_impl::validate(const io_request& r) const
             if (lim.read_only) {
                 return -EPERM;
             }
-            if (r.buffer == nullptr || r.length == 0 || r.length > lim.max_zone_append_bytes) {
+            if (!has_data() || r.length == 0 || r.length > lim.max_zone_append_bytes) {
                 return -EINVAL;
             }
             if (const int rc = check_range(); rc != 0) {

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <csignal>
@@ -13,6 +14,7 @@
 #include <cstring>
 #include <fcntl.h>
 #include <linux/falloc.h>
+#include <liburing.h>
 #include <poll.h>
 #include <string>
 #include <sys/mount.h>
@@ -471,6 +473,123 @@ TEST(FileRing, AHeldAppendThatFailsCompletesWithTheError)
     t.ring->append(a, 0, 0, false);
     EXPECT_LT(t.wait(a), 0);
     EXPECT_EQ(t.ring->in_flight(), 0u);
+}
+
+// Data in the kernel (ublk's zero copy) cannot be made on this host
+// without ublk: the register and unregister entries here are stand-ins
+// that count themselves, and the VM test zero_copy_ublk writes real
+// request pages. What is checked: each buffer registered once and
+// unregistered once, after its write and before its completion, the
+// write never held, a refused registration failing the write with its
+// own errno and nothing to unregister.
+struct kernel_buffer_counts {
+    static inline int registers = 0;
+    static inline int unregisters = 0;
+};
+
+void prep_nop_register(::io_uring_sqe& sqe, const kernel_buffer&)
+{
+    ++kernel_buffer_counts::registers;
+    io_uring_prep_nop(&sqe);
+}
+
+void prep_nop_unregister(::io_uring_sqe& sqe, const kernel_buffer&)
+{
+    ++kernel_buffer_counts::unregisters;
+    io_uring_prep_nop(&sqe);
+}
+
+// A command the file's driver does not have: the register entry fails.
+void prep_refused_register(::io_uring_sqe& sqe, const kernel_buffer& kb)
+{
+    ++kernel_buffer_counts::registers;
+    io_uring_prep_rw(IORING_OP_URING_CMD, &sqe, kb.fd, nullptr, 0, 0);
+}
+
+TEST(FileRing, AKernelBufferIsRegisteredOnceAndUnregisteredBeforeItCompletes)
+{
+    temp_dir dir;
+    make_file(dir.file("zone"), 0);
+    auto f = open_file(dir.file("zone"), {});
+    ASSERT_TRUE(f);
+    ring_fixture t(*f);
+    const bool deferred = t.ring->mode() == ring_mode::defer_taskrun;
+    kernel_buffer_counts::registers = kernel_buffer_counts::unregisters = 0;
+    // A request in flight when the first kernel buffer comes: a
+    // DEFER_TASKRUN ring is rebuilt only after it completed.
+    aligned_buffer first(4096);
+    fill(first.data, first.size, 3);
+    io_request before = ring_fixture::request(io_op::write, 8192, 4096, first.data);
+    t.ring->write(before, 0, 8192, false);
+    const kernel_buffer kb{.prep_register = &prep_nop_register,
+                           .prep_unregister = &prep_nop_unregister,
+                           .fd = f->buffered_fd(),
+                           .index = 3,
+                           .slots = 8};
+    io_request a = ring_fixture::request(io_op::write, 0, 65536, nullptr);
+    a.kernel_data = &kb;
+    t.ring->append(a, 0, 0, false);
+    EXPECT_EQ(kernel_buffer_counts::registers, deferred ? 0 : 1)
+        << "registered while the ring still had DEFER_TASKRUN";
+    EXPECT_EQ(t.wait(before), 4096);
+    EXPECT_NE(t.ring->mode(), ring_mode::defer_taskrun);
+    EXPECT_EQ(t.stats.kernel_buffer_rings.load(), deferred ? 1u : 0u);
+    EXPECT_EQ(kernel_buffer_counts::registers, 1);
+    EXPECT_EQ(kernel_buffer_counts::unregisters, 0) << "unregistered before its write ran";
+    // Slot 3 holds nothing (the stand-in registered nothing): the kernel
+    // fails the write, and the buffer is still unregistered.
+    EXPECT_EQ(t.wait(a), -EFAULT);
+    EXPECT_EQ(kernel_buffer_counts::registers, 1);
+    EXPECT_EQ(kernel_buffer_counts::unregisters, 1);
+    EXPECT_EQ(t.stats.held_appends.load(), 0u) << "data in the kernel was held for pwritev2";
+    EXPECT_EQ(t.stats.kernel_buffer_writes.load(), 1u);
+    EXPECT_EQ(t.stats.kernel_buffer_errors.load(), 0u);
+    EXPECT_EQ(t.ring->in_flight(), 0u);
+    t.ring->poll();  // the unregister entry goes to the kernel
+    EXPECT_EQ(t.ring->next_wakeup_ns(), UINT64_MAX) << "the ring kept work after the last entry";
+
+    // A slot beyond the table: refused without an entry.
+    const kernel_buffer beyond{.prep_register = &prep_nop_register,
+                               .prep_unregister = &prep_nop_unregister,
+                               .fd = f->buffered_fd(),
+                               .index = 8,
+                               .slots = 8};
+    io_request b = ring_fixture::request(io_op::write, 0, 4096, nullptr);
+    b.kernel_data = &beyond;
+    t.ring->write(b, 0, 0, false);
+    EXPECT_EQ(t.wait(b), -EINVAL);
+    EXPECT_EQ(kernel_buffer_counts::registers, 1);
+
+    // A registration the kernel refuses: the write fails with its errno
+    // (not the ECANCELED of a broken link) and nothing is unregistered.
+    const kernel_buffer refused{.prep_register = &prep_refused_register,
+                                .prep_unregister = &prep_nop_unregister,
+                                .fd = f->buffered_fd(),
+                                .index = 0,
+                                .slots = 8};
+    io_request c = ring_fixture::request(io_op::write, 0, 4096, nullptr);
+    c.kernel_data = &refused;
+    t.ring->write(c, 0, 0, true);
+    const int rc = t.wait(c);
+    EXPECT_LT(rc, 0);
+    EXPECT_NE(rc, -ECANCELED);
+    EXPECT_NE(rc, INT_MIN) << "the refused registration left its write in flight";
+    EXPECT_EQ(kernel_buffer_counts::registers, 2);
+    EXPECT_EQ(kernel_buffer_counts::unregisters, 1);
+    EXPECT_EQ(t.stats.kernel_buffer_errors.load(), 1u);
+
+    // The ring still serves ordinary requests; the file holds what they
+    // wrote, and nothing of the failed writes.
+    aligned_buffer w(4096), back(12288);
+    fill(w.data, w.size, 7);
+    EXPECT_EQ(t.write(0, w.data, 4096), 4096);
+    struct stat st {};
+    ASSERT_EQ(::fstat(f->buffered_fd(), &st), 0);
+    EXPECT_EQ(st.st_size, 12288);
+    EXPECT_EQ(t.read(0, back.data, 12288), 12288);
+    EXPECT_EQ(std::memcmp(back.data, w.data, 4096), 0);
+    EXPECT_EQ(std::memcmp(back.data + 8192, first.data, 4096), 0);
+    EXPECT_EQ(std::count(back.data + 4096, back.data + 8192, 0), 4096);
 }
 
 TEST(FileRing, UnalignedBufferGoesThroughThePageCache)

@@ -242,6 +242,7 @@ void bad_blocks_queue::start_partial(io_request& r, uint32_t bytes)
     p.offset = r.offset;
     p.length = bytes;
     p.buffer = r.buffer;
+    p.kernel_data = r.kernel_data;
     p.transferred = 0;
     p.result_offset = 0;
     e->extra.original = &r;

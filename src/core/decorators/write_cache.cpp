@@ -874,6 +874,8 @@ public:
     {
         _limits.volatile_write_cache = true;
         _limits.fua = fua;
+        // The cache copies what is written: it needs the bytes in memory.
+        _limits.kernel_buffers = false;
     }
 
     const block_limits& limits() const override { return _limits; }

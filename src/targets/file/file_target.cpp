@@ -194,6 +194,9 @@ public:
         out["zero_range_emulated"] = _stats.zero_range_emulated.load(std::memory_order_relaxed);
         out["sync_discards"] = _stats.sync_discards.load(std::memory_order_relaxed);
         out["memory_copies"] = _stats.memory_copies.load(std::memory_order_relaxed);
+        out["kernel_buffer_writes"] = _stats.kernel_buffer_writes.load(std::memory_order_relaxed);
+        out["kernel_buffer_errors"] = _stats.kernel_buffer_errors.load(std::memory_order_relaxed);
+        out["kernel_buffer_rings"] = _stats.kernel_buffer_rings.load(std::memory_order_relaxed);
         out["ring_handovers"] = _stats.ring_handovers.load(std::memory_order_relaxed);
         out["ring_errors"] = _stats.ring_errors.load(std::memory_order_relaxed);
     }
@@ -386,6 +389,8 @@ result<std::unique_ptr<target>> create_file(const option_set& o)
     lim.fua = !fo.read_only;
     lim.read_only = fo.read_only;
     lim.rotational = false;
+    // Every write goes to the file ring, which takes data in the kernel.
+    lim.kernel_buffers = true;
     return std::make_unique<file_target>(std::move(*file), lim,
                                          static_cast<unsigned>(o.u64("hw_queue_depth")),
                                          fo.buffered_io, mode);

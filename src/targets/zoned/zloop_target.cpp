@@ -125,6 +125,9 @@ public:
         }
         // zloop: a volatile write cache (FLUSH syncs the file system), no FUA.
         _limits = zloop::device_limits(*_zones, config.block_size, zone_append, true);
+        // Zone data goes only through the file ring, which takes data in
+        // the kernel.
+        _limits.kernel_buffers = true;
         return {};
     }
 
@@ -225,6 +228,9 @@ public:
         out["unaligned_buffered"] = _stats.unaligned_buffered.load(std::memory_order_relaxed);
         out["memory_copies"] = _stats.memory_copies.load(std::memory_order_relaxed);
         out["held_appends"] = _stats.held_appends.load(std::memory_order_relaxed);
+        out["kernel_buffer_writes"] = _stats.kernel_buffer_writes.load(std::memory_order_relaxed);
+        out["kernel_buffer_errors"] = _stats.kernel_buffer_errors.load(std::memory_order_relaxed);
+        out["kernel_buffer_rings"] = _stats.kernel_buffer_rings.load(std::memory_order_relaxed);
         out["ring_errors"] = _stats.ring_errors.load(std::memory_order_relaxed);
         _zones->describe(out);
     }
