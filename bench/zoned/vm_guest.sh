@@ -5,6 +5,8 @@
 #   sbnull  softblk's null target with zoned=1 memory_backed=1, over ublk
 #   sbzloop softblk's zloop target over ublk, zone files on ext4 on a brd
 #           RAM disk (O_DIRECT)
+#   sbzlcopy softblk's zloop with zero_copy=0, where sbzloop has ublk zero
+#           copy (Linux 6.15+): its writes copied in with pread, as before
 #   kzloop  the kernel's zloop (where the kernel has it: run-vm --module
 #           zloop on the backports kernel), the same options, its zone
 #           files on the same ext4 (direct I/O, its default)
@@ -80,6 +82,15 @@ for q in 1 2; do
     conv_zones=0 nr_queues=$q queue_depth=128 >/tmp/add2.txt
   sbzl=$(grep -o '/dev/ublkb[0-9]*' /tmp/add2.txt | head -n1)
   [ -b "$sbnull" ] && [ -b "$sbzl" ] || vm_fail "no ublk devices: $(cat /tmp/add1.txt /tmp/add2.txt)"
+  sbzlc=
+  if softblk list --json | grep -q '"zero_copy": true'; then
+    rm -rf /mnt/zl/$((20 + q)) && mkdir -p /mnt/zl/$((20 + q))
+    softblk add zloop --name sbzlc$q base_dir=/mnt/zl id=$((20 + q)) capacity_mb=512 zone_size_mb=16 \
+      conv_zones=0 nr_queues=$q queue_depth=128 --export-opt zero_copy=0 >/tmp/add3.txt
+    sbzlc=$(grep -o '/dev/ublkb[0-9]*' /tmp/add3.txt | head -n1)
+    [ -b "$sbzlc" ] || vm_fail "no ublk device: $(cat /tmp/add3.txt)"
+    [[ $systems == *sbzlcopy* ]] || systems="$systems sbzlcopy"
+  fi
   kzl=/dev/zloop$((10 + q))
   if [[ $systems == *kzloop* ]]; then
     rm -rf /mnt/zl/$((10 + q)) && mkdir -p /mnt/zl/$((10 + q))
@@ -87,8 +98,8 @@ for q in 1 2; do
       >/dev/zloop-control
     vm_wait_for $kzl
   fi
-  echo "devices: null_blk /dev/nullbz$q, softblk null $sbnull, softblk zloop $sbzl, kernel zloop $kzl"
-  declare -A iops=() bw=() ratio=() zratio=()
+  echo "devices: null_blk /dev/nullbz$q, softblk null $sbnull, softblk zloop $sbzl, kernel zloop $kzl${sbzlc:+, softblk zloop copied (zero_copy=0) $sbzlc}"
+  declare -A iops=() bw=() ratio=() zratio=() cratio=()
   for round in $(seq "$rounds"); do
     for j in "${jobs[@]}"; do
       read -r rw bs qd nj <<<"$j"
@@ -98,6 +109,7 @@ for q in 1 2; do
           sbnull) dev=$sbnull ;;
           sbzloop) dev=$sbzl ;;
           kzloop) dev=$kzl ;;
+          sbzlcopy) dev=$sbzlc ;;
         esac
         blkzone reset "$dev"
         # terse v3: field 49 write IOPS, 48 write KiB/s.
@@ -118,6 +130,9 @@ for q in 1 2; do
       if [[ $systems == *kzloop* ]]; then
         zratio["$j"]+="$(awk -v s="$last_sbzloop" -v n="$last_kzloop" 'BEGIN {printf "%.2f", (n > 0) ? s / n : 0}') "
       fi
+      if [[ $systems == *sbzlcopy* ]]; then
+        cratio["$j"]+="$(awk -v s="$last_sbzloop" -v n="$last_sbzlcopy" 'BEGIN {printf "%.2f", (n > 0) ? s / n : 0}') "
+      fi
     done
   done
   echo
@@ -137,6 +152,18 @@ for q in 1 2; do
       echo
     done
     echo "remove id=$((10 + q))" >/dev/zloop-control
+  fi
+  if [[ $systems == *sbzlcopy* ]]; then
+    echo
+    echo "queues $q: | job | softblk zloop copied (zero_copy=0) IOPS (MiB/s) | softblk zloop zero copy IOPS (MiB/s) | ratio of medians | median of per-round ratios (each round) |"
+    echo "|---|---:|---:|---:|---:|"
+    for j in "${jobs[@]}"; do
+      cells "$j" sbzlcopy sbzloop "${cratio[$j]}"
+      echo
+    done
+    softblk list --json | grep -E '"(kernel_buffer_writes|kernel_buffer_errors|kernel_buffer_rings|held_appends)"' | tr -s ' ' | tr '\n' ' '
+    echo
+    softblk del sbzlc$q
   fi
   softblk del sbnull$q sbzl$q
   vm_null_blk_remove nullbz$q

@@ -53,6 +53,11 @@ enum io_nr : uint8_t {
     k_io_fetch_req = 0x20,
     k_io_commit_and_fetch_req = 0x21,
     k_io_need_get_data = 0x22,
+    // UBLK_F_SUPPORT_ZERO_COPY (Linux 6.15+), ioctl-encoded only: put a
+    // request's pages in (take them out of) the issuing ring's fixed-buffer
+    // table, at io_cmd::addr.
+    k_io_register_io_buf = 0x23,
+    k_io_unregister_io_buf = 0x24,
 };
 
 // What the kernel stores behind sqe->cmd for a control command (32 bytes).
@@ -100,7 +105,9 @@ struct io_cmd {
     uint16_t q_id;
     uint16_t tag;
     int32_t result;
-    uint64_t addr;  // buffer (copy mode) or zone_append_lba (USER_COPY + zoned)
+    // buffer (copy mode), zone_append_lba (USER_COPY + zoned) or the
+    // fixed-buffer index (REGISTER_IO_BUF / UNREGISTER_IO_BUF)
+    uint64_t addr;
 };
 static_assert(sizeof(io_cmd) == sizeof(::ublksrv_io_cmd));
 

@@ -93,7 +93,8 @@ queue_counters queue_runner::counters() const
 {
     return queue_counters{.requests = _requests.load(std::memory_order_relaxed),
                           .errors = _errors.load(std::memory_order_relaxed),
-                          .aborted_tags = _aborted_count.load(std::memory_order_relaxed)};
+                          .aborted_tags = _aborted_count.load(std::memory_order_relaxed),
+                          .zero_copy_from = _zero_copy_from.load(std::memory_order_relaxed)};
 }
 
 result<void> queue_runner::setup()
@@ -127,6 +128,13 @@ result<void> queue_runner::setup()
         _slots[t].runner = this;
         _slots[t].tag = static_cast<uint16_t>(t);
         _slots[t].buffer = _buffers + size_t{t} * _cfg.buf_bytes;
+        _slots[t].data_in_kernel = kernel_buffer{.prep_register = &prep_register_buffer,
+                                                 .prep_unregister = &prep_unregister_buffer,
+                                                 .fd = _cfg.char_fd,
+                                                 .queue = static_cast<uint16_t>(_cfg.q_id),
+                                                 .tag = static_cast<uint16_t>(t),
+                                                 .index = static_cast<uint16_t>(t),
+                                                 .slots = static_cast<uint16_t>(depth)};
     }
 
     _wake_fd = ::eventfd(0, EFD_CLOEXEC);
@@ -262,6 +270,31 @@ void queue_runner::prep_commit(tag_slot& slot, int result, uint64_t addr)
     io_uring_sqe_set_data64(sqe, slot.tag);
 }
 
+namespace {
+
+void prep_buffer_command(io_uring_sqe& sqe, const kernel_buffer& kb, uint8_t nr)
+{
+    std::memset(&sqe, 0, sizeof(sqe));
+    sqe.opcode = IORING_OP_URING_CMD;
+    sqe.fd = kb.fd;
+    // Only kernels with ioctl-encoded commands have these.
+    sqe.cmd_op = io_op_code(nr, true);
+    io_cmd cmd{.q_id = kb.queue, .tag = kb.tag, .result = 0, .addr = kb.index};
+    std::memcpy(sqe.cmd, &cmd, sizeof(cmd));
+}
+
+}  // namespace
+
+void queue_runner::prep_register_buffer(io_uring_sqe& sqe, const kernel_buffer& kb)
+{
+    prep_buffer_command(sqe, kb, k_io_register_io_buf);
+}
+
+void queue_runner::prep_unregister_buffer(io_uring_sqe& sqe, const kernel_buffer& kb)
+{
+    prep_buffer_command(sqe, kb, k_io_unregister_io_buf);
+}
+
 void queue_runner::prep_wake_poll()
 {
     io_uring_sqe* sqe = next_sqe();
@@ -274,6 +307,13 @@ void queue_runner::on_complete(io_request& request, int result)
     tag_slot& slot = *static_cast<tag_slot*>(request.user_data);
     queue_runner& self = *slot.runner;
     int res = result;
+    if (slot.timed) {
+        slot.timed = false;
+        self._chooser.record(slot.length, slot.in_kernel, monotonic_ns() - slot.start_ns);
+        if ((++self._timed_writes & 63) == 0) {
+            self._zero_copy_from.store(self._chooser.zero_copy_from(), std::memory_order_relaxed);
+        }
+    }
     uint64_t addr = self._cfg.user_copy ? 0 : reinterpret_cast<uint64_t>(slot.buffer);
     if (res >= 0) {
         switch (slot.kernel_op) {
@@ -391,7 +431,19 @@ bool queue_runner::dispatch(tag_slot& slot)
     if (r == nullptr) {
         return false;
     }
-    if (data_in && _cfg.user_copy) {
+    bool in_kernel = false;
+    slot.timed = false;
+    if (data_in && _cfg.zero_copy) {
+        if (_cfg.zero_copy_min_bytes >= 0) {
+            in_kernel = length >= _cfg.zero_copy_min_bytes;
+        } else {
+            in_kernel = _chooser.zero_copy(length);
+            slot.timed = true;
+            slot.in_kernel = in_kernel;
+            slot.start_ns = monotonic_ns();
+        }
+    }
+    if (data_in && _cfg.user_copy && !in_kernel) {
         const ssize_t n = ::pread(_cfg.char_fd, slot.buffer, length,
                                   static_cast<off_t>(user_copy_offset(_cfg.q_id, slot.tag)));
         if (n != static_cast<ssize_t>(length)) {
@@ -411,7 +463,8 @@ bool queue_runner::dispatch(tag_slot& slot)
     }
     r->offset = dop == io_op::flush || dop == io_op::zone_reset_all ? 0 : offset;
     r->length = moves_data || dop == io_op::discard || dop == io_op::write_zeroes ? length : 0;
-    r->buffer = moves_data ? slot.buffer : nullptr;
+    r->buffer = moves_data && !in_kernel ? slot.buffer : nullptr;
+    r->kernel_data = in_kernel ? &slot.data_in_kernel : nullptr;
     if (dop == io_op::report_zones) {
         // The descriptor's nr_sectors is nr_zones here; the slot's buffer
         // holds them, as 64-byte blk_zone entries once converted.

@@ -11,6 +11,7 @@
 #pragma once
 
 #include "abi.hpp"
+#include "copy_chooser.hpp"
 
 #include <atomic>
 #include <cstdint>
@@ -28,6 +29,13 @@ struct queue_config {
     unsigned depth = 0;
     uint32_t buf_bytes = 0;  // per tag
     bool user_copy = false;
+    // UBLK_F_SUPPORT_ZERO_COPY granted and the device takes kernel buffers:
+    // writes leave their data in the kernel (io_request::kernel_data)
+    // instead of being copied in with pread: those of at least
+    // zero_copy_min_bytes, or (-1) the sizes where the queue measures zero
+    // copy faster (copy_chooser).
+    bool zero_copy = false;
+    int64_t zero_copy_min_bytes = -1;
     bool ioctl_encode = true;
     int char_fd = -1;  // /dev/ublkcN, owned by the export
 };
@@ -36,6 +44,9 @@ struct queue_counters {
     uint64_t requests = 0;
     uint64_t errors = 0;  // requests committed with a negative result
     uint64_t aborted_tags = 0;
+    // Measured zero copy (copy_chooser): the smallest write size it is
+    // ahead at, 0 while it is nowhere ahead (or not measured).
+    uint32_t zero_copy_from = 0;
 };
 
 class queue_runner {
@@ -71,6 +82,11 @@ private:
         uint8_t kernel_op = 0;
         bool aborted = false;
         uint32_t length = 0;
+        kernel_buffer data_in_kernel;  // zero copy: this tag's request
+        // A write the chooser times: when it was taken, and which way.
+        bool timed = false;
+        bool in_kernel = false;
+        uint64_t start_ns = 0;
     };
 
     void run(std::promise<result<void>>& ready);
@@ -87,6 +103,10 @@ private:
     bool dispatch(tag_slot& slot);
     void retry_backlog();
     static void on_complete(io_request& request, int result);
+    // Zero copy: the entries a file ring sends to register and unregister
+    // a tag's request pages (kernel_buffer).
+    static void prep_register_buffer(io_uring_sqe& sqe, const kernel_buffer& kb);
+    static void prep_unregister_buffer(io_uring_sqe& sqe, const kernel_buffer& kb);
     // USER_COPY: pwrite()s `bytes` of the slot's buffer into the kernel's
     // request; returns `result`, or -errno when the copy failed.
     int copy_to_kernel(const tag_slot& slot, size_t bytes, int result) const;
@@ -115,6 +135,9 @@ private:
     std::atomic<bool> _exit_requested{false};
     std::atomic<bool> _exited{false};
     std::atomic<uint64_t> _requests{0}, _errors{0}, _aborted_count{0};
+    copy_chooser _chooser;
+    uint32_t _timed_writes = 0;
+    std::atomic<uint32_t> _zero_copy_from{0};
 };
 
 }  // namespace softblk::ublk

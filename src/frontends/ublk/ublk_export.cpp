@@ -52,6 +52,24 @@ constexpr option_def k_export_options[] = {
      .help = "UBLK_F_USER_COPY: the queue threads copy data with pread/pwrite on /dev/ublkcN "
              "instead of "
              "the kernel copying into per-tag buffers (Linux 6.5+; not for unprivileged devices)"},
+    {.name = "zero_copy",
+     .kind = option_kind::text,
+     .default_value = "auto",
+     .unit = "",
+     .help =
+         "UBLK_F_SUPPORT_ZERO_COPY (Linux 6.15+): writes leave their data in the kernel and the "
+         "file ring writes it from there, without a copy through the daemon. auto: where the "
+         "device's target takes such writes (file, zloop), USER_COPY is in effect and the "
+         "kernel has it; 1: also turns USER_COPY on, and is an error where it cannot be; 0: "
+         "never"},
+    {.name = "zero_copy_min",
+     .kind = option_kind::signed_integer,
+     .default_value = "-1",
+     .unit = "bytes",
+     .help = "smallest write sent with zero copy, smaller ones being copied in with pread; -1: "
+             "each queue measures both ways per write size and takes the faster",
+     .smin = -1,
+     .smax = 1 << 30},
     {.name = "unprivileged",
      .kind = option_kind::boolean,
      .default_value = "0",
@@ -72,6 +90,8 @@ struct export_config {
     uint64_t recovery_flags = 0;
     bool user_copy = false;
     bool user_copy_given = false;
+    std::string zero_copy = "auto";
+    int64_t zero_copy_min = -1;
     bool unprivileged = false;
     int add_timeout_ms = 10'000;
     std::vector<std::string> args;  // as given, persisted for recovery
@@ -100,6 +120,17 @@ result<export_config> parse_config(const export_context& ctx, std::span<const st
     }
     c.user_copy = o->flag("user_copy");
     c.user_copy_given = o->given("user_copy");
+    c.zero_copy = o->text("zero_copy");
+    if (c.zero_copy != "auto" && c.zero_copy != "0" && c.zero_copy != "1") {
+        return make_error(EINVAL, fmt::format("zero_copy={}: one of auto, 0, 1", c.zero_copy));
+    }
+    c.zero_copy_min = o->i64("zero_copy_min");
+    if (c.zero_copy == "1") {
+        if (c.user_copy_given && !c.user_copy) {
+            return make_error(EINVAL, "zero_copy=1: needs user_copy=1 (reads are still copied)");
+        }
+        c.user_copy = true;
+    }
     c.unprivileged = o->given("unprivileged") ? o->flag("unprivileged") : !ctx.privileged;
     c.add_timeout_ms = static_cast<int>(o->u64("add_timeout"));
     c.args.assign(args.begin(), args.end());
@@ -108,6 +139,10 @@ result<export_config> parse_config(const export_context& ctx, std::span<const st
                           fmt::format("recovery={}: the kernel allows recovery only for devices "
                                       "of a privileged daemon (unprivileged=1)",
                                       c.recovery));
+    }
+    if (c.unprivileged && c.zero_copy == "1") {
+        return make_error(EINVAL,
+                          "zero_copy=1: the kernel refuses zero copy for unprivileged devices");
     }
     if (c.unprivileged && c.user_copy) {
         return make_error(EINVAL,
@@ -173,6 +208,8 @@ std::string kernel_requirement(uint64_t flag)
     switch (flag) {
     case k_f_update_size:
         return " (Linux 6.16+)";
+    case k_f_support_zero_copy:
+        return " (Linux 6.15+)";
     case k_f_user_recovery_fail_io:
         return " (Linux 6.13+)";
     case k_f_user_copy:
@@ -263,12 +300,15 @@ result<void> ublk_export::start_queues(unsigned nr_queues, unsigned depth, uint3
             return make_error(EINVAL, fmt::format("device queue {} has {} tags, ublk needs {}", q,
                                                   dq.depth(), depth));
         }
-        queue_config qc{.q_id = q,
-                        .depth = depth,
-                        .buf_bytes = buf_bytes,
-                        .user_copy = (flags & k_f_user_copy) != 0,
-                        .ioctl_encode = (flags & k_f_cmd_ioctl_encode) != 0 || _ctl->ioctl_encode(),
-                        .char_fd = _char_fd};
+        queue_config qc{
+            .q_id = q,
+            .depth = depth,
+            .buf_bytes = buf_bytes,
+            .user_copy = (flags & k_f_user_copy) != 0,
+            .zero_copy = (flags & k_f_support_zero_copy) != 0 && _dev.limits().kernel_buffers,
+            .zero_copy_min_bytes = _cfg.zero_copy_min,
+            .ioctl_encode = (flags & k_f_cmd_ioctl_encode) != 0 || _ctl->ioctl_encode(),
+            .char_fd = _char_fd};
         auto runner = std::make_unique<queue_runner>(dq, qc);
         if (auto r = runner->start(); !r) {
             return std::unexpected(r.error());
@@ -383,6 +423,23 @@ result<void> ublk_export::start_new()
     if (_cfg.unprivileged) {
         want |= k_f_unprivileged_dev;
     }
+    // Zero copy needs USER_COPY beside it (reads and zone reports are still
+    // copied, and the kernel maps no per-tag buffers then) and a target
+    // that writes only through a file ring.
+    if (_cfg.zero_copy == "1") {
+        if (!lim.kernel_buffers) {
+            return make_error(EINVAL, fmt::format("zero_copy=1: device {} needs the bytes of its "
+                                                  "writes in memory (only the file and zloop "
+                                                  "targets write from the kernel)",
+                                                  _dev.name()));
+        }
+        want |= k_f_support_zero_copy;
+    }
+    uint64_t ask = 0;  // asked for, taken only if ADD_DEV grants it
+    if (_cfg.zero_copy == "auto" && (want & k_f_user_copy) != 0 && lim.kernel_buffers &&
+        !_cfg.unprivileged) {
+        ask |= k_f_support_zero_copy;
+    }
     if (auto features = _ctl->features()) {
         for (unsigned bit = 0; bit < 64; ++bit) {
             const uint64_t f = uint64_t{1} << bit;
@@ -395,6 +452,14 @@ result<void> ublk_export::start_new()
             }
         }
         want |= *features & k_f_cmd_ioctl_encode;
+        // Its buffer commands exist only ioctl-encoded.
+        if ((*features & k_f_cmd_ioctl_encode) != 0) {
+            ask &= *features;
+        } else {
+            ask = 0;
+        }
+    } else {
+        ask = 0;
     }
     // ublk_drv takes at most UBLK_MAX_QUEUE_DEPTH tags a queue: a deeper
     // device gets that many, as blk_mq_alloc_tag_set reduces a tag set
@@ -413,7 +478,9 @@ result<void> ublk_export::start_new()
     in.max_io_buf_bytes = buf_bytes;
     in.dev_id = _cfg.id < 0 ? UINT32_MAX : static_cast<uint32_t>(_cfg.id);
     in.ublksrv_pid = ::getpid();
-    in.flags = want;
+    // (Kernels before 6.15 list SUPPORT_ZERO_COPY among their features
+    // without serving it, and clear it at ADD_DEV: what comes back decides.)
+    in.flags = want | ask;
     {
         std::lock_guard guard(_ctl->lock());
         auto out = _ctl->add_dev(in, _cfg.add_timeout_ms);
@@ -545,18 +612,25 @@ nlohmann::json ublk_export::describe() const
     out["flags"] = feature_names(_info.flags);
     out["recovery"] = _cfg.recovery;
     out["user_copy"] = (_info.flags & k_f_user_copy) != 0;
+    out["zero_copy"] = (_info.flags & k_f_support_zero_copy) != 0 && _dev.limits().kernel_buffers;
     out["unprivileged"] = (_info.flags & k_f_unprivileged_dev) != 0;
     out["recovered"] = _recovered;
     out["state_file"] = _state_path;
     uint64_t requests = 0;
     uint64_t errors = 0;
+    auto zero_copy_from = nlohmann::json::array();
     for (const auto& q : _queues) {
         const auto c = q->counters();
         requests += c.requests;
         errors += c.errors;
+        zero_copy_from.push_back(c.zero_copy_from);
     }
     out["requests"] = requests;
     out["errors"] = errors;
+    if (out["zero_copy"] == true && _cfg.zero_copy_min < 0) {
+        // Per queue: the smallest write size measured faster with zero copy.
+        out["zero_copy_from"] = zero_copy_from;
+    }
     if (_follower) {
         _follower->describe(out);
     }

@@ -1,0 +1,58 @@
+// The per-size choice between ublk zero copy and copying a write in
+// (src/frontends/ublk/copy_chooser.hpp), with made-up timings.
+#include "copy_chooser.hpp"
+
+#include <gtest/gtest.h>
+
+namespace softblk::ublk {
+namespace {
+
+// Runs `n` writes of `bytes` through the chooser, each taking `copied_ns`
+// or `zero_copy_ns` the way it was sent; returns how many went zero copy.
+unsigned run(copy_chooser& c, uint32_t bytes, unsigned n, uint64_t copied_ns,
+             uint64_t zero_copy_ns)
+{
+    unsigned zero = 0;
+    for (unsigned i = 0; i < n; ++i) {
+        const bool z = c.zero_copy(bytes);
+        zero += z ? 1 : 0;
+        c.record(bytes, z, z ? zero_copy_ns : copied_ns);
+    }
+    return zero;
+}
+
+TEST(CopyChooser, SizeClassesArePowersOfTwoFrom4KiBTo1MiB)
+{
+    EXPECT_EQ(copy_chooser::class_of(512), 0u);
+    EXPECT_EQ(copy_chooser::class_of(4096), 0u);
+    EXPECT_EQ(copy_chooser::class_of(4097), 1u);
+    EXPECT_EQ(copy_chooser::class_of(8192), 1u);
+    EXPECT_EQ(copy_chooser::class_of(131072), 5u);
+    EXPECT_EQ(copy_chooser::class_of(1u << 20), 8u);
+    EXPECT_EQ(copy_chooser::class_of(4u << 20), 8u);
+}
+
+TEST(CopyChooser, TriesBothWaysThenTakesTheFasterPerSizeAndKeepsLooking)
+{
+    copy_chooser c;
+    EXPECT_EQ(c.zero_copy_from(), 0u) << "an opinion before any measurement";
+    // Warm-up: as many of each way, whatever they cost.
+    EXPECT_EQ(run(c, 4096, 2 * copy_chooser::k_warmup, 100'000, 300'000), copy_chooser::k_warmup);
+    EXPECT_EQ(run(c, 131072, 2 * copy_chooser::k_warmup, 900'000, 400'000),
+              copy_chooser::k_warmup);
+    // Then small writes are copied, large ones go zero copy, and one in
+    // k_explore_every tries the other way.
+    const unsigned n = 64 * copy_chooser::k_explore_every;
+    EXPECT_EQ(run(c, 4096, n, 100'000, 300'000), n / copy_chooser::k_explore_every);
+    EXPECT_EQ(run(c, 131072, n, 900'000, 400'000), n - n / copy_chooser::k_explore_every);
+    EXPECT_EQ(c.zero_copy_from(), 131072u);
+
+    // The machine changes (copying got cheap): the exploring writes see it
+    // and the choice follows within a few hundred writes.
+    run(c, 131072, 40 * copy_chooser::k_explore_every, 100'000, 400'000);
+    EXPECT_EQ(run(c, 131072, n, 100'000, 400'000), n / copy_chooser::k_explore_every);
+    EXPECT_EQ(c.zero_copy_from(), 0u);
+}
+
+}  // namespace
+}  // namespace softblk::ublk

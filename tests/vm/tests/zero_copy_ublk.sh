@@ -1,0 +1,116 @@
+#!/bin/bash
+# ublk zero copy (UBLK_F_SUPPORT_ZERO_COPY, Linux 6.15+: the backports
+# kernel) for the targets that write through a file ring (issue 14): a
+# write's pages stay in the kernel, the queue's file ring registers them in
+# its table of fixed buffers and writes the file from there.
+#  - zloop (zero_copy=auto): the export says zero_copy, fio --zonemode=zbd
+#    with crc32c verify over writes of 4 KiB to 512 KiB, the counters show
+#    writes from the kernel and no buffer error; removed, added again on the
+#    same directory: the same write pointers and the same contents.
+#  - file target with user_copy=1 (auto): fio random writes with verify, and
+#    zero_copy_min=65536 keeps 4 KiB writes on the copy path while 128 KiB
+#    ones take zero copy.
+#  - zero_copy=0 turns it off; zero_copy=1 on a null device is refused with
+#    the reason.
+# Where the kernel lacks zero copy (6.12) the test skips with the reason.
+set -euo pipefail
+. /softblk-vm/lib.sh
+vm_require_tool softblk fio blkzone mkfs.ext4
+modprobe ublk_drv || vm_skip "no ublk_drv in this kernel"
+vm_wait_for /dev/ublk-control
+vm_require_module brd rd_nr=1 rd_size=$((512 * 1024))
+
+export SOFTBLK_RUN_DIR=/tmp/softblk-run
+cleanup() {
+  softblk del --all >/dev/null 2>&1 || true
+  softblk shutdown >/dev/null 2>&1 || true
+  umount /mnt/zc 2>/dev/null || true
+}
+trap cleanup EXIT
+
+# json_field KEY: KEY's number (or true/false) in `softblk list --json`
+# (one device at a time here).
+json_field() {
+  softblk list --json | grep -o "\"$1\": *[a-z0-9]*" | head -n1 | sed 's/.*: *//'
+}
+add_dev() { # add_dev NAME ARGS...: adds it over ublk, its /dev/ublkbN in $dev
+  local name=$1
+  shift
+  softblk add "$@" --name "$name" --export ublk >/tmp/add-$name.txt 2>&1 ||
+    vm_fail "add $name: $(cat /tmp/add-$name.txt)"
+  dev=$(grep -o '/dev/ublkb[0-9]*' /tmp/add-$name.txt | head -n1)
+  [ -b "$dev" ] || vm_fail "add $name printed no /dev/ublkbN: $(cat /tmp/add-$name.txt)"
+}
+
+mkfs.ext4 -q -F /dev/ram0
+mkdir -p /mnt/zc
+mount /dev/ram0 /mnt/zc
+
+vm_step "zloop over ublk, zero_copy=auto"
+mkdir -p /mnt/zc/zl/0
+add_dev zl zloop base_dir=/mnt/zc/zl id=0 capacity_mb=256 zone_size_mb=16 conv_zones=2
+zc=$(json_field zero_copy)
+if [ "$zc" != true ]; then
+  softblk features | tee /tmp/features.txt
+  vm_skip "kernel $(uname -r): no ublk zero copy for zloop (export zero_copy=$zc)"
+fi
+# Random sizes (a zone takes one write at a time: zbd mode keeps them at
+# the write pointer), every block checked after the writes.
+fio --name=zc --filename="$dev" --ioengine=io_uring --direct=1 --zonemode=zbd --rw=randwrite \
+  --bsrange=4k-512k --iodepth=16 --size=192M --io_size=96M --verify=crc32c --verify_fatal=1 \
+  --do_verify=1 --output=/tmp/fio-zl.txt || { cat /tmp/fio-zl.txt; vm_fail "fio verify on zloop"; }
+writes=$(json_field kernel_buffer_writes)
+errors=$(json_field kernel_buffer_errors)
+echo "zloop: kernel_buffer_writes $writes kernel_buffer_errors $errors"
+[ "${writes:-0}" -gt 0 ] || vm_fail "no write took zero copy"
+vm_expect_eq "kernel_buffer_errors" "$errors" 0
+# The conventional zones too (plain writes, not appends).
+dd if=/dev/urandom of=/tmp/conv bs=1M count=4 status=none
+dd if=/tmp/conv of="$dev" bs=1M oflag=direct status=none
+dd if="$dev" of=/tmp/conv.back bs=1M count=4 iflag=direct status=none
+cmp /tmp/conv /tmp/conv.back || vm_fail "conventional zone read back differs"
+blkzone report "$dev" >/tmp/zones-before.txt
+sum_before=$(dd if="$dev" bs=1M iflag=direct status=none | md5sum)
+softblk del zl
+vm_zloop_check_files /tmp/zones-before.txt /mnt/zc/zl/0
+
+vm_step "the same directory again: the data verifies"
+add_dev zl2 zloop base_dir=/mnt/zc/zl id=0 capacity_mb=256 zone_size_mb=16 conv_zones=2
+blkzone report "$dev" >/tmp/zones-after.txt
+# The same write pointers (open zones come back closed).
+diff <(sed 's/zcond.*//' /tmp/zones-before.txt) <(sed 's/zcond.*//' /tmp/zones-after.txt) ||
+  vm_fail "write pointers differ after re-adding"
+vm_expect_eq "the device's contents (md5) after re-adding" \
+  "$(dd if="$dev" bs=1M iflag=direct status=none | md5sum)" "$sum_before"
+softblk del zl2
+
+vm_step "file target, user_copy=1 (zero copy auto), zero_copy_min=65536"
+add_dev f1 file path=/mnt/zc/f1.img size=128M create=1 --bs 4096 \
+  --export-opt user_copy=1 --export-opt zero_copy_min=65536
+vm_expect_eq "file export zero_copy" "$(json_field zero_copy)" true
+fio --name=small --filename="$dev" --ioengine=io_uring --direct=1 --rw=randwrite --bs=4k \
+  --iodepth=8 --size=32M --io_size=8M --verify=crc32c --verify_fatal=1 --do_verify=1 \
+  --output=/tmp/fio-f1.txt || { cat /tmp/fio-f1.txt; vm_fail "fio verify, 4 KiB"; }
+vm_expect_eq "kernel_buffer_writes after 4 KiB writes below zero_copy_min" \
+  "$(json_field kernel_buffer_writes)" 0
+fio --name=big --filename="$dev" --ioengine=io_uring --direct=1 --rw=randwrite --bs=128k \
+  --iodepth=8 --offset=32M --size=96M --verify=crc32c --verify_fatal=1 --do_verify=1 \
+  --output=/tmp/fio-f2.txt || { cat /tmp/fio-f2.txt; vm_fail "fio verify, 128 KiB"; }
+writes=$(json_field kernel_buffer_writes)
+echo "file: kernel_buffer_writes $writes"
+[ "$writes" -ge 768 ] || vm_fail "128 KiB writes: $writes from the kernel, expected at least 768"
+vm_expect_eq "kernel_buffer_errors" "$(json_field kernel_buffer_errors)" 0
+softblk del f1
+
+vm_step "zero_copy=0, and zero_copy=1 where the target needs the bytes"
+add_dev f2 file path=/mnt/zc/f2.img size=16M create=1 --bs 4096 \
+  --export-opt user_copy=1 --export-opt zero_copy=0
+vm_expect_eq "zero_copy=0" "$(json_field zero_copy)" false
+softblk del f2
+if softblk add null --name n1 --size 16M --memory-backed --export ublk --export-opt zero_copy=1 \
+  >/tmp/add-n1.txt 2>&1; then
+  vm_fail "zero_copy=1 on a memory-backed null device was accepted"
+fi
+grep -q "zero_copy=1" /tmp/add-n1.txt || vm_fail "refusal does not name zero_copy=1: $(cat /tmp/add-n1.txt)"
+cat /tmp/add-n1.txt
+echo "PASS"
