@@ -52,8 +52,9 @@ private:
 
 class test_target final : public target {
 public:
-    test_target()
+    explicit test_target(bool kernel_buffers = false)
     {
+        _limits.kernel_buffers = kernel_buffers;
         _limits.capacity_bytes = 1 << 20;
         _limits.logical_block_size = 512;
         _limits.physical_block_size = 512;
@@ -81,10 +82,22 @@ const bool k_registered = register_target_type(target_type{
     .submit_queues = {},
 });
 
-std::unique_ptr<device> make(std::initializer_list<const char*> opts, const char* name = "t0")
+// The same, taking writes whose data is in the kernel (kernel_buffer).
+const bool k_registered_kernel_buffers = register_target_type(target_type{
+    .name = "core_test_kernel_buffers",
+    .description = "test target of the core's unit tests that takes kernel buffers",
+    .options = {},
+    .create = [](const option_set&) -> result<std::unique_ptr<target>> {
+        return std::make_unique<test_target>(true);
+    },
+    .submit_queues = {},
+});
+
+std::unique_ptr<device> make(std::initializer_list<const char*> opts, const char* name = "t0",
+                             const char* type = "core_test")
 {
     std::vector<std::string> args(opts.begin(), opts.end());
-    auto dev = device::create(name, "core_test", args);
+    auto dev = device::create(name, type, args);
     EXPECT_TRUE(dev) << (dev ? "" : dev.error().message);
     return dev ? std::move(*dev) : nullptr;
 }
@@ -121,6 +134,7 @@ io_request* prepare(io_queue& q, counter& c, io_op op, uint64_t off, uint32_t le
 TEST(queue, registered)
 {
     EXPECT_TRUE(k_registered);
+    EXPECT_TRUE(k_registered_kernel_buffers);
 }
 
 TEST(queue, inline_mode_completes_inside_submit)
@@ -301,6 +315,30 @@ TEST(queue, validation_errors)
         EXPECT_EQ(c.last, tc.expect) << to_string(tc.op) << " " << tc.off << " " << tc.len;
     }
     EXPECT_EQ(q.stats().errors, 7u);
+}
+
+TEST(queue, kernel_data_only_for_writes_on_devices_that_take_it)
+{
+    const kernel_buffer kb{};
+    auto submit = [&](device& dev, io_op op, void* buffer) {
+        io_queue& q = dev.queue(0);
+        counter c;
+        io_request* r = prepare(q, c, op, 0, 4096, buffer);
+        r->kernel_data = &kb;
+        q.submit(*r);
+        EXPECT_EQ(c.calls, 1);
+        return c.last;
+    };
+    std::vector<char> buf(4096);
+    auto plain = make({"irqmode=0"});
+    ASSERT_TRUE(plain);
+    EXPECT_EQ(submit(*plain, io_op::write, nullptr), -EINVAL) << "a target that needs the bytes";
+    auto taking = make({"irqmode=0"}, "t1", "core_test_kernel_buffers");
+    ASSERT_TRUE(taking);
+    EXPECT_EQ(submit(*taking, io_op::write, nullptr), 4096);
+    EXPECT_EQ(submit(*taking, io_op::read, nullptr), -EINVAL) << "a read into the kernel's pages";
+    EXPECT_EQ(submit(*taking, io_op::write, buf.data()), -EINVAL)
+        << "both a buffer and kernel data";
 }
 
 TEST(queue, timeout_completes_a_lost_request_with_etimedout)

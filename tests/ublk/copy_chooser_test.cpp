@@ -9,8 +9,7 @@ namespace {
 
 // Runs `n` writes of `bytes` through the chooser, each taking `copied_ns`
 // or `zero_copy_ns` the way it was sent; returns how many went zero copy.
-unsigned run(copy_chooser& c, uint32_t bytes, unsigned n, uint64_t copied_ns,
-             uint64_t zero_copy_ns)
+unsigned run(copy_chooser& c, uint32_t bytes, unsigned n, uint64_t copied_ns, uint64_t zero_copy_ns)
 {
     unsigned zero = 0;
     for (unsigned i = 0; i < n; ++i) {
@@ -38,8 +37,7 @@ TEST(CopyChooser, TriesBothWaysThenTakesTheFasterPerSizeAndKeepsLooking)
     EXPECT_EQ(c.zero_copy_from(), 0u) << "an opinion before any measurement";
     // Warm-up: as many of each way, whatever they cost.
     EXPECT_EQ(run(c, 4096, 2 * copy_chooser::k_warmup, 100'000, 300'000), copy_chooser::k_warmup);
-    EXPECT_EQ(run(c, 131072, 2 * copy_chooser::k_warmup, 900'000, 400'000),
-              copy_chooser::k_warmup);
+    EXPECT_EQ(run(c, 131072, 2 * copy_chooser::k_warmup, 900'000, 400'000), copy_chooser::k_warmup);
     // Then small writes are copied, large ones go zero copy, and one in
     // k_explore_every tries the other way.
     const unsigned n = 64 * copy_chooser::k_explore_every;

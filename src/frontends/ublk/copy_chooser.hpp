@@ -19,9 +19,9 @@ namespace softblk::ublk {
 
 class copy_chooser {
 public:
-    static constexpr unsigned k_classes = 9;        // 4 KiB .. 1 MiB and more
-    static constexpr unsigned k_warmup = 8;         // samples of each way first
-    static constexpr unsigned k_explore_every = 32; // then one write in 32 the other way
+    static constexpr unsigned k_classes = 9;         // 4 KiB .. 1 MiB and more
+    static constexpr unsigned k_warmup = 8;          // samples of each way first
+    static constexpr unsigned k_explore_every = 32;  // then one write in 32 the other way
 
     // True: send a write of `bytes` with zero copy.
     bool zero_copy(uint32_t bytes)
