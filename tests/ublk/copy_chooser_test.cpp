@@ -46,10 +46,31 @@ TEST(CopyChooser, TriesBothWaysThenTakesTheFasterPerSizeAndKeepsLooking)
     EXPECT_EQ(c.zero_copy_from(), 131072u);
 
     // The machine changes (copying got cheap): the exploring writes see it
-    // and the choice follows within a few hundred writes.
-    run(c, 131072, 40 * copy_chooser::k_explore_every, 100'000, 400'000);
+    // and the choice follows after a few of them.
+    run(c, 131072, 3 * copy_chooser::k_explore_every, 100'000, 400'000);
     EXPECT_EQ(run(c, 131072, n, 100'000, 400'000), n / copy_chooser::k_explore_every);
     EXPECT_EQ(c.zero_copy_from(), 0u);
+}
+
+TEST(CopyChooser, FollowsTheLoadBackWithinAFewExplorations)
+{
+    // What the zoned benchmark does to one queue: 4 KiB writes at QD 32,
+    // where both ways queue and zero copy is a little faster, then at QD 1,
+    // where a copied write is written by the queue's thread at once and
+    // takes a third of a zero-copy one.
+    copy_chooser c;
+    run(c, 4096, 2 * copy_chooser::k_warmup, 10'000'000, 8'000'000);
+    const unsigned n = 64 * copy_chooser::k_explore_every;
+    EXPECT_EQ(run(c, 4096, n, 10'000'000, 8'000'000), n - n / copy_chooser::k_explore_every);
+    // At QD 1 the slow copies of QD 32 are forgotten after three exploring
+    // writes, not after hundreds.
+    run(c, 4096, 3 * copy_chooser::k_explore_every, 1'000'000, 3'000'000);
+    EXPECT_EQ(run(c, 4096, n, 1'000'000, 3'000'000), n / copy_chooser::k_explore_every);
+    // One odd exploring write (zero copy at once, say) does not throw the
+    // choice over: it moves that way's mean halfway at most.
+    c.record(4096, true, 0);
+    EXPECT_EQ(run(c, 4096, n, 1'000'000, 3'000'000), n / copy_chooser::k_explore_every)
+        << "after an outlier";
 }
 
 }  // namespace
