@@ -9,15 +9,18 @@
 # kernel's zloop is not in Debian's kernels: with --kernel backports run-vm
 # builds zloop.ko out of tree (--module zloop, tests/vm/zloop-ko.sh) and
 # the kernel's zloop on the same ext4 is the zloop target's peer.
+# --guest affinity runs affinity_guest.sh instead: softblk's zloop with and
+# without queue_affinity=1 beside the kernel's zloop (needs backports).
 #
 # usage: bench/zoned/vm.sh [--softblk PATH] [--runtime S] [--rounds N] [--cpus N]
-#                          [--kernel 6.12|backports]
+#                          [--kernel 6.12|backports] [--guest affinity]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 softblk=""
 env=()
 cpus=2
+guest=vm_guest.sh
 kernel=(--kernel 6.12)
 while (($#)); do
   case "$1" in
@@ -25,13 +28,15 @@ while (($#)); do
     --runtime) env+=(--env "RUNTIME=$2"); shift 2 ;;
     --rounds) env+=(--env "ROUNDS=$2"); shift 2 ;;
     --cpus) cpus=$2; shift 2 ;;
+    --guest) [ "$2" = affinity ] || { echo "--guest: affinity" >&2; exit 2; }
+             guest=affinity_guest.sh; shift 2 ;;
     --kernel) kernel=(--kernel "$2"); [ "$2" = backports ] && kernel+=(--module zloop); shift 2 ;;
-    *) echo "usage: $0 [--softblk PATH] [--runtime S] [--rounds N] [--cpus N] [--kernel 6.12|backports]" >&2
+    *) echo "usage: $0 [--softblk PATH] [--runtime S] [--rounds N] [--cpus N] [--kernel 6.12|backports] [--guest affinity]" >&2
        exit 2 ;;
   esac
 done
 [ -n "$softblk" ] || softblk=$(ls -t "$root"/build*/src/cli/softblk 2>/dev/null | head -1 || true)
 [ -x "$softblk" ] || { echo "softblk not found; build it or pass --softblk" >&2; exit 2; }
 echo "host: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-), kernel $(uname -r), load $(cut -d' ' -f1-3 /proc/loadavg)"
-exec "$root/tests/vm/run-vm" "$here/vm_guest.sh" --bin "$softblk" --mem 3072 --cpus "$cpus" \
+exec "$root/tests/vm/run-vm" "$here/$guest" --bin "$softblk" --mem 3072 --cpus "$cpus" \
   --timeout 2400 "${kernel[@]}" "${env[@]}"

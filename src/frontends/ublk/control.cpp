@@ -4,6 +4,7 @@
 #include <cstring>
 #include <fcntl.h>
 #include <fmt/core.h>
+#include <sched.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -345,6 +346,27 @@ result<void> control::update_size(uint32_t dev_id, uint64_t sectors, int timeout
                                           sectors, errno_text(r)));
     }
     return {};
+}
+
+result<std::vector<unsigned>> control::queue_cpus(uint32_t dev_id, uint16_t q_id)
+{
+    // The kernel fills a cpumask of our length (a multiple of 8 bytes
+    // covering every possible CPU): cpu_set_t's 1024 bits.
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    const int r =
+        run_with_payload(k_cmd_get_queue_affinity, dev_id, &set, sizeof(set), _unprivileged, q_id);
+    if (r < 0) {
+        return make_error(-r, fmt::format("ublk GET_QUEUE_AFFINITY on device {} queue {}: {}",
+                                          dev_id, q_id, errno_text(r)));
+    }
+    std::vector<unsigned> cpus;
+    for (unsigned cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+        if (CPU_ISSET(cpu, &set)) {
+            cpus.push_back(cpu);
+        }
+    }
+    return cpus;
 }
 
 }  // namespace softblk::ublk

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <softblk/types.hpp>
 
@@ -62,6 +63,9 @@ public:
     // layer). ENODEV before START_DEV and after STOP_DEV. Gives up after
     // `timeout_ms`.
     result<void> update_size(uint32_t dev_id, uint64_t sectors, int timeout_ms);
+    // GET_QUEUE_AFFINITY: the CPUs whose requests the kernel sends to queue
+    // `q_id` (its blk-mq map), valid from ADD_DEV on.
+    result<std::vector<unsigned>> queue_cpus(uint32_t dev_id, uint16_t q_id);
 
     // Devices created unprivileged need /dev/ublkcN's path with every
     // command after ADD_DEV; remember which ones are.

@@ -18,7 +18,10 @@
 #include <future>
 #include <liburing.h>
 #include <memory>
+#include <sched.h>
+#include <span>
 #include <thread>
+#include <vector>
 
 #include <softblk/device.hpp>
 
@@ -38,7 +41,16 @@ struct queue_config {
     int64_t zero_copy_min_bytes = -1;
     bool ioctl_encode = true;
     int char_fd = -1;  // /dev/ublkcN, owned by the export
+    // The CPUs whose requests the kernel sends to this queue (its blk-mq
+    // map); empty: run wherever the scheduler puts the thread.
+    std::vector<unsigned> cpus;
 };
+
+// The CPUs a queue's thread pins itself to: those of `queue_cpus` (the
+// kernel's map for the queue) in `allowed` (the daemon's own set); none
+// where that leaves nothing, or leaves all of `allowed`: then there is
+// nothing to choose.
+std::vector<unsigned> cpus_to_pin(std::span<const unsigned> queue_cpus, const cpu_set_t& allowed);
 
 struct queue_counters {
     uint64_t requests = 0;
@@ -73,6 +85,9 @@ public:
 
     queue_counters counters() const;
     unsigned q_id() const { return _cfg.q_id; }
+    // The CPUs the thread was pinned to (empty: not pinned). Set before
+    // start() returns.
+    const std::vector<unsigned>& pinned_cpus() const { return _pinned_cpus; }
 
 private:
     struct tag_slot {
@@ -110,6 +125,8 @@ private:
     // USER_COPY: pwrite()s `bytes` of the slot's buffer into the kernel's
     // request; returns `result`, or -errno when the copy failed.
     int copy_to_kernel(const tag_slot& slot, size_t bytes, int result) const;
+    void pin_thread();
+    void pin_io_workers();
     io_uring_sqe* next_sqe();
     void set_target(io_uring_sqe* sqe) const;
 
@@ -138,6 +155,7 @@ private:
     copy_chooser _chooser;
     uint32_t _timed_writes = 0;
     std::atomic<uint32_t> _zero_copy_from{0};
+    std::vector<unsigned> _pinned_cpus;
 };
 
 }  // namespace softblk::ublk

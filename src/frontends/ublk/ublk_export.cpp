@@ -18,6 +18,7 @@
 #include <fcntl.h>
 #include <fmt/core.h>
 #include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
 #include <sys/stat.h>
 #include <sys/utsname.h>
 #include <thread>
@@ -70,6 +71,13 @@ constexpr option_def k_export_options[] = {
              "each queue measures both ways per write size and takes the faster",
      .smin = -1,
      .smax = 1 << 30},
+    {.name = "queue_affinity",
+     .kind = option_kind::boolean,
+     .default_value = "0",
+     .unit = "",
+     .help = "1: run each queue's thread, and the io-wq workers its file I/O goes to, on the "
+             "CPUs whose requests the kernel sends to that queue (GET_QUEUE_AFFINITY), where "
+             "those are fewer than the daemon may use; 0: wherever the scheduler puts them"},
     {.name = "unprivileged",
      .kind = option_kind::boolean,
      .default_value = "0",
@@ -92,6 +100,7 @@ struct export_config {
     bool user_copy_given = false;
     std::string zero_copy = "auto";
     int64_t zero_copy_min = -1;
+    bool queue_affinity = false;
     bool unprivileged = false;
     int add_timeout_ms = 10'000;
     std::vector<std::string> args;  // as given, persisted for recovery
@@ -131,6 +140,7 @@ result<export_config> parse_config(const export_context& ctx, std::span<const st
         }
         c.user_copy = true;
     }
+    c.queue_affinity = o->flag("queue_affinity");
     c.unprivileged = o->given("unprivileged") ? o->flag("unprivileged") : !ctx.privileged;
     c.add_timeout_ms = static_cast<int>(o->u64("add_timeout"));
     c.args.assign(args.begin(), args.end());
@@ -308,7 +318,17 @@ result<void> ublk_export::start_queues(unsigned nr_queues, unsigned depth, uint3
             .zero_copy = (flags & k_f_support_zero_copy) != 0 && _dev.limits().kernel_buffers,
             .zero_copy_min_bytes = _cfg.zero_copy_min,
             .ioctl_encode = (flags & k_f_cmd_ioctl_encode) != 0 || _ctl->ioctl_encode(),
-            .char_fd = _char_fd};
+            .char_fd = _char_fd,
+            .cpus = {}};
+        if (_cfg.queue_affinity) {
+            std::lock_guard guard(_ctl->lock());
+            if (auto cpus = _ctl->queue_cpus(_info.dev_id, static_cast<uint16_t>(q))) {
+                qc.cpus = std::move(*cpus);
+            } else {
+                spdlog::warn("{}: queue {} left where the scheduler puts it: {}", _dev.name(), q,
+                             cpus.error().message);
+            }
+        }
         auto runner = std::make_unique<queue_runner>(dq, qc);
         if (auto r = runner->start(); !r) {
             return std::unexpected(r.error());
@@ -619,12 +639,16 @@ nlohmann::json ublk_export::describe() const
     uint64_t requests = 0;
     uint64_t errors = 0;
     auto zero_copy_from = nlohmann::json::array();
+    // Per queue: the CPUs its thread runs on (empty: not pinned).
+    auto queue_cpus = nlohmann::json::array();
     for (const auto& q : _queues) {
         const auto c = q->counters();
         requests += c.requests;
         errors += c.errors;
         zero_copy_from.push_back(c.zero_copy_from);
+        queue_cpus.push_back(q->pinned_cpus());
     }
+    out["queue_cpus"] = queue_cpus;
     out["requests"] = requests;
     out["errors"] = errors;
     if (out["zero_copy"] == true && _cfg.zero_copy_min < 0) {

@@ -9,6 +9,10 @@
 #    disk stays, `softblk list` starts a new daemon, which re-attaches the
 #    device from its state file (no command line, no SET_PARAMS), and fio
 #    finishes without an error; the device then verifies;
+#  - queue_affinity=1 on a device of 2 queues: `softblk list --json` gives
+#    each queue the CPUs the kernel's blk-mq map sends to it
+#    (/sys/block/ublkbN/mq/Q/cpu_list), and the daemon has a thread pinned
+#    to each; without it (the default) no queue is pinned;
 #  - `softblk del` and `softblk shutdown` leave no device, state file or daemon.
 set -euo pipefail
 . /softblk-vm/lib.sh
@@ -77,6 +81,37 @@ fio --name=verify --filename="$dev" --direct=1 --ioengine=io_uring --iodepth=16 
   --bs=4k --size=8M --verify=crc32c --verify_fatal=1 --output-format=terse >/dev/null ||
   vm_fail "write+verify after the restart failed"
 echo "ok: write+verify after the restart"
+
+vm_step "queue_affinity=1: each queue's thread on the CPUs the kernel maps to it"
+# queue_cpus flattened: "[]" per queue while unpinned (c0, the default).
+queue_cpus() { softblk list --json | tr -d ' \n' | grep -o '"queue_cpus":\[[][0-9,]*\]' | sed -n "$1p"; }
+vm_expect_eq "c0's queues (queue_affinity=0)" "$(queue_cpus 1)" '"queue_cpus":[[],[]]'
+if [ "$(nproc)" -ge 2 ]; then
+  softblk add null --name c1 --size 64M --bs 4096 --memory-backed --queues 2 --depth 32 \
+    --export-opt queue_affinity=1 | tee /tmp/add1.txt
+  dev1=$(grep -o '/dev/ublkb[0-9]*' /tmp/add1.txt | head -n1)
+  [ -b "$dev1" ] || vm_fail "no device for c1"
+  want='"queue_cpus":['
+  for q in 0 1; do
+    # cpu_list is "0" or "0, 1" style; queue_cpus lists them as [0,1].
+    want+="[$(tr -d ' \n' </sys/block/${dev1#/dev/}/mq/$q/cpu_list)]"
+    [ $q = 0 ] && want+=","
+  done
+  want+="]"
+  vm_expect_eq "c1's queues against the kernel's map" "$(queue_cpus 2)" "$want"
+  # The main thread is not pinned; each queue's thread has a set of its own.
+  all=$(awk '/Cpus_allowed_list/ {print $2}' /proc/"$pid2"/status)
+  sets=$(awk '/Cpus_allowed_list/ {print $2}' /proc/"$pid2"/task/*/status | sort -u | grep -vx "$all" || true)
+  [ "$(echo "$sets" | grep -c .)" -ge 2 ] ||
+    vm_fail "no two threads of the daemon pinned to different CPU sets (all: $all, others: $sets)"
+  fio --name=pinned --filename="$dev1" --direct=1 --ioengine=io_uring --iodepth=16 --rw=randwrite \
+    --bs=4k --size=8M --numjobs=2 --offset_increment=8M --verify=crc32c --verify_fatal=1 --output-format=terse >/dev/null ||
+    vm_fail "write+verify on the pinned queues failed"
+  echo "ok: queues pinned as the kernel maps them, write+verify"
+  softblk del c1
+else
+  echo "one CPU: nothing to pin"
+fi
 
 vm_step "del and shutdown leave nothing"
 softblk del c0

@@ -1,0 +1,71 @@
+#!/bin/bash
+# Guest half of `bench/zoned/vm.sh --guest affinity`: does pinning ublk's
+# queue threads to the CPUs the kernel maps to each queue (the export's
+# queue_affinity=1) pay? Three zoned devices of 512 MiB in 16 MiB zones,
+# NR_QUEUES queues each (default 2), zone files on ext4 on a brd RAM disk
+# written full first:
+#   kzloop  the kernel's zloop (run-vm --module zloop, backports kernel)
+#   pinned  softblk's zloop over ublk with queue_affinity=1
+#   free    the same with queue_affinity=0 (the default)
+# The zoned benchmark's four fio jobs run on each device in turn, ROUNDS
+# rounds, each round starting with the next device; per job the IOPS of
+# every round and the median of the per-round ratios pinned / free and
+# pinned / kzloop, free / kzloop.
+set -euo pipefail
+. /softblk-vm/lib.sh
+vm_require_tool softblk fio blkzone mkfs.ext4
+modprobe ublk_drv || vm_skip "no ublk_drv in this kernel"
+vm_wait_for /dev/ublk-control
+vm_require_module brd rd_nr=1 rd_size=$((768 * 1024))
+modprobe zloop 2>/dev/null || vm_skip "no zloop module (bench/zoned/vm.sh --kernel backports)"
+vm_wait_for /dev/zloop-control
+runtime=${RUNTIME:-4}
+rounds=${ROUNDS:-3}
+q=${NR_QUEUES:-2}
+
+export SOFTBLK_RUN_DIR=/tmp/softblk-run
+cleanup() {
+  softblk shutdown >/dev/null 2>&1 || true
+  [ -b /dev/zloop11 ] && echo "remove id=11" >/dev/zloop-control
+  umount /mnt/zl 2>/dev/null || true
+}
+trap cleanup EXIT
+dd if=/dev/zero of=/dev/ram0 bs=1M count=768 oflag=direct status=none
+mkfs.ext4 -q -F /dev/ram0
+mkdir -p /mnt/zl && mount /dev/ram0 /mnt/zl && mkdir -p /mnt/zl/1 /mnt/zl/2 /mnt/zl/11
+zl="capacity_mb=512 zone_size_mb=16 conv_zones=0 nr_queues=$q queue_depth=128"
+softblk add zloop --name pinned base_dir=/mnt/zl id=1 $zl --export-opt queue_affinity=1 >/tmp/a1.txt
+softblk add zloop --name free base_dir=/mnt/zl id=2 $zl >/tmp/a2.txt
+echo "add id=11,${zl// /,},base_dir=/mnt/zl" >/dev/zloop-control
+vm_wait_for /dev/zloop11
+declare -A dev=([kzloop]=/dev/zloop11 [pinned]=$(grep -o '/dev/ublkb[0-9]*' /tmp/a1.txt | head -n1)
+  [free]=$(grep -o '/dev/ublkb[0-9]*' /tmp/a2.txt | head -n1))
+echo "queue CPUs (pinned, free): $(softblk list --json | tr -d ' \n' | grep -o '"queue_cpus":\[[][0-9,]*\]' | tr '\n' ' ')"
+median() { tr ' ' '\n' <<<"$1" | grep . | sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.2f", (b > 0) ? a / b : 0}'; }
+systems=(kzloop pinned free)
+echo "| job ($q queues) | kzloop IOPS | pinned IOPS | free IOPS | pinned / free | pinned / kzloop | free / kzloop |"
+echo "|---|---|---|---|---:|---:|---:|"
+for j in "randwrite 4k 1 1" "randwrite 4k 32 8" "randwrite 128k 32 1" "write 128k 32 1"; do
+  read -r rw bs qd nj <<<"$j"
+  declare -A iops=()
+  pf="" pk="" fk=""
+  for round in $(seq "$rounds"); do
+    for ((k = 0; k < 3; ++k)); do
+      sys=${systems[(k + round - 1) % 3]}
+      blkzone reset "${dev[$sys]}"
+      out=$(fio --name=z --filename="${dev[$sys]}" --ioengine=io_uring --direct=1 --zonemode=zbd \
+        --rw="$rw" --bs="$bs" --iodepth="$qd" --numjobs="$nj" --group_reporting \
+        --time_based --runtime="$runtime" --output-format=terse --terse-version=3)
+      blkzone reset "${dev[$sys]}"
+      iops[$sys]+="$(awk -F';' '{print $49}' <<<"$out") "
+      eval "last_$sys=$(awk -F';' '{print $49}' <<<"$out")"
+    done
+    pf+="$(ratio "$last_pinned" "$last_free") "
+    pk+="$(ratio "$last_pinned" "$last_kzloop") "
+    fk+="$(ratio "$last_free" "$last_kzloop") "
+  done
+  echo "| $rw $bs QD$qd x$nj | ${iops[kzloop]% } | ${iops[pinned]% } | ${iops[free]% } |" \
+    "$(median "$pf") | $(median "$pk") | $(median "$fk") |"
+done
+echo PASS
