@@ -14,11 +14,11 @@
 # direct, --zonemode=zbd, time based): 4 KiB random write QD 1 x 1 job,
 # 4 KiB random write QD 32 x 8 jobs, 128 KiB random write QD 32 x 1 job,
 # 128 KiB sequential write QD 32 x 1 job. Each job runs on each device in
-# turn for ROUNDS rounds; the median IOPS and MiB/s are printed with the
+# turn for ROUNDS rounds, each round starting with the next device; the median IOPS and MiB/s are printed with the
 # ratios softblk null / null_blk and softblk zloop / kernel zloop of the
 # medians and the medians of the per-round ratios. Every device's zones
-# are reset before and after each run (the zone files of the two zloop
-# devices share the RAM disk).
+# are reset before and after each run (the zone files of the zloop devices
+# share the RAM disk, written full once before the runs).
 set -euo pipefail
 . /softblk-vm/lib.sh
 vm_require_tool softblk fio blkzone mkfs.ext4
@@ -47,6 +47,10 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# brd allocates a page on the first write to it: fill the disk first, so
+# that no device pays for those pages in the middle of its jobs (whichever
+# ran first on fresh blocks did, before).
+dd if=/dev/zero of=/dev/ram0 bs=1M count=768 oflag=direct status=none
 mkfs.ext4 -q -F /dev/ram0
 mkdir -p /mnt/zl
 mount /dev/ram0 /mnt/zl
@@ -103,7 +107,10 @@ for q in 1 2; do
   for round in $(seq "$rounds"); do
     for j in "${jobs[@]}"; do
       read -r rw bs qd nj <<<"$j"
-      for sys in $systems; do
+      # Each round starts with another device, so none always runs first.
+      read -r -a order <<<"$systems"
+      for ((k = 0; k < ${#order[@]}; ++k)); do
+        sys=${order[(k + round - 1) % ${#order[@]}]}
         case $sys in
           nullb) dev=/dev/nullbz$q ;;
           sbnull) dev=$sbnull ;;
