@@ -36,6 +36,16 @@ unsigned ring_entries(unsigned depth)
     return n;
 }
 
+cpu_set_t cpu_set_of(std::span<const unsigned> cpus)
+{
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    for (const unsigned cpu : cpus) {
+        CPU_SET(cpu, &set);
+    }
+    return set;
+}
+
 }  // namespace
 
 std::vector<unsigned> cpus_to_pin(std::span<const unsigned> queue_cpus, const cpu_set_t& allowed)
@@ -129,11 +139,7 @@ void queue_runner::pin_thread()
     if (chosen.empty()) {
         return;
     }
-    cpu_set_t want;
-    CPU_ZERO(&want);
-    for (const unsigned cpu : chosen) {
-        CPU_SET(cpu, &want);
-    }
+    const cpu_set_t want = cpu_set_of(chosen);
     if (::sched_setaffinity(0, sizeof(want), &want) == 0) {
         _pinned_cpus = std::move(chosen);
     }
@@ -149,11 +155,7 @@ void queue_runner::pin_io_workers()
     if (_pinned_cpus.empty()) {
         return;
     }
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    for (const unsigned cpu : _pinned_cpus) {
-        CPU_SET(cpu, &set);
-    }
+    const cpu_set_t set = cpu_set_of(_pinned_cpus);
     (void)io_uring_register_iowq_aff(&_ring, sizeof(set), &set);
 }
 
