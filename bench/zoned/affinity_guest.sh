@@ -58,8 +58,9 @@ for j in "randwrite 4k 1 1" "randwrite 4k 32 8" "randwrite 128k 32 1" "write 128
         --rw="$rw" --bs="$bs" --iodepth="$qd" --numjobs="$nj" --group_reporting \
         --time_based --runtime="$runtime" --output-format=terse --terse-version=3)
       blkzone reset "${dev[$sys]}"
-      iops[$sys]+="$(awk -F';' '{print $49}' <<<"$out") "
-      eval "last_$sys=$(awk -F';' '{print $49}' <<<"$out")"
+      v=$(awk -F';' '{print $49}' <<<"$out")  # terse v3: write IOPS
+      iops[$sys]+="$v "
+      eval "last_$sys=$v"
     done
     pf+="$(ratio "$last_pinned" "$last_free") "
     pk+="$(ratio "$last_pinned" "$last_kzloop") "
