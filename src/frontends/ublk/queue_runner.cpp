@@ -119,7 +119,10 @@ queue_counters queue_runner::counters() const
     return queue_counters{.requests = _requests.load(std::memory_order_relaxed),
                           .errors = _errors.load(std::memory_order_relaxed),
                           .aborted_tags = _aborted_count.load(std::memory_order_relaxed),
-                          .zero_copy_from = _zero_copy_from.load(std::memory_order_relaxed)};
+                          .zero_copy_from = _zero_copy_from.load(std::memory_order_relaxed),
+                          .idle_spinning = _idle_spinning.load(std::memory_order_relaxed),
+                          .idle_waits = _idle_waits.load(std::memory_order_relaxed),
+                          .idle_spins = _idle_spins.load(std::memory_order_relaxed)};
 }
 
 // With queue_affinity=1 a queue's thread runs on the CPUs whose requests the
@@ -207,12 +210,13 @@ result<void> queue_runner::setup()
     }
 
     // The ring belongs to this thread: SINGLE_ISSUER + DEFER_TASKRUN run the
-    // kernel's task work (request dispatch) only when we ask for events.
+    // kernel's task work (request dispatch) only when we ask for events;
+    // TASKRUN_FLAG shows such work waiting to a thread that spins (idle()).
     // Older kernels refuse those flags: fall back step by step.
     const unsigned attempts[] = {
-        IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN,
-        IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_COOP_TASKRUN,
-        IORING_SETUP_COOP_TASKRUN,
+        IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN | IORING_SETUP_TASKRUN_FLAG,
+        IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_COOP_TASKRUN | IORING_SETUP_TASKRUN_FLAG,
+        IORING_SETUP_COOP_TASKRUN | IORING_SETUP_TASKRUN_FLAG,
         0,
     };
     int r = -EINVAL;
@@ -595,6 +599,65 @@ int queue_runner::wait_with_device()
     return r == -ETIME ? 0 : r;
 }
 
+bool queue_runner::idle() const
+{
+    if (io_uring_cq_ready(&_ring) != 0 ||
+        (IO_URING_READ_ONCE(*_ring.sq.kflags) & IORING_SQ_TASKRUN) != 0) {
+        return false;
+    }
+    return _dq.in_flight() == 0 || _dq.next_event_ns() > monotonic_ns();
+}
+
+bool queue_runner::spin_until(uint64_t until)
+{
+    // What is prepared (commits, fetches) goes out first: the kernel
+    // answers with the next request.
+    io_uring_submit(&_ring);
+    while (idle()) {
+        if (monotonic_ns() >= until) {
+            return false;
+        }
+        cpu_relax();
+    }
+    return true;
+}
+
+int queue_runner::wait_idle()
+{
+    const auto wait = [this] {
+        return _dq.in_flight() == 0 ? io_uring_submit_and_wait(&_ring, 1) : wait_with_device();
+    };
+    // Only for the next request: our own file I/O completes in an io-wq
+    // worker or the kernel's task work, which may need this very CPU.
+    if (_dq.in_flight() != 0 || !idle()) {
+        return wait();
+    }
+    _idle_waits.fetch_add(1, std::memory_order_relaxed);
+    if (_cfg.idle_spin == idle_spin_mode::never) {
+        return wait();
+    }
+    const bool spin = _cfg.idle_spin == idle_spin_mode::always || _spin_chooser.take_second();
+    const uint64_t from = monotonic_ns();
+    if (spin) {
+        _idle_spins.fetch_add(1, std::memory_order_relaxed);
+    }
+    // The wait ends at work: a CQE, task work (the ring's own wait runs
+    // it), a device event.
+    const int r = spin && spin_until(from + _cfg.idle_spin_max_ns)
+                      ? io_uring_submit_and_get_events(&_ring)
+                      : wait();
+    if (_cfg.idle_spin == idle_spin_mode::measured) {
+        // Long gaps (an idle device) say nothing about the wake-up: both
+        // ways are cut at the same length.
+        const uint64_t gap = std::min(monotonic_ns() - from, 2 * _cfg.idle_spin_max_ns);
+        _spin_chooser.record(spin, gap);
+        _idle_spinning.store(_spin_chooser.second_ahead(), std::memory_order_relaxed);
+    } else {
+        _idle_spinning.store(spin, std::memory_order_relaxed);
+    }
+    return r;
+}
+
 void queue_runner::handle_cqe(const io_uring_cqe& cqe)
 {
     if (cqe.user_data == k_event_data) {
@@ -659,12 +722,7 @@ void queue_runner::run(std::promise<result<void>>& ready)
             _dq.detach_owner()) {
             break;
         }
-        int r;
-        if (_dq.in_flight() == 0) {
-            r = io_uring_submit_and_wait(&_ring, 1);
-        } else {
-            r = wait_with_device();
-        }
+        const int r = wait_idle();
         if (r < 0 && r != -EINTR && r != -EAGAIN && r != -EBUSY && r != -ETIME) {
             // The ring itself failed: nothing more can be fetched.
             _errors.fetch_add(1, std::memory_order_relaxed);

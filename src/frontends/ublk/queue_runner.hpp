@@ -12,6 +12,7 @@
 
 #include "abi.hpp"
 #include "copy_chooser.hpp"
+#include "way_chooser.hpp"
 
 #include <atomic>
 #include <cstdint>
@@ -26,6 +27,8 @@
 #include <softblk/device.hpp>
 
 namespace softblk::ublk {
+
+enum class idle_spin_mode : uint8_t { never, measured, always };
 
 struct queue_config {
     unsigned q_id = 0;
@@ -44,6 +47,14 @@ struct queue_config {
     // The CPUs whose requests the kernel sends to this queue (its blk-mq
     // map); empty: run wherever the scheduler puts the thread.
     std::vector<unsigned> cpus;
+    // Whether the thread, finding nothing to do, spins up to
+    // idle_spin_max_ns watching for work before it sleeps: never, always,
+    // or where the queue measures that work reaches it sooner (the idle
+    // gap, from finding nothing to finding work) when it spins than when
+    // it sleeps. Waking a sleeping thread costs more on some machines
+    // (a vCPU under software emulation) than on others.
+    idle_spin_mode idle_spin = idle_spin_mode::measured;
+    uint64_t idle_spin_max_ns = 1'000'000;
 };
 
 // The CPUs a queue's thread pins itself to: those of `queue_cpus` (the
@@ -59,6 +70,11 @@ struct queue_counters {
     // Measured zero copy (copy_chooser): the smallest write size it is
     // ahead at, 0 while it is nowhere ahead (or not measured).
     uint32_t zero_copy_from = 0;
+    // The thread spins before it sleeps (idle_spin): its current choice,
+    // and of the times it waited for a request, how often it spun.
+    bool idle_spinning = false;
+    uint64_t idle_waits = 0;
+    uint64_t idle_spins = 0;
 };
 
 class queue_runner {
@@ -112,6 +128,13 @@ private:
     // Submits what is prepared and sleeps in the ring until a CQE arrives
     // or the device queue's next event is due (requests in flight).
     int wait_with_device();
+    // Nothing to do now: no CQE, no task work the ring holds for us, no
+    // device event due. Reads the device queue's eventfd (next_event_ns).
+    bool idle() const;
+    // Spins until there is work or `until` (monotonic ns); true: work.
+    bool spin_until(uint64_t until);
+    // Waits for work as idle_spin says, and times the wait for the choice.
+    int wait_idle();
     void prep_wake_poll();
     void handle_cqe(const io_uring_cqe& cqe);
     void start_request(tag_slot& slot);
@@ -155,6 +178,11 @@ private:
     copy_chooser _chooser;
     uint32_t _timed_writes = 0;
     std::atomic<uint32_t> _zero_copy_from{0};
+    // Idle gaps, sleeping first way, spinning second: spinning must win by
+    // a tenth, as it costs a CPU while it lasts.
+    way_chooser _spin_chooser{0.9};
+    std::atomic<bool> _idle_spinning{false};
+    std::atomic<uint64_t> _idle_waits{0}, _idle_spins{0};
     std::vector<unsigned> _pinned_cpus;
 };
 

@@ -78,6 +78,22 @@ constexpr option_def k_export_options[] = {
      .help = "1: run each queue's thread, and the io-wq workers its file I/O goes to, on the "
              "CPUs whose requests the kernel sends to that queue (GET_QUEUE_AFFINITY), where "
              "those are fewer than the daemon may use; 0: wherever the scheduler puts them"},
+    {.name = "idle_spin",
+     .kind = option_kind::text,
+     .default_value = "auto",
+     .unit = "",
+     .help = "whether a queue's thread that finds nothing to do spins (up to idle_spin_max) "
+             "watching for the next request or completion before it sleeps. auto: each queue "
+             "measures how soon work reaches it both ways and spins where that is sooner by a "
+             "tenth (waking a sleeping thread is dear on some machines, cheap on others); "
+             "1: always; 0: never"},
+    {.name = "idle_spin_max",
+     .kind = option_kind::integer,
+     .default_value = "1000",
+     .unit = "us",
+     .help = "longest spin of an idle queue thread before it sleeps",
+     .min = 1,
+     .max = 100'000},
     {.name = "unprivileged",
      .kind = option_kind::boolean,
      .default_value = "0",
@@ -101,6 +117,8 @@ struct export_config {
     std::string zero_copy = "auto";
     int64_t zero_copy_min = -1;
     bool queue_affinity = false;
+    idle_spin_mode idle_spin = idle_spin_mode::measured;
+    uint64_t idle_spin_max_ns = 1'000'000;
     bool unprivileged = false;
     int add_timeout_ms = 10'000;
     std::vector<std::string> args;  // as given, persisted for recovery
@@ -141,6 +159,16 @@ result<export_config> parse_config(const export_context& ctx, std::span<const st
         c.user_copy = true;
     }
     c.queue_affinity = o->flag("queue_affinity");
+    if (const std::string spin = o->text("idle_spin"); spin == "auto") {
+        c.idle_spin = idle_spin_mode::measured;
+    } else if (spin == "1") {
+        c.idle_spin = idle_spin_mode::always;
+    } else if (spin == "0") {
+        c.idle_spin = idle_spin_mode::never;
+    } else {
+        return make_error(EINVAL, fmt::format("idle_spin={}: one of auto, 0, 1", spin));
+    }
+    c.idle_spin_max_ns = o->u64("idle_spin_max") * 1000;
     c.unprivileged = o->given("unprivileged") ? o->flag("unprivileged") : !ctx.privileged;
     c.add_timeout_ms = static_cast<int>(o->u64("add_timeout"));
     c.args.assign(args.begin(), args.end());
@@ -319,7 +347,9 @@ result<void> ublk_export::start_queues(unsigned nr_queues, unsigned depth, uint3
             .zero_copy_min_bytes = _cfg.zero_copy_min,
             .ioctl_encode = (flags & k_f_cmd_ioctl_encode) != 0 || _ctl->ioctl_encode(),
             .char_fd = _char_fd,
-            .cpus = {}};
+            .cpus = {},
+            .idle_spin = _cfg.idle_spin,
+            .idle_spin_max_ns = _cfg.idle_spin_max_ns};
         if (_cfg.queue_affinity) {
             std::lock_guard guard(_ctl->lock());
             if (auto cpus = _ctl->queue_cpus(_info.dev_id, static_cast<uint16_t>(q))) {
@@ -641,14 +671,25 @@ nlohmann::json ublk_export::describe() const
     auto zero_copy_from = nlohmann::json::array();
     // Per queue: the CPUs its thread runs on (empty: not pinned).
     auto queue_cpus = nlohmann::json::array();
+    // Per queue: whether its thread spins before it sleeps (idle_spin), and
+    // of its waits for a request, how many spun.
+    auto idle_spinning = nlohmann::json::array();
+    auto idle_waits = nlohmann::json::array();
+    auto idle_spins = nlohmann::json::array();
     for (const auto& q : _queues) {
         const auto c = q->counters();
         requests += c.requests;
         errors += c.errors;
         zero_copy_from.push_back(c.zero_copy_from);
         queue_cpus.push_back(q->pinned_cpus());
+        idle_spinning.push_back(c.idle_spinning);
+        idle_waits.push_back(c.idle_waits);
+        idle_spins.push_back(c.idle_spins);
     }
     out["queue_cpus"] = queue_cpus;
+    out["idle_spinning"] = idle_spinning;
+    out["idle_waits"] = idle_waits;
+    out["idle_spins"] = idle_spins;
     out["requests"] = requests;
     out["errors"] = errors;
     if (out["zero_copy"] == true && _cfg.zero_copy_min < 0) {

@@ -13,6 +13,9 @@
 #    each queue the CPUs the kernel's blk-mq map sends to it
 #    (/sys/block/ublkbN/mq/Q/cpu_list), and the daemon has a thread pinned
 #    to each; without it (the default) no queue is pinned;
+#  - idle_spin=1: at QD 1 the queue thread spins at each wait for a request
+#    (`idle_spins` = `idle_waits`), idle_spin=0 never, and idle_spin=2 is
+#    refused with a clear error;
 #  - `softblk del` and `softblk shutdown` leave no device, state file or daemon.
 set -euo pipefail
 . /softblk-vm/lib.sh
@@ -112,6 +115,39 @@ if [ "$(nproc)" -ge 2 ]; then
 else
   echo "one CPU: nothing to pin"
 fi
+
+vm_step "idle_spin: a queue thread spins for the next request as told"
+# Field N of the flattened `softblk list --json`, for the device listed Nth.
+field() { softblk list --json | tr -d ' \n' | grep -o "\"$1\":\[[^]]*\]" | sed -n "$2p"; }
+softblk add null --name c2 --size 64M --bs 4096 --memory-backed --depth 32 \
+  --export-opt idle_spin=1 --export-opt idle_spin_max=2000 | tee /tmp/add2.txt
+dev2=$(grep -o '/dev/ublkb[0-9]*' /tmp/add2.txt | head -n1)
+softblk add null --name c3 --size 64M --bs 4096 --memory-backed --depth 32 \
+  --export-opt idle_spin=0 | tee /tmp/add3.txt
+dev3=$(grep -o '/dev/ublkb[0-9]*' /tmp/add3.txt | head -n1)
+[ -b "$dev2" ] && [ -b "$dev3" ] || vm_fail "no devices for c2, c3"
+for d in "$dev2" "$dev3"; do
+  fio --name=qd1 --filename="$d" --direct=1 --ioengine=io_uring --iodepth=1 --rw=randwrite \
+    --bs=4k --size=2M --verify=crc32c --verify_fatal=1 --output-format=terse >/dev/null ||
+    vm_fail "write+verify at QD 1 on $d failed"
+done
+# c0 (1 of the list) runs the default (auto); c2 and c3 follow in order.
+spins2=$(field idle_spins 2 | tr -dc '0-9')
+waits2=$(field idle_waits 2 | tr -dc '0-9')
+echo "c2: $(field idle_spinning 2) spins $spins2 of $waits2 waits; c3: $(field idle_spins 3) of $(field idle_waits 3)"
+[ "${waits2:-0}" -ge 512 ] || vm_fail "c2 counted $waits2 waits for a request, not one per QD 1 write"
+vm_expect_eq "c2's spins (idle_spin=1)" "$spins2" "$waits2"
+vm_expect_eq "c2 spinning" "$(field idle_spinning 2)" '"idle_spinning":[true]'
+vm_expect_eq "c3's spins (idle_spin=0)" "$(field idle_spins 3)" '"idle_spins":[0]'
+waits3=$(field idle_waits 3 | tr -dc '0-9')
+[ "${waits3:-0}" -ge 512 ] || vm_fail "c3 counted $waits3 waits for a request, not one per QD 1 write"
+if softblk add null --name c4 --size 64M --export-opt idle_spin=2 >/tmp/add4.txt 2>&1; then
+  vm_fail "idle_spin=2 was taken"
+fi
+grep -q 'idle_spin=2: one of auto, 0, 1' /tmp/add4.txt || { cat /tmp/add4.txt; vm_fail "no clear error for idle_spin=2"; }
+softblk del c2
+softblk del c3
+echo "ok: idle_spin=1 spins at each wait, 0 never, 2 refused"
 
 vm_step "del and shutdown leave nothing"
 softblk del c0
