@@ -9,11 +9,13 @@
 # kernel's zloop is not in Debian's kernels: with --kernel backports run-vm
 # builds zloop.ko out of tree (--module zloop, tests/vm/zloop-ko.sh) and
 # the kernel's zloop on the same ext4 is the zloop target's peer.
-# --guest affinity runs affinity_guest.sh instead: softblk's zloop with and
-# without queue_affinity=1 beside the kernel's zloop (needs backports).
+# --guest affinity|spin runs option_guest.sh instead: softblk's zloop with
+# and without an export option (queue_affinity=1; idle_spin=auto against
+# idle_spin=0) beside the kernel's zloop (needs backports); --queues N
+# (default 2) sets the queues of its devices.
 #
 # usage: bench/zoned/vm.sh [--softblk PATH] [--runtime S] [--rounds N] [--cpus N]
-#                          [--kernel 6.12|backports] [--guest affinity]
+#                          [--kernel 6.12|backports] [--guest affinity|spin] [--queues N]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -28,10 +30,16 @@ while (($#)); do
     --runtime) env+=(--env "RUNTIME=$2"); shift 2 ;;
     --rounds) env+=(--env "ROUNDS=$2"); shift 2 ;;
     --cpus) cpus=$2; shift 2 ;;
-    --guest) [ "$2" = affinity ] || { echo "--guest: affinity" >&2; exit 2; }
-             guest=affinity_guest.sh; shift 2 ;;
+    --guest) guest=option_guest.sh
+             case "$2" in
+               affinity) env+=(--env OPT=queue_affinity=1 --env BASE=queue_affinity=0) ;;
+               spin) env+=(--env OPT=idle_spin=auto --env BASE=idle_spin=0) ;;
+               *) echo "--guest: affinity or spin" >&2; exit 2 ;;
+             esac
+             shift 2 ;;
+    --queues) env+=(--env "NR_QUEUES=$2"); shift 2 ;;
     --kernel) kernel=(--kernel "$2"); [ "$2" = backports ] && kernel+=(--module zloop); shift 2 ;;
-    *) echo "usage: $0 [--softblk PATH] [--runtime S] [--rounds N] [--cpus N] [--kernel 6.12|backports] [--guest affinity]" >&2
+    *) echo "usage: $0 [--softblk PATH] [--runtime S] [--rounds N] [--cpus N] [--kernel 6.12|backports] [--guest affinity|spin] [--queues N]" >&2
        exit 2 ;;
   esac
 done

@@ -1,16 +1,17 @@
 #!/bin/bash
-# Guest half of `bench/zoned/vm.sh --guest affinity`: does pinning ublk's
-# queue threads to the CPUs the kernel maps to each queue (the export's
-# queue_affinity=1) pay? Three zoned devices of 512 MiB in 16 MiB zones,
-# NR_QUEUES queues each (default 2), zone files on ext4 on a brd RAM disk
-# written full first:
+# Guest half of `bench/zoned/vm.sh --guest affinity|spin`: does a ublk
+# export option pay on softblk's zloop? OPT is the option measured
+# (queue_affinity=1, idle_spin=auto), BASE the same option as it is
+# without it (queue_affinity=0, idle_spin=0). Three zoned devices of 512
+# MiB in 16 MiB zones, NR_QUEUES queues each (default 2), zone files on
+# ext4 on a brd RAM disk written full first:
 #   kzloop  the kernel's zloop (run-vm --module zloop, backports kernel)
-#   pinned  softblk's zloop over ublk with queue_affinity=1
-#   free    the same with queue_affinity=0 (the default)
+#   opt     softblk's zloop over ublk with OPT
+#   base    the same with BASE
 # The zoned benchmark's four fio jobs run on each device in turn, ROUNDS
 # rounds, each round starting with the next device; per job the IOPS of
-# every round and the median of the per-round ratios pinned / free and
-# pinned / kzloop, free / kzloop.
+# every round and the median of the per-round ratios opt / base and
+# opt / kzloop, base / kzloop.
 set -euo pipefail
 . /softblk-vm/lib.sh
 vm_require_tool softblk fio blkzone mkfs.ext4
@@ -22,6 +23,8 @@ vm_wait_for /dev/zloop-control
 runtime=${RUNTIME:-4}
 rounds=${ROUNDS:-3}
 q=${NR_QUEUES:-2}
+opt=${OPT:?OPT=option=value}
+base=${BASE:?BASE=option=value}
 
 export SOFTBLK_RUN_DIR=/tmp/softblk-run
 cleanup() {
@@ -34,17 +37,18 @@ dd if=/dev/zero of=/dev/ram0 bs=1M count=768 oflag=direct status=none
 mkfs.ext4 -q -F /dev/ram0
 mkdir -p /mnt/zl && mount /dev/ram0 /mnt/zl && mkdir -p /mnt/zl/1 /mnt/zl/2 /mnt/zl/11
 zl="capacity_mb=512 zone_size_mb=16 conv_zones=0 nr_queues=$q queue_depth=128"
-softblk add zloop --name pinned base_dir=/mnt/zl id=1 $zl --export-opt queue_affinity=1 >/tmp/a1.txt
-softblk add zloop --name free base_dir=/mnt/zl id=2 $zl >/tmp/a2.txt
+softblk add zloop --name opt base_dir=/mnt/zl id=1 $zl --export-opt "$opt" >/tmp/a1.txt
+softblk add zloop --name base base_dir=/mnt/zl id=2 $zl --export-opt "$base" >/tmp/a2.txt
 echo "add id=11,${zl// /,},base_dir=/mnt/zl" >/dev/zloop-control
 vm_wait_for /dev/zloop11
-declare -A dev=([kzloop]=/dev/zloop11 [pinned]=$(grep -o '/dev/ublkb[0-9]*' /tmp/a1.txt | head -n1)
-  [free]=$(grep -o '/dev/ublkb[0-9]*' /tmp/a2.txt | head -n1))
-echo "queue CPUs (pinned, free): $(softblk list --json | tr -d ' \n' | grep -o '"queue_cpus":\[[][0-9,]*\]' | tr '\n' ' ')"
+declare -A dev=([kzloop]=/dev/zloop11 [opt]=$(grep -o '/dev/ublkb[0-9]*' /tmp/a1.txt | head -n1)
+  [base]=$(grep -o '/dev/ublkb[0-9]*' /tmp/a2.txt | head -n1))
+echo "opt: $opt, base: $base"
+echo "queue CPUs (opt, base): $(softblk list --json | tr -d ' \n' | grep -o '"queue_cpus":\[[][0-9,]*\]' | tr '\n' ' ')"
 median() { tr ' ' '\n' <<<"$1" | grep . | sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.2f", (b > 0) ? a / b : 0}'; }
-systems=(kzloop pinned free)
-echo "| job ($q queues) | kzloop IOPS | pinned IOPS | free IOPS | pinned / free | pinned / kzloop | free / kzloop |"
+systems=(kzloop opt base)
+echo "| job ($q queues) | kzloop IOPS | opt IOPS | base IOPS | opt / base | opt / kzloop | base / kzloop |"
 echo "|---|---|---|---|---:|---:|---:|"
 for j in "randwrite 4k 1 1" "randwrite 4k 32 8" "randwrite 128k 32 1" "write 128k 32 1"; do
   read -r rw bs qd nj <<<"$j"
@@ -62,11 +66,12 @@ for j in "randwrite 4k 1 1" "randwrite 4k 32 8" "randwrite 128k 32 1" "write 128
       iops[$sys]+="$v "
       eval "last_$sys=$v"
     done
-    pf+="$(ratio "$last_pinned" "$last_free") "
-    pk+="$(ratio "$last_pinned" "$last_kzloop") "
-    fk+="$(ratio "$last_free" "$last_kzloop") "
+    pf+="$(ratio "$last_opt" "$last_base") "
+    pk+="$(ratio "$last_opt" "$last_kzloop") "
+    fk+="$(ratio "$last_base" "$last_kzloop") "
   done
-  echo "| $rw $bs QD$qd x$nj | ${iops[kzloop]% } | ${iops[pinned]% } | ${iops[free]% } |" \
+  echo "| $rw $bs QD$qd x$nj | ${iops[kzloop]% } | ${iops[opt]% } | ${iops[base]% } |" \
     "$(median "$pf") | $(median "$pk") | $(median "$fk") |"
 done
+echo "idle spins of waits (opt, base): $(softblk list --json | tr -d ' \n' | grep -o '"idle_\(spins\|waits\)":\[[0-9,]*\]' | tr '\n' ' ')"
 echo PASS
