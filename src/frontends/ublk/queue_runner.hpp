@@ -47,11 +47,11 @@ struct queue_config {
     // The CPUs whose requests the kernel sends to this queue (its blk-mq
     // map); empty: run wherever the scheduler puts the thread.
     std::vector<unsigned> cpus;
-    // Whether the thread, finding nothing to do, spins up to
-    // idle_spin_max_ns watching for work before it sleeps: never, always,
-    // or where the queue measures that work reaches it sooner (the idle
-    // gap, from finding nothing to finding work) when it spins than when
-    // it sleeps. Waking a sleeping thread costs more on some machines
+    // Whether the thread, finding nothing to do and none of its own file
+    // I/O in flight, spins up to idle_spin_max_ns watching for the next
+    // request before it sleeps: never, always, or where the queue measures
+    // that work reaches it sooner (the idle gap, from finding nothing to
+    // finding work) when it spins than when it sleeps. Waking a sleeping thread costs more on some machines
     // (a vCPU under software emulation) than on others.
     idle_spin_mode idle_spin = idle_spin_mode::measured;
     uint64_t idle_spin_max_ns = 1'000'000;

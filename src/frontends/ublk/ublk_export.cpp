@@ -82,11 +82,11 @@ constexpr option_def k_export_options[] = {
      .kind = option_kind::text,
      .default_value = "auto",
      .unit = "",
-     .help = "whether a queue's thread that finds nothing to do spins (up to idle_spin_max) "
-             "watching for the next request or completion before it sleeps. auto: each queue "
-             "measures how soon work reaches it both ways and spins where that is sooner by a "
-             "tenth (waking a sleeping thread is dear on some machines, cheap on others); "
-             "1: always; 0: never"},
+     .help = "whether a queue's thread that waits for the next request, with none of its own "
+             "I/O in flight, spins (up to idle_spin_max) watching for it before it sleeps. "
+             "auto: each queue measures how soon the request reaches it both ways and spins "
+             "where that is sooner by a tenth (waking a sleeping thread is dear on some "
+             "machines, cheap on others); 1: always; 0: never"},
     {.name = "idle_spin_max",
      .kind = option_kind::integer,
      .default_value = "1000",
