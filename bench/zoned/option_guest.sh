@@ -52,8 +52,8 @@ echo "| job ($q queues) | kzloop IOPS | opt IOPS | base IOPS | opt / base | opt 
 echo "|---|---|---|---|---:|---:|---:|"
 for j in "randwrite 4k 1 1" "randwrite 4k 32 8" "randwrite 128k 32 1" "write 128k 32 1"; do
   read -r rw bs qd nj <<<"$j"
-  declare -A iops=()
-  pf="" pk="" fk=""
+  declare -A iops=() last=()
+  ob="" ok="" bk=""  # per-round ratios opt / base, opt / kzloop, base / kzloop
   for round in $(seq "$rounds"); do
     for ((k = 0; k < 3; ++k)); do
       sys=${systems[(k + round - 1) % 3]}
@@ -64,14 +64,14 @@ for j in "randwrite 4k 1 1" "randwrite 4k 32 8" "randwrite 128k 32 1" "write 128
       blkzone reset "${dev[$sys]}"
       v=$(awk -F';' '{print $49}' <<<"$out")  # terse v3: write IOPS
       iops[$sys]+="$v "
-      eval "last_$sys=$v"
+      last[$sys]=$v
     done
-    pf+="$(ratio "$last_opt" "$last_base") "
-    pk+="$(ratio "$last_opt" "$last_kzloop") "
-    fk+="$(ratio "$last_base" "$last_kzloop") "
+    ob+="$(ratio "${last[opt]}" "${last[base]}") "
+    ok+="$(ratio "${last[opt]}" "${last[kzloop]}") "
+    bk+="$(ratio "${last[base]}" "${last[kzloop]}") "
   done
   echo "| $rw $bs QD$qd x$nj | ${iops[kzloop]% } | ${iops[opt]% } | ${iops[base]% } |" \
-    "$(median "$pf") | $(median "$pk") | $(median "$fk") |"
+    "$(median "$ob") | $(median "$ok") | $(median "$bk") |"
 done
 echo "idle spins of waits (opt, base): $(softblk list --json | tr -d ' \n' | grep -o '"idle_\(spins\|waits\)":\[[0-9,]*\]' | tr '\n' ' ')"
 echo PASS

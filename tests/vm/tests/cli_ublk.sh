@@ -86,9 +86,10 @@ fio --name=verify --filename="$dev" --direct=1 --ioengine=io_uring --iodepth=16 
 echo "ok: write+verify after the restart"
 
 vm_step "queue_affinity=1: each queue's thread on the CPUs the kernel maps to it"
-# queue_cpus flattened: "[]" per queue while unpinned (c0, the default).
-queue_cpus() { softblk list --json | tr -d ' \n' | grep -o '"queue_cpus":\[[][0-9,]*\]' | sed -n "$1p"; }
-vm_expect_eq "c0's queues (queue_affinity=0)" "$(queue_cpus 1)" '"queue_cpus":[[],[]]'
+# Per-queue field NAME of `softblk list --json`, flattened, for the device
+# listed Nth: field NAME N (queue_cpus: "[]" per queue while unpinned).
+field() { softblk list --json | tr -d ' \n' | grep -o "\"$1\":\[[][0-9a-z,]*\]" | sed -n "$2p"; }
+vm_expect_eq "c0's queues (queue_affinity=0)" "$(field queue_cpus 1)" '"queue_cpus":[[],[]]'
 if [ "$(nproc)" -ge 2 ]; then
   softblk add null --name c1 --size 64M --bs 4096 --memory-backed --queues 2 --depth 32 \
     --export-opt queue_affinity=1 | tee /tmp/add1.txt
@@ -101,7 +102,7 @@ if [ "$(nproc)" -ge 2 ]; then
     [ $q = 0 ] && want+=","
   done
   want+="]"
-  vm_expect_eq "c1's queues against the kernel's map" "$(queue_cpus 2)" "$want"
+  vm_expect_eq "c1's queues against the kernel's map" "$(field queue_cpus 2)" "$want"
   # The main thread is not pinned; each queue's thread has a set of its own.
   all=$(awk '/Cpus_allowed_list/ {print $2}' /proc/"$pid2"/status)
   sets=$(awk '/Cpus_allowed_list/ {print $2}' /proc/"$pid2"/task/*/status | sort -u | grep -vx "$all" || true)
@@ -117,8 +118,6 @@ else
 fi
 
 vm_step "idle_spin: a queue thread spins for the next request as told"
-# Field N of the flattened `softblk list --json`, for the device listed Nth.
-field() { softblk list --json | tr -d ' \n' | grep -o "\"$1\":\[[^]]*\]" | sed -n "$2p"; }
 softblk add null --name c2 --size 64M --bs 4096 --memory-backed --depth 32 \
   --export-opt idle_spin=1 --export-opt idle_spin_max=2000 | tee /tmp/add2.txt
 dev2=$(grep -o '/dev/ublkb[0-9]*' /tmp/add2.txt | head -n1)
