@@ -236,6 +236,11 @@ struct target_type {
     // sets submit_queues to the number of NUMA nodes). 0 keeps
     // submit_queues. Called before create.
     std::function<unsigned(const option_set& options)> submit_queues;
+    // Optional: what the kernel counterpart refuses at power on before it
+    // clamps anything (null_blk's queue_mode=1). Called first, before the
+    // core's rules and the tables' ranges, so that a refusal leaves every
+    // value as it was written. Control thread.
+    std::function<result<void>(const option_set& options)> refuse_before_clamps = {};
     // Optional, used instead of `create` when given: null_blk's power on.
     // Applies what the kernel counterpart clamps and ignores at power on
     // (null_validate_conf), writing the effective values back into
@@ -243,7 +248,8 @@ struct target_type {
     // each value ignored; then makes the target, reusing `kept` (what the
     // device kept from the previous power on, nullptr the first time) and
     // leaving in it what must outlive the power-off (the data). The core
-    // has applied its own rules and the tables' ranges before. Control
+    // has applied its own rules and the tables' ranges before (after
+    // refuse_before_clamps). Control
     // thread.
     std::function<result<std::unique_ptr<target>>(
         option_set& options, std::shared_ptr<target_data>& kept, std::vector<std::string>& notes)>

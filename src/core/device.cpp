@@ -372,6 +372,11 @@ void device_impl::apply_core_rules(option_set& o)
 result<void> device_impl::power_on()
 {
     _notes.clear();
+    if (_type.refuse_before_clamps) {
+        if (auto r = _type.refuse_before_clamps(_options); !r) {
+            return r;
+        }
+    }
     option_set cfg = _options;
     apply_core_rules(cfg);
     // The effective values are written back whatever happens next, as

@@ -95,6 +95,24 @@ TEST(configfs, a_failed_power_on_leaves_the_device_off_with_the_clamps_written)
     EXPECT_TRUE(d->set_power(true));
 }
 
+TEST(configfs, queue_mode_1_is_refused_before_any_clamp)
+{
+    // null_validate_conf checks queue_mode first: nothing is clamped yet.
+    auto d = make_null({"power=0", "size=1", "queue_mode=1", "irqmode=7", "submit_queues=4096"});
+    ASSERT_TRUE(d);
+    auto r = d->set_power(true);
+    ASSERT_FALSE(r);
+    EXPECT_EQ(r.error().code.value(), EINVAL);
+    EXPECT_NE(r.error().message.find("queue_mode=1"), std::string::npos) << r.error().message;
+    EXPECT_FALSE(d->powered());
+    EXPECT_EQ(get(*d, "irqmode"), "7\n");
+    EXPECT_EQ(get(*d, "submit_queues"), "4096\n");
+    EXPECT_EQ(get(*d, "queue_mode"), "1\n");
+    ASSERT_TRUE(d->set_option("queue_mode", "2"));
+    EXPECT_TRUE(d->set_power(true));
+    EXPECT_EQ(get(*d, "irqmode"), "2\n");
+}
+
 // ---------------------------------------------------------------- update rules
 
 TEST(configfs, attributes_without_an_apply_function_are_ebusy_while_powered_on)

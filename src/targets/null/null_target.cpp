@@ -670,6 +670,17 @@ result<void> prepare_store(null_data& data, uint64_t capacity, uint32_t granular
     return {};
 }
 
+// null_validate_conf's first check, made before any value is clamped.
+result<void> refuse_legacy_queue_mode(const option_set& o)
+{
+    if (o.u64("queue_mode") == 1) {
+        return make_error(EINVAL,
+                          "queue_mode=1: the legacy request path is no longer available (as in "
+                          "null_blk); use queue_mode=2");
+    }
+    return {};
+}
+
 // null_blk's power on: null_validate_conf, null_config_discard and the
 // block layer's checks of null_add_dev, on the device's attributes.
 result<std::unique_ptr<target>> power_on_null(option_set& o, std::shared_ptr<target_data>& kept,
@@ -681,13 +692,7 @@ result<std::unique_ptr<target>> power_on_null(option_set& o, std::shared_ptr<tar
     }
     const uint64_t size_mib = o.u64("size");
 
-    // null_blk checks queue_mode before any clamp; here the core's clamps
-    // have been applied already (a difference recorded in docs/null.md).
-    if (o.u64("queue_mode") == 1) {
-        return make_error(EINVAL,
-                          "queue_mode=1: the legacy request path is no longer available (as in "
-                          "null_blk); use queue_mode=2");
-    }
+    // (queue_mode=1 was refused before any clamp: refuse_legacy_queue_mode.)
     if (o.u64("queue_mode") == 0) {
         notes.emplace_back(
             "queue_mode=0: the bio-based path is no longer available, using "
@@ -827,6 +832,9 @@ result<std::unique_ptr<target>> power_on_null(option_set& o, std::shared_ptr<tar
 // For callers of target_type::create: a power on with nothing kept.
 result<std::unique_ptr<target>> create_null(const option_set& options)
 {
+    if (auto r = refuse_legacy_queue_mode(options); !r) {
+        return std::unexpected(r.error());
+    }
     option_set o = options;
     std::shared_ptr<target_data> kept;
     std::vector<std::string> notes;
@@ -843,6 +851,7 @@ result<std::unique_ptr<target>> create_null(const option_set& options)
     // to the number of online NUMA nodes, whatever was given.
     .submit_queues =
         [](const option_set& o) { return o.flag("use_per_node_hctx") ? online_numa_nodes() : 0u; },
+    .refuse_before_clamps = refuse_legacy_queue_mode,
     .power_on = power_on_null,
 });
 
