@@ -9,9 +9,10 @@
 #   opt     softblk's zloop over ublk with OPT
 #   base    the same with BASE
 # The zoned benchmark's four fio jobs run on each device in turn, ROUNDS
-# rounds, each round starting with the next device; per job the IOPS of
-# every round and the median of the per-round ratios opt / base and
-# opt / kzloop, base / kzloop.
+# rounds, each round starting with the next device (JOBS: a subset of the
+# jobs, as rw,bs,iodepth,numjobs); per job the IOPS of every round and the
+# median of the per-round ratios opt / base and opt / kzloop, base /
+# kzloop; then the ublk queues' idle-spin and zero-copy counters.
 set -euo pipefail
 . /softblk-vm/lib.sh
 vm_require_tool softblk fio blkzone mkfs.ext4
@@ -50,8 +51,9 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.2f", (b > 0) ? a / b : 0}'; 
 systems=(kzloop opt base)
 echo "| job ($q queues) | kzloop IOPS | opt IOPS | base IOPS | opt / base | opt / kzloop | base / kzloop |"
 echo "|---|---|---|---|---:|---:|---:|"
-for j in "randwrite 4k 1 1" "randwrite 4k 32 8" "randwrite 128k 32 1" "write 128k 32 1"; do
-  read -r rw bs qd nj <<<"$j"
+# JOBS (optional): a subset, e.g. "write,128k,32,1".
+for j in ${JOBS:-randwrite,4k,1,1 randwrite,4k,32,8 randwrite,128k,32,1 write,128k,32,1}; do
+  IFS=, read -r rw bs qd nj <<<"$j"
   declare -A iops=() last=()
   ob="" ok="" bk=""  # per-round ratios opt / base, opt / kzloop, base / kzloop
   for round in $(seq "$rounds"); do
@@ -74,4 +76,5 @@ for j in "randwrite 4k 1 1" "randwrite 4k 32 8" "randwrite 128k 32 1" "write 128
     "$(median "$ob") | $(median "$ok") | $(median "$bk") |"
 done
 echo "idle spins of waits (opt, base): $(softblk list --json | tr -d ' \n' | grep -o '"idle_\(spins\|waits\)":\[[0-9,]*\]' | tr '\n' ' ')"
+echo "zero copy from (opt, base): $(softblk list --json | tr -d ' \n' | grep -o '"zero_copy_from":\[[0-9,]*\]' | tr '\n' ' ')"
 echo PASS

@@ -73,5 +73,25 @@ TEST(CopyChooser, FollowsTheLoadBackWithinAFewExplorations)
         << "after an outlier";
 }
 
+TEST(CopyChooser, AWriteWithOthersInFlightGoesZeroCopyUnmeasured)
+{
+    // Measured alone, 128 KiB writes copy faster (a copy from a fast user
+    // copy, zero copy through a worker).
+    copy_chooser c;
+    run(c, 131072, 2 * copy_chooser::k_warmup + 64, 100'000, 400'000);
+    bool timed = false;
+    EXPECT_FALSE(c.zero_copy(131072, true, timed)) << "alone: the measured way";
+    EXPECT_TRUE(timed);
+    // With others in flight: zero copy every time, and nothing recorded,
+    // so the choice for lone writes stays as measured.
+    for (unsigned i = 0; i < 4 * copy_chooser::k_explore_every; ++i) {
+        EXPECT_TRUE(c.zero_copy(131072, false, timed)) << "write " << i;
+        EXPECT_FALSE(timed) << "write " << i;
+    }
+    EXPECT_EQ(c.zero_copy_from(), 0u);
+    const unsigned n = 8 * copy_chooser::k_explore_every;
+    EXPECT_EQ(run(c, 131072, n, 100'000, 400'000), n / copy_chooser::k_explore_every);
+}
+
 }  // namespace
 }  // namespace softblk::ublk

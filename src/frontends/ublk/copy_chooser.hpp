@@ -8,7 +8,9 @@
 // 4 KiB to 1 MiB) keeps the mean time from dispatch to completion of both
 // ways and takes the faster one, trying the other one write in
 // k_explore_every so that a change (another load, another file system) is
-// seen (way_chooser). One per queue thread: no locking.
+// seen (way_chooser); writes that find others in flight go zero copy
+// unmeasured (zero_copy(bytes, alone, timed)). One per queue thread: no
+// locking.
 #pragma once
 
 #include "way_chooser.hpp"
@@ -25,8 +27,25 @@ public:
     static constexpr unsigned k_warmup = way_chooser::k_warmup;
     static constexpr unsigned k_explore_every = way_chooser::k_explore_every;
 
-    // True: send a write of `bytes` with zero copy.
+    // True: send a write of `bytes` with zero copy, as measured.
     bool zero_copy(uint32_t bytes) { return _classes[class_of(bytes)].take_second(); }
+
+    // The way for a write of `bytes` that the device queue takes while
+    // `alone` (nothing else in flight there) or not; `timed`: its time goes
+    // to record(). Only a write alone is measured, and only it may be
+    // copied. With others in flight a copy is a pread on the queue's
+    // thread that every request behind it waits for, a cost the time of
+    // the write itself does not show (in the VM lab the measured choice
+    // sent 128 KiB zone writes at QD 32 copied, at 0.6 of the zero copy
+    // rate; docs/benchmarks.md); zero copy leaves the bytes to the file
+    // ring's kernel side. Alone, a copy can be faster: the file ring
+    // writes a lone append from the queue's thread at once
+    // (file_ring::append), where zero copy needs the ring and a worker.
+    bool zero_copy(uint32_t bytes, bool alone, bool& timed)
+    {
+        timed = alone;
+        return !alone || zero_copy(bytes);
+    }
 
     // A write of `bytes` sent that way took `ns` from dispatch to completion.
     void record(uint32_t bytes, bool zero_copy, uint64_t ns)

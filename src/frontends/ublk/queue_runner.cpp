@@ -503,8 +503,7 @@ bool queue_runner::dispatch(tag_slot& slot)
         if (_cfg.zero_copy_min_bytes >= 0) {
             in_kernel = length >= _cfg.zero_copy_min_bytes;
         } else {
-            in_kernel = _chooser.zero_copy(length);
-            slot.timed = true;
+            in_kernel = _chooser.zero_copy(length, _dq.in_flight() == 0, slot.timed);
             slot.in_kernel = in_kernel;
             slot.start_ns = monotonic_ns();
         }

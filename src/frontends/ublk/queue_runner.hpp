@@ -38,8 +38,9 @@ struct queue_config {
     // UBLK_F_SUPPORT_ZERO_COPY granted and the device takes kernel buffers:
     // writes leave their data in the kernel (io_request::kernel_data)
     // instead of being copied in with pread: those of at least
-    // zero_copy_min_bytes, or (-1) the sizes where the queue measures zero
-    // copy faster (copy_chooser).
+    // zero_copy_min_bytes, or (-1) every write dispatched while others are
+    // in flight in the device queue, and a write alone there where the
+    // queue measures zero copy faster for its size (copy_chooser).
     bool zero_copy = false;
     int64_t zero_copy_min_bytes = -1;
     bool ioctl_encode = true;

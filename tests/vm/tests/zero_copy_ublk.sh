@@ -9,7 +9,8 @@
 #    same directory: the same write pointers and the same contents.
 #  - file target with user_copy=1 (auto): fio random writes with verify, and
 #    zero_copy_min=65536 keeps 4 KiB writes on the copy path while 128 KiB
-#    ones take zero copy.
+#    ones take zero copy; measured (zero_copy_min=-1), 4 KiB writes at
+#    QD 32 take zero copy (each finds others in flight).
 #  - zero_copy=0 turns it off; zero_copy=1 on a null device is refused with
 #    the reason.
 # Where the kernel lacks zero copy (6.12) the test skips with the reason.
@@ -101,6 +102,19 @@ echo "file: kernel_buffer_writes $writes"
 [ "$writes" -ge 768 ] || vm_fail "128 KiB writes: $writes from the kernel, expected at least 768"
 vm_expect_eq "kernel_buffer_errors" "$(json_field kernel_buffer_errors)" 0
 softblk del f1
+
+vm_step "file target, zero copy measured: writes with others in flight go zero copy"
+add_dev f3 file path=/mnt/zc/f3.img size=64M create=1 --bs 4096 --export-opt user_copy=1
+# 4 KiB writes at QD 32: whatever the queue measured for a lone write,
+# one that finds others in flight is not copied (copy_chooser.hpp).
+fio --name=deep --filename="$dev" --ioengine=io_uring --direct=1 --rw=randwrite --bs=4k \
+  --iodepth=32 --size=64M --io_size=8M --verify=crc32c --verify_fatal=1 --do_verify=1 \
+  --output=/tmp/fio-f3.txt || { cat /tmp/fio-f3.txt; vm_fail "fio verify, 4 KiB at QD 32"; }
+writes=$(json_field kernel_buffer_writes)
+echo "file, QD 32: kernel_buffer_writes $writes of 2048"
+[ "$writes" -ge 1536 ] || vm_fail "4 KiB writes at QD 32: $writes of 2048 from the kernel, expected at least 1536"
+vm_expect_eq "kernel_buffer_errors" "$(json_field kernel_buffer_errors)" 0
+softblk del f3
 
 vm_step "zero_copy=0, and zero_copy=1 where the target needs the bytes"
 add_dev f2 file path=/mnt/zc/f2.img size=16M create=1 --bs 4096 \
