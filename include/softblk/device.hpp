@@ -31,6 +31,8 @@
 #include <softblk/options.hpp>
 #include <softblk/types.hpp>
 
+struct io_uring;
+
 namespace softblk {
 
 class target;
@@ -205,6 +207,21 @@ public:
     // for process() (e.g. an io_uring's eventfd), or -1. Owners add it to
     // what they sleep on while next_event_ns() is in the future.
     virtual int event_fd() const = 0;
+
+    // For owners that wait in an io_uring of their own (ublk's queue
+    // thread): lends it to the queue, whose target may then submit its own
+    // I/O there (the file and zloop targets' file rings; decorators pass
+    // it on), saving a system call and a wake-up through event_fd() per
+    // request. The owner then marks its own entries' user_data with
+    // bit 63, submits before each wait (what the target queued goes with
+    // it) and passes every other completion to ring_completion(). The ring
+    // needs room for the target's entries (up to three per request) and
+    // must have no fixed-file table. wait() sees none of the target's
+    // completions then. Only with nothing in flight. True when
+    // the target took it; nullptr gives it back (before the owner closes
+    // the ring; true once nothing is in flight). Owner thread.
+    virtual bool share_ring(io_uring* ring) = 0;
+    virtual void ring_completion(uint64_t user_data, int result) = 0;
 
     virtual queue_stats stats() const = 0;
 

@@ -156,6 +156,8 @@ struct file_engine_stats {
     // io_uring_enter refused the ring for good (EEXIST: a thread the kernel
     // did not bind it to): its queued and later requests failed.
     std::atomic<uint64_t> ring_errors{0};
+    // Queue rings running on their front end's ring now (borrow_ring).
+    std::atomic<uint64_t> borrowed_rings{0};
     std::atomic<bool> no_zero_range{false};     // the file system refused FALLOC_FL_ZERO_RANGE
     std::atomic<bool> no_uring_discard{false};  // the kernel has no BLOCK_URING_CMD_DISCARD
 };
@@ -238,12 +240,33 @@ public:
 
     // Submits what was queued, reaps completions and completes their
     // requests through the sink. Returns how many requests it completed.
+    // On a borrowed ring it only writes a held append: the ring's owner
+    // submits and reaps.
     unsigned poll();
+
+    // Runs the ring's entries on `ring` instead, the io_uring of the
+    // queue's owner (a ublk queue thread's, which carries its commands):
+    // the owner submits them with its own before it waits and passes their
+    // completions to on_completion(), so a request costs no io_uring_enter
+    // and no eventfd wake-up of its own. `ring` must have no fixed-file
+    // table (the files are registered there, as in the own ring) and
+    // entries' user_data below 2^63 are the file ring's (the owner marks
+    // its own with bit 63). Only with nothing in flight, on the thread
+    // that will drive the queue; false (nothing changed) otherwise or
+    // where the kernel refuses the files. nullptr gives the ring back
+    // (its files and buffers unregistered from it): true once nothing is
+    // in flight. Owner thread.
+    bool borrow_ring(io_uring* ring);
+    bool borrowed() const { return _borrowed != nullptr; }
+    // A completion from the borrowed ring whose user_data is the file
+    // ring's. Owner thread.
+    void on_completion(uint64_t user_data, int res);
     // Requests in the ring (submitted or queued) not completed yet.
     unsigned in_flight() const { return _in_flight; }
     // An eventfd registered with the ring: readable when poll() has
-    // completions to reap. Stays the same for the ring's life.
-    int event_fd() const { return _event_fd; }
+    // completions to reap. Stays the same for the ring's life; -1 while a
+    // ring is borrowed (its owner sees the completions).
+    int event_fd() const { return _borrowed != nullptr ? -1 : _event_fd; }
     // 0 when poll() has work now (requests queued but not submitted yet,
     // completions waiting), UINT64_MAX otherwise: then the owner sleeps on
     // event_fd(). Owners call it before each sleep (the queue's
@@ -257,6 +280,10 @@ private:
               file_engine_stats& stats);
     result<void> setup(ring_mode mode);
     void teardown();
+    // The ring entries go to: the borrowed one, else the own.
+    io_uring* ring() const { return _borrowed != nullptr ? _borrowed : _ring.get(); }
+    // Makes room in a full submission ring: hands its entries to the kernel.
+    void make_room();
     bool owner_ok();
     bool admit(io_request& r);
     void start_fsync(io_request& r);
@@ -317,6 +344,11 @@ private:
     io_request* _awaiting_head = nullptr;
     io_request* _awaiting_tail = nullptr;
     unsigned _awaiting = 0;
+    // borrow_ring: the owner's ring and thread, and the own ring's
+    // fixed-buffer slots while the borrowed one has its own.
+    io_uring* _borrowed = nullptr;
+    uint64_t _borrower = 0;
+    unsigned _own_buffer_slots = 0;
 };
 
 // Shared helpers of the engine.

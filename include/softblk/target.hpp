@@ -21,6 +21,8 @@
 #include <softblk/options.hpp>
 #include <softblk/types.hpp>
 
+struct io_uring;
+
 namespace softblk {
 
 // Where a target_queue reports finished requests. Implemented by the core's
@@ -63,6 +65,16 @@ public:
     // Monotonic time (ns, CLOCK_MONOTONIC) at which poll() should run next
     // even without an event, or UINT64_MAX.
     virtual uint64_t next_wakeup_ns() const { return UINT64_MAX; }
+
+    // The queue's owner lends its io_uring (io_queue::share_ring): a target
+    // whose I/O goes through an io_uring of its own (file_ring::borrow_ring)
+    // may run it there instead. True when it does; nullptr gives the ring
+    // back (true once nothing is in flight). Queue thread.
+    virtual bool share_ring(io_uring* ring) { return ring == nullptr; }
+
+    // A completion from the shared ring that is not the owner's (user_data
+    // below 2^63): the target's. Queue thread.
+    virtual void ring_completion(uint64_t user_data, int result) {}
 
     // The core gave up on `request` after the device's I/O timeout (the
     // block layer's timeout handler). Return true if the target released it;

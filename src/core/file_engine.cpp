@@ -241,6 +241,10 @@ void file_ring::teardown()
 
 file_ring::~file_ring()
 {
+    if (_borrowed != nullptr) {
+        // The ring is its owner's to close.
+        _stats.borrowed_rings.fetch_sub(1, std::memory_order_relaxed);
+    }
     teardown();
     if (_event_fd >= 0) {
         ::close(_event_fd);
@@ -249,6 +253,9 @@ file_ring::~file_ring()
 
 bool file_ring::owner_ok()
 {
+    if (_borrowed != nullptr) {
+        return this_thread_id() == _borrower;
+    }
     if (!_ring_ready) {
         return false;
     }
@@ -282,12 +289,12 @@ bool file_ring::owner_ok()
 
 io_uring_sqe* file_ring::next_sqe(io_request& r)
 {
-    io_uring_sqe* sqe = _broken == 0 ? io_uring_get_sqe(_ring.get()) : nullptr;
+    io_uring_sqe* sqe = _broken == 0 ? io_uring_get_sqe(ring()) : nullptr;
     if (sqe == nullptr && _broken == 0) {
         // The submission ring is full: hand it to the kernel and take the
         // next entry (submission empties it).
-        submit_queued();
-        sqe = _broken == 0 ? io_uring_get_sqe(_ring.get()) : nullptr;
+        make_room();
+        sqe = _broken == 0 ? io_uring_get_sqe(ring()) : nullptr;
     }
     if (sqe == nullptr) {
         // The kernel refuses the ring (_broken), or takes nothing now and
@@ -297,8 +304,27 @@ io_uring_sqe* file_ring::next_sqe(io_request& r)
     return sqe;
 }
 
+void file_ring::make_room()
+{
+    if (_borrowed == nullptr) {
+        submit_queued();
+        return;
+    }
+    // The owner's ring, with the owner's entries: they go too, as they
+    // would at its next wait. An error stays the owner's to see again;
+    // here it fails the request that found no room (next_sqe).
+    if (const int rc = io_uring_submit(_borrowed); rc < 0) {
+        _submit_error = rc;
+    }
+}
+
 void file_ring::submit_queued()
 {
+    if (_borrowed != nullptr) {
+        // The owner submits before it waits.
+        _unsubmitted = 0;
+        return;
+    }
     if (_unsubmitted == 0 || _broken != 0) {
         return;
     }
@@ -589,7 +615,7 @@ void file_ring::start_kernel_write(io_request& r)
         finish(r, -EINVAL);
         return;
     }
-    if (_mode == ring_mode::defer_taskrun) {
+    if (_mode == ring_mode::defer_taskrun && _borrowed == nullptr) {
         // With the pages of ublk requests registered and written through a
         // DEFER_TASKRUN ring, requests that the kernel handed to ublk
         // afterwards sometimes never reached the daemon (Linux 7.3.4: five
@@ -606,7 +632,7 @@ void file_ring::start_kernel_write(io_request& r)
     if (_buffer_slots == 0 && _broken == 0) {
         // The table is made at the first kernel buffer: rings that never
         // see one carry none.
-        const int rc = io_uring_register_buffers_sparse(_ring.get(), kb.slots);
+        const int rc = io_uring_register_buffers_sparse(ring(), kb.slots);
         if (rc < 0) {
             _stats.kernel_buffer_errors.fetch_add(1, std::memory_order_relaxed);
             finish(r, rc);
@@ -631,15 +657,15 @@ void file_ring::start_kernel_write(io_request& r)
     } else {
         // The register entry and the write go in together (linked: the
         // write runs only if the pages are in the table): both need room.
-        if (_broken == 0 && io_uring_sq_space_left(_ring.get()) < 2) {
-            submit_queued();
+        if (_broken == 0 && io_uring_sq_space_left(ring()) < 2) {
+            make_room();
         }
-        if (_broken != 0 || io_uring_sq_space_left(_ring.get()) < 2) {
+        if (_broken != 0 || io_uring_sq_space_left(ring()) < 2) {
             finish(r, _broken != 0 ? _broken : _submit_error);
             return;
         }
-        reg = io_uring_get_sqe(_ring.get());
-        sqe = io_uring_get_sqe(_ring.get());
+        reg = io_uring_get_sqe(ring());
+        sqe = io_uring_get_sqe(ring());
     }
     if (reg != nullptr) {
         kb.prep_register(*reg, kb);
@@ -691,10 +717,10 @@ void file_ring::leave_defer_taskrun()
 void file_ring::release_kernel_buffer(io_request& r)
 {
     set_mode(r, mode_of(r) & ~k_kb_registered);
-    io_uring_sqe* sqe = _broken == 0 ? io_uring_get_sqe(_ring.get()) : nullptr;
+    io_uring_sqe* sqe = _broken == 0 ? io_uring_get_sqe(ring()) : nullptr;
     if (sqe == nullptr && _broken == 0) {
-        submit_queued();
-        sqe = _broken == 0 ? io_uring_get_sqe(_ring.get()) : nullptr;
+        make_room();
+        sqe = _broken == 0 ? io_uring_get_sqe(ring()) : nullptr;
     }
     if (sqe == nullptr) {
         // The kernel refuses the ring: the pages stay in the table, and the
@@ -943,6 +969,12 @@ unsigned file_ring::poll()
         // Still alone: written here (its completion may submit more).
         write_held();
     }
+    if (_borrowed != nullptr) {
+        // The owner submits what is queued and hands the completions to
+        // on_completion().
+        _unsubmitted = 0;
+        return static_cast<unsigned>(_finished - finished_before);
+    }
     io_uring* ring = _ring.get();
     if (_unsubmitted != 0) {
         submit_queued();
@@ -1000,6 +1032,48 @@ unsigned file_ring::poll()
     return static_cast<unsigned>(_finished - finished_before);
 }
 
+void file_ring::on_completion(uint64_t user_data, int res)
+{
+    const auto data = static_cast<uintptr_t>(user_data);
+    if ((data & k_note_mask) != 0) {
+        on_buffer_note(data, res);
+    } else {
+        on_cqe(*reinterpret_cast<io_request*>(data), res);
+    }
+    _unsubmitted = 0;  // resubmissions go out with the owner's entries
+}
+
+bool file_ring::borrow_ring(io_uring* ring)
+{
+    if (ring == _borrowed) {
+        return true;
+    }
+    if (_in_flight != 0 || _held != nullptr || _awaiting != 0) {
+        return false;
+    }
+    if (ring == nullptr) {
+        io_uring_unregister_files(_borrowed);
+        if (_buffer_slots != 0) {
+            io_uring_unregister_buffers(_borrowed);
+        }
+        _buffer_slots = std::exchange(_own_buffer_slots, 0);
+        _borrowed = nullptr;
+        _stats.borrowed_rings.fetch_sub(1, std::memory_order_relaxed);
+        return true;
+    }
+    if (_borrowed != nullptr || _broken != 0 ||
+        io_uring_register_files(ring, _registered.data(),
+                                static_cast<unsigned>(_registered.size())) < 0) {
+        return false;
+    }
+    _own_buffer_slots = std::exchange(_buffer_slots, 0);
+    _borrowed = ring;
+    _borrower = this_thread_id();
+    _unsubmitted = 0;
+    _stats.borrowed_rings.fetch_add(1, std::memory_order_relaxed);
+    return true;
+}
+
 void file_ring::drain_event_fd() const
 {
     uint64_t ticks = 0;
@@ -1008,6 +1082,11 @@ void file_ring::drain_event_fd() const
 
 uint64_t file_ring::next_wakeup_ns() const
 {
+    if (_borrowed != nullptr) {
+        // Entries queued go out with the owner's before it waits, and their
+        // completions wake it in its own ring: only a held append is work.
+        return _held != nullptr ? 0 : UINT64_MAX;
+    }
     if (_unsubmitted != 0 || _held != nullptr || (_awaiting != 0 && _in_flight == _awaiting)) {
         return 0;
     }

@@ -470,9 +470,10 @@ uint64_t queue_impl::next_event_ns() const
     if (!_timer.empty()) {
         wake = std::min(wake, _timer.front()->deadline_ns);
     }
-    if (_tq->busy() && _tq->wait_fd() < 0) {
+    if (_tq->busy() && _tq->wait_fd() < 0 && !_ring_shared) {
         // The target holds requests and named neither a time nor a
-        // descriptor: look again soon (as wait() does).
+        // descriptor (nor completes them in the owner's ring): look again
+        // soon (as wait() does).
         wake = std::min(wake, monotonic_ns() + uint64_t{1'000'000});
     }
     if (_in_target > 0 && timeout_ns() != 0) {
@@ -487,6 +488,18 @@ uint64_t queue_impl::next_event_ns() const
 int queue_impl::event_fd() const
 {
     return _tq->wait_fd();
+}
+
+bool queue_impl::share_ring(io_uring* ring)
+{
+    if (ring != nullptr && in_flight() != 0) {
+        return false;
+    }
+    if (!_tq->share_ring(ring)) {
+        return false;
+    }
+    _ring_shared = ring != nullptr;
+    return true;
 }
 
 unsigned queue_impl::wait(unsigned min_completions, int64_t timeout_ns)

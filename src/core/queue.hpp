@@ -85,6 +85,11 @@ public:
     }
     uint64_t next_event_ns() const override;
     int event_fd() const override;
+    bool share_ring(io_uring* ring) override;
+    void ring_completion(uint64_t user_data, int result) override
+    {
+        _tq->ring_completion(user_data, result);
+    }
     queue_stats stats() const override;
     void attach_owner(std::function<void()> wake) override;
     bool detach_owner() override;
@@ -144,6 +149,9 @@ private:
     fifo _inline_backlog;               // inline completions raised while a callback runs
     intrusive_fifo<bio> _bios_waiting;  // bios that want a tag, in submission order
     bool _delivering = false;
+    // The owner's io_uring runs the target's I/O (share_ring): its
+    // completions wake the owner, not event_fd().
+    bool _ring_shared = false;
     unsigned _delivered = 0;  // callbacks run, for process/wait accounting
     unsigned _in_flight = 0;
     unsigned _in_target = 0;

@@ -592,6 +592,154 @@ TEST(FileRing, AKernelBufferIsRegisteredOnceAndUnregisteredBeforeItCompletes)
     EXPECT_EQ(std::count(back.data + 4096, back.data + 8192, 0), 4096);
 }
 
+// A queue owner's io_uring lent to the file ring (ublk's queue thread):
+// the file ring's entries go there, the owner submits them with its own
+// and passes back the completions that are not its own (bit 63 clear).
+struct owner_ring {
+    owner_ring()
+    {
+        io_uring_params p{};
+        p.flags = IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN;
+        if (io_uring_queue_init_params(64, &ring, &p) < 0) {
+            io_uring_params plain{};
+            EXPECT_EQ(io_uring_queue_init_params(64, &ring, &plain), 0);
+        }
+    }
+    ~owner_ring() { io_uring_queue_exit(&ring); }
+
+    // An entry of the owner's own.
+    void own_nop()
+    {
+        io_uring_sqe* sqe = io_uring_get_sqe(&ring);
+        io_uring_prep_nop(sqe);
+        io_uring_sqe_set_data64(sqe, (uint64_t{1} << 63) | 7);
+    }
+
+    // Runs the owner's loop until `r` completed: the queue's poll(), a
+    // submit and wait, the completions handed out. Returns r's result
+    // (INT_MIN on timeout).
+    int wait(file_ring& fr, io_request& r)
+    {
+        for (int i = 0; i < 5000 && r.state == 0; ++i) {
+            fr.poll();
+            if (r.state != 0) {
+                break;
+            }
+            __kernel_timespec ts{.tv_sec = 0, .tv_nsec = 10'000'000};
+            io_uring_cqe* cqe = nullptr;
+            io_uring_submit_and_wait_timeout(&ring, &cqe, 1, &ts, nullptr);
+            unsigned head;
+            unsigned seen = 0;
+            io_uring_for_each_cqe(&ring, head, cqe)
+            {
+                if ((cqe->user_data >> 63) != 0) {
+                    ++own_completions;
+                } else {
+                    fr.on_completion(cqe->user_data, cqe->res);
+                }
+                ++seen;
+            }
+            io_uring_cq_advance(&ring, seen);
+        }
+        return r.state != 0 ? r.status : INT_MIN;
+    }
+
+    io_uring ring{};
+    unsigned own_completions = 0;
+};
+
+TEST(FileRing, ABorrowedRingCarriesTheRequestsAndIsGivenBack)
+{
+    temp_dir dir;
+    make_file(dir.file("zone"), 0);
+    auto f = open_file(dir.file("zone"), {});
+    ASSERT_TRUE(f);
+    ring_fixture t(*f);
+    owner_ring owner;
+    ASSERT_TRUE(t.ring->borrow_ring(&owner.ring));
+    EXPECT_TRUE(t.ring->borrowed());
+    EXPECT_EQ(t.stats.borrowed_rings.load(), 1u);
+    EXPECT_EQ(t.ring->event_fd(), -1) << "the owner's ring wakes it, not the eventfd";
+    owner_ring other;
+    EXPECT_FALSE(t.ring->borrow_ring(&other.ring)) << "a second ring while one is borrowed";
+
+    aligned_buffer w(3 * 65536), back(3 * 65536);
+    fill(w.data, w.size, 11);
+    // Written through the owner's ring, with an entry of the owner's beside.
+    owner.own_nop();
+    io_request a = ring_fixture::request(io_op::write, 0, 65536, w.data);
+    t.ring->write(a, 0, 0, false);
+    EXPECT_EQ(t.ring->next_wakeup_ns(), UINT64_MAX) << "the owner submits: nothing for poll()";
+    EXPECT_FALSE(t.ring->borrow_ring(nullptr)) << "given back with a request in flight";
+    EXPECT_EQ(owner.wait(*t.ring, a), 65536);
+    EXPECT_EQ(owner.own_completions, 1u);
+    // An append alone is still held and written by poll(); two together go
+    // through the owner's ring.
+    io_request b = ring_fixture::request(io_op::write, 65536, 65536, w.data + 65536);
+    t.ring->append(b, 0, 65536, false);
+    EXPECT_EQ(t.ring->next_wakeup_ns(), 0u) << "the owner would sleep on a held append";
+    EXPECT_EQ(owner.wait(*t.ring, b), 65536);
+    EXPECT_EQ(t.stats.held_appends.load(), 1u);
+    io_request c = ring_fixture::request(io_op::write, 131072, 32768, w.data + 131072);
+    io_request d = ring_fixture::request(io_op::write, 163840, 32768, w.data + 163840);
+    t.ring->append(c, 0, 131072, false);
+    t.ring->append(d, 0, 163840, false);
+    EXPECT_EQ(owner.wait(*t.ring, c), 32768);
+    EXPECT_EQ(owner.wait(*t.ring, d), 32768);
+    EXPECT_EQ(t.stats.held_appends.load(), 1u);
+    io_request rd = ring_fixture::request(io_op::read, 0, 3 * 65536, back.data);
+    t.ring->read(rd, 0, 0);
+    EXPECT_EQ(owner.wait(*t.ring, rd), 3 * 65536);
+    EXPECT_EQ(std::memcmp(back.data, w.data, 3 * 65536), 0);
+
+    // A kernel buffer: registered in the borrowed ring's table as it is
+    // (no DEFER_TASKRUN rebuild: that is the owner's ring), unregistered
+    // before the write completes; the stand-in registers nothing, so the
+    // kernel fails the write.
+    kernel_buffer_counts::registers = kernel_buffer_counts::unregisters = 0;
+    const kernel_buffer kb{.prep_register = &prep_nop_register,
+                           .prep_unregister = &prep_nop_unregister,
+                           .fd = f->buffered_fd(),
+                           .index = 1,
+                           .slots = 4};
+    io_request k = ring_fixture::request(io_op::write, 3 * 65536, 4096, nullptr);
+    k.kernel_data = &kb;
+    t.ring->append(k, 0, 3 * 65536, false);
+    EXPECT_EQ(owner.wait(*t.ring, k), -EFAULT);
+    EXPECT_EQ(kernel_buffer_counts::registers, 1);
+    EXPECT_EQ(kernel_buffer_counts::unregisters, 1);
+    EXPECT_EQ(t.stats.kernel_buffer_rings.load(), 0u);
+    EXPECT_EQ(t.ring->in_flight(), 0u);
+
+    // Given back: the own ring (and its eventfd) serve again.
+    EXPECT_TRUE(t.ring->borrow_ring(nullptr));
+    EXPECT_FALSE(t.ring->borrowed());
+    EXPECT_EQ(t.stats.borrowed_rings.load(), 0u);
+    EXPECT_GE(t.ring->event_fd(), 0);
+    EXPECT_EQ(t.read(65536, back.data, 65536), 65536);
+    EXPECT_EQ(std::memcmp(back.data, w.data + 65536, 65536), 0);
+    // The owner's ring holds none of the files any more: it can be lent again.
+    EXPECT_TRUE(t.ring->borrow_ring(&owner.ring));
+    EXPECT_TRUE(t.ring->borrow_ring(nullptr));
+}
+
+TEST(FileRing, ARingWithAFileTableOfItsOwnIsNotBorrowed)
+{
+    temp_dir dir;
+    make_file(dir.file("zone"), 4096);
+    auto f = open_file(dir.file("zone"), {});
+    ASSERT_TRUE(f);
+    ring_fixture t(*f);
+    owner_ring owner;
+    const int fd = f->fd();
+    ASSERT_EQ(io_uring_register_files(&owner.ring, &fd, 1), 0);
+    EXPECT_FALSE(t.ring->borrow_ring(&owner.ring));
+    EXPECT_FALSE(t.ring->borrowed());
+    EXPECT_EQ(t.stats.borrowed_rings.load(), 0u);
+    aligned_buffer back(4096);
+    EXPECT_EQ(t.read(0, back.data, 4096), 4096) << "the own ring no longer serves";
+}
+
 TEST(FileRing, UnalignedBufferGoesThroughThePageCache)
 {
     temp_dir dir;

@@ -131,6 +131,13 @@ public:
 
     bool busy() const override { return !_waiting.empty() || _inner->busy(); }
     int wait_fd() const override { return _inner->wait_fd(); }
+    // The inner target's I/O may run in the owner's ring; what this queue
+    // holds back it submits there later, from poll().
+    bool share_ring(io_uring* ring) override { return _inner->share_ring(ring); }
+    void ring_completion(uint64_t user_data, int result) override
+    {
+        _inner->ring_completion(user_data, result);
+    }
     uint64_t next_wakeup_ns() const override
     {
         const uint64_t inner = _inner->next_wakeup_ns();

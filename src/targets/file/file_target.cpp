@@ -104,6 +104,11 @@ public:
     bool busy() const override { return _ring->in_flight() != 0; }
     int wait_fd() const override { return _ring->event_fd(); }
     uint64_t next_wakeup_ns() const override { return _ring->next_wakeup_ns(); }
+    bool share_ring(io_uring* ring) override { return _ring->borrow_ring(ring); }
+    void ring_completion(uint64_t user_data, int result) override
+    {
+        _ring->on_completion(user_data, result);
+    }
     // The kernel holds the request and may still write its buffer: it
     // cannot be let go before its completion arrives.
     bool timed_out(io_request&) override { return false; }
@@ -199,6 +204,7 @@ public:
         out["kernel_buffer_rings"] = _stats.kernel_buffer_rings.load(std::memory_order_relaxed);
         out["ring_handovers"] = _stats.ring_handovers.load(std::memory_order_relaxed);
         out["ring_errors"] = _stats.ring_errors.load(std::memory_order_relaxed);
+        out["borrowed_rings"] = _stats.borrowed_rings.load(std::memory_order_relaxed);
     }
 
 private:
