@@ -19,18 +19,23 @@ namespace softblk::ublk {
 
 namespace {
 
-constexpr uint64_t k_wake_data = uint64_t{1} << 32;
-constexpr uint64_t k_event_data = (uint64_t{1} << 32) + 1;
+// Our entries' user_data carry bit 63: with the ring shared, the others
+// are the device queue's (user addresses, below 2^63).
+constexpr uint64_t k_own_data = uint64_t{1} << 63;
+constexpr uint64_t k_wake_data = k_own_data | (uint64_t{1} << 32);
+constexpr uint64_t k_event_data = k_own_data | ((uint64_t{1} << 32) + 1);
 // While device requests are in flight the thread sleeps in the ring until
 // the device queue's next event (next_event_ns(): a completion timer, a
 // throttle, the timeout scan) or its event_fd(); waits shorter than this
 // are spun, as the core's wait() does.
 constexpr uint64_t k_spin_ns = 20'000;
 
-unsigned ring_entries(unsigned depth)
+// Entries for `requests` requests at once (a command each, plus the wake
+// read and the event poll).
+unsigned ring_entries(unsigned requests)
 {
     unsigned n = 8;
-    while (n < depth + 2) {
+    while (n < requests + 2) {
         n <<= 1;
     }
     return n;
@@ -223,7 +228,10 @@ result<void> queue_runner::setup()
     for (unsigned flags : attempts) {
         io_uring_params p{};
         p.flags = flags;
-        r = io_uring_queue_init_params(ring_entries(depth), &_ring, &p);
+        // Shared with the file ring: a write can add three entries
+        // (register its pages, write, unregister) to its commit.
+        r = io_uring_queue_init_params(ring_entries(_cfg.shared_ring ? 4 * depth : depth), &_ring,
+                                       &p);
         if (r != -EINVAL) {
             break;
         }
@@ -233,8 +241,11 @@ result<void> queue_runner::setup()
             -r, fmt::format("ublk queue {}: io_uring setup: {}", _cfg.q_id, std::strerror(-r)));
     }
     _ring_ok = true;
-    // Best effort: a registered file saves a lookup per command.
-    _fixed_file = io_uring_register_files(&_ring, &_cfg.char_fd, 1) == 0;
+    // The device queue's file I/O may run in this ring (its files take
+    // the fixed-file table); otherwise, best effort, our descriptor does:
+    // a registered file saves a lookup per command.
+    _ring_shared = _cfg.shared_ring && _dq.share_ring(&_ring);
+    _fixed_file = !_ring_shared && io_uring_register_files(&_ring, &_cfg.char_fd, 1) == 0;
 
     for (unsigned t = 0; t < depth; ++t) {
         prep_fetch(_slots[t]);
@@ -255,7 +266,7 @@ result<void> queue_runner::setup()
         if (data != k_wake_data && res < 0) {
             io_uring_cqe_seen(&_ring, cqe);
             return make_error(-res, fmt::format("ublk queue {}: FETCH_REQ for tag {}: {}",
-                                                _cfg.q_id, data, std::strerror(-res)));
+                                                _cfg.q_id, data & 0xffff, std::strerror(-res)));
         }
         // A request already (the device is being recovered and I/O was
         // queued): handle it in the loop.
@@ -268,6 +279,11 @@ result<void> queue_runner::setup()
 
 void queue_runner::teardown()
 {
+    if (_ring_shared) {
+        // Nothing is in flight by now (the loop ends only then, setup()
+        // has submitted none): the queue gives the ring back.
+        _ring_shared = !_dq.share_ring(nullptr);
+    }
     if (_ring_ok) {
         io_uring_queue_exit(&_ring);
         _ring_ok = false;
@@ -290,8 +306,8 @@ io_uring_sqe* queue_runner::next_sqe()
 {
     io_uring_sqe* sqe = io_uring_get_sqe(&_ring);
     if (sqe == nullptr) {
-        // Cannot happen with depth + 2 entries and one command per tag, but
-        // never drop a command.
+        // Rare: the ring has room for a command per tag and, shared, for
+        // the file I/O of every tag; never drop a command.
         io_uring_submit(&_ring);
         sqe = io_uring_get_sqe(&_ring);
     }
@@ -320,7 +336,7 @@ void queue_runner::prep_fetch(tag_slot& slot)
                .result = -1,
                .addr = _cfg.user_copy ? 0 : reinterpret_cast<uint64_t>(slot.buffer)};
     std::memcpy(sqe->cmd, &cmd, sizeof(cmd));
-    io_uring_sqe_set_data64(sqe, slot.tag);
+    io_uring_sqe_set_data64(sqe, k_own_data | slot.tag);
 }
 
 void queue_runner::prep_commit(tag_slot& slot, int result, uint64_t addr)
@@ -333,7 +349,7 @@ void queue_runner::prep_commit(tag_slot& slot, int result, uint64_t addr)
     io_cmd cmd{
         .q_id = static_cast<uint16_t>(_cfg.q_id), .tag = slot.tag, .result = result, .addr = addr};
     std::memcpy(sqe->cmd, &cmd, sizeof(cmd));
-    io_uring_sqe_set_data64(sqe, slot.tag);
+    io_uring_sqe_set_data64(sqe, k_own_data | slot.tag);
 }
 
 namespace {
@@ -659,6 +675,11 @@ int queue_runner::wait_idle()
 
 void queue_runner::handle_cqe(const io_uring_cqe& cqe)
 {
+    if ((cqe.user_data & k_own_data) == 0) {
+        // The device queue's file I/O, in the shared ring.
+        _dq.ring_completion(cqe.user_data, cqe.res);
+        return;
+    }
     if (cqe.user_data == k_event_data) {
         // The device queue has completions; the loop's process() takes them.
         _event_poll_armed = (cqe.flags & IORING_CQE_F_MORE) != 0;
@@ -670,7 +691,7 @@ void queue_runner::handle_cqe(const io_uring_cqe& cqe)
         }
         return;
     }
-    tag_slot& slot = _slots[cqe.user_data];
+    tag_slot& slot = _slots[static_cast<uint16_t>(cqe.user_data)];
     if (cqe.res == k_io_res_ok) {
         start_request(slot);
         return;

@@ -43,6 +43,9 @@ struct queue_config {
     // queue measures zero copy faster for its size (copy_chooser).
     bool zero_copy = false;
     int64_t zero_copy_min_bytes = -1;
+    // Lend the thread's ring to the device queue (io_queue::share_ring):
+    // the target's file I/O then goes through it.
+    bool shared_ring = true;
     bool ioctl_encode = true;
     int char_fd = -1;  // /dev/ublkcN, owned by the export
     // The CPUs whose requests the kernel sends to this queue (its blk-mq
@@ -160,6 +163,7 @@ private:
     io_uring _ring{};
     bool _ring_ok = false;
     bool _fixed_file = false;
+    bool _ring_shared = false;  // the device queue runs its file I/O in _ring
     const io_desc* _descs = nullptr;
     size_t _descs_len = 0;
     char* _buffers = nullptr;

@@ -71,6 +71,13 @@ constexpr option_def k_export_options[] = {
              "each queue measures both ways per write size and takes the faster",
      .smin = -1,
      .smax = 1 << 30},
+    {.name = "shared_ring",
+     .kind = option_kind::boolean,
+     .default_value = "1",
+     .unit = "",
+     .help = "1: a queue's thread lends its io_uring to the device's file I/O (file and zloop "
+             "targets), which then costs no system call or wake-up of its "
+             "own; 0: the file I/O keeps a ring of its own"},
     {.name = "queue_affinity",
      .kind = option_kind::boolean,
      .default_value = "0",
@@ -116,6 +123,7 @@ struct export_config {
     bool user_copy_given = false;
     std::string zero_copy = "auto";
     int64_t zero_copy_min = -1;
+    bool shared_ring = true;
     bool queue_affinity = false;
     idle_spin_mode idle_spin = idle_spin_mode::measured;
     uint64_t idle_spin_max_ns = 1'000'000;
@@ -158,6 +166,7 @@ result<export_config> parse_config(const export_context& ctx, std::span<const st
         }
         c.user_copy = true;
     }
+    c.shared_ring = o->flag("shared_ring");
     c.queue_affinity = o->flag("queue_affinity");
     if (const std::string spin = o->text("idle_spin"); spin == "auto") {
         c.idle_spin = idle_spin_mode::measured;
@@ -345,6 +354,7 @@ result<void> ublk_export::start_queues(unsigned nr_queues, unsigned depth, uint3
             .user_copy = (flags & k_f_user_copy) != 0,
             .zero_copy = (flags & k_f_support_zero_copy) != 0 && _dev.limits().kernel_buffers,
             .zero_copy_min_bytes = _cfg.zero_copy_min,
+            .shared_ring = _cfg.shared_ring,
             .ioctl_encode = (flags & k_f_cmd_ioctl_encode) != 0 || _ctl->ioctl_encode(),
             .char_fd = _char_fd,
             .cpus = {},

@@ -13,6 +13,8 @@
 #    QD 32 take zero copy (each finds others in flight).
 #  - zero_copy=0 turns it off; zero_copy=1 on a null device is refused with
 #    the reason.
+#  - The file I/O runs in the ublk queue threads' rings (borrowed_rings),
+#    not with shared_ring=0.
 # Where the kernel lacks zero copy (6.12) the test skips with the reason.
 set -euo pipefail
 . /softblk-vm/lib.sh
@@ -65,6 +67,8 @@ errors=$(json_field kernel_buffer_errors)
 echo "zloop: kernel_buffer_writes $writes kernel_buffer_errors $errors"
 [ "${writes:-0}" -gt 0 ] || vm_fail "no write took zero copy"
 vm_expect_eq "kernel_buffer_errors" "$errors" 0
+# The queue's file I/O ran in its ublk ring (shared_ring=1, the default).
+vm_expect_eq "borrowed_rings (nr_queues=1)" "$(json_field borrowed_rings)" 1
 # The conventional zones too (plain writes, not appends).
 dd if=/dev/urandom of=/tmp/conv bs=1M count=4 status=none
 dd if=/tmp/conv of="$dev" bs=1M oflag=direct status=none
@@ -118,8 +122,9 @@ softblk del f3
 
 vm_step "zero_copy=0, and zero_copy=1 where the target needs the bytes"
 add_dev f2 file path=/mnt/zc/f2.img size=16M create=1 --bs 4096 \
-  --export-opt user_copy=1 --export-opt zero_copy=0
+  --export-opt user_copy=1 --export-opt zero_copy=0 --export-opt shared_ring=0
 vm_expect_eq "zero_copy=0" "$(json_field zero_copy)" false
+vm_expect_eq "borrowed_rings with shared_ring=0" "$(json_field borrowed_rings)" 0
 softblk del f2
 if softblk add null --name n1 --size 16M --memory-backed --export ublk --export-opt zero_copy=1 \
   >/tmp/add-n1.txt 2>&1; then
