@@ -51,7 +51,9 @@ trap cleanup EXIT
 # that no device pays for those pages in the middle of its jobs (whichever
 # ran first on fresh blocks did, before).
 dd if=/dev/zero of=/dev/ram0 bs=1M count=768 oflag=direct status=none
-mkfs.ext4 -q -F /dev/ram0
+# Inode tables and journal zeroed now, not by ext4lazyinit in the
+# background of the first jobs.
+mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 /dev/ram0
 mkdir -p /mnt/zl
 mount /dev/ram0 /mnt/zl
 
