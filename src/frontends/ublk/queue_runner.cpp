@@ -520,8 +520,10 @@ bool queue_runner::dispatch(tag_slot& slot)
             in_kernel = length >= _cfg.zero_copy_min_bytes;
         } else {
             in_kernel = _chooser.zero_copy(length, _dq.in_flight() == 0, slot.timed);
-            slot.in_kernel = in_kernel;
-            slot.start_ns = monotonic_ns();
+            if (slot.timed) {
+                slot.in_kernel = in_kernel;
+                slot.start_ns = monotonic_ns();
+            }
         }
     }
     if (data_in && _cfg.user_copy && !in_kernel) {
