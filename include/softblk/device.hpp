@@ -222,6 +222,12 @@ public:
     // the ring; true once nothing is in flight). Owner thread.
     virtual bool share_ring(io_uring* ring) = 0;
     virtual void ring_completion(uint64_t user_data, int result) = 0;
+    // With the ring shared: whether a write whose data is in the kernel
+    // may carry the owner's completion linked after it (kernel_buffer::
+    // prep_completion): the target ends such writes with their file
+    // write's result, and the queue holds no completion back for a time
+    // (irqmode=2).
+    virtual bool links_completions() const = 0;
 
     virtual queue_stats stats() const = 0;
 

@@ -76,6 +76,13 @@ public:
     // below 2^63): the target's. Queue thread.
     virtual void ring_completion(uint64_t user_data, int result) {}
 
+    // True when every request with kernel_data ends with the result of its
+    // file ring's last write for it, at once and unchanged (never given up
+    // at a timeout either: timed_out says false): the owner may then link
+    // its own completion after that write (kernel_buffer::prep_completion).
+    // Decorators, which change results or their timing, say false.
+    virtual bool ends_with_ring_write() const { return false; }
+
     // The core gave up on `request` after the device's I/O timeout (the
     // block layer's timeout handler). Return true if the target released it;
     // the core then completes it with -ETIMEDOUT. Return false if it is

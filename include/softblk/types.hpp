@@ -99,10 +99,24 @@ struct io_request;
 // them from there, and takes them out with prep_unregister's entry when
 // the write is done. The front end fills it and keeps it until the request
 // completes.
+//
+// Two variations, both only in a ring the front end lent (share_ring):
+// `in_table` says the kernel put the pages in that ring's table already
+// (ublk's AUTO_BUF_REG) and takes them out itself, so the ring registers
+// nothing; `prep_completion`, where set, makes the entry by which the
+// front end itself ends the request, and the ring links it after each
+// write of the rest of the request (io_queue::links_completions says
+// when a front end may ask for that): the kernel then completes the
+// request as soon as the write is done, in the context that did it,
+// without waiting for the front end's thread. The front end still sees
+// the completion as usual afterwards.
 struct kernel_buffer {
     void (*prep_register)(::io_uring_sqe& sqe, const kernel_buffer& kb) = nullptr;
     void (*prep_unregister)(::io_uring_sqe& sqe, const kernel_buffer& kb) = nullptr;
-    // Where the data lives (for the two functions): ublk's /dev/ublkcN, queue, tag.
+    void (*prep_completion)(::io_uring_sqe& sqe, const kernel_buffer& kb) = nullptr;
+    // The front end's, for the functions above.
+    void* owner = nullptr;
+    // Where the data lives (for the functions above): ublk's /dev/ublkcN, queue, tag.
     int fd = -1;
     uint16_t queue = 0;
     uint16_t tag = 0;
@@ -110,6 +124,7 @@ struct kernel_buffer {
     // in flight, below `slots`.
     uint16_t index = 0;
     uint16_t slots = 0;
+    bool in_table = false;
 };
 
 // Called once per request when it completes, on the thread that drives the

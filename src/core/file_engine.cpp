@@ -615,7 +615,13 @@ void file_ring::start_kernel_write(io_request& r)
         finish(r, -EINVAL);
         return;
     }
-    if (_mode == ring_mode::defer_taskrun && _borrowed == nullptr) {
+    if (kb.in_table || kb.prep_completion != nullptr) {
+        // Both need the front end's own ring: its table, its entry.
+        if (_borrowed == nullptr) {
+            finish(r, -EINVAL);
+            return;
+        }
+    } else if (_mode == ring_mode::defer_taskrun && _borrowed == nullptr) {
         // With the pages of ublk requests registered and written through a
         // DEFER_TASKRUN ring, requests that the kernel handed to ublk
         // afterwards sometimes never reached the daemon (Linux 7.3.4: five
@@ -629,7 +635,7 @@ void file_ring::start_kernel_write(io_request& r)
         leave_defer_taskrun();
         return;
     }
-    if (_buffer_slots == 0 && _broken == 0) {
+    if (!kb.in_table && _buffer_slots == 0 && _broken == 0) {
         // The table is made at the first kernel buffer: rings that never
         // see one carry none.
         const int rc = io_uring_register_buffers_sparse(ring(), kb.slots);
@@ -640,41 +646,37 @@ void file_ring::start_kernel_write(io_request& r)
         }
         _buffer_slots = kb.slots;
     }
-    if (kb.index >= _buffer_slots) {
+    if (kb.index >= (kb.in_table ? kb.slots : _buffer_slots)) {
         finish(r, -EINVAL);
         return;
     }
     const unsigned file = file_of(r);
     const int mode = mode_of(r);
-    const bool registered = (mode & k_kb_registered) != 0;
-    io_uring_sqe* reg = nullptr;
-    io_uring_sqe* sqe = nullptr;
-    if (registered) {
-        sqe = next_sqe(r);
-        if (sqe == nullptr) {
-            return;
-        }
-    } else {
-        // The register entry and the write go in together (linked: the
-        // write runs only if the pages are in the table): both need room.
-        if (_broken == 0 && io_uring_sq_space_left(ring()) < 2) {
-            make_room();
-        }
-        if (_broken != 0 || io_uring_sq_space_left(ring()) < 2) {
-            finish(r, _broken != 0 ? _broken : _submit_error);
-            return;
-        }
-        reg = io_uring_get_sqe(ring());
-        sqe = io_uring_get_sqe(ring());
+    const bool to_register = !kb.in_table && (mode & k_kb_registered) == 0;
+    // The register entry, the write and the front end's completion go in
+    // together (linked: each runs only if the one before it did all its
+    // work): all need room.
+    const unsigned entries = 1 + (to_register ? 1 : 0) + (kb.prep_completion != nullptr ? 1 : 0);
+    if (_broken == 0 && io_uring_sq_space_left(ring()) < entries) {
+        make_room();
     }
-    if (reg != nullptr) {
+    if (_broken != 0 || io_uring_sq_space_left(ring()) < entries) {
+        finish(r, _broken != 0 ? _broken : _submit_error);
+        return;
+    }
+    if (to_register) {
+        io_uring_sqe* reg = io_uring_get_sqe(ring());
         kb.prep_register(*reg, kb);
         reg->flags |= IOSQE_IO_LINK | IOSQE_CQE_SKIP_SUCCESS;
         io_uring_sqe_set_data64(reg, reinterpret_cast<uintptr_t>(&r) | k_note_register);
         ++_unsubmitted;
         set_mode(r, mode | k_kb_registered);
+    }
+    if (to_register ||
+        (kb.in_table && count_of(r) == 0 && retries_of(r) == 0 && (mode & k_kb_buffered) == 0)) {
         _stats.kernel_buffer_writes.fetch_add(1, std::memory_order_relaxed);
     }
+    io_uring_sqe* sqe = io_uring_get_sqe(ring());
     const uint32_t done = count_of(r);
     const bool direct = (mode & k_kb_buffered) == 0 && direct_ok(r);
     // A fixed kernel buffer is addressed from 0: the address is the offset
@@ -689,6 +691,13 @@ void file_ring::start_kernel_write(io_request& r)
     sqe->flags |= IOSQE_FIXED_FILE;
     io_uring_sqe_set_data(sqe, &r);
     ++_unsubmitted;
+    if (kb.prep_completion != nullptr) {
+        // This write ends the request if it writes all it asks for (a short
+        // one fails the link, and the rest goes with a link of its own):
+        // the front end's completion follows it in the same context.
+        sqe->flags |= IOSQE_IO_LINK;
+        kb.prep_completion(*io_uring_get_sqe(ring()), kb);
+    }
 }
 
 void file_ring::leave_defer_taskrun()

@@ -502,6 +502,14 @@ bool queue_impl::share_ring(io_uring* ring)
     return true;
 }
 
+bool queue_impl::links_completions() const
+{
+    // (Deferred completions, irqmode=1, only run later in the same loop; a
+    // timer's, irqmode=2, must not end before it.)
+    return _ring_shared && !_poll_queue && _mode != completion_mode::timer &&
+           _tq->ends_with_ring_write();
+}
+
 unsigned queue_impl::wait(unsigned min_completions, int64_t timeout_ns)
 {
     lower_timer_slack();

@@ -86,6 +86,7 @@ public:
     uint64_t next_event_ns() const override;
     int event_fd() const override;
     bool share_ring(io_uring* ring) override;
+    bool links_completions() const override;
     void ring_completion(uint64_t user_data, int result) override
     {
         _tq->ring_completion(user_data, result);

@@ -23,6 +23,9 @@ namespace {
 
 struct partial_extra {
     io_request* original = nullptr;
+    // The original's kernel buffer without the front end's completion: the
+    // shortened write does not end the request (it fails with -EIO).
+    kernel_buffer data_in_kernel;
 };
 
 bool checked_op(io_op op)
@@ -73,6 +76,9 @@ public:
     // The inner target's I/O may run in the owner's ring; what this queue
     // holds back it submits there later, from poll().
     bool share_ring(io_uring* ring) override { return _inner->share_ring(ring); }
+    // A request it lets through completes as the target ends it; a
+    // shortened one carries no completion of the front end (start_partial).
+    bool ends_with_ring_write() const override { return _inner->ends_with_ring_write(); }
     void ring_completion(uint64_t user_data, int result) override
     {
         _inner->ring_completion(user_data, result);
@@ -249,7 +255,12 @@ void bad_blocks_queue::start_partial(io_request& r, uint32_t bytes)
     p.offset = r.offset;
     p.length = bytes;
     p.buffer = r.buffer;
-    p.kernel_data = r.kernel_data;
+    p.kernel_data = nullptr;
+    if (r.kernel_data != nullptr) {
+        e->extra.data_in_kernel = *r.kernel_data;
+        e->extra.data_in_kernel.prep_completion = nullptr;
+        p.kernel_data = &e->extra.data_in_kernel;
+    }
     p.transferred = 0;
     p.result_offset = 0;
     e->extra.original = &r;

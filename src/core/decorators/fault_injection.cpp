@@ -50,6 +50,8 @@ public:
     // The inner target's I/O may run in the owner's ring; what this queue
     // holds back it submits there later, from poll().
     bool share_ring(io_uring* ring) override { return _inner->share_ring(ring); }
+    // Faults act before the target sees a request; results are its own.
+    bool ends_with_ring_write() const override { return _inner->ends_with_ring_write(); }
     void ring_completion(uint64_t user_data, int result) override
     {
         _inner->ring_completion(user_data, result);

@@ -48,6 +48,7 @@ public:
     int wait_fd() const override { return _ring->event_fd(); }
     uint64_t next_wakeup_ns() const override { return _ring->next_wakeup_ns(); }
     bool share_ring(io_uring* ring) override { return _ring->borrow_ring(ring); }
+    bool ends_with_ring_write() const override { return true; }
     void ring_completion(uint64_t user_data, int result) override
     {
         _ring->on_completion(user_data, result);
