@@ -58,6 +58,13 @@ enum io_nr : uint8_t {
     // table, at io_cmd::addr.
     k_io_register_io_buf = 0x23,
     k_io_unregister_io_buf = 0x24,
+    // UBLK_F_BATCH_IO, ioctl-encoded only, each with a batch_cmd: hand the
+    // kernel a queue's tags (PREP), commit the results of many requests
+    // at once (COMMIT), and receive requests as lists of tags from one
+    // multishot command into provided buffers (FETCH).
+    k_io_prep_io_cmds = 0x25,
+    k_io_commit_io_cmds = 0x26,
+    k_io_fetch_io_cmds = 0x27,
 };
 
 // What the kernel stores behind sqe->cmd for a control command (32 bytes).
@@ -110,6 +117,33 @@ struct io_cmd {
     uint64_t addr;
 };
 static_assert(sizeof(io_cmd) == sizeof(::ublksrv_io_cmd));
+
+// UBLK_F_BATCH_IO: what sqe->cmd carries (struct ublk_batch_io, 16
+// bytes); addr and len of the SQE point at nr_elem elements of elem_bytes
+// each (FETCH: room for 16-bit tags in a provided buffer instead).
+struct batch_cmd {
+    uint16_t q_id;
+    uint16_t flags;
+    uint16_t nr_elem;
+    uint8_t elem_bytes;
+    uint8_t reserved;
+    uint64_t reserved2;
+};
+static_assert(sizeof(batch_cmd) == 16);
+constexpr uint16_t k_batch_f_has_zone_lba = 1u << 0;  // each element ends with zone_lba
+constexpr uint16_t k_batch_f_has_buf_addr = 1u << 1;  // each element has a buffer address
+// One element of PREP and COMMIT (struct ublk_elem_header, then the
+// optional 8 bytes): buf_index is where AUTO_BUF_REG puts the tag's next
+// request's pages; zone_lba the sector a zone append landed on.
+struct batch_elem {
+    uint16_t tag;
+    uint16_t buf_index;
+    int32_t result;
+    uint64_t zone_lba;
+};
+constexpr uint8_t k_batch_elem_header_bytes = 8;
+// IORING_URING_CMD_MULTISHOT (sqe->uring_cmd_flags).
+constexpr uint32_t k_uring_cmd_multishot = 1u << 1;
 
 // What the kernel writes in the shared descriptor array, one per tag.
 using io_desc = ::ublksrv_io_desc;

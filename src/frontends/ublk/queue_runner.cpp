@@ -12,6 +12,7 @@
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <unistd.h>
+#include <utility>
 
 #include <softblk/support/cpu_relax.hpp>
 
@@ -19,11 +20,6 @@ namespace softblk::ublk {
 
 namespace {
 
-// Our entries' user_data carry bit 63: with the ring shared, the others
-// are the device queue's (user addresses, below 2^63).
-constexpr uint64_t k_own_data = uint64_t{1} << 63;
-constexpr uint64_t k_wake_data = k_own_data | (uint64_t{1} << 32);
-constexpr uint64_t k_event_data = k_own_data | ((uint64_t{1} << 32) + 1);
 // While device requests are in flight the thread sleeps in the ring until
 // the device queue's next event (next_event_ns(): a completion timer, a
 // throttle, the timeout scan) or its event_fd(); waits shorter than this
@@ -124,6 +120,7 @@ queue_counters queue_runner::counters() const
     return queue_counters{.requests = _requests.load(std::memory_order_relaxed),
                           .errors = _errors.load(std::memory_order_relaxed),
                           .aborted_tags = _aborted_count.load(std::memory_order_relaxed),
+                          .linked_commits = _linked_commits.load(std::memory_order_relaxed),
                           .zero_copy_from = _zero_copy_from.load(std::memory_order_relaxed),
                           .idle_spinning = _idle_spinning.load(std::memory_order_relaxed),
                           .idle_waits = _idle_waits.load(std::memory_order_relaxed),
@@ -200,11 +197,14 @@ result<void> queue_runner::setup()
         _slots[t].buffer = _buffers + size_t{t} * _cfg.buf_bytes;
         _slots[t].data_in_kernel = kernel_buffer{.prep_register = &prep_register_buffer,
                                                  .prep_unregister = &prep_unregister_buffer,
+                                                 .prep_completion = nullptr,
+                                                 .owner = this,
                                                  .fd = _cfg.char_fd,
                                                  .queue = static_cast<uint16_t>(_cfg.q_id),
                                                  .tag = static_cast<uint16_t>(t),
                                                  .index = static_cast<uint16_t>(t),
-                                                 .slots = static_cast<uint16_t>(depth)};
+                                                 .slots = static_cast<uint16_t>(depth),
+                                                 .in_table = _cfg.auto_buf_reg};
     }
 
     _wake_fd = ::eventfd(0, EFD_CLOEXEC);
@@ -246,6 +246,9 @@ result<void> queue_runner::setup()
     // a registered file saves a lookup per command.
     _ring_shared = _cfg.shared_ring && _dq.share_ring(&_ring);
     _fixed_file = !_ring_shared && io_uring_register_files(&_ring, &_cfg.char_fd, 1) == 0;
+    if (_cfg.batch) {
+        return setup_batch();
+    }
 
     for (unsigned t = 0; t < depth; ++t) {
         prep_fetch(_slots[t]);
@@ -288,6 +291,7 @@ void queue_runner::teardown()
         io_uring_queue_exit(&_ring);
         _ring_ok = false;
     }
+    teardown_batch();
     if (_descs != nullptr) {
         ::munmap(const_cast<io_desc*>(_descs), _descs_len);
         _descs = nullptr;
@@ -341,6 +345,10 @@ void queue_runner::prep_fetch(tag_slot& slot)
 
 void queue_runner::prep_commit(tag_slot& slot, int result, uint64_t addr)
 {
+    if (_cfg.batch) {
+        add_batch_commit(slot.tag, result, addr);
+        return;
+    }
     io_uring_sqe* sqe = next_sqe();
     std::memset(sqe, 0, sizeof(*sqe));
     sqe->opcode = IORING_OP_URING_CMD;
@@ -395,6 +403,17 @@ void queue_runner::on_complete(io_request& request, int result)
         if ((++self._timed_writes & 63) == 0) {
             self._zero_copy_from.store(self._chooser.zero_copy_from(), std::memory_order_relaxed);
         }
+    }
+    if (std::exchange(slot.linked, false) && res == static_cast<int>(slot.length)) {
+        // The write ended the request in full, so the commit linked after
+        // it ran: the kernel has completed the request, and may have sent
+        // the tag's next one already.
+        self._linked_commits.fetch_add(1, std::memory_order_relaxed);
+        if (std::exchange(slot.refetched, false)) {
+            self._backlog[(self._backlog_head + self._backlog_count) % self._cfg.depth] = slot.tag;
+            ++self._backlog_count;
+        }
+        return;
     }
     uint64_t addr = self._cfg.user_copy ? 0 : reinterpret_cast<uint64_t>(slot.buffer);
     if (res >= 0) {
@@ -548,6 +567,10 @@ bool queue_runner::dispatch(tag_slot& slot)
     r->length = moves_data || dop == io_op::discard || dop == io_op::write_zeroes ? length : 0;
     r->buffer = moves_data && !in_kernel ? slot.buffer : nullptr;
     r->kernel_data = in_kernel ? &slot.data_in_kernel : nullptr;
+    // Only a plain write's result is known before it is done (a zone
+    // append's sector is the target's to say).
+    slot.data_in_kernel.prep_completion =
+        _links && in_kernel && op == k_op_write ? &prep_linked_commit : nullptr;
     if (dop == io_op::report_zones) {
         // The descriptor's nr_sectors is nr_zones here; the slot's buffer
         // holds them, as 64-byte blk_zone entries once converted.
@@ -565,6 +588,14 @@ bool queue_runner::dispatch(tag_slot& slot)
 
 void queue_runner::start_request(tag_slot& slot)
 {
+    if (slot.linked) {
+        // Batched: the commit linked after the tag's last write completed
+        // that request, and the kernel handed the tag out again, before its
+        // write's completion reached us (its own order of CQEs). The new
+        // request waits for on_complete of the old.
+        slot.refetched = true;
+        return;
+    }
     if (_backlog_count != 0 || !dispatch(slot)) {
         // Keep arrival order: behind whatever already waits for a request.
         _backlog[(_backlog_head + _backlog_count) % _cfg.depth] = slot.tag;
@@ -693,6 +724,10 @@ void queue_runner::handle_cqe(const io_uring_cqe& cqe)
         }
         return;
     }
+    if (_cfg.batch) {
+        handle_batch_cqe(cqe);
+        return;
+    }
     tag_slot& slot = _slots[static_cast<uint16_t>(cqe.user_data)];
     if (cqe.res == k_io_res_ok) {
         start_request(slot);
@@ -744,6 +779,9 @@ void queue_runner::run(std::promise<result<void>>& ready)
             _dq.detach_owner()) {
             break;
         }
+        if (_cfg.batch) {
+            flush_batch_commits();
+        }
         const int r = wait_idle();
         if (r < 0 && r != -EINTR && r != -EAGAIN && r != -EBUSY && r != -ETIME) {
             // The ring itself failed: nothing more can be fetched.
@@ -761,6 +799,9 @@ void queue_runner::run(std::promise<result<void>>& ready)
         io_uring_cq_advance(&_ring, seen);
     }
     // Commits prepared by the last callbacks go out before the ring closes.
+    if (_cfg.batch) {
+        flush_batch_commits();
+    }
     io_uring_submit(&_ring);
     teardown();
     _exited.store(true, std::memory_order_release);

@@ -8,6 +8,10 @@
 // Data moves through per-tag buffers: in copy mode the kernel copies into
 // and out of them; with USER_COPY the thread pread()s/pwrite()s them from
 // /dev/ublkcN itself. Nothing is allocated, logged or thrown per I/O.
+//
+// With batch_io=1 (UBLK_F_BATCH_IO) the same thread speaks the kernel's
+// batched commands instead (queue_runner_batch.cpp): tag lists in, result
+// lists out, a zero-copy write's commit linked after it.
 #pragma once
 
 #include "abi.hpp"
@@ -46,6 +50,16 @@ struct queue_config {
     // Lend the thread's ring to the device queue (io_queue::share_ring):
     // the target's file I/O then goes through it.
     bool shared_ring = true;
+    // UBLK_F_BATCH_IO (with USER_COPY): tags arrive in lists from one
+    // multishot FETCH_IO_CMDS, results go back in COMMIT_IO_CMDS lists;
+    // with AUTO_BUF_REG the kernel puts each request's pages in the ring's
+    // table at the tag's index (zero copy without register entries), and a
+    // zero-copy write carries its commit linked after it where the device
+    // queue allows (io_queue::links_completions). zoned: commits carry the
+    // zone append sector.
+    bool batch = false;
+    bool auto_buf_reg = false;
+    bool zoned = false;
     bool ioctl_encode = true;
     int char_fd = -1;  // /dev/ublkcN, owned by the export
     // The CPUs whose requests the kernel sends to this queue (its blk-mq
@@ -71,6 +85,8 @@ struct queue_counters {
     uint64_t requests = 0;
     uint64_t errors = 0;  // requests committed with a negative result
     uint64_t aborted_tags = 0;
+    // Batched: writes the kernel completed through the commit linked after them.
+    uint64_t linked_commits = 0;
     // Measured zero copy (copy_chooser): the smallest write size it is
     // ahead at, 0 while it is nowhere ahead (or not measured).
     uint32_t zero_copy_from = 0;
@@ -110,6 +126,23 @@ public:
     const std::vector<unsigned>& pinned_cpus() const { return _pinned_cpus; }
 
 private:
+    // Our entries' user_data carry bit 63: with the ring shared, the others
+    // are the device queue's (user addresses, below 2^63). Below it, a
+    // kind in bits 32..39 and a value (a tag for per-tag commands).
+    static constexpr uint64_t k_own_data = uint64_t{1} << 63;
+    static constexpr uint64_t k_wake_data = k_own_data | (uint64_t{1} << 32);
+    static constexpr uint64_t k_event_data = k_own_data | ((uint64_t{1} << 32) + 1);
+    enum batch_kind : uint64_t {
+        k_batch_fetch = 2,
+        k_batch_prep = 3,
+        k_batch_commit = 4,  // value: the commit list
+        k_batch_linked = 5,  // value: the tag
+    };
+    static constexpr uint64_t batch_data(batch_kind kind, uint32_t value)
+    {
+        return k_own_data | (uint64_t{kind} << 32) | value;
+    }
+
     struct tag_slot {
         queue_runner* runner = nullptr;
         char* buffer = nullptr;
@@ -121,6 +154,11 @@ private:
         // A write the chooser times: when it was taken, and which way.
         bool timed = false;
         bool in_kernel = false;
+        // A commit is linked after the request's write (batched), and the
+        // kernel sent the tag's next request before on_complete saw the
+        // write's completion.
+        bool linked = false;
+        bool refetched = false;
         uint64_t start_ns = 0;
     };
 
@@ -152,6 +190,17 @@ private:
     // USER_COPY: pwrite()s `bytes` of the slot's buffer into the kernel's
     // request; returns `result`, or -errno when the copy failed.
     int copy_to_kernel(const tag_slot& slot, size_t bytes, int result) const;
+    // UBLK_F_BATCH_IO (queue_runner_batch.cpp).
+    result<void> setup_batch();
+    void teardown_batch();
+    void prep_batch_cmd(io_uring_sqe& sqe, uint8_t nr, const void* elems, unsigned count,
+                        uint64_t data) const;
+    void prep_batch_fetch();
+    void add_batch_commit(uint16_t tag, int result, uint64_t zone_lba);
+    // The commits gathered since the last wait go out in one entry.
+    void flush_batch_commits();
+    void handle_batch_cqe(const io_uring_cqe& cqe);
+    static void prep_linked_commit(io_uring_sqe& sqe, const kernel_buffer& kb);
     void pin_thread();
     void pin_io_workers();
     io_uring_sqe* next_sqe();
@@ -189,6 +238,26 @@ private:
     std::atomic<bool> _idle_spinning{false};
     std::atomic<uint64_t> _idle_waits{0}, _idle_spins{0};
     std::vector<unsigned> _pinned_cpus;
+
+    // UBLK_F_BATCH_IO state.
+    // The provided-buffer ring FETCH_IO_CMDS writes tag lists into, and
+    // its buffers.
+    io_uring_buf_ring* _fetch_ring = nullptr;
+    size_t _fetch_ring_len = 0;
+    std::unique_ptr<uint16_t[]> _fetch_bufs;
+    uint8_t _elem_bytes = 0;
+    uint16_t _batch_flags = 0;
+    // Commit lists: each in the kernel's hands from its entry to its
+    // completion; `_commit_open` gathers (-1: none yet).
+    std::vector<std::unique_ptr<char[]>> _commit_lists;
+    std::vector<bool> _commit_busy;
+    std::vector<unsigned> _commit_sizes;
+    int _commit_open = -1;
+    unsigned _commit_count = 0;
+    // One element per tag for the commits linked after writes.
+    std::unique_ptr<char[]> _linked_elems;
+    bool _links = false;  // the device queue lets writes carry their commit
+    std::atomic<uint64_t> _linked_commits{0};
 };
 
 }  // namespace softblk::ublk

@@ -78,6 +78,15 @@ constexpr option_def k_export_options[] = {
      .help = "1: a queue's thread lends its io_uring to the device's file I/O (file and zloop "
              "targets), which then costs no system call or wake-up of its "
              "own; 0: the file I/O keeps a ring of its own"},
+    {.name = "batch_io",
+     .kind = option_kind::boolean,
+     .default_value = "0",
+     .unit = "",
+     .help = "UBLK_F_BATCH_IO: requests reach a queue's thread as lists of tags and their "
+             "results go back many at once; a zero-copy write (AUTO_BUF_REG: the kernel puts "
+             "its pages in the ring) carries its commit linked after it, so the request ends "
+             "where the write did, without the queue's thread. Needs user_copy (turned on) "
+             "and recovery=none"},
     {.name = "queue_affinity",
      .kind = option_kind::boolean,
      .default_value = "0",
@@ -124,6 +133,7 @@ struct export_config {
     std::string zero_copy = "auto";
     int64_t zero_copy_min = -1;
     bool shared_ring = true;
+    bool batch_io = false;
     bool queue_affinity = false;
     idle_spin_mode idle_spin = idle_spin_mode::measured;
     uint64_t idle_spin_max_ns = 1'000'000;
@@ -167,6 +177,20 @@ result<export_config> parse_config(const export_context& ctx, std::span<const st
         c.user_copy = true;
     }
     c.shared_ring = o->flag("shared_ring");
+    c.batch_io = o->flag("batch_io");
+    if (c.batch_io) {
+        // Batched commands carry no buffer of ours: data moves by USER_COPY
+        // or stays in the kernel.
+        if (c.user_copy_given && !c.user_copy) {
+            return make_error(EINVAL, "batch_io=1: needs user_copy=1");
+        }
+        c.user_copy = true;
+        if (c.recovery_flags != 0) {
+            return make_error(EINVAL, fmt::format("batch_io=1: not with recovery={}; "
+                                                  "recovery=none",
+                                                  c.recovery));
+        }
+    }
     c.queue_affinity = o->flag("queue_affinity");
     if (const std::string spin = o->text("idle_spin"); spin == "auto") {
         c.idle_spin = idle_spin_mode::measured;
@@ -253,7 +277,10 @@ result<void> wait_char_device_access(uint32_t dev_id, int timeout_ms)
 std::string kernel_requirement(uint64_t flag)
 {
     switch (flag) {
+    case k_f_batch_io:
+        return " (Linux 7.3 has it, 6.12 not)";
     case k_f_update_size:
+    case k_f_auto_buf_reg:
         return " (Linux 6.16+)";
     case k_f_support_zero_copy:
         return " (Linux 6.15+)";
@@ -347,19 +374,22 @@ result<void> ublk_export::start_queues(unsigned nr_queues, unsigned depth, uint3
             return make_error(EINVAL, fmt::format("device queue {} has {} tags, ublk needs {}", q,
                                                   dq.depth(), depth));
         }
-        queue_config qc{
-            .q_id = q,
-            .depth = depth,
-            .buf_bytes = buf_bytes,
-            .user_copy = (flags & k_f_user_copy) != 0,
-            .zero_copy = (flags & k_f_support_zero_copy) != 0 && _dev.limits().kernel_buffers,
-            .zero_copy_min_bytes = _cfg.zero_copy_min,
-            .shared_ring = _cfg.shared_ring,
-            .ioctl_encode = (flags & k_f_cmd_ioctl_encode) != 0 || _ctl->ioctl_encode(),
-            .char_fd = _char_fd,
-            .cpus = {},
-            .idle_spin = _cfg.idle_spin,
-            .idle_spin_max_ns = _cfg.idle_spin_max_ns};
+        queue_config qc{.q_id = q,
+                        .depth = depth,
+                        .buf_bytes = buf_bytes,
+                        .user_copy = (flags & k_f_user_copy) != 0,
+                        .zero_copy = (flags & (k_f_support_zero_copy | k_f_auto_buf_reg)) != 0 &&
+                                     _dev.limits().kernel_buffers,
+                        .zero_copy_min_bytes = _cfg.zero_copy_min,
+                        .shared_ring = _cfg.shared_ring,
+                        .batch = (flags & k_f_batch_io) != 0,
+                        .auto_buf_reg = (flags & k_f_auto_buf_reg) != 0,
+                        .zoned = (flags & k_f_zoned) != 0,
+                        .ioctl_encode = (flags & k_f_cmd_ioctl_encode) != 0 || _ctl->ioctl_encode(),
+                        .char_fd = _char_fd,
+                        .cpus = {},
+                        .idle_spin = _cfg.idle_spin,
+                        .idle_spin_max_ns = _cfg.idle_spin_max_ns};
         if (_cfg.queue_affinity) {
             std::lock_guard guard(_ctl->lock());
             if (auto cpus = _ctl->queue_cpus(_info.dev_id, static_cast<uint16_t>(q))) {
@@ -499,6 +529,21 @@ result<void> ublk_export::start_new()
     if (_cfg.zero_copy == "auto" && (want & k_f_user_copy) != 0 && lim.kernel_buffers &&
         !_cfg.unprivileged) {
         ask |= k_f_support_zero_copy;
+    }
+    if (_cfg.batch_io) {
+        want |= k_f_batch_io;
+        // Batched, the kernel itself puts a write's pages in the queue's
+        // ring, which the file ring borrows (shared_ring) to write them.
+        const uint64_t zc = k_f_support_zero_copy;
+        if ((want & zc) != 0 && !_cfg.shared_ring) {
+            return make_error(EINVAL, "zero_copy=1 with batch_io=1: needs shared_ring=1");
+        }
+        if ((want & zc) != 0) {
+            want = (want & ~zc) | k_f_auto_buf_reg;
+        }
+        if ((ask & zc) != 0) {
+            ask = _cfg.shared_ring ? (ask & ~zc) | k_f_auto_buf_reg : ask & ~zc;
+        }
     }
     if (auto features = _ctl->features()) {
         for (unsigned bit = 0; bit < 64; ++bit) {
@@ -672,12 +717,15 @@ nlohmann::json ublk_export::describe() const
     out["flags"] = feature_names(_info.flags);
     out["recovery"] = _cfg.recovery;
     out["user_copy"] = (_info.flags & k_f_user_copy) != 0;
-    out["zero_copy"] = (_info.flags & k_f_support_zero_copy) != 0 && _dev.limits().kernel_buffers;
+    out["zero_copy"] = (_info.flags & (k_f_support_zero_copy | k_f_auto_buf_reg)) != 0 &&
+                       _dev.limits().kernel_buffers;
+    out["batch_io"] = (_info.flags & k_f_batch_io) != 0;
     out["unprivileged"] = (_info.flags & k_f_unprivileged_dev) != 0;
     out["recovered"] = _recovered;
     out["state_file"] = _state_path;
     uint64_t requests = 0;
     uint64_t errors = 0;
+    uint64_t linked_commits = 0;
     auto zero_copy_from = nlohmann::json::array();
     // Per queue: the CPUs its thread runs on (empty: not pinned).
     auto queue_cpus = nlohmann::json::array();
@@ -690,6 +738,7 @@ nlohmann::json ublk_export::describe() const
         const auto c = q->counters();
         requests += c.requests;
         errors += c.errors;
+        linked_commits += c.linked_commits;
         zero_copy_from.push_back(c.zero_copy_from);
         queue_cpus.push_back(q->pinned_cpus());
         idle_spinning.push_back(c.idle_spinning);
@@ -702,6 +751,10 @@ nlohmann::json ublk_export::describe() const
     out["idle_spins"] = idle_spins;
     out["requests"] = requests;
     out["errors"] = errors;
+    if (out["batch_io"] == true) {
+        // Requests the kernel completed through a commit linked after their write.
+        out["linked_commits"] = linked_commits;
+    }
     if (out["zero_copy"] == true && _cfg.zero_copy_min < 0) {
         // Per queue: the smallest write size measured faster with zero copy.
         out["zero_copy_from"] = zero_copy_from;

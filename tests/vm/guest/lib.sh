@@ -125,6 +125,23 @@ vm_softblk_device() {
   return 1
 }
 
+# vm_json_field KEY: KEY's first number (or true/false) in `softblk list
+# --json` (for scripts that keep one device at a time).
+vm_json_field() {
+  softblk list --json | grep -o "\"$1\": *[a-z0-9]*" | head -n1 | sed 's/.*: *//'
+}
+
+# vm_add_ublk NAME ARGS...: `softblk add ARGS --name NAME --export ublk`,
+# its /dev/ublkbN in $dev; fails with softblk's words when it cannot.
+vm_add_ublk() {
+  _name=$1
+  shift
+  softblk add "$@" --name "$_name" --export ublk >"/tmp/add-$_name.txt" 2>&1 ||
+    vm_fail "add $_name: $(cat "/tmp/add-$_name.txt")"
+  dev=$(grep -o '/dev/ublkb[0-9]*' "/tmp/add-$_name.txt" | head -n1)
+  [ -b "$dev" ] || vm_fail "add $_name printed no /dev/ublkbN: $(cat "/tmp/add-$_name.txt")"
+}
+
 # vm_kill_under_writer DEV LOG BLOCKS [sequential]: one round of a crash
 # test: `softblk-crash-writer write DEV LOG BLOCKS [sequential]` runs in the
 # background (its pid in vm_writer_pid, for a cleanup trap) until it has

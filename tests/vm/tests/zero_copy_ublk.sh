@@ -31,28 +31,14 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# json_field KEY: KEY's number (or true/false) in `softblk list --json`
-# (one device at a time here).
-json_field() {
-  softblk list --json | grep -o "\"$1\": *[a-z0-9]*" | head -n1 | sed 's/.*: *//'
-}
-add_dev() { # add_dev NAME ARGS...: adds it over ublk, its /dev/ublkbN in $dev
-  local name=$1
-  shift
-  softblk add "$@" --name "$name" --export ublk >/tmp/add-$name.txt 2>&1 ||
-    vm_fail "add $name: $(cat /tmp/add-$name.txt)"
-  dev=$(grep -o '/dev/ublkb[0-9]*' /tmp/add-$name.txt | head -n1)
-  [ -b "$dev" ] || vm_fail "add $name printed no /dev/ublkbN: $(cat /tmp/add-$name.txt)"
-}
-
 mkfs.ext4 -q -F /dev/ram0
 mkdir -p /mnt/zc
 mount /dev/ram0 /mnt/zc
 
 vm_step "zloop over ublk, zero_copy=auto"
 mkdir -p /mnt/zc/zl/0
-add_dev zl zloop base_dir=/mnt/zc/zl id=0 capacity_mb=256 zone_size_mb=16 conv_zones=2
-zc=$(json_field zero_copy)
+vm_add_ublk zl zloop base_dir=/mnt/zc/zl id=0 capacity_mb=256 zone_size_mb=16 conv_zones=2
+zc=$(vm_json_field zero_copy)
 if [ "$zc" != true ]; then
   softblk features | tee /tmp/features.txt
   vm_skip "kernel $(uname -r): no ublk zero copy for zloop (export zero_copy=$zc)"
@@ -62,13 +48,13 @@ fi
 fio --name=zc --filename="$dev" --ioengine=io_uring --direct=1 --zonemode=zbd --rw=randwrite \
   --bsrange=4k-512k --iodepth=16 --size=192M --io_size=96M --verify=crc32c --verify_fatal=1 \
   --do_verify=1 --output=/tmp/fio-zl.txt || { cat /tmp/fio-zl.txt; vm_fail "fio verify on zloop"; }
-writes=$(json_field kernel_buffer_writes)
-errors=$(json_field kernel_buffer_errors)
+writes=$(vm_json_field kernel_buffer_writes)
+errors=$(vm_json_field kernel_buffer_errors)
 echo "zloop: kernel_buffer_writes $writes kernel_buffer_errors $errors"
 [ "${writes:-0}" -gt 0 ] || vm_fail "no write took zero copy"
 vm_expect_eq "kernel_buffer_errors" "$errors" 0
 # The queue's file I/O ran in its ublk ring (shared_ring=1, the default).
-vm_expect_eq "borrowed_rings (nr_queues=1)" "$(json_field borrowed_rings)" 1
+vm_expect_eq "borrowed_rings (nr_queues=1)" "$(vm_json_field borrowed_rings)" 1
 # The conventional zones too (plain writes, not appends).
 dd if=/dev/urandom of=/tmp/conv bs=1M count=4 status=none
 dd if=/tmp/conv of="$dev" bs=1M oflag=direct status=none
@@ -80,7 +66,7 @@ softblk del zl
 vm_zloop_check_files /tmp/zones-before.txt /mnt/zc/zl/0
 
 vm_step "the same directory again: the data verifies"
-add_dev zl2 zloop base_dir=/mnt/zc/zl id=0 capacity_mb=256 zone_size_mb=16 conv_zones=2
+vm_add_ublk zl2 zloop base_dir=/mnt/zc/zl id=0 capacity_mb=256 zone_size_mb=16 conv_zones=2
 blkzone report "$dev" >/tmp/zones-after.txt
 # The same write pointers (open zones come back closed).
 diff <(sed 's/zcond.*//' /tmp/zones-before.txt) <(sed 's/zcond.*//' /tmp/zones-after.txt) ||
@@ -90,41 +76,41 @@ vm_expect_eq "the device's contents (md5) after re-adding" \
 softblk del zl2
 
 vm_step "file target, user_copy=1 (zero copy auto), zero_copy_min=65536"
-add_dev f1 file path=/mnt/zc/f1.img size=128M create=1 --bs 4096 \
+vm_add_ublk f1 file path=/mnt/zc/f1.img size=128M create=1 --bs 4096 \
   --export-opt user_copy=1 --export-opt zero_copy_min=65536
-vm_expect_eq "file export zero_copy" "$(json_field zero_copy)" true
+vm_expect_eq "file export zero_copy" "$(vm_json_field zero_copy)" true
 fio --name=small --filename="$dev" --ioengine=io_uring --direct=1 --rw=randwrite --bs=4k \
   --iodepth=8 --size=32M --io_size=8M --verify=crc32c --verify_fatal=1 --do_verify=1 \
   --output=/tmp/fio-f1.txt || { cat /tmp/fio-f1.txt; vm_fail "fio verify, 4 KiB"; }
 vm_expect_eq "kernel_buffer_writes after 4 KiB writes below zero_copy_min" \
-  "$(json_field kernel_buffer_writes)" 0
+  "$(vm_json_field kernel_buffer_writes)" 0
 fio --name=big --filename="$dev" --ioengine=io_uring --direct=1 --rw=randwrite --bs=128k \
   --iodepth=8 --offset=32M --size=96M --verify=crc32c --verify_fatal=1 --do_verify=1 \
   --output=/tmp/fio-f2.txt || { cat /tmp/fio-f2.txt; vm_fail "fio verify, 128 KiB"; }
-writes=$(json_field kernel_buffer_writes)
+writes=$(vm_json_field kernel_buffer_writes)
 echo "file: kernel_buffer_writes $writes"
 [ "$writes" -ge 768 ] || vm_fail "128 KiB writes: $writes from the kernel, expected at least 768"
-vm_expect_eq "kernel_buffer_errors" "$(json_field kernel_buffer_errors)" 0
+vm_expect_eq "kernel_buffer_errors" "$(vm_json_field kernel_buffer_errors)" 0
 softblk del f1
 
 vm_step "file target, zero copy measured: writes with others in flight go zero copy"
-add_dev f3 file path=/mnt/zc/f3.img size=64M create=1 --bs 4096 --export-opt user_copy=1
+vm_add_ublk f3 file path=/mnt/zc/f3.img size=64M create=1 --bs 4096 --export-opt user_copy=1
 # 4 KiB writes at QD 32: whatever the queue measured for a lone write,
 # one that finds others in flight is not copied (copy_chooser.hpp).
 fio --name=deep --filename="$dev" --ioengine=io_uring --direct=1 --rw=randwrite --bs=4k \
   --iodepth=32 --size=64M --io_size=8M --verify=crc32c --verify_fatal=1 --do_verify=1 \
   --output=/tmp/fio-f3.txt || { cat /tmp/fio-f3.txt; vm_fail "fio verify, 4 KiB at QD 32"; }
-writes=$(json_field kernel_buffer_writes)
+writes=$(vm_json_field kernel_buffer_writes)
 echo "file, QD 32: kernel_buffer_writes $writes of 2048"
 [ "$writes" -ge 1536 ] || vm_fail "4 KiB writes at QD 32: $writes of 2048 from the kernel, expected at least 1536"
-vm_expect_eq "kernel_buffer_errors" "$(json_field kernel_buffer_errors)" 0
+vm_expect_eq "kernel_buffer_errors" "$(vm_json_field kernel_buffer_errors)" 0
 softblk del f3
 
 vm_step "zero_copy=0, and zero_copy=1 where the target needs the bytes"
-add_dev f2 file path=/mnt/zc/f2.img size=16M create=1 --bs 4096 \
+vm_add_ublk f2 file path=/mnt/zc/f2.img size=16M create=1 --bs 4096 \
   --export-opt user_copy=1 --export-opt zero_copy=0 --export-opt shared_ring=0
-vm_expect_eq "zero_copy=0" "$(json_field zero_copy)" false
-vm_expect_eq "borrowed_rings with shared_ring=0" "$(json_field borrowed_rings)" 0
+vm_expect_eq "zero_copy=0" "$(vm_json_field zero_copy)" false
+vm_expect_eq "borrowed_rings with shared_ring=0" "$(vm_json_field borrowed_rings)" 0
 softblk del f2
 if softblk add null --name n1 --size 16M --memory-backed --export ublk --export-opt zero_copy=1 \
   >/tmp/add-n1.txt 2>&1; then

@@ -39,8 +39,14 @@ blocks=$((512 * 256))  # 512 MiB of 4 KiB blocks
 rounds=${ROUNDS:-6}
 : >"$log"
 
+# EXPORT_OPTS: ublk export options, as "batch_io=1" (each word one option).
+export_args=()
+for o in ${EXPORT_OPTS:-}; do export_args+=(--export-opt "$o"); done
 softblk add zloop --name zc base_dir=$dir id=0 capacity_mb=512 zone_size_mb=$zone_mb conv_zones=0 \
-  nr_queues=2 queue_depth=32 | tee /tmp/add.txt
+  nr_queues=2 queue_depth=32 "${export_args[@]}" | tee /tmp/add.txt
+if [[ " ${EXPORT_OPTS:-} " == *" batch_io=1 "* ]]; then
+  softblk list --json | grep -q '"batch_io": *true' || vm_fail "the export is not batched"
+fi
 # Each softblk command costs about a second under TCG: the device is
 # taken from the listing that shows it back after a recover.
 dev=$(grep -o '/dev/ublkb[0-9]*' /tmp/add.txt | head -n1)
