@@ -2,7 +2,8 @@
 # Guest half of `bench/zoned/vm.sh --guest affinity|spin`: does a ublk
 # export option pay on softblk's zloop? OPT is the option measured
 # (queue_affinity=1, idle_spin=auto), BASE the same option as it is
-# without it (queue_affinity=0, idle_spin=0). Three zoned devices of 512
+# without it (queue_affinity=0, idle_spin=0); either may list several,
+# separated by spaces ("batch_io=1 zero_copy_min=0"). Three zoned devices of 512
 # MiB in 16 MiB zones, NR_QUEUES queues each (default 2), zone files on
 # ext4 on a brd RAM disk written full first:
 #   kzloop  the kernel's zloop (run-vm --module zloop, backports kernel)
@@ -39,8 +40,12 @@ dd if=/dev/zero of=/dev/ram0 bs=1M count=768 oflag=direct status=none
 mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 /dev/ram0
 mkdir -p /mnt/zl && mount /dev/ram0 /mnt/zl && mkdir -p /mnt/zl/1 /mnt/zl/2 /mnt/zl/11
 zl="capacity_mb=512 zone_size_mb=16 conv_zones=0 nr_queues=$q queue_depth=128"
-softblk add zloop --name opt base_dir=/mnt/zl id=1 $zl --export-opt "$opt" >/tmp/a1.txt
-softblk add zloop --name base base_dir=/mnt/zl id=2 $zl --export-opt "$base" >/tmp/a2.txt
+# OPT and BASE may each hold several options, separated by spaces.
+opt_args=() base_args=()
+for o in $opt; do opt_args+=(--export-opt "$o"); done
+for o in $base; do base_args+=(--export-opt "$o"); done
+softblk add zloop --name opt base_dir=/mnt/zl id=1 $zl "${opt_args[@]}" >/tmp/a1.txt
+softblk add zloop --name base base_dir=/mnt/zl id=2 $zl "${base_args[@]}" >/tmp/a2.txt
 echo "add id=11,${zl// /,},base_dir=/mnt/zl" >/dev/zloop-control
 vm_wait_for /dev/zloop11
 declare -A dev=([kzloop]=/dev/zloop11 [opt]=$(grep -o '/dev/ublkb[0-9]*' /tmp/a1.txt | head -n1)
