@@ -128,7 +128,8 @@ vm_softblk_device() {
 # vm_json_field KEY: KEY's first number (or true/false) in `softblk list
 # --json` (for scripts that keep one device at a time).
 vm_json_field() {
-  softblk list --json | grep -o "\"$1\": *[a-z0-9]*" | head -n1 | sed 's/.*: *//'
+  # sed, not head: nothing in the pipe stops reading early (pipefail).
+  softblk list --json | grep -o "\"$1\": *[a-z0-9]*" | sed -n '1s/.*: *//p'
 }
 
 # vm_add_ublk NAME ARGS...: `softblk add ARGS --name NAME --export ublk`,

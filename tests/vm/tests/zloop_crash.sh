@@ -45,7 +45,8 @@ for o in ${EXPORT_OPTS:-}; do export_args+=(--export-opt "$o"); done
 softblk add zloop --name zc base_dir=$dir id=0 capacity_mb=512 zone_size_mb=$zone_mb conv_zones=0 \
   nr_queues=2 queue_depth=32 "${export_args[@]}" | tee /tmp/add.txt
 if [[ " ${EXPORT_OPTS:-} " == *" batch_io=1 "* ]]; then
-  softblk list --json | grep -q '"batch_io": *true' || vm_fail "the export is not batched"
+  # (grep without -q reads it all: an early exit would fail the pipe.)
+  softblk list --json | grep '"batch_io": *true' >/dev/null || vm_fail "the export is not batched"
 fi
 # Each softblk command costs about a second under TCG: the device is
 # taken from the listing that shows it back after a recover.
