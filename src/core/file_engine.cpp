@@ -672,8 +672,9 @@ void file_ring::start_kernel_write(io_request& r)
         ++_unsubmitted;
         set_mode(r, mode | k_kb_registered);
     }
-    if (to_register ||
-        (kb.in_table && count_of(r) == 0 && retries_of(r) == 0 && (mode & k_kb_buffered) == 0)) {
+    if (count_of(r) == 0 && retries_of(r) == 0 && (mode & k_kb_buffered) == 0) {
+        // The request's first write (not a retry, the rest or the
+        // page-cache fallback).
         _stats.kernel_buffer_writes.fetch_add(1, std::memory_order_relaxed);
     }
     io_uring_sqe* sqe = io_uring_get_sqe(ring());

@@ -44,14 +44,13 @@ bool checked_op(io_op op)
 
 class bad_blocks_target;
 
-class bad_blocks_queue final : public target_queue, public completion_sink {
+class bad_blocks_queue final : public queue_decorator, public completion_sink {
 public:
     bad_blocks_queue(bad_blocks_target& t, completion_sink& sink, unsigned pool_size,
                      uint16_t index)
         : _target(t), _sink(sink), _pool(pool_size, index)
     {
     }
-    void set_inner(std::unique_ptr<target_queue> inner) { _inner = std::move(inner); }
 
     void submit(io_request& r) override;
     void start_partial(io_request& r, uint32_t bytes);
@@ -72,17 +71,9 @@ public:
         return n;
     }
     bool busy() const override { return !_waiting.empty() || _inner->busy(); }
-    int wait_fd() const override { return _inner->wait_fd(); }
-    // The inner target's I/O may run in the owner's ring; what this queue
-    // holds back it submits there later, from poll().
-    bool share_ring(io_uring* ring) override { return _inner->share_ring(ring); }
     // A request it lets through completes as the target ends it; a
     // shortened one carries no completion of the front end (start_partial).
     bool ends_with_ring_write() const override { return _inner->ends_with_ring_write(); }
-    void ring_completion(uint64_t user_data, int result) override
-    {
-        _inner->ring_completion(user_data, result);
-    }
     uint64_t next_wakeup_ns() const override
     {
         // Waiting for a pool entry: one frees when the inner target
@@ -132,7 +123,6 @@ public:
 private:
     bad_blocks_target& _target;
     completion_sink& _sink;
-    std::unique_ptr<target_queue> _inner;
     request_pool<partial_extra> _pool;
     request_fifo _waiting;  // partial I/O waiting for a pool entry
 };

@@ -22,6 +22,33 @@ namespace softblk::core {
 // holds the request).
 using request_fifo = intrusive_fifo<io_request>;
 
+// A decorator's per-queue half over the inner target's queue, passing on
+// what goes through it unchanged: the inner queue's wake-up descriptor, a
+// ring the queue's owner lends (the inner target's I/O may run there; what
+// a decorator holds back it submits there later, from poll()) and that
+// ring's completions. Whether results stay the target's
+// (ends_with_ring_write) each decorator says for itself.
+class queue_decorator : public target_queue {
+public:
+    explicit queue_decorator(std::unique_ptr<target_queue> inner = nullptr)
+        : _inner(std::move(inner))
+    {
+    }
+    // For decorators whose queue must exist before the inner one (its
+    // completion sink).
+    void set_inner(std::unique_ptr<target_queue> inner) { _inner = std::move(inner); }
+
+    int wait_fd() const override { return _inner->wait_fd(); }
+    bool share_ring(io_uring* ring) override { return _inner->share_ring(ring); }
+    void ring_completion(uint64_t user_data, int result) override
+    {
+        _inner->ring_completion(user_data, result);
+    }
+
+protected:
+    std::unique_ptr<target_queue> _inner;
+};
+
 // Requests a decorator sends to its inner target on its own behalf (cache
 // write-back, partial I/O, read proxies). Preallocated per queue; the
 // decorator's queue is the inner queue's completion_sink and tells its own

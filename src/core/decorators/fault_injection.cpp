@@ -18,10 +18,10 @@ namespace {
 
 class fault_target;
 
-class fault_queue final : public target_queue {
+class fault_queue final : public queue_decorator {
 public:
     fault_queue(fault_target& t, std::unique_ptr<target_queue> inner)
-        : _target(t), _inner(std::move(inner))
+        : queue_decorator(std::move(inner)), _target(t)
     {
     }
 
@@ -46,16 +46,8 @@ public:
     }
 
     bool busy() const override { return !_requeued.empty() || _inner->busy(); }
-    int wait_fd() const override { return _inner->wait_fd(); }
-    // The inner target's I/O may run in the owner's ring; what this queue
-    // holds back it submits there later, from poll().
-    bool share_ring(io_uring* ring) override { return _inner->share_ring(ring); }
     // Faults act before the target sees a request; results are its own.
     bool ends_with_ring_write() const override { return _inner->ends_with_ring_write(); }
-    void ring_completion(uint64_t user_data, int result) override
-    {
-        _inner->ring_completion(user_data, result);
-    }
 
     uint64_t next_wakeup_ns() const override
     {
@@ -74,7 +66,6 @@ public:
 
 private:
     fault_target& _target;
-    std::unique_ptr<target_queue> _inner;
     request_fifo _timed;     // held until the core's timeout
     request_fifo _requeued;  // to run again
 };

@@ -97,10 +97,10 @@ inline uint64_t data_bytes(const io_request& r)
     }
 }
 
-class throttle_queue final : public target_queue {
+class throttle_queue final : public queue_decorator {
 public:
     throttle_queue(bandwidth_bucket& bucket, std::unique_ptr<target_queue> inner)
-        : _bucket(bucket), _inner(std::move(inner))
+        : queue_decorator(std::move(inner)), _bucket(bucket)
     {
     }
 
@@ -130,16 +130,8 @@ public:
     }
 
     bool busy() const override { return !_waiting.empty() || _inner->busy(); }
-    int wait_fd() const override { return _inner->wait_fd(); }
-    // The inner target's I/O may run in the owner's ring; what this queue
-    // holds back it submits there later, from poll().
-    bool share_ring(io_uring* ring) override { return _inner->share_ring(ring); }
     // Held requests wait before the target writes; results are its own.
     bool ends_with_ring_write() const override { return _inner->ends_with_ring_write(); }
-    void ring_completion(uint64_t user_data, int result) override
-    {
-        _inner->ring_completion(user_data, result);
-    }
     uint64_t next_wakeup_ns() const override
     {
         const uint64_t inner = _inner->next_wakeup_ns();
@@ -149,7 +141,6 @@ public:
 
 private:
     bandwidth_bucket& _bucket;
-    std::unique_ptr<target_queue> _inner;
     request_fifo _waiting;
 };
 

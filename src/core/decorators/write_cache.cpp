@@ -386,7 +386,7 @@ public:
 
 class cache_target;
 
-class cache_queue final : public target_queue, public completion_sink {
+class cache_queue final : public queue_decorator, public completion_sink {
 public:
     cache_queue(target& cache, cache_state& st, completion_sink& sink, unsigned pool_size,
                 uint16_t index)
@@ -396,7 +396,6 @@ public:
             _pool.at(i).extra.buffer.reset(new char[k_page]);
         }
     }
-    void set_inner(std::unique_ptr<target_queue> inner) { _inner = std::move(inner); }
 
     void submit(io_request& r) override
     {
@@ -421,14 +420,6 @@ public:
     }
 
     bool busy() const override { return !_blocked.empty() || _pool.in_use() > 0 || _inner->busy(); }
-    int wait_fd() const override { return _inner->wait_fd(); }
-    // The inner target's I/O may run in the owner's ring; what this queue
-    // holds back it submits there later, from poll().
-    bool share_ring(io_uring* ring) override { return _inner->share_ring(ring); }
-    void ring_completion(uint64_t user_data, int result) override
-    {
-        _inner->ring_completion(user_data, result);
-    }
     uint64_t next_wakeup_ns() const override
     {
         // Blocked requests may wait for another queue's write-back: look
@@ -862,7 +853,6 @@ private:
     target& _cache;
     cache_state& _st;
     completion_sink& _sink;
-    std::unique_ptr<target_queue> _inner;
     request_pool<internal_extra> _pool;
     request_fifo _blocked;
 };

@@ -249,9 +249,11 @@ private:
     uint16_t _batch_flags = 0;
     // Commit lists: each in the kernel's hands from its entry to its
     // completion; `_commit_open` gathers (-1: none yet).
-    std::vector<std::unique_ptr<char[]>> _commit_lists;
-    std::vector<bool> _commit_busy;
-    std::vector<unsigned> _commit_sizes;
+    struct commit_list {
+        std::unique_ptr<char[]> elems;
+        unsigned in_kernel = 0;  // elements sent and not answered yet (0: free)
+    };
+    std::vector<commit_list> _commit_lists;
     int _commit_open = -1;
     unsigned _commit_count = 0;
     // One element per tag for the commits linked after writes.

@@ -170,21 +170,21 @@ void queue_runner::add_batch_commit(uint16_t tag, int result, uint64_t zone_lba)
     }
     if (_commit_open < 0) {
         unsigned i = 0;
-        while (i < _commit_lists.size() && _commit_busy[i]) {
+        while (i < _commit_lists.size() && _commit_lists[i].in_kernel != 0) {
             ++i;
         }
         if (i == _commit_lists.size()) {
             // All lists are with the kernel still: one more (rare, bounded by
             // the lists in flight).
-            _commit_lists.push_back(std::make_unique<char[]>(size_t{_cfg.depth} * _elem_bytes));
-            _commit_busy.push_back(false);
-            _commit_sizes.push_back(0);
+            _commit_lists.push_back(
+                {.elems = std::make_unique<char[]>(size_t{_cfg.depth} * _elem_bytes)});
         }
         _commit_open = static_cast<int>(i);
         _commit_count = 0;
     }
     const batch_elem e{.tag = tag, .buf_index = tag, .result = result, .zone_lba = zone_lba};
-    std::memcpy(&_commit_lists[_commit_open][size_t{_commit_count} * _elem_bytes], &e, _elem_bytes);
+    std::memcpy(&_commit_lists[_commit_open].elems[size_t{_commit_count} * _elem_bytes], &e,
+                _elem_bytes);
     ++_commit_count;
 }
 
@@ -194,9 +194,8 @@ void queue_runner::flush_batch_commits()
         return;
     }
     const auto i = static_cast<unsigned>(std::exchange(_commit_open, -1));
-    _commit_busy[i] = true;
-    _commit_sizes[i] = _commit_count;
-    prep_batch_cmd(*next_sqe(), k_io_commit_io_cmds, _commit_lists[i].get(), _commit_count,
+    _commit_lists[i].in_kernel = _commit_count;
+    prep_batch_cmd(*next_sqe(), k_io_commit_io_cmds, _commit_lists[i].elems.get(), _commit_count,
                    batch_data(k_batch_commit, i));
 }
 
@@ -260,22 +259,22 @@ void queue_runner::handle_batch_cqe(const io_uring_cqe& cqe)
         // The kernel commits a list in order and stops at the first element
         // it refuses (a negative result: the first): count that one and
         // send the rest again.
-        const unsigned size = _commit_sizes[value];
+        commit_list& list = _commit_lists[value];
+        const unsigned size = list.in_kernel;
         const unsigned handled = cqe.res < 0 ? 0 : static_cast<unsigned>(cqe.res) / _elem_bytes;
         if (handled >= size) {
-            _commit_busy[value] = false;
+            list.in_kernel = 0;
             return;
         }
         _errors.fetch_add(1, std::memory_order_relaxed);
         const unsigned rest = size - handled - 1;
+        list.in_kernel = rest;
         if (rest == 0) {
-            _commit_busy[value] = false;
             return;
         }
-        char* list = _commit_lists[value].get();
-        std::memmove(list, list + size_t{handled + 1} * _elem_bytes, size_t{rest} * _elem_bytes);
-        _commit_sizes[value] = rest;
-        prep_batch_cmd(*next_sqe(), k_io_commit_io_cmds, list, rest,
+        char* elems = list.elems.get();
+        std::memmove(elems, elems + size_t{handled + 1} * _elem_bytes, size_t{rest} * _elem_bytes);
+        prep_batch_cmd(*next_sqe(), k_io_commit_io_cmds, elems, rest,
                        batch_data(k_batch_commit, value));
         return;
     }
