@@ -3,9 +3,11 @@
 # export option pay on softblk's zloop? OPT is the option measured
 # (queue_affinity=1, idle_spin=auto), BASE the same option as it is
 # without it (queue_affinity=0, idle_spin=0); either may list several,
-# separated by spaces ("batch_io=1 zero_copy_min=0"). Three zoned devices of 512
-# MiB in 16 MiB zones, NR_QUEUES queues each (default 2), zone files on
-# ext4 on a brd RAM disk written full first:
+# separated by spaces ("batch_io=1 zero_copy_min=0"). TOPT and TBASE
+# (optional) are zloop target options for each side ("prealloc=1"). Three
+# zoned devices of 512 MiB in 16 MiB zones, NR_QUEUES queues each (default
+# 2), zone files on FS (ext4, the default, or xfs) on a brd RAM disk
+# written full first:
 #   kzloop  the kernel's zloop (run-vm --module zloop, backports kernel)
 #   opt     softblk's zloop over ublk with OPT
 #   base    the same with BASE
@@ -16,7 +18,8 @@
 # kzloop; then the ublk queues' idle-spin and zero-copy counters.
 set -euo pipefail
 . /softblk-vm/lib.sh
-vm_require_tool softblk fio blkzone mkfs.ext4
+fs=${FS:-ext4}
+vm_require_tool softblk fio blkzone "mkfs.$fs"
 modprobe ublk_drv || vm_skip "no ublk_drv in this kernel"
 vm_wait_for /dev/ublk-control
 vm_require_module brd rd_nr=1 rd_size=$((768 * 1024))
@@ -27,6 +30,8 @@ rounds=${ROUNDS:-3}
 q=${NR_QUEUES:-2}
 opt=${OPT:?OPT=option=value}
 base=${BASE:?BASE=option=value}
+topt=${TOPT:-}
+tbase=${TBASE:-}
 
 export SOFTBLK_RUN_DIR=/tmp/softblk-run
 cleanup() {
@@ -36,21 +41,25 @@ cleanup() {
 }
 trap cleanup EXIT
 dd if=/dev/zero of=/dev/ram0 bs=1M count=768 oflag=direct status=none
-# Nothing zeroed in the background of the first jobs (ext4lazyinit).
-mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 /dev/ram0
+case $fs in
+  # Nothing zeroed in the background of the first jobs (ext4lazyinit).
+  ext4) mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 /dev/ram0 ;;
+  xfs) mkfs.xfs -q -f /dev/ram0 ;;
+  *) vm_fail "FS=$fs: ext4 or xfs" ;;
+esac
 mkdir -p /mnt/zl && mount /dev/ram0 /mnt/zl && mkdir -p /mnt/zl/1 /mnt/zl/2 /mnt/zl/11
 zl="capacity_mb=512 zone_size_mb=16 conv_zones=0 nr_queues=$q queue_depth=128"
 # OPT and BASE may each hold several options, separated by spaces.
 opt_args=() base_args=()
 for o in $opt; do opt_args+=(--export-opt "$o"); done
 for o in $base; do base_args+=(--export-opt "$o"); done
-softblk add zloop --name opt base_dir=/mnt/zl id=1 $zl "${opt_args[@]}" >/tmp/a1.txt
-softblk add zloop --name base base_dir=/mnt/zl id=2 $zl "${base_args[@]}" >/tmp/a2.txt
+softblk add zloop --name opt base_dir=/mnt/zl id=1 $zl $topt "${opt_args[@]}" >/tmp/a1.txt
+softblk add zloop --name base base_dir=/mnt/zl id=2 $zl $tbase "${base_args[@]}" >/tmp/a2.txt
 echo "add id=11,${zl// /,},base_dir=/mnt/zl" >/dev/zloop-control
 vm_wait_for /dev/zloop11
 declare -A dev=([kzloop]=/dev/zloop11 [opt]=$(grep -o '/dev/ublkb[0-9]*' /tmp/a1.txt | head -n1)
   [base]=$(grep -o '/dev/ublkb[0-9]*' /tmp/a2.txt | head -n1))
-echo "opt: $opt, base: $base"
+echo "opt: $opt $topt, base: $base $tbase, on $fs"
 echo "queue CPUs (opt, base): $(softblk list --json | tr -d ' \n' | grep -o '"queue_cpus":\[[][0-9,]*\]' | tr '\n' ' ')"
 median() { tr ' ' '\n' <<<"$1" | grep . | sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.2f", (b > 0) ? a / b : 0}'; }
@@ -83,4 +92,5 @@ for j in ${JOBS:-randwrite,4k,1,1 randwrite,4k,32,8 randwrite,128k,32,1 write,12
 done
 echo "idle spins of waits (opt, base): $(softblk list --json | tr -d ' \n' | grep -o '"idle_\(spins\|waits\)":\[[0-9,]*\]' | tr '\n' ' ')"
 echo "zero copy from (opt, base): $(softblk list --json | tr -d ' \n' | grep -o '"zero_copy_from":\[[0-9,]*\]' | tr '\n' ' ')"
+echo "preallocated (opt, base): $(softblk list --json | tr -d ' \n' | grep -o '"prealloc":[a-z]*' | tr '\n' ' ')"
 echo PASS

@@ -12,10 +12,12 @@
 # --guest affinity|spin runs option_guest.sh instead: softblk's zloop with
 # and without an export option (queue_affinity=1; idle_spin=auto against
 # idle_spin=0) beside the kernel's zloop (needs backports); --queues N
-# (default 2) sets the queues of its devices.
+# (default 2) sets the queues of its devices. --fs xfs puts the zone files
+# of both zloops on XFS instead of ext4.
 #
 # usage: bench/zoned/vm.sh [--softblk PATH] [--runtime S] [--rounds N] [--cpus N]
 #                          [--kernel 6.12|backports] [--guest affinity|spin] [--queues N]
+#                          [--fs ext4|xfs]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -38,8 +40,9 @@ while (($#)); do
              esac
              shift 2 ;;
     --queues) env+=(--env "NR_QUEUES=$2"); shift 2 ;;
+    --fs) env+=(--env "FS=$2"); shift 2 ;;
     --kernel) kernel=(--kernel "$2"); [ "$2" = backports ] && kernel+=(--module zloop); shift 2 ;;
-    *) echo "usage: $0 [--softblk PATH] [--runtime S] [--rounds N] [--cpus N] [--kernel 6.12|backports] [--guest affinity|spin] [--queues N]" >&2
+    *) echo "usage: $0 [--softblk PATH] [--runtime S] [--rounds N] [--cpus N] [--kernel 6.12|backports] [--guest affinity|spin] [--queues N] [--fs ext4|xfs]" >&2
        exit 2 ;;
   esac
 done

@@ -3,13 +3,13 @@
 # 512 MiB in 16 MiB zones, 4 KiB blocks, no conventional zones, no limits:
 #   nullb   the kernel's null_blk, zoned, memory_backed=1
 #   sbnull  softblk's null target with zoned=1 memory_backed=1, over ublk
-#   sbzloop softblk's zloop target over ublk, zone files on ext4 on a brd
-#           RAM disk (O_DIRECT)
+#   sbzloop softblk's zloop target over ublk, zone files on FS (ext4, the
+#           default, or xfs) on a brd RAM disk (O_DIRECT)
 #   sbzlcopy softblk's zloop with zero_copy=0, where sbzloop has ublk zero
 #           copy (Linux 6.15+): its writes copied in with pread, as before
 #   kzloop  the kernel's zloop (where the kernel has it: run-vm --module
 #           zloop on the backports kernel), the same options, its zone
-#           files on the same ext4 (direct I/O, its default)
+#           files on the same file system (direct I/O, its default)
 # with 1 and 2 queues (submit_queues / nr_queues). Jobs (fio, io_uring,
 # direct, --zonemode=zbd, time based): 4 KiB random write QD 1 x 1 job,
 # 4 KiB random write QD 32 x 8 jobs, 128 KiB random write QD 32 x 1 job,
@@ -21,7 +21,8 @@
 # share the RAM disk, written full once before the runs).
 set -euo pipefail
 . /softblk-vm/lib.sh
-vm_require_tool softblk fio blkzone mkfs.ext4
+fs=${FS:-ext4}
+vm_require_tool softblk fio blkzone "mkfs.$fs"
 modprobe ublk_drv || vm_skip "no ublk_drv in this kernel"
 vm_wait_for /dev/ublk-control
 vm_require_module brd rd_nr=1 rd_size=$((768 * 1024))
@@ -51,9 +52,14 @@ trap cleanup EXIT
 # that no device pays for those pages in the middle of its jobs (whichever
 # ran first on fresh blocks did, before).
 dd if=/dev/zero of=/dev/ram0 bs=1M count=768 oflag=direct status=none
-# Inode tables and journal zeroed now, not by ext4lazyinit in the
-# background of the first jobs.
-mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 /dev/ram0
+case $fs in
+  # Inode tables and journal zeroed now, not by ext4lazyinit in the
+  # background of the first jobs.
+  ext4) mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 /dev/ram0 ;;
+  xfs) mkfs.xfs -q -f /dev/ram0 ;;
+  *) vm_fail "FS=$fs: ext4 or xfs" ;;
+esac
+echo "zone files on $fs"
 mkdir -p /mnt/zl
 mount /dev/ram0 /mnt/zl
 

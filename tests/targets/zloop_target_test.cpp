@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <fcntl.h>
 #include <fmt/core.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -403,6 +404,110 @@ TEST_F(zloop_test, discard_write_cache_cuts_zones_back_to_the_last_flush)
         ASSERT_EQ(run(*d, io_op::write, 4 * k_mib + w.size, w.size, w.data), 0);
     }
     expect_stored("seq-000002", int64_t(2 * w.size));
+}
+
+// Bytes the file system holds for zone file `name` (st_blocks).
+int64_t allocated(const std::string& path)
+{
+    struct stat st {};
+    return ::stat(path.c_str(), &st) == 0 ? static_cast<int64_t>(st.st_blocks) * 512 : -1;
+}
+
+TEST_F(zloop_test, prealloc_allocates_a_zones_rest_and_leaves_its_write_pointer)
+{
+    aligned_buffer w(16 << 10);
+    std::memset(w.data, 0x5a, w.size);
+    {
+        auto d = make({"prealloc=1"});
+        ASSERT_TRUE(d);
+        EXPECT_EQ(describe(*d)["target"]["prealloc"], true);
+        ASSERT_EQ(run(*d, io_op::write, 4 * k_mib, w.size, w.data), 0);
+        if (describe(*d)["target"]["prealloc_failures"] != 0) {
+            GTEST_SKIP() << "/tmp's file system refuses fallocate";
+        }
+        ASSERT_EQ(run(*d, io_op::write, 4 * k_mib + w.size, w.size, w.data), 0);
+        // The zone's rest (to its 1 MiB capacity) is allocated, once; the
+        // file's size is still the write pointer; other zones have nothing.
+        expect_stored("seq-000002", int64_t(2 * w.size));
+        EXPECT_GE(allocated(file("seq-000002")), int64_t(k_mib));
+        EXPECT_EQ(allocated(file("seq-000003")), 0);
+        EXPECT_EQ(describe(*d)["target"]["preallocated_zones"], 1);
+        EXPECT_EQ(zone_of(*d, 2).write_pointer, 4 * k_mib + 2 * w.size);
+        // A read past the write pointer still sees zeros.
+        aligned_buffer r(w.size);
+        std::memset(r.data, 0xff, r.size);
+        ASSERT_EQ(run(*d, io_op::read, 4 * k_mib + 2 * w.size, r.size, r.data), 0);
+        EXPECT_EQ(r.data[0], 0);
+        EXPECT_EQ(r.data[r.size - 1], 0);
+        // A reset frees the blocks; the zone's next first write takes them
+        // again.
+        ASSERT_EQ(run(*d, io_op::zone_reset, 4 * k_mib), 0);
+        expect_stored("seq-000002", 0);
+        EXPECT_EQ(allocated(file("seq-000002")), 0);
+        ASSERT_EQ(run(*d, io_op::write, 4 * k_mib, w.size, w.data), 0);
+        EXPECT_EQ(describe(*d)["target"]["preallocated_zones"], 2);
+        // Finish: the capacity, zeros after the data.
+        ASSERT_EQ(run(*d, io_op::zone_finish, 4 * k_mib), 0);
+        expect_stored("seq-000002", int64_t(k_mib));
+        ASSERT_EQ(run(*d, io_op::read, 5 * k_mib - r.size, r.size, r.data), 0);
+        EXPECT_EQ(r.data[0], 0);
+        ASSERT_EQ(run(*d, io_op::write, 6 * k_mib, w.size, w.data), 0);
+    }
+    // Restored: zone 3 (closed at 16 KiB) gets its rest before its next
+    // write, from the write pointer on.
+    auto d = make({"prealloc=1"});
+    ASSERT_TRUE(d);
+    EXPECT_EQ(zone_of(*d, 3).condition, zc::closed);
+    ASSERT_EQ(run(*d, io_op::write, 6 * k_mib + w.size, w.size, w.data), 0);
+    expect_stored("seq-000003", int64_t(2 * w.size));
+    EXPECT_GE(allocated(file("seq-000003")), int64_t(k_mib));
+    aligned_buffer r(2 * w.size);
+    ASSERT_EQ(run(*d, io_op::read, 6 * k_mib, r.size, r.data), 0);
+    EXPECT_EQ(std::memcmp(r.data, w.data, w.size), 0);
+    EXPECT_EQ(std::memcmp(r.data + w.size, w.data, w.size), 0);
+    // Without the option nothing is allocated ahead.
+    d.reset();
+    d = make({"prealloc=0"});
+    ASSERT_TRUE(d);
+    ASSERT_EQ(run(*d, io_op::write, 8 * k_mib, w.size, w.data), 0);
+    EXPECT_LT(allocated(file("seq-000004")), int64_t(k_mib));
+    EXPECT_EQ(describe(*d)["target"]["preallocated_zones"], 0);
+    d.reset();
+    const std::string msg = refused({"prealloc=yes"});
+    EXPECT_NE(msg.find("prealloc=yes: auto, 0 or 1"), std::string::npos) << msg;
+}
+
+// prealloc=auto asks the file system: on XFS a preallocated append goes
+// without blocking, so it is on; ext4 blocks on every extending direct
+// write, so it is off. Each on a small image mounted over a loop device.
+TEST_F(zloop_test, prealloc_auto_is_on_where_the_file_system_then_takes_appends_without_blocking)
+{
+    if (::geteuid() != 0 || ::access("/dev/loop-control", F_OK) != 0) {
+        GTEST_SKIP() << "mounting file system images needs root and /dev/loop-control";
+    }
+    for (const auto& [fs, want] : {std::pair{"xfs", true}, std::pair{"ext4", false}}) {
+        SCOPED_TRACE(fs);
+        const std::string image = _base + "/" + fs + ".img";
+        const std::string mnt = _base + "/" + fs;
+        ::mkdir(mnt.c_str(), 0755);
+        const std::string mkfs = fmt::format(
+            "truncate -s 320M '{0}' && mkfs.{1} -q {2} '{0}' >/dev/null 2>&1 && "
+            "mount -o loop '{0}' '{3}' && mkdir '{3}/0'",
+            image, fs, std::string(fs) == "xfs" ? "-f" : "-F", mnt);
+        if (std::system(mkfs.c_str()) != 0) {
+            GTEST_SKIP() << "cannot make and mount a " << fs << " image (mkfs." << fs
+                         << ", mount -o loop)";
+        }
+        struct unmount {
+            std::string dir;
+            ~unmount() { ::umount2(dir.c_str(), MNT_DETACH); }
+        } unmount_after{mnt};
+        const std::vector<std::string> o{"base_dir=" + mnt, "id=0", "capacity_mb=16",
+                                         "zone_size_mb=2", "conv_zones=0"};
+        auto d = device::create("zltest", "zloop", o);
+        ASSERT_TRUE(d) << d.error().message;
+        EXPECT_EQ(describe(**d)["target"]["prealloc"], want);
+    }
 }
 
 TEST_P(zloop_variants, two_queues_write_different_zones)

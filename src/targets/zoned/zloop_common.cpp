@@ -112,6 +112,13 @@ constexpr option_def k_file_only_options[] = {
      .unit = "",
      .help = "on removal cut each sequential zone file back to its size at the last flush (a "
              "power loss)"},
+    {.name = "prealloc",
+     .kind = option_kind::text,
+     .default_value = "auto",
+     .unit = "auto|0|1",
+     .help = "allocate a sequential zone file's rest (beyond its size) before the zone's first "
+             "write; auto: where that lets appends go without blocking (XFS, direct I/O), "
+             "tried at open"},
 };
 
 constexpr option_def k_ram_only_options[] = {k_memory_limit_option};

@@ -1,12 +1,15 @@
 #include "zloop_layout.hpp"
 
 #include <cerrno>
+#include <algorithm>
 #include <charconv>
+#include <cstdlib>
 #include <cstring>
 #include <dirent.h>
 #include <fcntl.h>
 #include <fmt/core.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <sys/vfs.h>
 #include <unistd.h>
 
@@ -94,6 +97,49 @@ result<bool> scan(int dir_fd, const std::string& dir, const geometry& g)
 std::string zone_file_name(uint32_t zone, bool conventional)
 {
     return fmt::format("{}-{:06}", conventional ? "cnv" : "seq", zone);
+}
+
+namespace {
+
+// Whether appends of one block to an unnamed direct file in `dir_fd` go
+// without blocking (RWF_NOWAIT), its rest preallocated first or not. The
+// first append blocks (a new file's timestamps); a later one may still be
+// refused for a timestamp that the clock's tick made stale, hence a few.
+bool appends_do_not_block(int dir_fd, uint32_t block_size, bool preallocate)
+{
+    const int fd = ::openat(dir_fd, ".", O_TMPFILE | O_RDWR | O_DIRECT | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        return false;
+    }
+    constexpr int k_appends = 4;
+    bool unblocked = false;
+    const size_t room = std::max<size_t>(block_size, 4096);
+    void* block = std::aligned_alloc(room, room);
+    if (block != nullptr &&
+        (!preallocate || ::fallocate(fd, FALLOC_FL_KEEP_SIZE, 0,
+                                     static_cast<off_t>(block_size) * (k_appends + 1)) == 0)) {
+        std::memset(block, 0, block_size);
+        iovec v{block, block_size};
+        bool ok = ::pwritev2(fd, &v, 1, 0, 0) == static_cast<ssize_t>(block_size);
+        for (int i = 1; ok && !unblocked && i <= k_appends; ++i) {
+            const ssize_t n = ::pwritev2(fd, &v, 1, static_cast<off_t>(block_size) * i, RWF_NOWAIT);
+            unblocked = n == static_cast<ssize_t>(block_size);
+            ok = unblocked || (n < 0 && errno == EAGAIN &&
+                               ::pwritev2(fd, &v, 1, static_cast<off_t>(block_size) * i, 0) ==
+                                   static_cast<ssize_t>(block_size));
+        }
+    }
+    std::free(block);
+    ::close(fd);
+    return unblocked;
+}
+
+}  // namespace
+
+bool preallocation_unblocks_appends(int dir_fd, uint32_t block_size)
+{
+    return !appends_do_not_block(dir_fd, block_size, false) &&
+           appends_do_not_block(dir_fd, block_size, true);
 }
 
 zone_files::zone_files(zone_files&& other) noexcept

@@ -67,4 +67,14 @@ result<zone_files> open_zone_files(const std::string& dir, const geometry& g);
 // size). -errno when fstat fails. Any thread.
 int64_t stored_bytes(int fd, const geometry& g);
 
+// Whether preallocating a zone file's rest (fallocate with KEEP_SIZE, which
+// leaves the file's size, the write pointer, as it is) lets a direct append
+// go without blocking where it would block otherwise. XFS takes such an
+// append without blocking once its blocks exist, so io_uring writes it in
+// the submitting thread instead of handing it to an io-wq worker; ext4
+// blocks on every append that extends its file, preallocated or not.
+// Tried on two unnamed files in `dir_fd` (O_TMPFILE, gone when closed) with
+// blocks of `block_size`. Control thread.
+bool preallocation_unblocks_appends(int dir_fd, uint32_t block_size);
+
 }  // namespace softblk::targets::zloop

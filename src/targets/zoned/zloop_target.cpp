@@ -17,6 +17,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <fcntl.h>
 #include <fmt/core.h>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -85,21 +86,24 @@ private:
 class zloop_target final : public target, public zone_backend {
 public:
     zloop_target(zloop::zone_files files, const zloop::geometry& g, int64_t id, bool discard_cache,
-                 bool ordered_append, unsigned depth)
+                 bool ordered_append, unsigned depth, bool prealloc)
         : _files(std::move(files)),
           _geo(g),
           _id(id),
           _discard_cache(discard_cache),
           _ordered_append(ordered_append),
+          _prealloc(prealloc),
           _depth(depth),
           _flushed(std::make_unique<std::atomic<int64_t>[]>(g.nr_zones)),
           _dirty(std::make_unique<std::atomic<bool>[]>(g.nr_zones)),
-          _pending(std::make_unique<std::atomic<int64_t>[]>(g.nr_zones))
+          _pending(std::make_unique<std::atomic<int64_t>[]>(g.nr_zones)),
+          _preallocated(std::make_unique<std::atomic<bool>[]>(g.nr_zones))
     {
         for (uint32_t i = 0; i < g.nr_zones; ++i) {
             _flushed[i].store(zloop::stored_bytes(fd(i), _geo), std::memory_order_relaxed);
             _dirty[i].store(false, std::memory_order_relaxed);
             _pending[i].store(-1, std::memory_order_relaxed);
+            _preallocated[i].store(false, std::memory_order_relaxed);
         }
     }
 
@@ -206,6 +210,8 @@ public:
     int reset_zone(uint32_t zone) override
     {
         mark_dirty(zone);
+        // (The truncation frees the zone's preallocated blocks too.)
+        _preallocated[zone].store(false, std::memory_order_relaxed);
         return ::ftruncate(fd(zone), 0) == 0 ? 0 : -EIO;
     }
     int finish_zone(uint32_t zone) override
@@ -214,6 +220,27 @@ public:
         return ::ftruncate(fd(zone), static_cast<off_t>(_geo.zone_capacity)) == 0 ? 0 : -EIO;
     }
     int64_t stored_bytes(uint32_t zone) override { return zloop::stored_bytes(fd(zone), _geo); }
+
+    // prealloc: before the first write of sequential zone `zone` since the
+    // device opened or the zone was reset, the zone file's blocks from
+    // `zone_offset` (that write's) to the zone capacity are allocated,
+    // beyond the file's end: its size, the write pointer, stays. On XFS the
+    // appends that follow then go without blocking
+    // (preallocation_unblocks_appends). A failure (ENOSPC) only costs
+    // that: the appends allocate as they go. Queue thread.
+    void preallocate(uint32_t zone, uint64_t zone_offset)
+    {
+        if (!_prealloc || zone_offset >= _geo.zone_capacity ||
+            _preallocated[zone].exchange(true, std::memory_order_relaxed)) {
+            return;
+        }
+        if (::fallocate(fd(zone), FALLOC_FL_KEEP_SIZE, static_cast<off_t>(zone_offset),
+                        static_cast<off_t>(_geo.zone_capacity - zone_offset)) == 0) {
+            _stats_preallocated.fetch_add(1, std::memory_order_relaxed);
+        } else {
+            _stats_prealloc_failed.fetch_add(1, std::memory_order_relaxed);
+        }
+    }
 
     void describe(nlohmann::json& out) const override
     {
@@ -225,6 +252,9 @@ public:
         out["direct_io"] = _files.files.front()->direct();
         out["ordered_zone_append"] = _ordered_append;
         out["discard_write_cache"] = _discard_cache;
+        out["prealloc"] = _prealloc;
+        out["preallocated_zones"] = _stats_preallocated.load(std::memory_order_relaxed);
+        out["prealloc_failures"] = _stats_prealloc_failed.load(std::memory_order_relaxed);
         if (!_files.files.front()->direct_refused().empty()) {
             out["notice"] =
                 fmt::format("{}: {}", _files.dir, _files.files.front()->direct_refused());
@@ -263,6 +293,7 @@ private:
     int64_t _id;
     bool _discard_cache;
     bool _ordered_append;
+    bool _prealloc;
     unsigned _depth;
     block_limits _limits;
     std::unique_ptr<zone_engine> _zones;
@@ -272,6 +303,10 @@ private:
     std::unique_ptr<std::atomic<int64_t>[]> _flushed;
     std::unique_ptr<std::atomic<bool>[]> _dirty;
     std::unique_ptr<std::atomic<int64_t>[]> _pending;
+    // prealloc: whether each zone's rest is allocated (or was tried).
+    std::unique_ptr<std::atomic<bool>[]> _preallocated;
+    std::atomic<uint64_t> _stats_preallocated{0};
+    std::atomic<uint64_t> _stats_prealloc_failed{0};
 };
 
 zloop_file_queue::zloop_file_queue(zloop_target& t, completion_sink& sink)
@@ -294,6 +329,7 @@ void zloop_file_queue::write_data(io_request& r, uint32_t zone, uint64_t zone_of
     if (_t.zones().conventional(zone)) {
         _ring->write(r, zone, zone_offset, false);
     } else {
+        _t.preallocate(zone, zone_offset);
         _ring->append(r, zone, zone_offset, false);
     }
 }
@@ -399,11 +435,19 @@ result<std::unique_ptr<target>> create_zloop(const option_set& o)
         spdlog::warn("zloop {}: {}", dir, files->files.front()->direct_refused());
     }
     const zone_engine_config zc = zloop::engine_config(*settings, files->block_size);
+    const std::string& prealloc = o.text("prealloc");
+    if (prealloc != "auto" && prealloc != "0" && prealloc != "1") {
+        return make_error(EINVAL, fmt::format("prealloc={}: auto, 0 or 1", prealloc));
+    }
+    // (Buffered appends wait for no allocation: the page cache takes them.)
+    const bool preallocate = prealloc == "1" || (prealloc == "auto" && !g.buffered_io &&
+                                                 zloop::preallocation_unblocks_appends(
+                                                     files->dir_fd, files->block_size));
 
     guard.armed = false;
-    auto t =
-        std::make_unique<zloop_target>(std::move(*files), g, *id, o.flag("discard_write_cache"),
-                                       settings->ordered_zone_append, settings->queue_depth);
+    auto t = std::make_unique<zloop_target>(
+        std::move(*files), g, *id, o.flag("discard_write_cache"), settings->ordered_zone_append,
+        settings->queue_depth, preallocate);
     if (auto r = t->init(zc, settings->zone_append); !r) {
         return std::unexpected(r.error());
     }

@@ -80,6 +80,28 @@ vm_wait_io() {
   done
 }
 
+# vm_zone_fs_root FS: where zone files go, in $zone_root. tmpfs (or
+# nothing): /tmp; xfs or ext4: a file system of that kind made on a 512 MiB
+# brd RAM disk and mounted on /mnt/zone-fs (unmounted by
+# vm_zone_fs_cleanup).
+vm_zone_fs_root() {
+  zone_root=/tmp
+  case "${1:-tmpfs}" in
+    tmpfs) return ;;
+    xfs | ext4) ;;
+    *) vm_fail "zone file system $1: tmpfs, xfs or ext4" ;;
+  esac
+  vm_require_tool "mkfs.$1"
+  vm_require_module brd rd_nr=1 rd_size=$((512 * 1024))
+  vm_wait_for /dev/ram0
+  if [ "$1" = xfs ]; then mkfs.xfs -q -f /dev/ram0; else mkfs.ext4 -q -F /dev/ram0; fi
+  mkdir -p /mnt/zone-fs && mount /dev/ram0 /mnt/zone-fs || vm_fail "cannot mount $1 on /dev/ram0"
+  zone_root=/mnt/zone-fs
+}
+vm_zone_fs_cleanup() {
+  if findmnt /mnt/zone-fs >/dev/null 2>&1; then umount /mnt/zone-fs || true; fi
+}
+
 # vm_zloop_check_files REPORT DIR: checks zloop zone files against a
 # `blkzone report` saved in REPORT (of a device whose files are DIR/cnv-*,
 # DIR/seq-*, e.g. after the device is gone): every sequential zone's file

@@ -12,7 +12,8 @@
 #    a full zone's file holds its capacity), no zone is left open (open
 #    zones come back closed), and every zone below the one being written is
 #    full.
-# The zone files are on the guest's tmpfs, as in zloop_kernel.sh. The
+# The zone files are on the guest's tmpfs, as in zloop_kernel.sh, or with
+# ZONE_FS=xfs on XFS on a RAM disk, where they are preallocated. The
 # guest kernel survives the kill (its page cache with it): what this proves
 # is that the daemon never acknowledges a write or flush it has not done
 # and that a restart rebuilds the zones from the files.
@@ -28,10 +29,12 @@ cleanup() {
   [ -n "$vm_writer_pid" ] && kill -9 "$vm_writer_pid" 2>/dev/null
   softblk del --all >/dev/null 2>&1 || true
   softblk shutdown >/dev/null 2>&1 || true
+  vm_zone_fs_cleanup
 }
 trap cleanup EXIT
 
-dir=/tmp/zl
+vm_zone_fs_root "${ZONE_FS:-tmpfs}"
+dir=$zone_root/zl
 mkdir -p $dir/0
 log=/tmp/writes.log
 zone_mb=8
@@ -47,6 +50,9 @@ softblk add zloop --name zc base_dir=$dir id=0 capacity_mb=512 zone_size_mb=$zon
 if [[ " ${EXPORT_OPTS:-} " == *" batch_io=1 "* ]]; then
   # (grep without -q reads it all: an early exit would fail the pipe.)
   softblk list --json | grep '"batch_io": *true' >/dev/null || vm_fail "the export is not batched"
+fi
+if [ "${ZONE_FS:-tmpfs}" = xfs ]; then
+  vm_expect_eq "prealloc on XFS" "$(vm_json_field prealloc)" true
 fi
 # Each softblk command costs about a second under TCG: the device is
 # taken from the listing that shows it back after a recover.
