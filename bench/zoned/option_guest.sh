@@ -6,8 +6,8 @@
 # separated by spaces ("batch_io=1 zero_copy_min=0"). TOPT and TBASE
 # (optional) are zloop target options for each side ("prealloc=1"). Three
 # zoned devices of 512 MiB in 16 MiB zones, NR_QUEUES queues each (default
-# 2), zone files on FS (ext4, the default, or xfs) on a brd RAM disk
-# written full first:
+# 2), zone files on FS (ext4, the default, or xfs; mounted with MOUNT_OPTS
+# if set) on a brd RAM disk written full first:
 #   kzloop  the kernel's zloop (run-vm --module zloop, backports kernel)
 #   opt     softblk's zloop over ublk with OPT
 #   base    the same with BASE
@@ -47,7 +47,7 @@ case $fs in
   xfs) mkfs.xfs -q -f /dev/ram0 ;;
   *) vm_fail "FS=$fs: ext4 or xfs" ;;
 esac
-mkdir -p /mnt/zl && mount /dev/ram0 /mnt/zl && mkdir -p /mnt/zl/1 /mnt/zl/2 /mnt/zl/11
+mkdir -p /mnt/zl && mount ${MOUNT_OPTS:+-o "$MOUNT_OPTS"} /dev/ram0 /mnt/zl && mkdir -p /mnt/zl/1 /mnt/zl/2 /mnt/zl/11
 zl="capacity_mb=512 zone_size_mb=16 conv_zones=0 nr_queues=$q queue_depth=128"
 # OPT and BASE may each hold several options, separated by spaces.
 opt_args=() base_args=()
@@ -59,7 +59,7 @@ echo "add id=11,${zl// /,},base_dir=/mnt/zl" >/dev/zloop-control
 vm_wait_for /dev/zloop11
 declare -A dev=([kzloop]=/dev/zloop11 [opt]=$(grep -o '/dev/ublkb[0-9]*' /tmp/a1.txt | head -n1)
   [base]=$(grep -o '/dev/ublkb[0-9]*' /tmp/a2.txt | head -n1))
-echo "opt: $opt $topt, base: $base $tbase, on $fs"
+echo "opt: $opt $topt, base: $base $tbase, on $fs ($(findmnt -n -o OPTIONS /mnt/zl))"
 echo "queue CPUs (opt, base): $(softblk list --json | tr -d ' \n' | grep -o '"queue_cpus":\[[][0-9,]*\]' | tr '\n' ' ')"
 median() { tr ' ' '\n' <<<"$1" | grep . | sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.2f", (b > 0) ? a / b : 0}'; }
