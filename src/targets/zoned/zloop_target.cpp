@@ -398,6 +398,10 @@ result<std::unique_ptr<target>> create_zloop(const option_set& o)
     }
     zloop::geometry g = settings->geo;
     g.buffered_io = o.flag("buffered_io");
+    const std::string& prealloc = o.text("prealloc");
+    if (prealloc != "auto" && prealloc != "0" && prealloc != "1") {
+        return make_error(EINVAL, fmt::format("prealloc={}: auto, 0 or 1", prealloc));
+    }
     const uint64_t nr_zones = g.nr_zones;
     if (auto r = ensure_file_limit(nr_zones, base); !r) {
         return std::unexpected(r.error());
@@ -435,10 +439,6 @@ result<std::unique_ptr<target>> create_zloop(const option_set& o)
         spdlog::warn("zloop {}: {}", dir, files->files.front()->direct_refused());
     }
     const zone_engine_config zc = zloop::engine_config(*settings, files->block_size);
-    const std::string& prealloc = o.text("prealloc");
-    if (prealloc != "auto" && prealloc != "0" && prealloc != "1") {
-        return make_error(EINVAL, fmt::format("prealloc={}: auto, 0 or 1", prealloc));
-    }
     // (Buffered appends wait for no allocation: the page cache takes them.)
     const bool preallocate = prealloc == "1" || (prealloc == "auto" && !g.buffered_io &&
                                                  zloop::preallocation_unblocks_appends(
