@@ -2,6 +2,7 @@
 // stand-in register and unregister entries), a ring borrowed from the
 // queue's owner, and the thread rules (DEFER_TASKRUN wake-ups through the
 // eventfd, hand-over to another thread, a thread the kernel refuses).
+#include "../support/owner_ring.hpp"
 #include "file_engine_fixture.hpp"
 
 #include <gtest/gtest.h>
@@ -26,6 +27,7 @@ namespace softblk {
 namespace {
 
 using namespace file_engine_test;
+using test::init_owner_ring;
 
 // Data in the kernel (ublk's zero copy) cannot be made on this host
 // without ublk: the register and unregister entries here are stand-ins
@@ -148,15 +150,7 @@ TEST(FileRing, AKernelBufferIsRegisteredOnceAndUnregisteredBeforeItCompletes)
 // the file ring's entries go there, the owner submits them with its own
 // and passes back the completions that are not its own (bit 63 clear).
 struct owner_ring {
-    owner_ring()
-    {
-        io_uring_params p{};
-        p.flags = IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN;
-        if (io_uring_queue_init_params(64, &ring, &p) < 0) {
-            io_uring_params plain{};
-            EXPECT_EQ(io_uring_queue_init_params(64, &ring, &plain), 0);
-        }
-    }
+    owner_ring() { init_owner_ring(ring); }
     ~owner_ring() { io_uring_queue_exit(&ring); }
 
     // An entry of the owner's own.

@@ -10,6 +10,7 @@
 // puts them), which the kernel addresses differently, so its writes fail
 // here; the VM test batch_io_ublk writes real request pages and checks
 // what lands.
+#include "../support/owner_ring.hpp"
 #include "test_util.hpp"
 
 #include <cerrno>
@@ -25,6 +26,7 @@
 #include <softblk/device.hpp>
 
 using namespace softblk;
+using softblk::test::init_owner_ring;
 
 namespace {
 
@@ -68,12 +70,7 @@ std::vector<std::string> file_options(const temp_dir& dir, std::vector<std::stri
 struct owner {
     owner()
     {
-        io_uring_params p{};
-        p.flags = IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN;
-        if (io_uring_queue_init_params(64, &ring, &p) < 0) {
-            io_uring_params plain{};
-            EXPECT_EQ(io_uring_queue_init_params(64, &ring, &plain), 0);
-        }
+        init_owner_ring(ring);
         data = static_cast<char*>(std::aligned_alloc(4096, k_bytes));
         for (unsigned i = 0; i < k_bytes; ++i) {
             data[i] = static_cast<char>(i * 7 + 3);

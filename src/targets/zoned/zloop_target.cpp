@@ -230,7 +230,9 @@ public:
     // that: the appends allocate as they go. Queue thread.
     void preallocate(uint32_t zone, uint64_t zone_offset)
     {
+        // (Every append comes here: a load, and the exchange only once.)
         if (!_prealloc || zone_offset >= _geo.zone_capacity ||
+            _preallocated[zone].load(std::memory_order_relaxed) ||
             _preallocated[zone].exchange(true, std::memory_order_relaxed)) {
             return;
         }

@@ -20,23 +20,22 @@ set -euo pipefail
 vm_require_tool softblk fio blkzone mkfs.ext4
 modprobe ublk_drv || vm_skip "no ublk_drv in this kernel"
 vm_wait_for /dev/ublk-control
-vm_require_module brd rd_nr=1 rd_size=$((512 * 1024))
 
 export SOFTBLK_RUN_DIR=/tmp/softblk-run
 cleanup() {
   softblk del --all >/dev/null 2>&1 || true
   softblk shutdown >/dev/null 2>&1 || true
-  umount /mnt/bt 2>/dev/null || true
+  vm_zone_fs_cleanup
 }
 trap cleanup EXIT
 
-mkfs.ext4 -q -F /dev/ram0
-mkdir -p /mnt/bt
-mount /dev/ram0 /mnt/bt
+# ext4 on a brd RAM disk (guest/lib.sh).
+vm_zone_fs_root ext4
+fs=$zone_root
 
 vm_step "zloop over ublk, batch_io=1"
-mkdir -p /mnt/bt/zl/0
-zl="base_dir=/mnt/bt/zl id=0 capacity_mb=256 zone_size_mb=16 conv_zones=2"
+mkdir -p $fs/zl/0
+zl="base_dir=$fs/zl id=0 capacity_mb=256 zone_size_mb=16 conv_zones=2"
 # shellcheck disable=SC2086
 if ! softblk add zloop $zl --name zl --export ublk --export-opt batch_io=1 >/tmp/add-zl.txt 2>&1; then
   cat /tmp/add-zl.txt
@@ -69,7 +68,7 @@ grep -q 'zcond:14(' <(tail -n1 /tmp/z2.txt) || vm_fail "finished zone not full"
 blkzone report "$dev" >/tmp/zones-before.txt
 sum_before=$(dd if="$dev" bs=1M iflag=direct status=none | md5sum)
 softblk del zl
-vm_zloop_check_files /tmp/zones-before.txt /mnt/bt/zl/0
+vm_zloop_check_files /tmp/zones-before.txt $fs/zl/0
 
 vm_step "the same directory without batch_io: the data verifies"
 # shellcheck disable=SC2086
@@ -81,7 +80,7 @@ vm_expect_eq "the device's contents (md5) after re-adding" \
 softblk del zl2
 
 vm_step "file target, batch_io=1: random writes and reads at QD 32"
-vm_add_ublk f1 file path=/mnt/bt/f1.img size=64M create=1 --bs 4096 --export-opt batch_io=1
+vm_add_ublk f1 file path=$fs/f1.img size=64M create=1 --bs 4096 --export-opt batch_io=1
 fio --name=rw --filename="$dev" --ioengine=io_uring --direct=1 --rw=randrw --bsrange=4k-128k \
   --iodepth=32 --size=64M --io_size=32M --verify=crc32c --verify_fatal=1 --do_verify=1 \
   --output=/tmp/fio-f1.txt || { cat /tmp/fio-f1.txt; vm_fail "fio verify on the file target"; }

@@ -21,23 +21,22 @@ set -euo pipefail
 vm_require_tool softblk fio blkzone mkfs.ext4
 modprobe ublk_drv || vm_skip "no ublk_drv in this kernel"
 vm_wait_for /dev/ublk-control
-vm_require_module brd rd_nr=1 rd_size=$((512 * 1024))
 
 export SOFTBLK_RUN_DIR=/tmp/softblk-run
 cleanup() {
   softblk del --all >/dev/null 2>&1 || true
   softblk shutdown >/dev/null 2>&1 || true
-  umount /mnt/zc 2>/dev/null || true
+  vm_zone_fs_cleanup
 }
 trap cleanup EXIT
 
-mkfs.ext4 -q -F /dev/ram0
-mkdir -p /mnt/zc
-mount /dev/ram0 /mnt/zc
+# ext4 on a brd RAM disk (guest/lib.sh).
+vm_zone_fs_root ext4
+fs=$zone_root
 
 vm_step "zloop over ublk, zero_copy=auto"
-mkdir -p /mnt/zc/zl/0
-vm_add_ublk zl zloop base_dir=/mnt/zc/zl id=0 capacity_mb=256 zone_size_mb=16 conv_zones=2
+mkdir -p $fs/zl/0
+vm_add_ublk zl zloop base_dir=$fs/zl id=0 capacity_mb=256 zone_size_mb=16 conv_zones=2
 zc=$(vm_json_field zero_copy)
 if [ "$zc" != true ]; then
   softblk features | tee /tmp/features.txt
@@ -63,10 +62,10 @@ cmp /tmp/conv /tmp/conv.back || vm_fail "conventional zone read back differs"
 blkzone report "$dev" >/tmp/zones-before.txt
 sum_before=$(dd if="$dev" bs=1M iflag=direct status=none | md5sum)
 softblk del zl
-vm_zloop_check_files /tmp/zones-before.txt /mnt/zc/zl/0
+vm_zloop_check_files /tmp/zones-before.txt $fs/zl/0
 
 vm_step "the same directory again: the data verifies"
-vm_add_ublk zl2 zloop base_dir=/mnt/zc/zl id=0 capacity_mb=256 zone_size_mb=16 conv_zones=2
+vm_add_ublk zl2 zloop base_dir=$fs/zl id=0 capacity_mb=256 zone_size_mb=16 conv_zones=2
 blkzone report "$dev" >/tmp/zones-after.txt
 # The same write pointers (open zones come back closed).
 diff <(sed 's/zcond.*//' /tmp/zones-before.txt) <(sed 's/zcond.*//' /tmp/zones-after.txt) ||
@@ -76,7 +75,7 @@ vm_expect_eq "the device's contents (md5) after re-adding" \
 softblk del zl2
 
 vm_step "file target, user_copy=1 (zero copy auto), zero_copy_min=65536"
-vm_add_ublk f1 file path=/mnt/zc/f1.img size=128M create=1 --bs 4096 \
+vm_add_ublk f1 file path=$fs/f1.img size=128M create=1 --bs 4096 \
   --export-opt user_copy=1 --export-opt zero_copy_min=65536
 vm_expect_eq "file export zero_copy" "$(vm_json_field zero_copy)" true
 fio --name=small --filename="$dev" --ioengine=io_uring --direct=1 --rw=randwrite --bs=4k \
@@ -97,7 +96,7 @@ vm_expect_eq "kernel_buffer_errors" "$(vm_json_field kernel_buffer_errors)" 0
 softblk del f1
 
 vm_step "file target, zero copy measured: writes with others in flight go zero copy"
-vm_add_ublk f3 file path=/mnt/zc/f3.img size=64M create=1 --bs 4096 --export-opt user_copy=1
+vm_add_ublk f3 file path=$fs/f3.img size=64M create=1 --bs 4096 --export-opt user_copy=1
 # 4 KiB writes at QD 32: whatever the queue measured for a lone write,
 # one that finds others in flight is not copied (copy_chooser.hpp).
 fio --name=deep --filename="$dev" --ioengine=io_uring --direct=1 --rw=randwrite --bs=4k \
@@ -110,7 +109,7 @@ vm_expect_eq "kernel_buffer_errors" "$(vm_json_field kernel_buffer_errors)" 0
 softblk del f3
 
 vm_step "zero_copy=0, and zero_copy=1 where the target needs the bytes"
-vm_add_ublk f2 file path=/mnt/zc/f2.img size=16M create=1 --bs 4096 \
+vm_add_ublk f2 file path=$fs/f2.img size=16M create=1 --bs 4096 \
   --export-opt user_copy=1 --export-opt zero_copy=0 --export-opt shared_ring=0
 vm_expect_eq "zero_copy=0" "$(vm_json_field zero_copy)" false
 vm_expect_eq "borrowed_rings with shared_ring=0" "$(vm_json_field borrowed_rings)" 0
