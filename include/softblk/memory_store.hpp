@@ -170,6 +170,23 @@ public:
     // before the failure stays stored.
     virtual int write(uint64_t offset, const void* data, uint64_t length) = 0;
 
+    // Stores `length` bytes read from `source` (its bytes from the first on)
+    // at `offset`, with one preadv per 256 KiB straight into the pages, the
+    // pages' locks held meanwhile. Returns what write() returns, or -errno
+    // of the read (-EIO for a short one); on a read error the blocks of
+    // that 256 KiB that held data may hold part of the new data (as a
+    // failed write leaves a disk).
+    virtual int write_from(uint64_t offset, const data_source& source, uint64_t length) = 0;
+
+    // The first `length` bytes of write or zone append `r`'s data, from
+    // its buffer or its source, stored at `offset` (a zone append's is not
+    // r.offset). Returns what write() and write_from() return.
+    int write_request(uint64_t offset, const io_request& r, uint64_t length)
+    {
+        return r.source != nullptr ? write_from(offset, *r.source, length)
+                                   : write(offset, r.buffer, length);
+    }
+
     // Forgets the blocks of [offset, offset+length): they read as zeros.
     // Pages left empty are kept resident for reuse by later writes (no
     // system call either way) up to free_page_limit_bytes(); those beyond

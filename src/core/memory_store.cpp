@@ -17,7 +17,8 @@
 // once. Page-table nodes are installed lock-free (compare-and-swap) and never
 // freed while the store lives; a page's contents and its leaf entry are
 // guarded by one of k_stripes spin locks chosen by page index, so adjacent
-// pages never share a lock. The page pool has one mutex, taken once per page
+// pages never share a lock; write_from holds the locks of a run of pages
+// while it reads into them, taking them in ascending stripe order. The page pool has one mutex, taken once per page
 // allocated or freed (under the page's stripe lock); its free list, linked
 // through the free pages' first word, is only touched under it, and a page
 // is on it only after its leaf entry was cleared, so no reader sees it.
@@ -41,6 +42,7 @@
 #include <sched.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
@@ -68,6 +70,7 @@ public:
 
     void read(uint64_t offset, void* out, uint64_t length) const override;
     int write(uint64_t offset, const void* data, uint64_t length) override;
+    int write_from(uint64_t offset, const data_source& source, uint64_t length) override;
     void discard(uint64_t offset, uint64_t length) override;
     int write_zeroes(uint64_t offset, uint64_t length, bool keep_allocated) override;
     void map_extents(uint64_t offset, uint64_t length, std::vector<extent>& out) const override;
@@ -98,6 +101,9 @@ public:
 
 private:
     static constexpr unsigned k_stripes = 256;
+    // Pages write_from reads into with one preadv, their locks all held:
+    // fewer than k_stripes, so that a run's stripes are all different.
+    static constexpr unsigned k_run_pages = 64;
     static constexpr unsigned k_fanout_bits = 6;  // 64 entries, 512-byte nodes
     static constexpr unsigned k_fanout = 1u << k_fanout_bits;
     static constexpr uintptr_t k_bits_mask = k_page_size - 1;
@@ -172,6 +178,11 @@ private:
     std::atomic<uintptr_t>* leaf(uint64_t index, bool create, int* error = nullptr) const;
     void lock(uint64_t page_index) const;
     void unlock(uint64_t page_index) const;
+    // The locks of `pages` (<= k_run_pages) pages from `first` on, in
+    // ascending stripe order: the one order in which anything holds more
+    // than one, so two runs never wait on each other in a cycle.
+    void lock_run(uint64_t first, unsigned pages) const;
+    void unlock_run(uint64_t first, unsigned pages) const;
     void free_subtree(node* n, unsigned level);
     // Block bits of [first_block, first_block+count) of a page.
     uintptr_t block_mask(uint32_t in_page_offset, uint32_t length) const;
@@ -479,6 +490,25 @@ void page_store::unlock(uint64_t page_index) const
     _stripes[page_index % k_stripes].locked.store(0, std::memory_order_release);
 }
 
+void page_store::lock_run(uint64_t first, unsigned pages) const
+{
+    // Pages from `wrap` on have the lowest stripes (the index wraps to 0).
+    const unsigned wrap = k_stripes - static_cast<unsigned>(first % k_stripes);
+    for (unsigned i = wrap; i < pages; ++i) {
+        lock(first + i);
+    }
+    for (unsigned i = 0; i < std::min(wrap, pages); ++i) {
+        lock(first + i);
+    }
+}
+
+void page_store::unlock_run(uint64_t first, unsigned pages) const
+{
+    for (unsigned i = 0; i < pages; ++i) {
+        unlock(first + i);
+    }
+}
+
 uintptr_t page_store::block_mask(uint32_t in_page_offset, uint32_t length) const
 {
     const unsigned first = in_page_offset >> _block_shift;
@@ -551,6 +581,89 @@ int page_store::write(uint64_t offset, const void* data, uint64_t length)
         src += n;
         offset += n;
         length -= n;
+    }
+    return 0;
+}
+
+int page_store::write_from(uint64_t offset, const data_source& source, uint64_t length)
+{
+    uint64_t from = 0;  // the source's bytes stored so far
+    while (length > 0) {
+        const uint64_t first = offset / k_page_size;
+        const uint32_t in_first = static_cast<uint32_t>(offset % k_page_size);
+        const uint64_t run_bytes =
+            std::min<uint64_t>(length, uint64_t{k_run_pages} * k_page_size - in_first);
+        const auto pages = static_cast<unsigned>((in_first + run_bytes - 1) / k_page_size + 1);
+        std::atomic<uintptr_t>* entries[k_run_pages];
+        int error = 0;
+        for (unsigned i = 0; i < pages; ++i) {
+            entries[i] = leaf(first + i, true, &error);
+            if (entries[i] == nullptr) {
+                return error;
+            }
+        }
+        lock_run(first, pages);
+        uintptr_t values[k_run_pages];
+        bool fresh[k_run_pages];
+        ::iovec iov[k_run_pages];
+        int iov_count = 0;
+        unsigned held = 0;  // pages with a page (allocated or found)
+        for (uint64_t left = run_bytes; held < pages; ++held) {
+            uintptr_t v = entries[held]->load(std::memory_order_relaxed);
+            fresh[held] = v == 0;
+            if (v == 0) {
+                void* page = _pool.allocate(error);
+                if (page == nullptr) {
+                    break;
+                }
+                v = reinterpret_cast<uintptr_t>(page);
+            }
+            values[held] = v;
+            const uint32_t in_page = held == 0 ? in_first : 0;
+            const auto n = static_cast<uint32_t>(std::min<uint64_t>(left, k_page_size - in_page));
+            char* at = reinterpret_cast<char*>(v & ~k_bits_mask) + in_page;
+            // Pages come from chunks in order, so a run's are often adjacent.
+            if (iov_count > 0 &&
+                static_cast<char*>(iov[iov_count - 1].iov_base) + iov[iov_count - 1].iov_len ==
+                    at) {
+                iov[iov_count - 1].iov_len += n;
+            } else {
+                iov[iov_count++] = {.iov_base = at, .iov_len = n};
+            }
+            left -= n;
+        }
+        if (error == 0) {
+            const ssize_t got =
+                ::preadv(source.fd, iov, iov_count, static_cast<off_t>(source.offset + from));
+            if (got != static_cast<ssize_t>(run_bytes)) {
+                error = got < 0 ? -errno : -EIO;
+            }
+        }
+        bool freed = false;
+        for (unsigned i = 0, left = static_cast<unsigned>(run_bytes); i < held; ++i) {
+            const uint32_t in_page = i == 0 ? in_first : 0;
+            const uint32_t n = std::min<uint32_t>(left, k_page_size - in_page);
+            left -= n;
+            if (error == 0) {
+                if (fresh[i]) {
+                    _live_pages.fetch_add(1, std::memory_order_relaxed);
+                }
+                entries[i]->store(values[i] | block_mask(in_page, n), std::memory_order_release);
+            } else if (fresh[i]) {
+                _pool.free(reinterpret_cast<void*>(values[i]));
+                freed = true;
+            }
+        }
+        unlock_run(first, pages);
+        if (error != 0) {
+            if (freed) {
+                _pool.flush();
+            }
+            return error;
+        }
+        offset += run_bytes;
+        from += run_bytes;
+        length -= run_bytes;
     }
     return 0;
 }

@@ -151,6 +151,7 @@ io_request* queue_impl::get_request()
     r.length = 0;
     r.buffer = nullptr;
     r.kernel_data = nullptr;
+    r.source = nullptr;
     r.on_complete = nullptr;
     r.user_data = nullptr;
     r.transferred = 0;
@@ -191,10 +192,15 @@ int queue_impl::validate(const io_request& r) const
     }
     const block_limits& lim = _dev.info().limits;
     // A read needs memory to land in; a write's data may stay in the
-    // kernel where the target takes that (kernel_buffer), never both.
+    // kernel (kernel_buffer) or wait in a data_source where the target
+    // takes that, and comes one way only.
     auto has_data = [&]() {
         if (r.kernel_data != nullptr) {
-            return r.op != io_op::read && lim.kernel_buffers && r.buffer == nullptr;
+            return r.op != io_op::read && lim.kernel_buffers && r.buffer == nullptr &&
+                   r.source == nullptr;
+        }
+        if (r.source != nullptr) {
+            return r.op != io_op::read && lim.takes_data_source && r.buffer == nullptr;
         }
         return r.buffer != nullptr;
     };

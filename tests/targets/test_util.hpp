@@ -8,6 +8,8 @@
 #include <climits>
 #include <cstring>
 #include <ctime>
+#include <sys/mman.h>
+#include <unistd.h>
 #include <memory>
 #include <string>
 #include <vector>
@@ -52,6 +54,7 @@ inline std::string create_error(std::vector<std::string> options, int* code = nu
 struct completion {
     int result = INT_MIN;
     uint32_t transferred = 0;
+    uint64_t result_offset = 0;  // zone_append: where the data landed
     uint64_t at_ns = 0;
     bool done = false;
 };
@@ -61,6 +64,7 @@ inline void record_completion(io_request& r, int result)
     auto* c = static_cast<completion*>(r.user_data);
     c->result = result;
     c->transferred = r.transferred;
+    c->result_offset = r.result_offset;
     c->at_ns = now_ns();
     c->done = true;
 }
@@ -98,6 +102,47 @@ inline completion run_one(io_queue& q, io_op op, uint64_t offset, uint32_t lengt
     }
     return c;
 }
+
+// Submits one write or zone append on `q` whose data comes from `source`
+// (io_request::source) instead of a buffer, and waits for it.
+inline completion run_one_from(io_queue& q, io_op op, uint64_t offset, uint32_t length,
+                               const data_source& source, void* buffer = nullptr)
+{
+    completion c;
+    io_request* r = q.get_request();
+    EXPECT_NE(r, nullptr);
+    if (r == nullptr) {
+        return c;
+    }
+    r->op = op;
+    r->offset = offset;
+    r->length = length;
+    r->buffer = buffer;
+    r->source = &source;
+    r->on_complete = record_completion;
+    r->user_data = &c;
+    q.submit(*r);
+    const uint64_t give_up = now_ns() + 5'000'000'000;
+    while (!c.done && now_ns() < give_up) {
+        q.wait(1, static_cast<int64_t>(give_up - now_ns()));
+    }
+    return c;
+}
+
+// A memory file holding `data` at `at`: a data_source the way ublk's user
+// copy window is one (preadv at an offset of an fd).
+struct source_file {
+    int fd = -1;
+    explicit source_file(const std::vector<char>& data, off_t at)
+        : fd(::memfd_create("softblk-source", MFD_CLOEXEC))
+    {
+        EXPECT_GE(fd, 0);
+        EXPECT_EQ(::pwrite(fd, data.data(), data.size(), at), static_cast<ssize_t>(data.size()));
+    }
+    ~source_file() { ::close(fd); }
+    source_file(const source_file&) = delete;
+    source_file& operator=(const source_file&) = delete;
+};
 
 inline std::vector<char> pattern(size_t n, unsigned seed)
 {

@@ -205,6 +205,8 @@ result<void> queue_runner::setup()
                                                  .index = static_cast<uint16_t>(t),
                                                  .slots = static_cast<uint16_t>(depth),
                                                  .in_table = _cfg.auto_buf_reg};
+        _slots[t].source = data_source{
+            .fd = _cfg.char_fd, .offset = user_copy_offset(_cfg.q_id, static_cast<uint16_t>(t))};
     }
 
     _wake_fd = ::eventfd(0, EFD_CLOEXEC);
@@ -545,7 +547,11 @@ bool queue_runner::dispatch(tag_slot& slot)
             }
         }
     }
-    if (data_in && _cfg.user_copy && !in_kernel) {
+    // With USER_COPY a target that takes a data_source reads the data from
+    // the request itself, straight to where it keeps it; others get it
+    // copied into the tag's buffer here.
+    const bool from_source = data_in && _cfg.user_copy && !in_kernel && _cfg.target_reads_source;
+    if (data_in && _cfg.user_copy && !in_kernel && !from_source) {
         const ssize_t n = ::pread(_cfg.char_fd, slot.buffer, length,
                                   static_cast<off_t>(user_copy_offset(_cfg.q_id, slot.tag)));
         if (n != static_cast<ssize_t>(length)) {
@@ -565,8 +571,9 @@ bool queue_runner::dispatch(tag_slot& slot)
     }
     r->offset = dop == io_op::flush || dop == io_op::zone_reset_all ? 0 : offset;
     r->length = moves_data || dop == io_op::discard || dop == io_op::write_zeroes ? length : 0;
-    r->buffer = moves_data && !in_kernel ? slot.buffer : nullptr;
+    r->buffer = moves_data && !in_kernel && !from_source ? slot.buffer : nullptr;
     r->kernel_data = in_kernel ? &slot.data_in_kernel : nullptr;
+    r->source = from_source ? &slot.source : nullptr;
     // Only a plain write's result is known before it is done (a zone
     // append's sector is the target's to say).
     slot.data_in_kernel.prep_completion =

@@ -421,10 +421,8 @@ public:
             return static_cast<int>(r.length);
         case io_op::write:
             if (_store) {
-                // null_blk fails a write whose page cannot be allocated with
-                // BLK_STS_NOSPC; so does a write past the memory budget.
-                if (_store->write(r.offset, r.buffer, r.length) < 0) {
-                    return -ENOSPC;
+                if (const int stored = _store->write_request(r.offset, r, r.length); stored < 0) {
+                    return store_error(stored);
                 }
             }
             return static_cast<int>(r.length);
@@ -453,6 +451,11 @@ public:
     }
 
 private:
+    // A failed store write's result: null_blk fails a write whose page
+    // cannot be allocated with BLK_STS_NOSPC, and so do we past the memory
+    // budget; a data source's read error stays what it is.
+    static int store_error(int stored) { return stored == -ENOMEM ? -ENOSPC : stored; }
+
     // null_process_zoned_cmd.
     int execute_zoned(io_request& r)
     {
@@ -492,9 +495,11 @@ private:
                     rc = -EIO;
                 }
             }
-            if (_store && bytes > 0 && _store->write(h.offset, r.buffer, bytes) < 0) {
-                _zones->end_write(h, 0);
-                return -ENOSPC;
+            if (_store && bytes > 0) {
+                if (const int stored = _store->write_request(h.offset, r, bytes); stored < 0) {
+                    _zones->end_write(h, 0);
+                    return store_error(stored);
+                }
             }
             _zones->end_write(h, bytes);
             if (rc < 0) {
@@ -809,6 +814,9 @@ result<std::unique_ptr<target>> power_on_null(option_set& o, std::shared_ptr<tar
     // volatile_write_cache and fua are the cache decorator's (cache_size).
     lim.volatile_write_cache = false;
     lim.fua = false;
+    // A write's data goes straight from a front end's data_source into the
+    // store's pages (or nowhere, memory_backed=0).
+    lim.takes_data_source = true;
     auto t = std::make_unique<null_target>(lim, memory_backed ? data : nullptr, discard, home_node,
                                            index, o.flag("no_sched"), o.flag("use_per_node_hctx"));
     if (o.flag("zoned")) {

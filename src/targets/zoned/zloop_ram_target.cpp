@@ -66,6 +66,7 @@ public:
         }
         _zones = std::move(*engine);
         _limits = zloop::device_limits(*_zones, k_block_size, _settings.zone_append, false);
+        _limits.takes_data_source = true;  // read straight into the store's pages
         return {};
     }
 
@@ -150,7 +151,7 @@ void zloop_ram_queue::read_data(io_request& r, uint32_t, uint64_t)
 void zloop_ram_queue::write_data(io_request& r, uint32_t zone, uint64_t zone_offset)
 {
     const uint64_t offset = _zones.zone_start(zone) + zone_offset;
-    const int rc = _t.store().write(offset, r.buffer, r.length);
+    const int rc = _t.store().write_request(offset, r, r.length);
     if (rc < 0) {
         note_result(r, rc);
         _sink.complete(r, rc);
