@@ -170,21 +170,38 @@ public:
     // before the failure stays stored.
     virtual int write(uint64_t offset, const void* data, uint64_t length) = 0;
 
-    // Stores `length` bytes read from `source` (its bytes from the first on)
-    // at `offset`, with one preadv per 256 KiB straight into the pages, the
-    // pages' locks held meanwhile. Returns what write() returns, or -errno
+    // Stores `length` bytes read from `window` (its bytes from the first
+    // on) at `offset`, with one preadv per 256 KiB straight into the pages,
+    // their locks held meanwhile. Returns what write() returns, or -errno
     // of the read (-EIO for a short one); on a read error the blocks of
     // that 256 KiB that held data may hold part of the new data (as a
     // failed write leaves a disk).
-    virtual int write_from(uint64_t offset, const data_source& source, uint64_t length) = 0;
+    virtual int write_from(uint64_t offset, const data_window& window, uint64_t length) = 0;
+
+    // Copies `length` bytes at `offset` into `window` (from its first byte
+    // on), zeros where read() has them, with one pwritev per 256 KiB
+    // straight from the pages, their locks held meanwhile. Returns 0, or
+    // -errno of the write (-EIO for a short one).
+    virtual int read_to(uint64_t offset, const data_window& window, uint64_t length) const = 0;
 
     // The first `length` bytes of write or zone append `r`'s data, from
-    // its buffer or its source, stored at `offset` (a zone append's is not
+    // its buffer or its window, stored at `offset` (a zone append's is not
     // r.offset). Returns what write() and write_from() return.
     int write_request(uint64_t offset, const io_request& r, uint64_t length)
     {
-        return r.source != nullptr ? write_from(offset, *r.source, length)
+        return r.window != nullptr ? write_from(offset, *r.window, length)
                                    : write(offset, r.buffer, length);
+    }
+
+    // `length` bytes at `offset` into the first of read `r`'s buffer or
+    // window. Returns 0, or what read_to() returns.
+    int read_request(uint64_t offset, const io_request& r, uint64_t length) const
+    {
+        if (r.window != nullptr) {
+            return read_to(offset, *r.window, length);
+        }
+        read(offset, r.buffer, length);
+        return 0;
     }
 
     // Forgets the blocks of [offset, offset+length): they read as zeros.

@@ -91,14 +91,15 @@ enum io_flag : uint32_t {
 
 struct io_request;
 
-// Where a write's data waits for whoever stores it: `length` bytes read
-// with preadv from `fd` at `offset` onwards (ublk's USER_COPY window of the
-// request on /dev/ublkcN). A target whose limits say takes_data_source takes such
-// writes and reads the bytes straight to where they belong (the memory
-// store's pages), so they are copied once instead of into a front end's
-// buffer first. The front end fills it and keeps it until the request
-// completes; the bytes stay readable until then.
-struct data_source {
+// Where a request's data is when it lives in another address space that
+// preadv and pwritev reach: at `offset` onwards of `fd` (ublk's USER_COPY
+// window of the request on /dev/ublkcN). A target whose limits say
+// takes_data_window takes writes and reads that carry one instead of a
+// buffer, and copies the bytes between it and where it keeps them (the
+// memory store's pages) itself: once, instead of through a front end's
+// buffer. The front end fills it and keeps it until the request completes;
+// the window stays open until then.
+struct data_window {
     int fd = -1;
     uint64_t offset = 0;
 };
@@ -164,9 +165,9 @@ struct io_request {
     // Instead of `buffer`, for write and zone_append on a device whose
     // limits say kernel_buffers: the data in the kernel (kernel_buffer).
     const kernel_buffer* kernel_data = nullptr;
-    // Instead of `buffer`, for write and zone_append on a device whose
-    // limits say takes_data_source: where to read the data from (data_source).
-    const data_source* source = nullptr;
+    // Instead of `buffer`, for read, write and zone_append on a device
+    // whose limits say takes_data_window: where the data is (data_window).
+    const data_window* window = nullptr;
     io_completion_fn on_complete = nullptr;
     void* user_data = nullptr;
 
@@ -220,9 +221,9 @@ struct block_limits {
     // Writes and zone appends may carry kernel_data instead of a buffer:
     // the target never reads their bytes itself, a file_ring writes them.
     bool kernel_buffers = false;
-    // Writes and zone appends may carry a data_source instead of a buffer:
-    // the target reads their bytes from it itself (into RAM of its own).
-    bool takes_data_source = false;
+    // Reads, writes and zone appends may carry a data_window instead of a
+    // buffer: the target copies their bytes to or from it itself.
+    bool takes_data_window = false;
 
     // ---- zoned devices (the kernel's zoned block device model)
     bool zoned = false;

@@ -17,8 +17,9 @@
 // once. Page-table nodes are installed lock-free (compare-and-swap) and never
 // freed while the store lives; a page's contents and its leaf entry are
 // guarded by one of k_stripes spin locks chosen by page index, so adjacent
-// pages never share a lock; write_from holds the locks of a run of pages
-// while it reads into them, taking them in ascending stripe order. The page pool has one mutex, taken once per page
+// pages never share a lock; write_from and read_to hold the locks of a run
+// of pages while they copy between them and a window, taking them in
+// ascending stripe order. The page pool has one mutex, taken once per page
 // allocated or freed (under the page's stripe lock); its free list, linked
 // through the free pages' first word, is only touched under it, and a page
 // is on it only after its leaf entry was cleared, so no reader sees it.
@@ -70,7 +71,8 @@ public:
 
     void read(uint64_t offset, void* out, uint64_t length) const override;
     int write(uint64_t offset, const void* data, uint64_t length) override;
-    int write_from(uint64_t offset, const data_source& source, uint64_t length) override;
+    int write_from(uint64_t offset, const data_window& window, uint64_t length) override;
+    int read_to(uint64_t offset, const data_window& window, uint64_t length) const override;
     void discard(uint64_t offset, uint64_t length) override;
     int write_zeroes(uint64_t offset, uint64_t length, bool keep_allocated) override;
     void map_extents(uint64_t offset, uint64_t length, std::vector<extent>& out) const override;
@@ -585,9 +587,9 @@ int page_store::write(uint64_t offset, const void* data, uint64_t length)
     return 0;
 }
 
-int page_store::write_from(uint64_t offset, const data_source& source, uint64_t length)
+int page_store::write_from(uint64_t offset, const data_window& window, uint64_t length)
 {
-    uint64_t from = 0;  // the source's bytes stored so far
+    uint64_t from = 0;  // the window's bytes stored so far
     while (length > 0) {
         const uint64_t first = offset / k_page_size;
         const uint32_t in_first = static_cast<uint32_t>(offset % k_page_size);
@@ -634,7 +636,7 @@ int page_store::write_from(uint64_t offset, const data_source& source, uint64_t 
         }
         if (error == 0) {
             const ssize_t got =
-                ::preadv(source.fd, iov, iov_count, static_cast<off_t>(source.offset + from));
+                ::preadv(window.fd, iov, iov_count, static_cast<off_t>(window.offset + from));
             if (got != static_cast<ssize_t>(run_bytes)) {
                 error = got < 0 ? -errno : -EIO;
             }
@@ -663,6 +665,65 @@ int page_store::write_from(uint64_t offset, const data_source& source, uint64_t 
         }
         offset += run_bytes;
         from += run_bytes;
+        length -= run_bytes;
+    }
+    return 0;
+}
+
+int page_store::read_to(uint64_t offset, const data_window& window, uint64_t length) const
+{
+    // What read() gives blocks that hold nothing.
+    alignas(k_page_size) static const char zeros[k_page_size] = {};
+    // A run's segments: a page in full, or each block of a partial one.
+    constexpr unsigned k_most_segments = k_run_pages * (k_page_size / 512);
+    uint64_t to = 0;  // the window's bytes filled so far
+    while (length > 0) {
+        const uint64_t first = offset / k_page_size;
+        const uint32_t in_first = static_cast<uint32_t>(offset % k_page_size);
+        const uint64_t run_bytes =
+            std::min<uint64_t>(length, uint64_t{k_run_pages} * k_page_size - in_first);
+        const auto pages = static_cast<unsigned>((in_first + run_bytes - 1) / k_page_size + 1);
+        ::iovec iov[k_most_segments];
+        int iov_count = 0;
+        auto add = [&](const char* at, uint32_t n) {
+            if (iov_count > 0 && static_cast<const char*>(iov[iov_count - 1].iov_base) +
+                                         iov[iov_count - 1].iov_len ==
+                                     at) {
+                iov[iov_count - 1].iov_len += n;
+            } else {
+                iov[iov_count++] = {.iov_base = const_cast<char*>(at), .iov_len = n};
+            }
+        };
+        lock_run(first, pages);
+        uint64_t left = run_bytes;
+        for (unsigned i = 0; i < pages; ++i) {
+            const uint32_t in_page = i == 0 ? in_first : 0;
+            const auto n = static_cast<uint32_t>(std::min<uint64_t>(left, k_page_size - in_page));
+            left -= n;
+            const std::atomic<uintptr_t>* e = leaf(first + i, false);
+            const uintptr_t v = e != nullptr ? e->load(std::memory_order_relaxed) : 0;
+            const uintptr_t want = block_mask(in_page, n);
+            const char* page = reinterpret_cast<const char*>(v & ~k_bits_mask);
+            if ((v & want) == want) {
+                add(page + in_page, n);
+            } else if ((v & want) == 0) {
+                add(zeros + in_page, n);
+            } else {
+                for (uint32_t b = 0; b < n; b += _block_size) {
+                    const bool held = ((v >> ((in_page + b) >> _block_shift)) & 1) != 0;
+                    add((held ? page : zeros) + in_page + b, _block_size);
+                }
+            }
+        }
+        const ssize_t put =
+            ::pwritev(window.fd, iov, iov_count, static_cast<off_t>(window.offset + to));
+        const int error = put == static_cast<ssize_t>(run_bytes) ? 0 : put < 0 ? -errno : -EIO;
+        unlock_run(first, pages);
+        if (error != 0) {
+            return error;
+        }
+        offset += run_bytes;
+        to += run_bytes;
         length -= run_bytes;
     }
     return 0;

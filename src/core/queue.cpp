@@ -151,7 +151,7 @@ io_request* queue_impl::get_request()
     r.length = 0;
     r.buffer = nullptr;
     r.kernel_data = nullptr;
-    r.source = nullptr;
+    r.window = nullptr;
     r.on_complete = nullptr;
     r.user_data = nullptr;
     r.transferred = 0;
@@ -191,16 +191,16 @@ int queue_impl::validate(const io_request& r) const
         return -ENODEV;
     }
     const block_limits& lim = _dev.info().limits;
-    // A read needs memory to land in; a write's data may stay in the
-    // kernel (kernel_buffer) or wait in a data_source where the target
-    // takes that, and comes one way only.
+    // A request's data is in a buffer, or in the kernel (kernel_buffer:
+    // writes only) or in a data_window where the target takes those, and
+    // in one place only.
     auto has_data = [&]() {
         if (r.kernel_data != nullptr) {
             return r.op != io_op::read && lim.kernel_buffers && r.buffer == nullptr &&
-                   r.source == nullptr;
+                   r.window == nullptr;
         }
-        if (r.source != nullptr) {
-            return r.op != io_op::read && lim.takes_data_source && r.buffer == nullptr;
+        if (r.window != nullptr) {
+            return lim.takes_data_window && r.buffer == nullptr;
         }
         return r.buffer != nullptr;
     };

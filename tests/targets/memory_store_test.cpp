@@ -13,7 +13,7 @@
 
 #include <softblk/memory_store.hpp>
 
-using softblk::data_source;
+using softblk::data_window;
 using softblk::extent;
 using softblk::k_mib;
 using softblk::memory_budget;
@@ -180,7 +180,7 @@ TEST(memory_store, concurrent_writers_readers_and_discards)
     EXPECT_EQ(s.data_page_bytes(), 2048u * 4096);
 }
 
-// ---------------------------------------------------------------- write_from
+// ---------------------------------------------------------------- windows
 
 // `n` bytes of a pattern that differs per byte and per seed.
 std::vector<char> bytes(size_t n, unsigned seed)
@@ -192,16 +192,16 @@ std::vector<char> bytes(size_t n, unsigned seed)
     return v;
 }
 
-// A memory file with `data` at `at` (preadv from it is a data_source).
-int source_fd(const std::vector<char>& data, off_t at)
+// A memory file with `data` at `at` (a data_window: preadv and pwritev).
+int window_fd(const std::vector<char>& data, off_t at)
 {
-    const int fd = ::memfd_create("store-source", MFD_CLOEXEC);
+    const int fd = ::memfd_create("store-window", MFD_CLOEXEC);
     EXPECT_GE(fd, 0);
     EXPECT_EQ(::pwrite(fd, data.data(), data.size(), at), static_cast<ssize_t>(data.size()));
     return fd;
 }
 
-TEST(memory_store, write_from_reads_a_source_straight_into_the_pages)
+TEST(memory_store, write_from_reads_a_window_straight_into_the_pages)
 {
     // 512-byte blocks, starting inside a page, across the 64-page runs and
     // the wrap of the lock stripes (page 256), over data stored before.
@@ -211,8 +211,8 @@ TEST(memory_store, write_from_reads_a_source_straight_into_the_pages)
     ASSERT_EQ(s.write(300 * 4096, old.data(), old.size()), 0);
     const uint64_t offset = 250 * 4096 + 1536;
     const auto data = bytes(200 * 4096 + 1024, 1);
-    const int fd = source_fd(data, 5 * 512);
-    ASSERT_EQ(s.write_from(offset, data_source{.fd = fd, .offset = 5 * 512}, data.size()), 0);
+    const int fd = window_fd(data, 5 * 512);
+    ASSERT_EQ(s.write_from(offset, data_window{.fd = fd, .offset = 5 * 512}, data.size()), 0);
     std::vector<char> back(data.size());
     s.read(offset, back.data(), back.size());
     EXPECT_EQ(back, data);
@@ -223,16 +223,16 @@ TEST(memory_store, write_from_reads_a_source_straight_into_the_pages)
     ::close(fd);
 }
 
-TEST(memory_store, write_from_a_failing_source_keeps_no_new_page)
+TEST(memory_store, write_from_a_failing_window_keeps_no_new_page)
 {
     auto store = make(8 * k_mib, 4096);
     memory_store& s = *store;
     const auto data = bytes(64 << 10, 2);
-    const int fd = source_fd(data, 0);
-    ASSERT_EQ(s.write_from(0, data_source{.fd = fd, .offset = 0}, 64 << 10), 0);
-    // Short: the source ends 16 KiB into the write.
-    EXPECT_EQ(s.write_from(1 << 20, data_source{.fd = fd, .offset = 48 << 10}, 32 << 10), -EIO);
-    EXPECT_EQ(s.write_from(1 << 20, data_source{.fd = -1, .offset = 0}, 4096), -EBADF);
+    const int fd = window_fd(data, 0);
+    ASSERT_EQ(s.write_from(0, data_window{.fd = fd, .offset = 0}, 64 << 10), 0);
+    // Short: the window ends 16 KiB into the write.
+    EXPECT_EQ(s.write_from(1 << 20, data_window{.fd = fd, .offset = 48 << 10}, 32 << 10), -EIO);
+    EXPECT_EQ(s.write_from(1 << 20, data_window{.fd = -1, .offset = 0}, 4096), -EBADF);
     EXPECT_EQ(s.data_page_bytes(), 64u << 10);
     std::vector<char> back(32 << 10, 'x');
     s.read(1 << 20, back.data(), back.size());
@@ -240,12 +240,41 @@ TEST(memory_store, write_from_a_failing_source_keeps_no_new_page)
     ::close(fd);
 }
 
+TEST(memory_store, read_to_gives_a_window_what_read_gives)
+{
+    // Data in scattered 512-byte blocks (whole pages, partial pages, holes)
+    // over 150 pages across the stripes' wrap, read in one go from inside
+    // a page: the window gets what read() gives, zeros included.
+    auto store = make(8 * k_mib, 512);
+    memory_store& s = *store;
+    const auto data = bytes(4096, 6);
+    for (uint64_t page = 240; page < 390; page += 3) {
+        ASSERT_EQ(s.write(page * 4096, data.data(), 4096), 0);                  // whole
+        ASSERT_EQ(s.write((page + 1) * 4096 + 1024, data.data(), 512 * 3), 0);  // partial
+    }
+    const uint64_t offset = 240 * 4096 + 512;
+    const uint64_t length = 150 * 4096 - 1024;
+    const int fd = window_fd(std::vector<char>(length + 4096, 'w'), 0);
+    ASSERT_EQ(s.read_to(offset, data_window{.fd = fd, .offset = 4096}, length), 0);
+    std::vector<char> got(length);
+    ASSERT_EQ(::pread(fd, got.data(), length, 4096), static_cast<ssize_t>(length));
+    std::vector<char> want(length);
+    s.read(offset, want.data(), length);
+    EXPECT_EQ(got, want);
+    EXPECT_FALSE(std::all_of(want.begin(), want.end(), [](char c) { return c == 0; }));
+    std::vector<char> head(4096);
+    ASSERT_EQ(::pread(fd, head.data(), 4096, 0), 4096);
+    EXPECT_TRUE(std::all_of(head.begin(), head.end(), [](char c) { return c == 'w'; }));
+    EXPECT_EQ(s.read_to(0, data_window{.fd = -1, .offset = 0}, 4096), -EBADF);
+    ::close(fd);
+}
+
 TEST(memory_store, write_from_past_the_limit_fails_with_enospc)
 {
     auto store = make(64 * k_mib, 4096, 2 * k_mib);
     const auto data = bytes(4 * k_mib, 3);
-    const int fd = source_fd(data, 0);
-    EXPECT_EQ(store->write_from(0, data_source{.fd = fd, .offset = 0}, data.size()), -ENOSPC);
+    const int fd = window_fd(data, 0);
+    EXPECT_EQ(store->write_from(0, data_window{.fd = fd, .offset = 0}, data.size()), -ENOSPC);
     EXPECT_LE(store->memory_bytes(), 2 * k_mib);
     // The runs stored before the refusal stay, and read back.
     const uint64_t kept = store->data_page_bytes();
@@ -267,7 +296,7 @@ TEST(memory_store, concurrent_write_from_runs_over_shared_stripes)
     auto store = make(16 * k_mib, 4096);
     memory_store& s = *store;
     const auto data = bytes(4 * k_mib, 4);
-    const int fd = source_fd(data, 0);
+    const int fd = window_fd(data, 0);
     std::atomic<bool> bad{false};
     std::atomic<int> writers{3};
     auto writer = [&](unsigned id) {
@@ -278,7 +307,7 @@ TEST(memory_store, concurrent_write_from_runs_over_shared_stripes)
             const uint64_t pages = 64 + rng() % 37;
             const uint64_t first = rng() % (1024 - pages);
             const uint64_t len = pages * 4096;
-            if (s.write_from(base + first * 4096, data_source{.fd = fd, .offset = first * 4096},
+            if (s.write_from(base + first * 4096, data_window{.fd = fd, .offset = first * 4096},
                              len) != 0) {
                 bad = true;
             }

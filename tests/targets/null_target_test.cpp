@@ -190,25 +190,34 @@ TEST(null_target, memory_backed_keeps_data_and_unwritten_blocks_read_zero)
     EXPECT_TRUE(std::all_of(far.begin(), far.end(), [](char c) { return c == 0; }));
 }
 
-TEST(null_target, a_data_source_goes_straight_to_the_store_unless_a_cache_is_in_front)
+TEST(null_target, a_data_window_goes_straight_to_and_from_the_store_unless_a_cache_is_in_front)
 {
     auto d = make_null({"size=4", "memory_backed=1", "bs=512", "irqmode=0"});
     ASSERT_TRUE(d);
-    EXPECT_TRUE(d->limits().takes_data_source);
+    EXPECT_TRUE(d->limits().takes_data_window);
     const auto data = pattern(3 * 4096 + 1024, 2);
-    source_file file(data, 512);
-    const data_source src{.fd = file.fd, .offset = 512};
-    EXPECT_EQ(run_one_from(d->queue(0), io_op::write, 1536, static_cast<uint32_t>(data.size()), src)
-                  .result,
-              static_cast<int>(data.size()));
+    window_file file(data, 512);
+    const data_window src{.fd = file.fd, .offset = 512};
+    EXPECT_EQ(
+        run_one_windowed(d->queue(0), io_op::write, 1536, static_cast<uint32_t>(data.size()), src)
+            .result,
+        static_cast<int>(data.size()));
     EXPECT_EQ(read_back(*d, 1536, static_cast<uint32_t>(data.size())), data);
-    EXPECT_TRUE(all_zero(read_back(*d, 0, 1536)));
+    // Read through a window: the blocks written and the zeros around them.
+    window_file out(std::vector<char>(5 * 4096, 'r'));
+    const data_window into{.fd = out.fd, .offset = 0};
+    EXPECT_EQ(run_one_windowed(d->queue(0), io_op::read, 0, 5 * 4096, into).result, 5 * 4096);
+    EXPECT_EQ(out.bytes(0, 5 * 4096), read_back(*d, 0, 5 * 4096));
+    EXPECT_EQ(out.bytes(1536, data.size()), data);
+    EXPECT_TRUE(all_zero(out.bytes(0, 1536)));
 
-    // The write-back cache copies what is written: no data_source there.
+    // The write-back cache copies what is written and what is read: no
+    // data_window there.
     auto cached = make_null({"size=4", "memory_backed=1", "cache_size=1", "irqmode=0"});
     ASSERT_TRUE(cached);
-    EXPECT_FALSE(cached->limits().takes_data_source);
-    EXPECT_EQ(run_one_from(cached->queue(0), io_op::write, 0, 4096, src).result, -EINVAL);
+    EXPECT_FALSE(cached->limits().takes_data_window);
+    EXPECT_EQ(run_one_windowed(cached->queue(0), io_op::write, 0, 4096, src).result, -EINVAL);
+    EXPECT_EQ(run_one_windowed(cached->queue(0), io_op::read, 0, 4096, into).result, -EINVAL);
 }
 
 TEST(null_target, memory_backed_allocation_map)

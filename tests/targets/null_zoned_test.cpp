@@ -5,8 +5,8 @@
 // zone per request, bios split at zone boundaries), bad blocks applied
 // after the zone checks at the sector a write really lands on (partial
 // writes advance the write pointer), zone_readonly / zone_offline, and
-// report_zones, writes whose data comes from a data_source (ublk's user
-// copy) read straight into the store. The zone engine's transitions have their own tests
+// report_zones, reads and writes whose data is in a data_window (ublk's
+// user copy) copied straight between it and the store. The zone engine's transitions have their own tests
 // (tests/core/zone_engine_test.cpp).
 #include "test_util.hpp"
 
@@ -343,50 +343,62 @@ TEST(null_zoned, without_memory_the_zones_still_work)
     EXPECT_EQ(j["target"]["zones"]["model"], "null_blk");
 }
 
-TEST(null_zoned, writes_and_appends_from_a_data_source)
+TEST(null_zoned, reads_writes_and_appends_through_a_data_window)
 {
     auto d = make_null(zoned_options());
     ASSERT_TRUE(d);
-    EXPECT_TRUE(d->limits().takes_data_source);
+    EXPECT_TRUE(d->limits().takes_data_window);
     const auto data = pattern(96 << 10, 5);
-    const off_t at = 12288;  // the source's bytes start past its beginning
-    source_file file(data, at);
+    const off_t at = 12288;  // the window's bytes start past its beginning
+    window_file file(data, at);
     io_queue& q = d->queue(0);
     const uint64_t zone = 4 * k_mib;
     // 64 KiB written at the write pointer, then 32 KiB appended after it.
-    const data_source first{.fd = file.fd, .offset = at};
-    EXPECT_EQ(run_one_from(q, io_op::write, zone, 64 << 10, first).result, 64 << 10);
-    const data_source rest{.fd = file.fd, .offset = at + (64 << 10)};
-    const completion appended = run_one_from(q, io_op::zone_append, zone, 32 << 10, rest);
+    const data_window first{.fd = file.fd, .offset = at};
+    EXPECT_EQ(run_one_windowed(q, io_op::write, zone, 64 << 10, first).result, 64 << 10);
+    const data_window rest{.fd = file.fd, .offset = at + (64 << 10)};
+    const completion appended = run_one_windowed(q, io_op::zone_append, zone, 32 << 10, rest);
     EXPECT_EQ(appended.result, 32 << 10);
     EXPECT_EQ(appended.result_offset, zone + (64 << 10));
     EXPECT_EQ(read_back(*d, zone, 96 << 10), data);
     EXPECT_EQ(zone_of(*d, 2).write_pointer, zone + (96 << 10));
 
-    // A source that ends early fails the write with its read's error and
+    // Read back through a window: below the write pointer the data, past it
+    // null_blk's 0xff.
+    window_file out(std::vector<char>(112 << 10, 'r'));
+    const data_window into{.fd = out.fd, .offset = 0};
+    EXPECT_EQ(run_one_windowed(q, io_op::read, zone, 112 << 10, into).result, 112 << 10);
+    EXPECT_EQ(out.bytes(0, 96 << 10), data);
+    const auto pattern_past = out.bytes(96 << 10, 16 << 10);
+    EXPECT_TRUE(
+        std::all_of(pattern_past.begin(), pattern_past.end(), [](char c) { return c == '\xff'; }));
+    const data_window shut{.fd = -1, .offset = 0};
+    EXPECT_EQ(run_one_windowed(q, io_op::read, zone, 4096, shut).result, -EBADF);
+
+    // A window that ends early fails the write with its read's error and
     // moves no write pointer; nothing past it reads as data.
-    const data_source beyond{.fd = file.fd, .offset = at + (80 << 10)};
-    EXPECT_EQ(run_one_from(q, io_op::write, zone + (96 << 10), 32 << 10, beyond).result, -EIO);
+    const data_window beyond{.fd = file.fd, .offset = at + (80 << 10)};
+    EXPECT_EQ(run_one_windowed(q, io_op::write, zone + (96 << 10), 32 << 10, beyond).result, -EIO);
     EXPECT_EQ(zone_of(*d, 2).write_pointer, zone + (96 << 10));
-    const data_source closed{.fd = -1, .offset = 0};
-    EXPECT_EQ(run_one_from(q, io_op::write, zone + (96 << 10), 4096, closed).result, -EBADF);
+    const data_window closed{.fd = -1, .offset = 0};
+    EXPECT_EQ(run_one_windowed(q, io_op::write, zone + (96 << 10), 4096, closed).result, -EBADF);
     EXPECT_EQ(zone_of(*d, 2).write_pointer, zone + (96 << 10));
     const auto past = read_back(*d, zone + (96 << 10), 4096);
     EXPECT_TRUE(std::all_of(past.begin(), past.end(), [](char c) { return c == '\xff'; }));
 
-    // A source comes instead of a buffer, for data going in only.
+    // A window comes instead of a buffer, never with one.
     std::vector<char> buf(4096);
-    EXPECT_EQ(run_one_from(q, io_op::write, zone + (96 << 10), 4096, first, buf.data()).result,
+    EXPECT_EQ(run_one_windowed(q, io_op::write, zone + (96 << 10), 4096, first, buf.data()).result,
               -EINVAL);
-    EXPECT_EQ(run_one_from(q, io_op::read, zone, 4096, first).result, -EINVAL);
+    EXPECT_EQ(run_one_windowed(q, io_op::read, zone, 4096, into, buf.data()).result, -EINVAL);
 }
 
-TEST(null_zoned, without_memory_a_data_source_is_never_read)
+TEST(null_zoned, without_memory_a_data_window_is_never_touched)
 {
     auto d = make_null({"zoned=1", "size=64", "zone_size=4", "irqmode=0"});
     ASSERT_TRUE(d);
-    const data_source nothing{.fd = -1, .offset = 0};
-    EXPECT_EQ(run_one_from(d->queue(0), io_op::write, 4 * k_mib, 8192, nothing).result, 8192);
+    const data_window nothing{.fd = -1, .offset = 0};
+    EXPECT_EQ(run_one_windowed(d->queue(0), io_op::write, 4 * k_mib, 8192, nothing).result, 8192);
     auto zones = d->report_zones(4 * k_mib, 1);
     ASSERT_TRUE(zones);
     EXPECT_EQ((*zones)[0].write_pointer, 4 * k_mib + 8192);

@@ -69,12 +69,23 @@ inline void record_completion(io_request& r, int result)
     c->done = true;
 }
 
-// Submits one request on `q` and waits for it (at most `timeout_ns`).
-// Returns the completion; `submit_returned_done` says whether the callback
-// ran inside submit().
-inline completion run_one(io_queue& q, io_op op, uint64_t offset, uint32_t length, void* buffer,
-                          uint32_t flags = 0, int64_t timeout_ns = 5'000'000'000,
-                          bool* submit_returned_done = nullptr, uint64_t* submitted_at = nullptr)
+// What one request of run_one and run_one_windowed carries.
+struct one_request {
+    io_op op = io_op::read;
+    uint64_t offset = 0;
+    uint32_t length = 0;
+    void* buffer = nullptr;
+    const data_window* window = nullptr;
+    uint32_t flags = 0;
+};
+
+// Submits `what` on `q` and waits for it (at most `timeout_ns`). Returns
+// the completion; `submit_returned_done` says whether the callback ran
+// inside submit().
+inline completion run_request(io_queue& q, const one_request& what,
+                              int64_t timeout_ns = 5'000'000'000,
+                              bool* submit_returned_done = nullptr,
+                              uint64_t* submitted_at = nullptr)
 {
     completion c;
     io_request* r = q.get_request();
@@ -82,11 +93,12 @@ inline completion run_one(io_queue& q, io_op op, uint64_t offset, uint32_t lengt
     if (r == nullptr) {
         return c;
     }
-    r->op = op;
-    r->offset = offset;
-    r->length = length;
-    r->buffer = buffer;
-    r->flags = flags;
+    r->op = what.op;
+    r->offset = what.offset;
+    r->length = what.length;
+    r->buffer = what.buffer;
+    r->window = what.window;
+    r->flags = what.flags;
     r->on_complete = record_completion;
     r->user_data = &c;
     if (submitted_at != nullptr) {
@@ -103,45 +115,46 @@ inline completion run_one(io_queue& q, io_op op, uint64_t offset, uint32_t lengt
     return c;
 }
 
-// Submits one write or zone append on `q` whose data comes from `source`
-// (io_request::source) instead of a buffer, and waits for it.
-inline completion run_one_from(io_queue& q, io_op op, uint64_t offset, uint32_t length,
-                               const data_source& source, void* buffer = nullptr)
+// One request with its data in `buffer`, submitted and waited for (run_request).
+inline completion run_one(io_queue& q, io_op op, uint64_t offset, uint32_t length, void* buffer,
+                          uint32_t flags = 0, int64_t timeout_ns = 5'000'000'000,
+                          bool* submit_returned_done = nullptr, uint64_t* submitted_at = nullptr)
 {
-    completion c;
-    io_request* r = q.get_request();
-    EXPECT_NE(r, nullptr);
-    if (r == nullptr) {
-        return c;
-    }
-    r->op = op;
-    r->offset = offset;
-    r->length = length;
-    r->buffer = buffer;
-    r->source = &source;
-    r->on_complete = record_completion;
-    r->user_data = &c;
-    q.submit(*r);
-    const uint64_t give_up = now_ns() + 5'000'000'000;
-    while (!c.done && now_ns() < give_up) {
-        q.wait(1, static_cast<int64_t>(give_up - now_ns()));
-    }
-    return c;
+    return run_request(
+        q, {.op = op, .offset = offset, .length = length, .buffer = buffer, .flags = flags},
+        timeout_ns, submit_returned_done, submitted_at);
 }
 
-// A memory file holding `data` at `at`: a data_source the way ublk's user
-// copy window is one (preadv at an offset of an fd).
-struct source_file {
+// One read, write or zone append whose data is in `window`
+// (io_request::window), submitted and waited for; `buffer` too only to see
+// it refused.
+inline completion run_one_windowed(io_queue& q, io_op op, uint64_t offset, uint32_t length,
+                                   const data_window& window, void* buffer = nullptr)
+{
+    return run_request(
+        q, {.op = op, .offset = offset, .length = length, .buffer = buffer, .window = &window});
+}
+
+// A memory file holding `data` at `at`: a data_window the way ublk's
+// user-copy window is one (preadv and pwritev at an offset of an fd).
+struct window_file {
     int fd = -1;
-    explicit source_file(const std::vector<char>& data, off_t at)
-        : fd(::memfd_create("softblk-source", MFD_CLOEXEC))
+    explicit window_file(const std::vector<char>& data, off_t at = 0)
+        : fd(::memfd_create("softblk-window", MFD_CLOEXEC))
     {
         EXPECT_GE(fd, 0);
         EXPECT_EQ(::pwrite(fd, data.data(), data.size(), at), static_cast<ssize_t>(data.size()));
     }
-    ~source_file() { ::close(fd); }
-    source_file(const source_file&) = delete;
-    source_file& operator=(const source_file&) = delete;
+    ~window_file() { ::close(fd); }
+    window_file(const window_file&) = delete;
+    window_file& operator=(const window_file&) = delete;
+    // `length` bytes at `at`.
+    std::vector<char> bytes(off_t at, size_t length) const
+    {
+        std::vector<char> b(length);
+        EXPECT_EQ(::pread(fd, b.data(), length, at), static_cast<ssize_t>(length));
+        return b;
+    }
 };
 
 inline std::vector<char> pattern(size_t n, unsigned seed)

@@ -529,26 +529,34 @@ TEST_P(zloop_variants, two_queues_write_different_zones)
     expect_stored("seq-000003", 16 * 4096);
 }
 
-TEST_F(zloop_test, ram_variant_reads_a_data_source_into_its_store)
+TEST_F(zloop_test, ram_variant_copies_through_a_data_window)
 {
     _type = "zloop-ram";
     auto d = make();
     ASSERT_TRUE(d);
-    EXPECT_TRUE(d->limits().takes_data_source);
+    EXPECT_TRUE(d->limits().takes_data_window);
     const auto data = pattern(72 << 10, 3);
-    source_file file(data, 4096);
+    window_file file(data, 4096);
     io_queue& q = d->queue(0);
-    const data_source first{.fd = file.fd, .offset = 4096};
-    EXPECT_EQ(run_one_from(q, io_op::write, 4 * k_mib, 64 << 10, first).result, 64 << 10);
-    const data_source rest{.fd = file.fd, .offset = 4096 + (64 << 10)};
-    const completion appended = run_one_from(q, io_op::zone_append, 4 * k_mib, 8 << 10, rest);
+    const data_window first{.fd = file.fd, .offset = 4096};
+    EXPECT_EQ(run_one_windowed(q, io_op::write, 4 * k_mib, 64 << 10, first).result, 64 << 10);
+    const data_window rest{.fd = file.fd, .offset = 4096 + (64 << 10)};
+    const completion appended = run_one_windowed(q, io_op::zone_append, 4 * k_mib, 8 << 10, rest);
     EXPECT_EQ(appended.result, 8 << 10);
     EXPECT_EQ(appended.result_offset, 4 * k_mib + (64 << 10));
     EXPECT_EQ(read_back(*d, 4 * k_mib, 72 << 10), data);
-    // A source that ends early fails the write; the write pointer comes
+    // Read through a window: the data, then zeros past the write pointer
+    // (as past the end of a zone file).
+    window_file out(std::vector<char>(80 << 10, 'r'));
+    const data_window into{.fd = out.fd, .offset = 0};
+    EXPECT_EQ(run_one_windowed(q, io_op::read, 4 * k_mib, 80 << 10, into).result, 80 << 10);
+    EXPECT_EQ(out.bytes(0, 72 << 10), data);
+    EXPECT_TRUE(all_zero(out.bytes(72 << 10, 8 << 10)));
+    // A window that ends early fails the write; the write pointer comes
     // back to what the store holds.
-    const data_source beyond{.fd = file.fd, .offset = 4096 + (68 << 10)};
-    EXPECT_EQ(run_one_from(q, io_op::write, 4 * k_mib + (72 << 10), 8 << 10, beyond).result, -EIO);
+    const data_window beyond{.fd = file.fd, .offset = 4096 + (68 << 10)};
+    EXPECT_EQ(run_one_windowed(q, io_op::write, 4 * k_mib + (72 << 10), 8 << 10, beyond).result,
+              -EIO);
     EXPECT_EQ(zone_of(*d, 2).write_pointer, 4 * k_mib + (72 << 10));
 }
 

@@ -245,7 +245,7 @@ void bad_blocks_queue::start_partial(io_request& r, uint32_t bytes)
     p.offset = r.offset;
     p.length = bytes;
     p.buffer = r.buffer;
-    p.source = r.source;  // the prefix's bytes are the source's first ones
+    p.window = r.window;  // the prefix's bytes are the window's first ones
     p.kernel_data = nullptr;
     if (r.kernel_data != nullptr) {
         e->extra.data_in_kernel = *r.kernel_data;

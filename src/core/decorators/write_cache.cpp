@@ -873,7 +873,7 @@ public:
         _limits.fua = fua;
         // The cache copies what is written: it needs the bytes in memory.
         _limits.kernel_buffers = false;
-        _limits.takes_data_source = false;
+        _limits.takes_data_window = false;
     }
 
     const block_limits& limits() const override { return _limits; }

@@ -205,7 +205,7 @@ result<void> queue_runner::setup()
                                                  .index = static_cast<uint16_t>(t),
                                                  .slots = static_cast<uint16_t>(depth),
                                                  .in_table = _cfg.auto_buf_reg};
-        _slots[t].source = data_source{
+        _slots[t].window = data_window{
             .fd = _cfg.char_fd, .offset = user_copy_offset(_cfg.q_id, static_cast<uint16_t>(t))};
     }
 
@@ -421,7 +421,7 @@ void queue_runner::on_complete(io_request& request, int result)
     if (res >= 0) {
         switch (slot.kernel_op) {
         case k_op_read:
-            if (self._cfg.user_copy) {
+            if (self._cfg.user_copy && !slot.windowed) {
                 res = self.copy_to_kernel(slot, static_cast<size_t>(res), res);
             }
             break;
@@ -547,11 +547,12 @@ bool queue_runner::dispatch(tag_slot& slot)
             }
         }
     }
-    // With USER_COPY a target that takes a data_source reads the data from
-    // the request itself, straight to where it keeps it; others get it
-    // copied into the tag's buffer here.
-    const bool from_source = data_in && _cfg.user_copy && !in_kernel && _cfg.target_reads_source;
-    if (data_in && _cfg.user_copy && !in_kernel && !from_source) {
+    // With USER_COPY a target that takes a data_window copies the data
+    // between the request and where it keeps it itself; for others it goes
+    // through the tag's buffer, copied in here (writes) or out in
+    // on_complete (reads).
+    slot.windowed = moves_data && _cfg.user_copy && !in_kernel && _cfg.target_takes_window;
+    if (data_in && _cfg.user_copy && !in_kernel && !slot.windowed) {
         const ssize_t n = ::pread(_cfg.char_fd, slot.buffer, length,
                                   static_cast<off_t>(user_copy_offset(_cfg.q_id, slot.tag)));
         if (n != static_cast<ssize_t>(length)) {
@@ -571,9 +572,9 @@ bool queue_runner::dispatch(tag_slot& slot)
     }
     r->offset = dop == io_op::flush || dop == io_op::zone_reset_all ? 0 : offset;
     r->length = moves_data || dop == io_op::discard || dop == io_op::write_zeroes ? length : 0;
-    r->buffer = moves_data && !in_kernel && !from_source ? slot.buffer : nullptr;
+    r->buffer = moves_data && !in_kernel && !slot.windowed ? slot.buffer : nullptr;
     r->kernel_data = in_kernel ? &slot.data_in_kernel : nullptr;
-    r->source = from_source ? &slot.source : nullptr;
+    r->window = slot.windowed ? &slot.window : nullptr;
     // Only a plain write's result is known before it is done (a zone
     // append's sector is the target's to say).
     slot.data_in_kernel.prep_completion =

@@ -47,10 +47,10 @@ struct queue_config {
     // queue measures zero copy faster for its size (copy_chooser).
     bool zero_copy = false;
     int64_t zero_copy_min_bytes = -1;
-    // With user_copy: the device takes a data_source (block_limits::
-    // takes_data_source), so copied writes go to the target as one instead
-    // of being read into the tag's buffer first.
-    bool target_reads_source = false;
+    // With user_copy: the device takes a data_window (block_limits::
+    // takes_data_window), so copied reads and writes go to the target with
+    // the request's window instead of through the tag's buffer.
+    bool target_takes_window = false;
     // Lend the thread's ring to the device queue (io_queue::share_ring):
     // the target's file I/O then goes through it.
     bool shared_ring = true;
@@ -155,7 +155,9 @@ private:
         bool aborted = false;
         uint32_t length = 0;
         kernel_buffer data_in_kernel;  // zero copy: this tag's request
-        data_source source;            // USER_COPY: where this tag's request's data is
+        data_window window;            // USER_COPY: where this tag's request's data is
+        // The request's data goes through `window`, not `buffer`.
+        bool windowed = false;
         // A write the chooser times: when it was taken, and which way.
         bool timed = false;
         bool in_kernel = false;

@@ -381,7 +381,7 @@ result<void> ublk_export::start_queues(unsigned nr_queues, unsigned depth, uint3
                         .zero_copy = (flags & (k_f_support_zero_copy | k_f_auto_buf_reg)) != 0 &&
                                      _dev.limits().kernel_buffers,
                         .zero_copy_min_bytes = _cfg.zero_copy_min,
-                        .target_reads_source = _dev.limits().takes_data_source,
+                        .target_takes_window = _dev.limits().takes_data_window,
                         .shared_ring = _cfg.shared_ring,
                         .batch = (flags & k_f_batch_io) != 0,
                         .auto_buf_reg = (flags & k_f_auto_buf_reg) != 0,

@@ -21,11 +21,13 @@
 
 #include <cerrno>
 #include <cstring>
+#include <sys/uio.h>
 #include <dirent.h>
 #include <fmt/core.h>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <algorithm>
+#include <array>
 #include <set>
 
 namespace softblk::targets {
@@ -415,7 +417,9 @@ public:
         switch (r.op) {
         case io_op::read:
             if (_store) {
-                _store->read(r.offset, r.buffer, r.length);
+                if (const int rc = _store->read_request(r.offset, r, r.length); rc < 0) {
+                    return rc;
+                }
             }
             // memory_backed=0: null_blk leaves the buffer as it is.
             return static_cast<int>(r.length);
@@ -456,6 +460,40 @@ private:
     // budget; a data source's read error stays what it is.
     static int store_error(int stored) { return stored == -ENOMEM ? -ENOSPC : stored; }
 
+    // null_blk's pattern past a zone's write pointer (nullb_fill_pattern):
+    // 0xff into read `r`'s data from byte `from` to its end, its buffer or
+    // its window. Returns 0 or -errno.
+    static int fill_pattern(const io_request& r, uint32_t from)
+    {
+        if (r.window == nullptr) {
+            std::memset(static_cast<char*>(r.buffer) + from, 0xff, r.length - from);
+            return 0;
+        }
+        static const std::array<char, 4096> ones = [] {
+            std::array<char, 4096> a{};
+            a.fill('\xff');
+            return a;
+        }();
+        constexpr size_t k_segments = 64;
+        ::iovec iov[k_segments];
+        while (from < r.length) {
+            size_t count = 0;
+            size_t bytes = 0;
+            for (; count < k_segments && from + bytes < r.length; ++count) {
+                const size_t n = std::min<size_t>(ones.size(), r.length - from - bytes);
+                iov[count] = {.iov_base = const_cast<char*>(ones.data()), .iov_len = n};
+                bytes += n;
+            }
+            const ssize_t put = ::pwritev(r.window->fd, iov, static_cast<int>(count),
+                                          static_cast<off_t>(r.window->offset + from));
+            if (put != static_cast<ssize_t>(bytes)) {
+                return put < 0 ? -errno : -EIO;
+            }
+            from += static_cast<uint32_t>(bytes);
+        }
+        return 0;
+    }
+
     // null_process_zoned_cmd.
     int execute_zoned(io_request& r)
     {
@@ -466,17 +504,19 @@ private:
             if (valid < 0) {
                 return valid;
             }
+            int rc = static_cast<int>(r.length);
             if (_store) {
                 // Below the write pointer the data, beyond it 0xff
                 // (nullb_fill_pattern).
-                auto* out = static_cast<char*>(r.buffer);
                 if (valid > 0) {
-                    _store->read(r.offset, out, static_cast<uint64_t>(valid));
+                    rc = _store->read_request(r.offset, r, static_cast<uint64_t>(valid));
                 }
-                std::memset(out + valid, 0xff, r.length - static_cast<uint32_t>(valid));
+                if (rc >= 0 && static_cast<uint32_t>(valid) < r.length) {
+                    rc = fill_pattern(r, static_cast<uint32_t>(valid));
+                }
             }
             _zones->end_read(h);
-            return static_cast<int>(r.length);
+            return rc < 0 ? rc : static_cast<int>(r.length);
         }
         case io_op::write:
         case io_op::zone_append: {
@@ -814,9 +854,9 @@ result<std::unique_ptr<target>> power_on_null(option_set& o, std::shared_ptr<tar
     // volatile_write_cache and fua are the cache decorator's (cache_size).
     lim.volatile_write_cache = false;
     lim.fua = false;
-    // A write's data goes straight from a front end's data_source into the
-    // store's pages (or nowhere, memory_backed=0).
-    lim.takes_data_source = true;
+    // A request's data goes straight between a front end's data_window and
+    // the store's pages (or nowhere, memory_backed=0).
+    lim.takes_data_window = true;
     auto t = std::make_unique<null_target>(lim, memory_backed ? data : nullptr, discard, home_node,
                                            index, o.flag("no_sched"), o.flag("use_per_node_hctx"));
     if (o.flag("zoned")) {

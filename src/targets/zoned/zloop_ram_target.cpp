@@ -66,7 +66,7 @@ public:
         }
         _zones = std::move(*engine);
         _limits = zloop::device_limits(*_zones, k_block_size, _settings.zone_append, false);
-        _limits.takes_data_source = true;  // read straight into the store's pages
+        _limits.takes_data_window = true;  // data copied straight to and from the store's pages
         return {};
     }
 
@@ -144,8 +144,8 @@ zloop_ram_queue::zloop_ram_queue(zloop_ram_target& t, completion_sink& sink)
 // as past the end of a zone file.
 void zloop_ram_queue::read_data(io_request& r, uint32_t, uint64_t)
 {
-    _t.store().read(r.offset, r.buffer, r.length);
-    _sink.complete(r, static_cast<int>(r.length));
+    const int rc = _t.store().read_request(r.offset, r, r.length);
+    _sink.complete(r, rc < 0 ? rc : static_cast<int>(r.length));
 }
 
 void zloop_ram_queue::write_data(io_request& r, uint32_t zone, uint64_t zone_offset)
