@@ -40,6 +40,7 @@
 #include <cstring>
 #include <mutex>
 #include <new>
+#include <utility>
 #include <sched.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
@@ -180,6 +181,27 @@ private:
     std::atomic<uintptr_t>* leaf(uint64_t index, bool create, int* error = nullptr) const;
     void lock(uint64_t page_index) const;
     void unlock(uint64_t page_index) const;
+    // The next run of write_from or read_to: up to k_run_pages pages from
+    // `offset`, at most `length` bytes. Page `i` of it holds span(i).
+    struct run {
+        uint64_t first = 0;     // page index
+        uint32_t in_first = 0;  // where the bytes start in the first page
+        uint64_t bytes = 0;
+        unsigned pages = 0;
+        // Where the run's bytes start in page `i`, and how many there are.
+        std::pair<uint32_t, uint32_t> span(unsigned i) const
+        {
+            const uint64_t before = i == 0 ? 0 : uint64_t{k_page_size} * i - in_first;
+            const uint32_t in_page = i == 0 ? in_first : 0;
+            return {in_page, static_cast<uint32_t>(
+                                 std::min<uint64_t>(bytes - before, k_page_size - in_page))};
+        }
+    };
+    static run next_run(uint64_t offset, uint64_t length);
+    // Adds [at, at+n) to the segments of a preadv or pwritev, merged with the
+    // last one where it goes on from it (a run's pages come from chunks in
+    // order, so they are often adjacent).
+    static void add_segment(::iovec* iov, int& count, const char* at, uint32_t n);
     // The locks of `pages` (<= k_run_pages) pages from `first` on, in
     // ascending stripe order: the one order in which anything holds more
     // than one, so two runs never wait on each other in a cycle.
@@ -492,6 +514,26 @@ void page_store::unlock(uint64_t page_index) const
     _stripes[page_index % k_stripes].locked.store(0, std::memory_order_release);
 }
 
+page_store::run page_store::next_run(uint64_t offset, uint64_t length)
+{
+    run r;
+    r.first = offset / k_page_size;
+    r.in_first = static_cast<uint32_t>(offset % k_page_size);
+    r.bytes = std::min<uint64_t>(length, uint64_t{k_run_pages} * k_page_size - r.in_first);
+    r.pages = static_cast<unsigned>((r.in_first + r.bytes - 1) / k_page_size + 1);
+    return r;
+}
+
+void page_store::add_segment(::iovec* iov, int& count, const char* at, uint32_t n)
+{
+    if (count > 0 &&
+        static_cast<const char*>(iov[count - 1].iov_base) + iov[count - 1].iov_len == at) {
+        iov[count - 1].iov_len += n;
+    } else {
+        iov[count++] = {.iov_base = const_cast<char*>(at), .iov_len = n};
+    }
+}
+
 void page_store::lock_run(uint64_t first, unsigned pages) const
 {
     // Pages from `wrap` on have the lowest stripes (the index wraps to 0).
@@ -591,26 +633,22 @@ int page_store::write_from(uint64_t offset, const data_window& window, uint64_t 
 {
     uint64_t from = 0;  // the window's bytes stored so far
     while (length > 0) {
-        const uint64_t first = offset / k_page_size;
-        const uint32_t in_first = static_cast<uint32_t>(offset % k_page_size);
-        const uint64_t run_bytes =
-            std::min<uint64_t>(length, uint64_t{k_run_pages} * k_page_size - in_first);
-        const auto pages = static_cast<unsigned>((in_first + run_bytes - 1) / k_page_size + 1);
+        const run r = next_run(offset, length);
         std::atomic<uintptr_t>* entries[k_run_pages];
         int error = 0;
-        for (unsigned i = 0; i < pages; ++i) {
-            entries[i] = leaf(first + i, true, &error);
+        for (unsigned i = 0; i < r.pages; ++i) {
+            entries[i] = leaf(r.first + i, true, &error);
             if (entries[i] == nullptr) {
                 return error;
             }
         }
-        lock_run(first, pages);
+        lock_run(r.first, r.pages);
         uintptr_t values[k_run_pages];
         bool fresh[k_run_pages];
         ::iovec iov[k_run_pages];
         int iov_count = 0;
         unsigned held = 0;  // pages with a page (allocated or found)
-        for (uint64_t left = run_bytes; held < pages; ++held) {
+        for (; held < r.pages; ++held) {
             uintptr_t v = entries[held]->load(std::memory_order_relaxed);
             fresh[held] = v == 0;
             if (v == 0) {
@@ -621,51 +659,39 @@ int page_store::write_from(uint64_t offset, const data_window& window, uint64_t 
                 v = reinterpret_cast<uintptr_t>(page);
             }
             values[held] = v;
-            const uint32_t in_page = held == 0 ? in_first : 0;
-            const auto n = static_cast<uint32_t>(std::min<uint64_t>(left, k_page_size - in_page));
-            char* at = reinterpret_cast<char*>(v & ~k_bits_mask) + in_page;
-            // Pages come from chunks in order, so a run's are often adjacent.
-            if (iov_count > 0 &&
-                static_cast<char*>(iov[iov_count - 1].iov_base) + iov[iov_count - 1].iov_len ==
-                    at) {
-                iov[iov_count - 1].iov_len += n;
-            } else {
-                iov[iov_count++] = {.iov_base = at, .iov_len = n};
-            }
-            left -= n;
+            const auto [in_page, n] = r.span(held);
+            add_segment(iov, iov_count, reinterpret_cast<char*>(v & ~k_bits_mask) + in_page, n);
         }
         if (error == 0) {
             const ssize_t got =
                 ::preadv(window.fd, iov, iov_count, static_cast<off_t>(window.offset + from));
-            if (got != static_cast<ssize_t>(run_bytes)) {
+            if (got != static_cast<ssize_t>(r.bytes)) {
                 error = got < 0 ? -errno : -EIO;
             }
         }
         bool freed = false;
-        for (unsigned i = 0, left = static_cast<unsigned>(run_bytes); i < held; ++i) {
-            const uint32_t in_page = i == 0 ? in_first : 0;
-            const uint32_t n = std::min<uint32_t>(left, k_page_size - in_page);
-            left -= n;
+        for (unsigned i = 0; i < held; ++i) {
             if (error == 0) {
                 if (fresh[i]) {
                     _live_pages.fetch_add(1, std::memory_order_relaxed);
                 }
+                const auto [in_page, n] = r.span(i);
                 entries[i]->store(values[i] | block_mask(in_page, n), std::memory_order_release);
             } else if (fresh[i]) {
                 _pool.free(reinterpret_cast<void*>(values[i]));
                 freed = true;
             }
         }
-        unlock_run(first, pages);
+        unlock_run(r.first, r.pages);
         if (error != 0) {
             if (freed) {
                 _pool.flush();
             }
             return error;
         }
-        offset += run_bytes;
-        from += run_bytes;
-        length -= run_bytes;
+        offset += r.bytes;
+        from += r.bytes;
+        length -= r.bytes;
     }
     return 0;
 }
@@ -678,53 +704,37 @@ int page_store::read_to(uint64_t offset, const data_window& window, uint64_t len
     constexpr unsigned k_most_segments = k_run_pages * (k_page_size / 512);
     uint64_t to = 0;  // the window's bytes filled so far
     while (length > 0) {
-        const uint64_t first = offset / k_page_size;
-        const uint32_t in_first = static_cast<uint32_t>(offset % k_page_size);
-        const uint64_t run_bytes =
-            std::min<uint64_t>(length, uint64_t{k_run_pages} * k_page_size - in_first);
-        const auto pages = static_cast<unsigned>((in_first + run_bytes - 1) / k_page_size + 1);
+        const run r = next_run(offset, length);
         ::iovec iov[k_most_segments];
         int iov_count = 0;
-        auto add = [&](const char* at, uint32_t n) {
-            if (iov_count > 0 && static_cast<const char*>(iov[iov_count - 1].iov_base) +
-                                         iov[iov_count - 1].iov_len ==
-                                     at) {
-                iov[iov_count - 1].iov_len += n;
-            } else {
-                iov[iov_count++] = {.iov_base = const_cast<char*>(at), .iov_len = n};
-            }
-        };
-        lock_run(first, pages);
-        uint64_t left = run_bytes;
-        for (unsigned i = 0; i < pages; ++i) {
-            const uint32_t in_page = i == 0 ? in_first : 0;
-            const auto n = static_cast<uint32_t>(std::min<uint64_t>(left, k_page_size - in_page));
-            left -= n;
-            const std::atomic<uintptr_t>* e = leaf(first + i, false);
+        lock_run(r.first, r.pages);
+        for (unsigned i = 0; i < r.pages; ++i) {
+            const auto [in_page, n] = r.span(i);
+            const std::atomic<uintptr_t>* e = leaf(r.first + i, false);
             const uintptr_t v = e != nullptr ? e->load(std::memory_order_relaxed) : 0;
             const uintptr_t want = block_mask(in_page, n);
             const char* page = reinterpret_cast<const char*>(v & ~k_bits_mask);
             if ((v & want) == want) {
-                add(page + in_page, n);
+                add_segment(iov, iov_count, page + in_page, n);
             } else if ((v & want) == 0) {
-                add(zeros + in_page, n);
+                add_segment(iov, iov_count, zeros + in_page, n);
             } else {
                 for (uint32_t b = 0; b < n; b += _block_size) {
                     const bool held = ((v >> ((in_page + b) >> _block_shift)) & 1) != 0;
-                    add((held ? page : zeros) + in_page + b, _block_size);
+                    add_segment(iov, iov_count, (held ? page : zeros) + in_page + b, _block_size);
                 }
             }
         }
         const ssize_t put =
             ::pwritev(window.fd, iov, iov_count, static_cast<off_t>(window.offset + to));
-        const int error = put == static_cast<ssize_t>(run_bytes) ? 0 : put < 0 ? -errno : -EIO;
-        unlock_run(first, pages);
+        const int error = put == static_cast<ssize_t>(r.bytes) ? 0 : put < 0 ? -errno : -EIO;
+        unlock_run(r.first, r.pages);
         if (error != 0) {
             return error;
         }
-        offset += run_bytes;
-        to += run_bytes;
-        length -= run_bytes;
+        offset += r.bytes;
+        to += r.bytes;
+        length -= r.bytes;
     }
     return 0;
 }
