@@ -16,7 +16,10 @@
 #    the resource errors ETOOMANYREFS / EOVERFLOW come back through ublk);
 #  - fio --zonemode=zbd with verify on the ublk device;
 #  - a zloop target over ublk: blkzone report, fio --zonemode=zbd verify,
-#    and its zone files after `softblk del` hold what the report said.
+#    and its zone files after `softblk del` hold what the report said;
+#  - a zloop-ram target over ublk (its data copied straight between the
+#    request and its memory store): fio --zonemode=zbd verify, and zeros
+#    read past a write pointer.
 #  - btrfs in zoned mode (whose data writes are zone appends): mkfs, files
 #    written, btrfs check, the files intact after a remount.
 # Zone append has no user-space path on a block device: btrfs is its test.
@@ -179,4 +182,21 @@ blkzone report $dev >/tmp/zl-report.txt
 softblk del zl0
 # Every sequential zone file's size is the write pointer the report showed.
 vm_zloop_check_files /tmp/zl-report.txt /tmp/zloop/0
+
+vm_step "zloop-ram target over ublk"
+softblk add zloop-ram --name zlr capacity_mb=64 zone_size_mb=4 conv_zones=2 | tee /tmp/add-zlr.txt
+dev=$(grep -o '/dev/ublkb[0-9]*' /tmp/add-zlr.txt | head -n1)
+[ -b "$dev" ] || vm_fail "softblk add zloop-ram printed no ublk device"
+fio --name=zlr --filename=$dev --direct=1 --zonemode=zbd --ioengine=io_uring --iodepth=8 \
+  --rw=randwrite --bs=16k --verify=crc32c --do_verify=1 --size=40M --max_open_zones=4 \
+  --output-format=terse >/tmp/fio-zlr.txt 2>&1 || { cat /tmp/fio-zlr.txt; vm_fail "fio zbd verify on zloop-ram failed"; }
+# The first sequential zone (8 MiB in) reset, 4 KiB written at its start:
+# 8 KiB read there are those bytes, then zeros (past a zone file's end).
+blkzone reset -o 16384 -c 1 $dev
+head -c 4096 /dev/urandom >/tmp/zlr-block
+dd if=/tmp/zlr-block of=$dev bs=4096 seek=2048 oflag=direct status=none
+dd if=$dev of=/tmp/zlr-back bs=8192 skip=1024 count=1 iflag=direct status=none
+cmp -n 4096 /tmp/zlr-block /tmp/zlr-back || vm_fail "zloop-ram: the block written did not read back"
+cmp -n 4096 -i 4096:0 /tmp/zlr-back /dev/zero || vm_fail "zloop-ram: past the write pointer is not zeros"
+softblk del zlr
 echo "PASS"
