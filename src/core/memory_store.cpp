@@ -104,8 +104,8 @@ public:
 
 private:
     static constexpr unsigned k_stripes = 256;
-    // Pages write_from reads into with one preadv, their locks all held:
-    // fewer than k_stripes, so that a run's stripes are all different.
+    // Pages write_from and read_to copy with one preadv or pwritev, their
+    // locks all held: fewer than k_stripes, so a run's stripes all differ.
     static constexpr unsigned k_run_pages = 64;
     static constexpr unsigned k_fanout_bits = 6;  // 64 entries, 512-byte nodes
     static constexpr unsigned k_fanout = 1u << k_fanout_bits;

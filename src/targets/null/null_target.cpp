@@ -457,7 +457,7 @@ public:
 private:
     // A failed store write's result: null_blk fails a write whose page
     // cannot be allocated with BLK_STS_NOSPC, and so do we past the memory
-    // budget; a data source's read error stays what it is.
+    // budget; a window's read error stays what it is.
     static int store_error(int stored) { return stored == -ENOMEM ? -ENOSPC : stored; }
 
     // null_blk's pattern past a zone's write pointer (nullb_fill_pattern):
