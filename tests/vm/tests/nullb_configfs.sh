@@ -94,7 +94,9 @@ softblk del u0 >/dev/null
 vm_step "hw_queue_depth above ublk's 4096 tags: reduced, the attribute keeps its value"
 softblk add null size=16 hw_queue_depth=10241 --name deep >/dev/null || vm_fail "hw_queue_depth=10241 refused"
 vm_expect_eq "hw_queue_depth read back" "$(softblk get deep hw_queue_depth)" 10241
-softblk list --json | grep -q '"depth": 4096' || vm_fail "the ublk export does not have 4096 tags: $(softblk list --json)"
+# grep -q on a pipe ends the writer early; with pipefail that reads as no
+# match. Here-strings hand grep the whole output instead.
+grep -q '"depth": 4096' <<<"$(softblk list --json)" || vm_fail "the ublk export does not have 4096 tags: $(softblk list --json)"
 softblk del deep >/dev/null
 
 vm_step "a block larger than ublk carries is refused naming the limit"
@@ -106,8 +108,9 @@ echo "$msg" | grep -q "at most 4096 bytes" || vm_fail "the error does not name u
 
 # The table's max_sectors rows make blk_validate_limits WARN (expected, and
 # allowed through --env); any other kernel problem fails the test.
-if dmesg | grep 'WARNING:' | grep -qv 'blk-settings.c' ||
-  dmesg | grep -qE '(BUG:|Oops|general protection fault|UBSAN:|KASAN:)'; then
+kmsg=$(dmesg)
+if [[ -n $(grep 'WARNING:' <<<"$kmsg" | grep -v 'blk-settings.c') ]] ||
+  grep -qE '(BUG:|Oops|general protection fault|UBSAN:|KASAN:)' <<<"$kmsg"; then
   dmesg | grep -E -A5 '(WARNING:|BUG:|Oops|general protection fault|UBSAN:|KASAN:)' | tail -40
   vm_fail "a kernel problem other than blk_validate_limits' warning"
 fi
