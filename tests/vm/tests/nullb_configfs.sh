@@ -111,6 +111,6 @@ echo "$msg" | grep -q "at most 4096 bytes" || vm_fail "the error does not name u
 kmsg=$(dmesg)
 if [[ -n $(grep 'WARNING:' <<<"$kmsg" | grep -v 'blk-settings.c') ]] ||
   grep -qE '(BUG:|Oops|general protection fault|UBSAN:|KASAN:)' <<<"$kmsg"; then
-  dmesg | grep -E -A5 '(WARNING:|BUG:|Oops|general protection fault|UBSAN:|KASAN:)' | tail -40
+  grep -E -A5 '(WARNING:|BUG:|Oops|general protection fault|UBSAN:|KASAN:)' <<<"$kmsg" | tail -40
   vm_fail "a kernel problem other than blk_validate_limits' warning"
 fi
