@@ -20,25 +20,26 @@ unsigned run(way_chooser& c, unsigned n, uint64_t first, uint64_t second)
     return taken;
 }
 
-constexpr unsigned k_n = 64 * way_chooser::k_explore_every;
+constexpr unsigned k_every = way_chooser::config{}.explore_every;
+constexpr unsigned k_n = 64 * k_every;
 
 TEST(WayChooser, NeedsTheMarginToLeaveTheFirstWay)
 {
     // Idle spin: waking up costs nothing extra when spinning brings the
     // next request only a little sooner (5%), so the thread keeps sleeping
     // and spins once in k_explore_every to keep looking.
-    way_chooser c(0.9);
+    way_chooser c({.margin = 0.9});
     EXPECT_FALSE(c.second_ahead()) << "an opinion before any measurement";
     EXPECT_EQ(run(c, 2 * way_chooser::k_warmup, 100'000, 95'000), way_chooser::k_warmup);
-    EXPECT_EQ(run(c, k_n, 100'000, 95'000), k_n / way_chooser::k_explore_every);
+    EXPECT_EQ(run(c, k_n, 100'000, 95'000), k_n / k_every);
     EXPECT_FALSE(c.second_ahead());
     // Spinning gets the next request a fifth sooner (a dear wake-up): it
     // is taken within a few explorations.
-    run(c, 3 * way_chooser::k_explore_every, 100'000, 80'000);
+    run(c, 3 * k_every, 100'000, 80'000);
     EXPECT_TRUE(c.second_ahead());
-    EXPECT_EQ(run(c, k_n, 100'000, 80'000), k_n - k_n / way_chooser::k_explore_every);
+    EXPECT_EQ(run(c, k_n, 100'000, 80'000), k_n - k_n / k_every);
     // And left again when it stops paying (the load moved to another CPU).
-    run(c, 3 * way_chooser::k_explore_every, 100'000, 100'000);
+    run(c, 3 * k_every, 100'000, 100'000);
     EXPECT_FALSE(c.second_ahead());
 }
 
@@ -49,6 +50,38 @@ TEST(WayChooser, WithoutAMarginTheCheaperWins)
     EXPECT_TRUE(c.second_ahead());
     EXPECT_EQ(c.mean(false), 100'000.0);
     EXPECT_EQ(c.mean(true), 99'000.0);
+}
+
+TEST(WayChooser, InRunsTheFirstTakeAfterASwitchIsNotMeasured)
+{
+    // Each way costs 100 when taken again, 10,000 the first time after the
+    // other: runs of 4 measure 100 for both, so the margin decides.
+    way_chooser c({.margin = 1.0, .explore_every = 32, .run = 4});
+    bool last = false;
+    bool first = true;
+    // Warm-up: 3 runs of each way in turn, 3 measured takes per run.
+    for (unsigned i = 0; i < 24; ++i) {
+        EXPECT_EQ(c.warm(), i == 23) << "take " << i << ": warm at the 8th measured of each";
+        const bool s = c.take_second();
+        EXPECT_EQ(s, (i / 4) % 2 == 0) << "take " << i;
+        c.record(s, first || s != last ? 10'000 : (s ? 99 : 100));
+        first = false;
+        last = s;
+    }
+    EXPECT_TRUE(c.warm());
+    EXPECT_EQ(c.mean(false), 100.0);
+    EXPECT_EQ(c.mean(true), 99.0);
+    EXPECT_TRUE(c.second_ahead());
+    // Then one run of 4 of the first way in every 32 takes.
+    unsigned firsts = 0;
+    for (unsigned i = 0; i < 32 * 32; ++i) {
+        const bool s = c.take_second();
+        firsts += s ? 0 : 1;
+        c.record(s, s != last ? 10'000 : (s ? 99 : 100));
+        last = s;
+    }
+    EXPECT_EQ(firsts, 32u * 4);
+    EXPECT_TRUE(c.second_ahead()) << "the switches' cost went into no mean";
 }
 
 }  // namespace

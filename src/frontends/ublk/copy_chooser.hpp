@@ -6,11 +6,11 @@
 // where the copied one is written by the queue's thread). Which wins for a
 // size depends on the machine, so each size class (powers of two from
 // 4 KiB to 1 MiB) keeps the mean time from dispatch to completion of both
-// ways and takes the faster one, trying the other one write in
-// k_explore_every so that a change (another load, another file system) is
-// seen (way_chooser); writes that find others in flight go zero copy
-// unmeasured (zero_copy(bytes, alone, timed)). One per queue thread: no
-// locking.
+// ways and takes the faster one, trying the other one now and then (runs
+// of k_explore_run writes) so that a change (another load, another file
+// system) is seen (way_chooser); writes that find others in flight go
+// zero copy unmeasured (zero_copy(bytes, alone, timed)). One per queue
+// thread: no locking.
 #pragma once
 
 #include "way_chooser.hpp"
@@ -25,7 +25,15 @@ class copy_chooser {
 public:
     static constexpr unsigned k_classes = 9;  // 4 KiB .. 1 MiB and more
     static constexpr unsigned k_warmup = way_chooser::k_warmup;
-    static constexpr unsigned k_explore_every = way_chooser::k_explore_every;
+    // The other way is tried in runs of k_explore_run writes, one run in
+    // k_explore_every writes (3% of them), its first write unmeasured: a
+    // switch of way costs more than either way does when taken
+    // (way_chooser). Warm-up: runs of both ways in turn until each has
+    // k_warmup measured writes, k_warmup_takes writes in all.
+    static constexpr unsigned k_explore_every = 128;
+    static constexpr unsigned k_explore_run = 4;
+    static constexpr unsigned k_warmup_takes =
+        2 * k_explore_run * ((k_warmup + k_explore_run - 2) / (k_explore_run - 1));
 
     // True: send a write of `bytes` with zero copy, as measured.
     bool zero_copy(uint32_t bytes) { return _classes[class_of(bytes)].take_second(); }
@@ -77,7 +85,13 @@ public:
 
 private:
     // Per size class: the first way copies, the second is zero copy.
-    std::array<way_chooser, k_classes> _classes{};
+    static constexpr way_chooser::config k_way{
+        .margin = 1.0, .explore_every = k_explore_every, .run = k_explore_run};
+    std::array<way_chooser, k_classes> _classes = [] {
+        std::array<way_chooser, k_classes> a;
+        a.fill(way_chooser(k_way));
+        return a;
+    }();
 };
 
 }  // namespace softblk::ublk

@@ -241,7 +241,7 @@ private:
     std::atomic<uint32_t> _zero_copy_from{0};
     // Idle gaps, sleeping first way, spinning second: spinning must win by
     // a tenth, as it costs a CPU while it lasts.
-    way_chooser _spin_chooser{0.9};
+    way_chooser _spin_chooser{{.margin = 0.9}};
     std::atomic<bool> _idle_spinning{false};
     std::atomic<uint64_t> _idle_waits{0}, _idle_spins{0};
     std::vector<unsigned> _pinned_cpus;
