@@ -84,5 +84,25 @@ TEST(WayChooser, InRunsTheFirstTakeAfterASwitchIsNotMeasured)
     EXPECT_TRUE(c.second_ahead()) << "the switches' cost went into no mean";
 }
 
+TEST(WayChooser, TriesAWayFarBehindLessOften)
+{
+    // Behind by r, the other way is tried at one chance in r² (at most
+    // max_stretch): its price stays small however dear it is.
+    const auto explorations = [](uint64_t behind) {
+        way_chooser c({.margin = 1.0, .explore_every = 32, .run = 1, .max_stretch = 8});
+        run(c, 2 * way_chooser::k_warmup, 100, behind);
+        return run(c, k_n, 100, behind);
+    };
+    EXPECT_EQ(explorations(100), k_n / k_every) << "level: tried at every chance";
+    EXPECT_NEAR(explorations(110), k_n / k_every / 1.21, 1);
+    EXPECT_NEAR(explorations(200), k_n / k_every / 4, 1);
+    EXPECT_NEAR(explorations(10'000), k_n / k_every / 8, 1) << "at most max_stretch times rarer";
+
+    // The default (max_stretch 1): one chance in explore_every, however far behind.
+    way_chooser plain({.margin = 1.0, .explore_every = 32});
+    run(plain, 2 * way_chooser::k_warmup, 100, 10'000);
+    EXPECT_EQ(run(plain, k_n, 100, 10'000), k_n / k_every);
+}
+
 }  // namespace
 }  // namespace softblk::ublk

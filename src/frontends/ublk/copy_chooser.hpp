@@ -26,12 +26,15 @@ public:
     static constexpr unsigned k_classes = 9;  // 4 KiB .. 1 MiB and more
     static constexpr unsigned k_warmup = way_chooser::k_warmup;
     // The other way is tried in runs of k_explore_run writes, one run in
-    // k_explore_every writes (3% of them), its first write unmeasured: a
+    // k_explore_every writes (3% of them) while it is close behind, down
+    // to one in k_max_stretch times as many where it is far behind, its
+    // first write unmeasured: a
     // switch of way costs more than either way does when taken
     // (way_chooser). Warm-up: runs of both ways in turn until each has
     // k_warmup measured writes, k_warmup_takes writes in all.
     static constexpr unsigned k_explore_every = 128;
     static constexpr unsigned k_explore_run = 4;
+    static constexpr double k_max_stretch = 8;
     static constexpr unsigned k_warmup_takes =
         2 * k_explore_run * ((k_warmup + k_explore_run - 2) / (k_explore_run - 1));
 
@@ -85,8 +88,13 @@ public:
 
 private:
     // Per size class: the first way copies, the second is zero copy.
-    static constexpr way_chooser::config k_way{
-        .margin = 1.0, .explore_every = k_explore_every, .run = k_explore_run};
+    // A write's time counts at most 4 times its way's mean; a way behind
+    // by r is tried 1/r² as often (way_chooser).
+    static constexpr way_chooser::config k_way{.margin = 1.0,
+                                               .explore_every = k_explore_every,
+                                               .run = k_explore_run,
+                                               .outlier_cap = 4,
+                                               .max_stretch = k_max_stretch};
     std::array<way_chooser, k_classes> _classes = [] {
         std::array<way_chooser, k_classes> a;
         a.fill(way_chooser(k_way));
