@@ -12,7 +12,8 @@
 #  - queue_affinity=1 on a device of 2 queues: `softblk list --json` gives
 #    each queue the CPUs the kernel's blk-mq map sends to it
 #    (/sys/block/ublkbN/mq/Q/cpu_list), and the daemon has a thread pinned
-#    to each; without it (the default) no queue is pinned;
+#    to each; without it (the default) no queue is pinned; reads from one
+#    CPU count in its queue's `queue_requests` alone;
 #  - idle_spin=1: at QD 1 the queue thread spins at each wait for a request
 #    (`idle_spins` = `idle_waits`), idle_spin=0 never, and idle_spin=2 is
 #    refused with a clear error;
@@ -112,6 +113,21 @@ if [ "$(nproc)" -ge 2 ]; then
     --bs=4k --size=8M --numjobs=2 --offset_increment=8M --verify=crc32c --verify_fatal=1 --output-format=terse >/dev/null ||
     vm_fail "write+verify on the pinned queues failed"
   echo "ok: queues pinned as the kernel maps them, write+verify"
+  # queue_requests: fio held on queue 1's first CPU feeds queue 1 alone
+  # (the block layer picks the queue by the submitting CPU). Queue 0 may
+  # see a stray read of udev's; 256 reads it may not.
+  cpu=$(grep -o '^[0-9]*' /sys/block/${dev1#/dev/}/mq/1/cpu_list)
+  before=$(field queue_requests 2 | tr -dc '0-9,' | tr ',' ' ')
+  fio --name=q1 --filename="$dev1" --direct=1 --ioengine=io_uring --iodepth=1 --rw=randread \
+    --bs=4k --size=1M --cpus_allowed="$cpu" --output-format=terse >/dev/null ||
+    vm_fail "reads on CPU $cpu failed"
+  after=$(field queue_requests 2 | tr -dc '0-9,' | tr ',' ' ')
+  read -r b0 b1 <<<"$before"
+  read -r a0 a1 <<<"$after"
+  echo "queue_requests before [$b0, $b1], after 256 reads on CPU $cpu [$a0, $a1]"
+  [ $((a1 - b1)) -ge 256 ] && [ $((a0 - b0)) -le 8 ] ||
+    vm_fail "256 reads on CPU $cpu did not go to queue 1 alone: [$b0, $b1] -> [$a0, $a1]"
+  echo "ok: queue_requests counts each queue's requests"
   softblk del c1
 else
   echo "one CPU: nothing to pin"
