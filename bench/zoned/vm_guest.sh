@@ -131,9 +131,21 @@ for q in 1 2; do
         esac
         blkzone reset "$dev"
         # terse v3: field 49 write IOPS, 48 write KiB/s.
-        out=$(fio --name=z --filename="$dev" --ioengine=io_uring --direct=1 --zonemode=zbd \
+        if ! out=$(fio --name=z --filename="$dev" --ioengine=io_uring --direct=1 --zonemode=zbd \
           --rw="$rw" --bs="$bs" --iodepth="$qd" --numjobs="$nj" --group_reporting \
-          --time_based --runtime="$runtime" --output-format=terse --terse-version=3)
+          --time_based --runtime="$runtime" --output-format=terse --terse-version=3 2>/tmp/fio.err); then
+          cat /tmp/fio.err
+          # Evidence for what refused the write: its zone as the device
+          # reports it now (a write pointer at the failed offset: the data
+          # did not arrive; elsewhere: the write was off the pointer), the
+          # daemon's counters and the guest's free memory.
+          off=$(grep -o -m1 'offset=[0-9]*' /tmp/fio.err | cut -d= -f2)
+          [ -n "$off" ] && blkzone report -o $((off / 512)) -c 1 "$dev"
+          softblk list --json | tr -d ' \n' | grep -o '"\(errors\|requests\|queue_requests\)":\[*[0-9,]*\]*' | tr '\n' ' ' || true
+          echo
+          grep -E 'MemFree|MemAvailable' /proc/meminfo
+          vm_fail "fio failed on $sys ($dev): $rw $bs QD $qd x $nj, round $round"
+        fi
         blkzone reset "$dev"
         v=$(awk -F';' '{print $49}' <<<"$out")
         b=$(awk -F';' '{printf "%.1f", $48 / 1024}' <<<"$out")
