@@ -27,10 +27,9 @@ public:
     static constexpr unsigned k_warmup = way_chooser::k_warmup;
     // The other way is tried in runs of k_explore_run writes, one run in
     // k_explore_every writes (3% of them) while it is close behind, down
-    // to one in k_max_stretch times as many where it is far behind, its
-    // first write unmeasured: a
-    // switch of way costs more than either way does when taken
-    // (way_chooser). Warm-up: runs of both ways in turn until each has
+    // to one in k_max_stretch times as many where it is far behind. A
+    // run's first write is not measured: a switch of way costs more than
+    // either way does when taken (way_chooser). Warm-up: runs of both ways in turn until each has
     // k_warmup measured writes, k_warmup_takes writes in all.
     static constexpr unsigned k_explore_every = 128;
     static constexpr unsigned k_explore_run = 4;

@@ -95,8 +95,8 @@ public:
             _mean[way] = static_cast<double>(cost);
         } else {
             double sample = static_cast<double>(cost);
-            if (_cfg.outlier_cap > 0 && _mean[way] > 0 && sample > _cfg.outlier_cap * _mean[way]) {
-                sample = _cfg.outlier_cap * _mean[way];
+            if (_cfg.outlier_cap > 0 && _mean[way] > 0) {
+                sample = std::min(sample, _cfg.outlier_cap * _mean[way]);
             }
             // The way taken: a moving mean over about its last 16 samples.
             // The way only explored is tried rarely, so a sample of it
@@ -118,6 +118,7 @@ public:
     double mean(bool second) const { return _mean[second ? 1 : 0]; }
     const config& settings() const { return _cfg; }
 
+private:
     // How many times less often than every `explore_every` takes the
     // other way is tried now: (its mean / the favourite's)², within 1 and
     // max_stretch.
@@ -132,7 +133,6 @@ public:
         return std::clamp(r * r, 1.0, _cfg.max_stretch);
     }
 
-private:
     // At each chance to explore: go if a chance's worth of credit (1 /
     // stretch per chance) has built up.
     bool explore_now()
