@@ -95,7 +95,7 @@ daemon_pid() { cat "$SOFTBLK_RUN_DIR/daemon.pid"; }
 
 # ---------------------------------------------------------------- NBD
 nbd_part() {
-  fio --enghelp 2>/dev/null | grep -qw nbd || { echo "SKIP (NBD): this fio has no nbd engine" >&2; return; }
+  grep -qw nbd <<<"$(fio --enghelp 2>/dev/null)" || { echo "SKIP (NBD): this fio has no nbd engine" >&2; return; }
   copy softblk-nbd; copy nbdkit; copy qsd-nbd
   local out
   out=$("$softblk" add file "path=$work/softblk-nbd.img" $softblk_io --export nbd --name n0) || { echo "$out" >&2; exit 1; }

@@ -48,7 +48,7 @@ done
 for tool in fio nbdkit qemu-storage-daemon python3; do
   command -v "$tool" >/dev/null || { echo "SKIP: $tool not installed" >&2; exit 77; }
 done
-fio --enghelp 2>/dev/null | grep -qw nbd || { echo "SKIP: this fio has no nbd engine" >&2; exit 77; }
+grep -qw nbd <<<"$(fio --enghelp 2>/dev/null)" || { echo "SKIP: this fio has no nbd engine" >&2; exit 77; }
 [ -n "$driver" ] || driver=$(ls -t "$repo"/build*/src/driver/softblk-driver 2>/dev/null | head -1 || true)
 [ -x "$driver" ] || { echo "softblk-driver not found (build it, or --driver PATH)" >&2; exit 2; }
 [ -z "$baseline" ] || [ -x "$baseline" ] || { echo "--baseline $baseline: not an executable" >&2; exit 2; }

@@ -52,7 +52,7 @@ head -1 <<<"$report" | grep -qx '  start: 0x000000000, len 0x004000, cap 0x00400
 sed -n 2p <<<"$report" | grep -qx '  start: 0x000004000, len 0x004000, cap 0x004000, wptr 0x000000 reset:0 non-seq:0, zcond: 1(em) \[type: 2(SEQ_WRITE_REQUIRED)\]' ||
   fail "sequential zone line: $(sed -n 2p <<<"$report")"
 [ "$("$softblk" zone report z0 -o 40000 -c 2 | wc -l)" = 2 ] || fail "--count 2 not 2 lines"
-"$softblk" zone report z0 -o 40000 -c 2 | head -1 | grep -q 'start: 0x000008000' ||
+head -1 <<<"$("$softblk" zone report z0 -o 40000 -c 2)" | grep -q 'start: 0x000008000' ||
   fail "--offset inside zone 2 does not start the report at zone 2"
 [ "$("$softblk" zone report z0 -o 114688 -c 5 | wc -l)" = 1 ] || fail "--count past the end not clamped"
 json=$("$softblk" zone report z0 --json --offset 16384 --count 1)

@@ -31,7 +31,7 @@ vm_expect_eq nr_zones "$(cat $q/nr_zones)" 16
 vm_expect_eq "chunk_sectors (zone size)" "$(cat $q/chunk_sectors)" 32768
 vm_expect_eq max_open_zones "$(cat $q/max_open_zones)" 4
 vm_expect_eq max_active_zones "$(cat $q/max_active_zones)" 6
-blkzone report /dev/nullb0 | head -n 3
+blkzone report -c 3 /dev/nullb0
 vm_expect_eq "conventional zones" "$(blkzone report /dev/nullb0 | grep -c CONVENTIONAL)" 2
 # Zone 2 is the first sequential one: 16 MiB in, starting at sector 65536.
 zone=$((2 * 32768))

@@ -19,7 +19,7 @@ modprobe ublk_drv || vm_skip "no ublk_drv in this kernel"
 vm_wait_for /dev/ublk-control
 drv="$(command -v softblk-driver) --export ublk"
 mkdir -p /tmp/run
-echo features | $drv --run-dir /tmp/run --commands | grep -q '"UNPRIVILEGED_DEV"' ||
+grep -q '"UNPRIVILEGED_DEV"' <<<"$(echo features | $drv --run-dir /tmp/run --commands)" ||
   vm_skip "kernel $(uname -r) has no UBLK_F_UNPRIVILEGED_DEV"
 
 echo "tester:x:1000:1000::/tmp/tester:/bin/sh" >>/etc/passwd

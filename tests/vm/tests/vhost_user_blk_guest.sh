@@ -116,7 +116,7 @@ resize)
 zoned)
   vm_require_tool blkzone
   vm_expect_eq zoned "$(cat $q/zoned)" host-managed
-  blkzone report "$dev" | head -5
+  blkzone report -c 5 "$dev"
   n=$(blkzone report "$dev" | wc -l)
   [ "$n" -gt 0 ] || vm_fail "blkzone report listed no zones"
   echo "ok: $n zones"

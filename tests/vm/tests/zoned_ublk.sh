@@ -174,7 +174,7 @@ softblk add zloop --name zl0 base_dir=/tmp/zloop id=0 capacity_mb=64 zone_size_m
   | tee /tmp/add-zl0.txt
 dev=$(grep -o '/dev/ublkb[0-9]*' /tmp/add-zl0.txt | head -n1)
 [ -b "$dev" ] || vm_fail "softblk add zloop printed no ublk device"
-blkzone report $dev | head -4
+blkzone report -c 4 $dev
 fio --name=zl --filename=$dev --direct=1 --zonemode=zbd --ioengine=io_uring --iodepth=8 \
   --rw=randwrite --bs=16k --verify=crc32c --do_verify=1 --size=40M --max_open_zones=4 \
   --output-format=terse >/tmp/fio-zl.txt 2>&1 || { cat /tmp/fio-zl.txt; vm_fail "fio zbd verify on zloop failed"; }
