@@ -166,8 +166,9 @@ for q in 1 2; do
           softblk list --json | tr -d ' \n' | grep -o '"\(errors\|requests\|queue_requests\)":\[*[0-9,]*\]*' | tr '\n' ' ' || true
           echo
           grep -E 'MemFree|MemAvailable' /proc/meminfo
-          # The block layer's zone write plugging logs what it failed
-          # without the driver ("Aborting plugged BIOs").
+          # The kernel's last messages: zone write plugging logs the
+          # writes it aborts ("Aborting plugged BIOs"), though not one it
+          # refuses for being off the write pointer.
           dmesg | tail -n 8
           failed+=("$sys ($dev): $rw $bs QD $qd x $nj, $q queues, round $round")
           echo "FAILED: round $round q$q $sys $rw $bs qd$qd x$nj (left out of the medians)"
