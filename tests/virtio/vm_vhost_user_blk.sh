@@ -75,7 +75,6 @@ log=$run_dir/console.log
 vm_cmd=(bash "$root/tests/vm/run-vm" "$root/tests/vm/tests/vhost_user_blk_guest.sh" --mem $mem_mib
   --timeout 400 --log "$log" "${qemu_args[@]}" -- "$scenario" "$name")
 
-requests() { field $name .export.stats.requests; }
 # The guest's last words (the run directory goes with the test).
 guest_log() { [ -f "$log" ] && grep -v '^\[ *[0-9.]*\]' "$log" | tail -25 >&2; }
 guest_failed() {
@@ -125,21 +124,24 @@ elif [ "$scenario" != restart ]; then
   [ $rc -eq 0 ] || guest_failed $rc
 else
   start_guest
-  # Wait until the guest's fio has the back end busy, then kill it.
+  # Wait until the guest's fio has the back end busy, then kill it while
+  # requests are in the device: a guest slowed by a loaded host can leave
+  # the back end idle for longer than a request takes (20 ms), and a kill
+  # then leaves nothing in the inflight region to resubmit.
+  pid=$(cat "$run_dir/daemon.pid")
   for i in $(seq 1 600); do
-    n=$(requests 2>/dev/null || echo 0)
-    [ "${n:-0}" -gt 2000 ] && break
+    read -r n inflight <<<"$(field $name '"\(.export.stats.requests) \(.stats.submitted - .stats.completed)"' 2>/dev/null || echo 0 0)"
+    [ "${n:-0}" -gt 2000 ] && [ "${inflight:-0}" -gt 0 ] && break
     kill -0 $vm 2>/dev/null || break
-    sleep 0.5
+    sleep 0.2
   done
-  if [ "${n:-0}" -le 2000 ]; then
+  if [ "${n:-0}" -le 2000 ] || [ "${inflight:-0}" -le 0 ]; then
     wait $vm || true
     guest_log
-    fail "the guest never got its I/O going ($n requests)"
+    fail "the guest never got its I/O going ($n requests, $inflight in flight)"
   fi
-  pid=$(cat "$run_dir/daemon.pid")
-  note "killing the daemon (pid $pid) after $n requests"
   kill -KILL "$pid"
+  note "killed the daemon (pid $pid) after $n requests, $inflight of them in the device"
   wait_gone "$pid" 10 || fail "daemon $pid survived kill -9"
   sleep 2
   # Any command starts a new daemon, which re-creates the device and its
