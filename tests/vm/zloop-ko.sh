@@ -30,68 +30,48 @@
 # fails; returns 0 with zloop.ko in $modules_root. Uses run-vm's globals
 # (kver, modules_root, cache_dir, lock_fd, backports_apt_opts).
 build_zloop_ko() {
-  local kmods=$modules_root/lib/modules/$kver
   zloop_failure=
-  if [[ -e $kmods/updates/zloop.ko ]] || grep -q '/zloop\.ko' "$kmods/modules.dep" "$kmods/modules.builtin" 2>/dev/null; then
+  if zloop_ko_in_place; then
     return 0
   fi
   if [[ $kver == 6.12.* ]]; then
     zloop_failure="zloop is Linux 6.15+ and the $kver kernel is older: use --kernel backports"
     return 1
   fi
-  local state=$cache_dir/zloop
-  local self_hash
-  self_hash=$(sha256sum "$k_self_dir/zloop-ko.sh" | cut -c1-16)
-  mkdir -p "$state"
-  if [[ -s $state/$kver.failed && $(head -n1 "$state/$kver.failed") == "$self_hash" ]]; then
-    zloop_failure="$(tail -n1 "$state/$kver.failed") (cached; log: $state/$kver.log)"
-    return 1
-  fi
-  flock "$lock_fd"
-  if [[ -e $kmods/updates/zloop.ko ]]; then flock -u "$lock_fd"; return 0; fi
-  log "building zloop.ko for $kver (once; log in $state/$kver.log)"
-  local work rc
-  work=$(mktemp -d "$state/.build.XXXXXX")
-  # errexit holds in the subshell only when it is not part of a || list.
-  set +e
-  (set -e; zloop_build_steps "$work") >"$state/$kver.log" 2>&1
-  rc=$?
-  set -e
-  if ((rc == 0)); then
-    mkdir -p "$kmods/updates"
-    cp "$work/zloop/zloop.ko" "$kmods/updates/zloop.ko"
-    depmod -b "$modules_root" "$kver"
-    rm -f "$state/$kver.failed"
-    log "zloop.ko built: $(modinfo -F vermagic "$kmods/updates/zloop.ko")"
-  else
-    zloop_failure=$(grep '^zloop-ko: ' "$state/$kver.log" | tail -n1 | sed 's/^zloop-ko: //')
-    [[ -n $zloop_failure ]] || zloop_failure="build failed"
-    zloop_failure="$zloop_failure: $(grep -v '^zloop-ko: ' "$state/$kver.log" | grep -m1 -iE 'error|not found|No such' | cut -c1-200)"
-    printf '%s\n%s\n' "$self_hash" "cannot build zloop.ko for $kver: $zloop_failure" >"$state/$kver.failed"
-    zloop_failure=$(tail -n1 "$state/$kver.failed")
-  fi
-  rm -rf "$work"
-  flock -u "$lock_fd"
-  return $((rc != 0))
+  peer_build zloop "$k_self_dir/zloop-ko.sh" zloop_build_steps zloop_install zloop_ko_in_place ||
+    { zloop_failure=$peer_failure; return 1; }
 }
 
-# The build itself in $1, run in a subshell with errexit; each step is
-# announced as "zloop-ko: STEP" (the last one names the step that failed).
+zloop_ko_in_place() {
+  local kmods=$modules_root/lib/modules/$kver
+  [[ -e $kmods/updates/zloop.ko ]] || grep -q '/zloop\.ko' "$kmods/modules.dep" "$kmods/modules.builtin" 2>/dev/null
+}
+
+zloop_install() {
+  local kmods=$modules_root/lib/modules/$kver
+  mkdir -p "$kmods/updates"
+  cp "$1/zloop/zloop.ko" "$kmods/updates/zloop.ko"
+  depmod -b "$modules_root" "$kver"
+  log "zloop.ko built: $(modinfo -F vermagic "$kmods/updates/zloop.ko")"
+}
+
+# The build itself in $1, run by peer_build with errexit; each step is
+# announced as "zloop: STEP" (the last one names the step that failed).
 zloop_build_steps() {
   local work=$1
   local base=${kver%-amd64}
   local series
   series=$(cut -d. -f1-2 <<<"$kver")
-  echo "zloop-ko: find the packages of $kver"
+  echo "zloop: find the packages of $kver"
   local ver
-  ver=$(apt-cache "${backports_apt_opts[@]}" show "linux-headers-$kver" | sed -n 's/^Version: //p' | head -n1)
+  ver=$(apt-cache "${backports_apt_opts[@]}" show "linux-headers-$kver" | awk '/^Version: / && v == "" {v = $2} END {print v}')
   [[ -n $ver ]]
   local pkgs=("linux-headers-$kver=$ver" "linux-headers-$base-common=$ver" "linux-kbuild-$base=$ver"
     "linux-source-$series=$ver")
-  echo "zloop-ko: download ${pkgs[*]}"
+  echo "zloop: download ${pkgs[*]}"
   mkdir -p "$work/debs"
   (cd "$work/debs" && apt-get "${backports_apt_opts[@]}" download -q "${pkgs[@]}")
-  echo "zloop-ko: unpack"
+  echo "zloop: unpack"
   local deb
   for deb in "$work"/debs/linux-{headers,kbuild}-*.deb; do dpkg-deb -x "$deb" "$work/root"; done
   local hdr=$work/root/usr/src/linux-headers-$kver common=$work/root/usr/src/linux-headers-$base-common
@@ -113,12 +93,12 @@ zloop_build_steps() {
     kmake+=(CONFIG_CC_HAS_MIN_FUNCTION_ALIGNMENT=)
   fi
 
-  echo "zloop-ko: build objtool from linux-source-$series"
+  echo "zloop: build objtool from linux-source-$series"
   mkdir -p "$work/objtool"
   make -C "$src/tools/objtool" O="$work/objtool" -j2
   cp "$work/objtool/objtool" "$kbuild/tools/objtool/objtool"
 
-  echo "zloop-ko: build modpost from linux-source-$series"
+  echo "zloop: build modpost from linux-source-$series"
   # devicetable-offsets.h: kbuild compiles the offsets file with the
   # kernel's flags (a single target of an external module), then the sed
   # of scripts/Makefile.lib's filechk_offsets turns it into defines.
@@ -145,11 +125,11 @@ zloop_build_steps() {
     "$mod/modpost.c" "$mod/file2alias.c" "$mod/sumversion.c" "$mod/symsearch.c"
   cp "$mod/modpost" "$kbuild/scripts/mod/modpost"
 
-  echo "zloop-ko: build zloop.ko from drivers/block/zloop.c"
+  echo "zloop: build zloop.ko from drivers/block/zloop.c"
   mkdir -p "$work/zloop"
   cp "$src/drivers/block/zloop.c" "$work/zloop/"
   echo 'obj-m := zloop.o' >"$work/zloop/Kbuild"
   "${kmake[@]}" M="$work/zloop" modules
   [[ $(modinfo -F vermagic "$work/zloop/zloop.ko") == "$kver "* ]]
-  echo "zloop-ko: done"
+  echo "zloop: done"
 }
