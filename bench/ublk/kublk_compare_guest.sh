@@ -62,32 +62,26 @@ kublk add -t null -q $q -d 128 -n 40 >/tmp/kublk40.txt 2>&1
 kublk add -t loop -q $q -d 128 -n 41 /mnt/d/kublk.img >/tmp/kublk41.txt 2>&1
 kublk add -t loop -q $q -d 128 -n 42 -u /mnt/d/kublk.img >/tmp/kublk42.txt 2>&1
 kublk add -t loop -q $q -d 128 -n 43 --auto_zc /mnt/d/kublk.img >/tmp/kublk43.txt 2>&1
-sb_add() {  # NAME TARGET ARGS...: prints the device node
-  local name=$1; shift
-  softblk add "$@" --name "$name" --queues $q --depth 128 >/tmp/$name.txt
-  grep -o '/dev/ublkb[0-9]*' /tmp/$name.txt | head -n1
-}
-declare -A dev=(
-  [null_blk]=/dev/nb
-  [kublk_null]=/dev/ublkb40
-  [softblk_null]=$(sb_add sbnull null size=128 bs=4096 irqmode=0 max_sectors=2048)
-  [loop]=$(losetup --direct-io=on --show -f /mnt/d/loop.img)
-  [kublk_loop]=/dev/ublkb41
-  [softblk_file]=$(sb_add sbfile file path=/mnt/d/file.img)
-  [kublk_loop_u]=/dev/ublkb42
-  [softblk_file_u]=$(sb_add sbfileu file path=/mnt/d/user.img --export-opt user_copy=1 --export-opt zero_copy=0)
-  [kublk_loop_zc]=/dev/ublkb43
-  [softblk_file_zc]=$(sb_add sbfilez file path=/mnt/d/zero.img --export-opt zero_copy=1 --export-opt zero_copy_min=0))
+loop=$(losetup --direct-io=on --show -f /mnt/d/loop.img)
+declare -A node=([null_blk]=/dev/nb [kublk_null]=/dev/ublkb40 [loop]=$loop [kublk_loop]=/dev/ublkb41
+  [kublk_loop_u]=/dev/ublkb42 [kublk_loop_zc]=/dev/ublkb43)
+ublk=(--queues "$q" --depth 128)
+vm_add_ublk sbnull null size=128 bs=4096 irqmode=0 max_sectors=2048 "${ublk[@]}"
+node[softblk_null]=$dev
+vm_add_ublk sbfile file path=/mnt/d/file.img "${ublk[@]}"
+node[softblk_file]=$dev
+vm_add_ublk sbfileu file path=/mnt/d/user.img --export-opt user_copy=1 --export-opt zero_copy=0 "${ublk[@]}"
+node[softblk_file_u]=$dev
+vm_add_ublk sbfilez file path=/mnt/d/zero.img --export-opt zero_copy=1 --export-opt zero_copy_min=0 "${ublk[@]}"
+node[softblk_file_zc]=$dev
 for id in "${kublk_ids[@]}"; do vm_wait_for /dev/ublkb$id; done
 echo "kublk: $(kublk features 2>/dev/null | tr -s ' \n' ' ' | cut -c1-200)"
 for s in null_blk kublk_null softblk_null loop kublk_loop softblk_file kublk_loop_u softblk_file_u kublk_loop_zc softblk_file_zc; do
-  d=${dev[$s]#/dev/}
-  [ -b "${dev[$s]}" ] || vm_fail "$s: no device (${dev[$s]})"
-  echo "$s: ${dev[$s]}, block $(cat /sys/block/$d/queue/logical_block_size), max_sectors_kb $(cat /sys/block/$d/queue/max_sectors_kb), scheduler $(cat /sys/block/$d/queue/scheduler)"
+  d=${node[$s]#/dev/}
+  [ -b "${node[$s]}" ] || vm_fail "$s: no device (${node[$s]})"
+  echo "$s: ${node[$s]}, block $(cat /sys/block/$d/queue/logical_block_size), max_sectors_kb $(cat /sys/block/$d/queue/max_sectors_kb), scheduler $(cat /sys/block/$d/queue/scheduler)"
 done
 
-median() { tr ' ' '\n' <<<"$1" | grep . | sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.2f", (b > 0) ? a / b : 0}'; }
 group() {  # TITLE KUBLK SOFTBLK KERNEL
   local title=$1 k=$2 s=$3 r=$4
   local systems=("$k" "$s" "$r")
@@ -103,18 +97,18 @@ group() {  # TITLE KUBLK SOFTBLK KERNEL
     for round in $(seq "$rounds"); do
       for ((i = 0; i < 3; ++i)); do
         sys=${systems[(i + round - 1) % 3]}
-        v=$(fio --name=b --filename="${dev[$sys]}" --ioengine=io_uring --direct=1 --size=128M \
+        v=$(fio --name=b --filename="${node[$sys]}" --ioengine=io_uring --direct=1 --size=128M \
           --rw="$rw" --bs="$bs" --iodepth="$qd" --numjobs="$nj" --group_reporting \
           --time_based --runtime="$runtime" --output-format=terse --terse-version=3 |
           awk -F';' '{print $8 + $49}')
         iops[$sys]+="$v "
         last[$sys]=$v
       done
-      sk+="$(ratio "${last[$s]}" "${last[$k]}") "
-      kr+="$(ratio "${last[$k]}" "${last[$r]}") "
-      sr+="$(ratio "${last[$s]}" "${last[$r]}") "
+      sk+="$(vm_ratio "${last[$s]}" "${last[$k]}") "
+      kr+="$(vm_ratio "${last[$k]}" "${last[$r]}") "
+      sr+="$(vm_ratio "${last[$s]}" "${last[$r]}") "
     done
-    echo "| $rw $bs QD$qd x$nj | ${iops[$k]% } | ${iops[$s]% } | ${iops[$r]% } | $(median "$sk") | $(median "$kr") | $(median "$sr") |"
+    echo "| $rw $bs QD$qd x$nj | ${iops[$k]% } | ${iops[$s]% } | ${iops[$r]% } | $(vm_median "$sk") | $(vm_median "$kr") | $(vm_median "$sr") |"
   done
 }
 group "null target" kublk_null softblk_null null_blk

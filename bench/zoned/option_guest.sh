@@ -61,8 +61,6 @@ declare -A dev=([kzloop]=/dev/zloop11 [opt]=$(grep -o '/dev/ublkb[0-9]*' /tmp/a1
   [base]=$(grep -o '/dev/ublkb[0-9]*' /tmp/a2.txt | head -n1))
 echo "opt: $opt $topt, base: $base $tbase, on $fs ($(findmnt -n -o OPTIONS /mnt/zl))"
 echo "queue CPUs (opt, base): $(softblk list --json | tr -d ' \n' | grep -o '"queue_cpus":\[[][0-9,]*\]' | tr '\n' ' ')"
-median() { tr ' ' '\n' <<<"$1" | grep . | sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.2f", (b > 0) ? a / b : 0}'; }
 systems=(kzloop opt base)
 echo "| job ($q queues) | kzloop IOPS | opt IOPS | base IOPS | opt / base | opt / kzloop | base / kzloop |"
 echo "|---|---|---|---|---:|---:|---:|"
@@ -83,12 +81,12 @@ for j in ${JOBS:-randwrite,4k,1,1 randwrite,4k,32,8 randwrite,128k,32,1 write,12
       iops[$sys]+="$v "
       last[$sys]=$v
     done
-    ob+="$(ratio "${last[opt]}" "${last[base]}") "
-    ok+="$(ratio "${last[opt]}" "${last[kzloop]}") "
-    bk+="$(ratio "${last[base]}" "${last[kzloop]}") "
+    ob+="$(vm_ratio "${last[opt]}" "${last[base]}") "
+    ok+="$(vm_ratio "${last[opt]}" "${last[kzloop]}") "
+    bk+="$(vm_ratio "${last[base]}" "${last[kzloop]}") "
   done
   echo "| $rw $bs QD$qd x$nj | ${iops[kzloop]% } | ${iops[opt]% } | ${iops[base]% } |" \
-    "$(median "$ob") | $(median "$ok") | $(median "$bk") |"
+    "$(vm_median "$ob") | $(vm_median "$ok") | $(vm_median "$bk") |"
 done
 echo "idle spins of waits (opt, base): $(softblk list --json | tr -d ' \n' | grep -o '"idle_\(spins\|waits\)":\[[0-9,]*\]' | tr '\n' ' ')"
 echo "zero copy from (opt, base): $(softblk list --json | tr -d ' \n' | grep -o '"zero_copy_from":\[[0-9,]*\]' | tr '\n' ' ')"

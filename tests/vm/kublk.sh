@@ -22,7 +22,7 @@
 build_kublk() {
   kublk_bin=$cache_dir/kublk/$kver/kublk
   kublk_failure=
-  [[ -x $kublk_bin ]] && return 0
+  kublk_in_place && return 0
   if [[ -z ${backports_apt_opts+x} ]]; then
     kublk_failure="kublk is built from the backports kernel's source: use --kernel backports"
     return 1
@@ -45,7 +45,7 @@ kublk_build_steps() {
   local series ver
   series=$(cut -d. -f1-2 <<<"$kver")
   echo "kublk: find linux-source-$series for $kver"
-  ver=$(apt-cache "${backports_apt_opts[@]}" show "linux-headers-$kver" | awk '/^Version: / && v == "" {v = $2} END {print v}')
+  ver=$(backports_kernel_version)
   [[ -n $ver ]]
   mkdir -p "$work/debs"
   echo "kublk: download linux-source-$series=$ver"
@@ -65,22 +65,12 @@ kublk_build_steps() {
     [[ ! -e $work/$src/include/uapi/linux/$h ]] || cp -r "$work/$src/include/uapi/linux/$h" "$work/inc/linux/"
   done
 
-  # trixie's liburing: a private index, as run-vm keeps for the kernel.
-  local aptdir=$cache_dir/apt-trixie
-  mkdir -p "$aptdir/lists/partial" "$aptdir/cache/archives/partial"
-  echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $mirror trixie main" \
-    >"$aptdir/sources.list"
-  local opts=(-o "Dir::Etc::SourceList=$aptdir/sources.list" -o "Dir::Etc::SourceParts=/nonexistent"
-    -o "Dir::State::Lists=$aptdir/lists" -o "Dir::Cache=$aptdir/cache" -o "Dir::State::status=/dev/null"
-    -o APT::Architecture=amd64 -o Acquire::Languages=none -o APT::Sandbox::User=root)
   echo "kublk: trixie's package index"
-  if [[ -z $(find "$aptdir/updated" -mmin -1440 2>/dev/null) ]]; then
-    apt-get "${opts[@]}" update -qq
-    touch "$aptdir/updated"
-  fi
+  # peer_build holds the cache lock.
+  apt_index trixie || echo "(trixie's index not refreshed: $(tail -n1 "$cache_dir/apt-trixie/update.log"))"
   echo "kublk: download liburing-dev from trixie"
   mkdir -p "$work/uring-deb"
-  (cd "$work/uring-deb" && apt-get "${opts[@]}" download -q liburing-dev)
+  (cd "$work/uring-deb" && apt-get "${apt_opts[@]}" download -q liburing-dev)
   dpkg-deb -x "$work"/uring-deb/liburing-dev_*.deb "$work/uring"
   local uring=$work/uring/usr
 

@@ -64,7 +64,7 @@ zloop_build_steps() {
   series=$(cut -d. -f1-2 <<<"$kver")
   echo "zloop: find the packages of $kver"
   local ver
-  ver=$(apt-cache "${backports_apt_opts[@]}" show "linux-headers-$kver" | awk '/^Version: / && v == "" {v = $2} END {print v}')
+  ver=$(backports_kernel_version)
   [[ -n $ver ]]
   local pkgs=("linux-headers-$kver=$ver" "linux-headers-$base-common=$ver" "linux-kbuild-$base=$ver"
     "linux-source-$series=$ver")

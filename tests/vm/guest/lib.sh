@@ -154,6 +154,16 @@ vm_json_field() {
   softblk list --json | grep -o "\"$1\": *[a-z0-9]*" | sed -n '1s/.*: *//p'
 }
 
+# vm_median "V1 V2 ...": the median of the numbers (the mean of the two
+# middle ones for an even count).
+vm_median() {
+  tr ' ' '\n' <<<"$1" | grep . | sort -g |
+    awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'
+}
+
+# vm_ratio A B: A / B to two places (0 when B is 0).
+vm_ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.2f", (b > 0) ? a / b : 0}'; }
+
 # vm_add_ublk NAME ARGS...: `softblk add ARGS --name NAME --export ublk`,
 # its /dev/ublkbN in $dev; fails with softblk's words when it cannot.
 vm_add_ublk() {
