@@ -1,4 +1,5 @@
-// Which CPUs a ublk queue's thread pins itself to (queue_affinity=1):
+// Which CPUs a ublk queue's thread pins itself to (queue_affinity=1 and
+// queue_affinity=one):
 // cpus_to_pin() in src/frontends/ublk/queue_runner.cpp, with made-up maps.
 #include "queue_runner.hpp"
 
@@ -48,6 +49,21 @@ TEST(QueueAffinity, OnlyCpusTheDaemonMayUseAreTaken)
     // CPUs beyond cpu_set_t's range are ignored, not a crash.
     const std::vector<unsigned> far{5000, 2};
     EXPECT_EQ(cpus_to_pin(far, daemon), (std::vector<unsigned>{2}));
+}
+
+TEST(QueueAffinity, OneCpuIsTheFirstTheDaemonMayUse)
+{
+    // One queue on a 4-CPU machine: queue_affinity=1 leaves it alone,
+    // queue_affinity=one takes its first CPU (kublk's choice).
+    const std::vector<unsigned> q0{0, 1, 2, 3};
+    EXPECT_EQ(cpus_to_pin(q0, set_of({0, 1, 2, 3}), true), (std::vector<unsigned>{0}));
+    // The first CPU of the queue's that the daemon may use.
+    EXPECT_EQ(cpus_to_pin(q0, set_of({2, 3}), true), (std::vector<unsigned>{2}));
+    const std::vector<unsigned> q1{2, 3};
+    EXPECT_EQ(cpus_to_pin(q1, set_of({0, 1, 2, 3}), true), (std::vector<unsigned>{2}));
+    // None of the queue's CPUs is the daemon's: left to the scheduler.
+    EXPECT_TRUE(cpus_to_pin(q1, set_of({0, 1}), true).empty());
+    EXPECT_TRUE(cpus_to_pin({}, set_of({0, 1}), true).empty());
 }
 
 }  // namespace

@@ -49,7 +49,8 @@ cpu_set_t cpu_set_of(std::span<const unsigned> cpus)
 
 }  // namespace
 
-std::vector<unsigned> cpus_to_pin(std::span<const unsigned> queue_cpus, const cpu_set_t& allowed)
+std::vector<unsigned> cpus_to_pin(std::span<const unsigned> queue_cpus, const cpu_set_t& allowed,
+                                  bool one_cpu)
 {
     std::vector<unsigned> chosen;
     for (const unsigned cpu : queue_cpus) {
@@ -57,7 +58,9 @@ std::vector<unsigned> cpus_to_pin(std::span<const unsigned> queue_cpus, const cp
             chosen.push_back(cpu);
         }
     }
-    if (static_cast<int>(chosen.size()) == CPU_COUNT(&allowed)) {
+    if (one_cpu) {
+        chosen.resize(std::min<size_t>(chosen.size(), 1));
+    } else if (static_cast<int>(chosen.size()) == CPU_COUNT(&allowed)) {
         chosen.clear();
     }
     return chosen;
@@ -133,14 +136,17 @@ queue_counters queue_runner::counters() const
 // data is warm in that CPU's cache. (Off by default: under emulation it
 // measured mixed, docs/ublk.md.) Where the queue serves every CPU the daemon may use there is nothing to
 // choose; where it serves none of them (a narrower cpuset) the thread stays
-// unpinned.
+// unpinned. queue_affinity=one keeps the thread on the first of those CPUs
+// alone, as the kernel's kublk does: a thread that never moves is not
+// where the submitting program wakes, so the two do not take turns on one
+// CPU (under emulation each turn empties the software TLB).
 void queue_runner::pin_thread()
 {
     cpu_set_t allowed;
     if (_cfg.cpus.empty() || ::sched_getaffinity(0, sizeof(allowed), &allowed) != 0) {
         return;
     }
-    std::vector<unsigned> chosen = cpus_to_pin(_cfg.cpus, allowed);
+    std::vector<unsigned> chosen = cpus_to_pin(_cfg.cpus, allowed, _cfg.one_cpu);
     if (chosen.empty()) {
         return;
     }

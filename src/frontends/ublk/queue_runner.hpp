@@ -34,6 +34,10 @@ namespace softblk::ublk {
 
 enum class idle_spin_mode : uint8_t { never, measured, always };
 
+// Where a queue's thread runs (queue_affinity): wherever the scheduler puts
+// it, on the CPUs the kernel maps to the queue, or on the first of them.
+enum class queue_pinning : uint8_t { none, queue_cpus, one_cpu };
+
 struct queue_config {
     unsigned q_id = 0;
     unsigned depth = 0;
@@ -67,8 +71,10 @@ struct queue_config {
     bool ioctl_encode = true;
     int char_fd = -1;  // /dev/ublkcN, owned by the export
     // The CPUs whose requests the kernel sends to this queue (its blk-mq
-    // map); empty: run wherever the scheduler puts the thread.
+    // map); empty: run wherever the scheduler puts the thread. one_cpu:
+    // only the first of them the daemon may use.
     std::vector<unsigned> cpus;
+    bool one_cpu = false;
     // Whether the thread, finding nothing to do and none of its own file
     // I/O in flight, spins up to idle_spin_max_ns watching for the next
     // request before it sleeps: never, always, or where the queue measures
@@ -82,8 +88,11 @@ struct queue_config {
 // The CPUs a queue's thread pins itself to: those of `queue_cpus` (the
 // kernel's map for the queue) in `allowed` (the daemon's own set); none
 // where that leaves nothing, or leaves all of `allowed`: then there is
-// nothing to choose.
-std::vector<unsigned> cpus_to_pin(std::span<const unsigned> queue_cpus, const cpu_set_t& allowed);
+// nothing to choose. `one_cpu`: the first of them alone, all of `allowed`
+// or not (a single queue's thread then keeps one CPU, and the scheduler
+// moves the programs that submit to the others).
+std::vector<unsigned> cpus_to_pin(std::span<const unsigned> queue_cpus, const cpu_set_t& allowed,
+                                  bool one_cpu = false);
 
 struct queue_counters {
     uint64_t requests = 0;

@@ -6,6 +6,7 @@
 #include "resize.hpp"
 #include "state.hpp"
 
+#include <softblk/options.hpp>
 #include <softblk/ublk/ublk.hpp>
 
 #include <algorithm>
@@ -88,12 +89,14 @@ constexpr option_def k_export_options[] = {
              "where the write did, without the queue's thread. Needs user_copy (turned on) "
              "and recovery=none"},
     {.name = "queue_affinity",
-     .kind = option_kind::boolean,
+     .kind = option_kind::text,
      .default_value = "0",
      .unit = "",
      .help = "1: run each queue's thread, and the io-wq workers its file I/O goes to, on the "
              "CPUs whose requests the kernel sends to that queue (GET_QUEUE_AFFINITY), where "
-             "those are fewer than the daemon may use; 0: wherever the scheduler puts them"},
+             "those are fewer than the daemon may use; one: on the first of those CPUs alone, "
+             "even where the queue serves them all (kublk's choice: the programs that submit "
+             "then run on the other CPUs); 0: wherever the scheduler puts them"},
     {.name = "idle_spin",
      .kind = option_kind::text,
      .default_value = "auto",
@@ -134,7 +137,7 @@ struct export_config {
     int64_t zero_copy_min = -1;
     bool shared_ring = true;
     bool batch_io = false;
-    bool queue_affinity = false;
+    queue_pinning queue_affinity = queue_pinning::none;
     idle_spin_mode idle_spin = idle_spin_mode::measured;
     uint64_t idle_spin_max_ns = 1'000'000;
     bool unprivileged = false;
@@ -191,7 +194,13 @@ result<export_config> parse_config(const export_context& ctx, std::span<const st
                                                   c.recovery));
         }
     }
-    c.queue_affinity = o->flag("queue_affinity");
+    if (const std::string pin = o->text("queue_affinity"); pin == "one") {
+        c.queue_affinity = queue_pinning::one_cpu;
+    } else if (auto on = parse_kernel_bool(pin)) {
+        c.queue_affinity = *on ? queue_pinning::queue_cpus : queue_pinning::none;
+    } else {
+        return make_error(EINVAL, fmt::format("queue_affinity={}: one of 0, 1, one", pin));
+    }
     if (const std::string spin = o->text("idle_spin"); spin == "auto") {
         c.idle_spin = idle_spin_mode::measured;
     } else if (spin == "1") {
@@ -389,9 +398,10 @@ result<void> ublk_export::start_queues(unsigned nr_queues, unsigned depth, uint3
                         .ioctl_encode = (flags & k_f_cmd_ioctl_encode) != 0 || _ctl->ioctl_encode(),
                         .char_fd = _char_fd,
                         .cpus = {},
+                        .one_cpu = _cfg.queue_affinity == queue_pinning::one_cpu,
                         .idle_spin = _cfg.idle_spin,
                         .idle_spin_max_ns = _cfg.idle_spin_max_ns};
-        if (_cfg.queue_affinity) {
+        if (_cfg.queue_affinity != queue_pinning::none) {
             std::lock_guard guard(_ctl->lock());
             if (auto cpus = _ctl->queue_cpus(_info.dev_id, static_cast<uint16_t>(q))) {
                 qc.cpus = std::move(*cpus);

@@ -13,7 +13,9 @@
 #    each queue the CPUs the kernel's blk-mq map sends to it
 #    (/sys/block/ublkbN/mq/Q/cpu_list), and the daemon has a thread pinned
 #    to each; without it (the default) no queue is pinned; reads from one
-#    CPU count in its queue's `queue_requests` alone;
+#    CPU count in its queue's `queue_requests` alone; queue_affinity=one
+#    pins a 1-queue device's thread to the first CPU of its map, and
+#    queue_affinity=2 is refused with a clear error;
 #  - idle_spin=1: at QD 1 the queue thread spins at each wait for a request
 #    (`idle_spins` = `idle_waits`), idle_spin=0 never, and idle_spin=2 is
 #    refused with a clear error;
@@ -129,6 +131,25 @@ if [ "$(nproc)" -ge 2 ]; then
     vm_fail "256 reads on CPU $cpu did not go to queue 1 alone: [$b0, $b1] -> [$a0, $a1]"
   echo "ok: queue_requests counts each queue's requests"
   softblk del c1
+  # queue_affinity=one: a single queue serves every CPU, and its thread
+  # still keeps to the first of them (kublk's choice).
+  softblk add null --name c5 --size 64M --bs 4096 --memory-backed --depth 32 \
+    --export-opt queue_affinity=one | tee /tmp/add5.txt
+  dev5=$(grep -o '/dev/ublkb[0-9]*' /tmp/add5.txt | head -n1)
+  [ -b "$dev5" ] || vm_fail "no device for c5"
+  first=$(grep -o '^[0-9]*' /sys/block/${dev5#/dev/}/mq/0/cpu_list)
+  vm_expect_eq "c5's queue (queue_affinity=one)" "$(field queue_cpus 2)" "\"queue_cpus\":[[$first]]"
+  grep -qx "Cpus_allowed_list:[[:space:]]*$first" /proc/"$pid2"/task/*/status ||
+    vm_fail "no thread of the daemon pinned to CPU $first alone"
+  fio --name=one --filename="$dev5" --direct=1 --ioengine=io_uring --iodepth=16 --rw=randwrite \
+    --bs=4k --size=8M --verify=crc32c --verify_fatal=1 --output-format=terse >/dev/null ||
+    vm_fail "write+verify on the queue pinned to one CPU failed"
+  softblk del c5
+  if softblk add null --name c6 --size 64M --export-opt queue_affinity=2 >/tmp/add6.txt 2>&1; then
+    vm_fail "queue_affinity=2 was taken"
+  fi
+  grep -q 'queue_affinity=2: one of 0, 1, one' /tmp/add6.txt || { cat /tmp/add6.txt; vm_fail "no clear error for queue_affinity=2"; }
+  echo "ok: queue_affinity=one keeps a single queue's thread on CPU $first; 2 refused"
 else
   echo "one CPU: nothing to pin"
 fi
