@@ -34,10 +34,6 @@ namespace softblk::ublk {
 
 enum class idle_spin_mode : uint8_t { never, measured, always };
 
-// Where a queue's thread runs (queue_affinity): wherever the scheduler puts
-// it, on the CPUs the kernel maps to the queue, or on the first of them.
-enum class queue_pinning : uint8_t { none, queue_cpus, one_cpu };
-
 struct queue_config {
     unsigned q_id = 0;
     unsigned depth = 0;

@@ -127,6 +127,10 @@ constexpr option_def k_export_options[] = {
      .max = 600'000},
 };
 
+// Where a queue's thread runs (queue_affinity): wherever the scheduler puts
+// it, on the CPUs the kernel maps to the queue, or on the first of them.
+enum class queue_pinning : uint8_t { none, queue_cpus, one_cpu };
+
 struct export_config {
     int64_t id = -1;
     std::string recovery = "none";
