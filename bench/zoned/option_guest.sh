@@ -1,5 +1,5 @@
 #!/bin/bash
-# Guest half of `bench/zoned/vm.sh --guest affinity|spin`: does a ublk
+# Guest half of `bench/zoned/vm.sh --guest affinity|one|auto|spin`: does a ublk
 # export option pay on softblk's zloop? OPT is the option measured
 # (queue_affinity=1, idle_spin=auto), BASE the same option as it is
 # without it (queue_affinity=0, idle_spin=0); either may list several,
@@ -65,6 +65,7 @@ systems=(kzloop opt base)
 echo "| job ($q queues) | kzloop IOPS | opt IOPS | base IOPS | opt / base | opt / kzloop | base / kzloop |"
 echo "|---|---|---|---|---:|---:|---:|"
 # JOBS (optional): a subset, e.g. "write,128k,32,1".
+pins=""
 for j in ${JOBS:-randwrite,4k,1,1 randwrite,4k,32,8 randwrite,128k,32,1 write,128k,32,1}; do
   IFS=, read -r rw bs qd nj <<<"$j"
   declare -A iops=() last=()
@@ -87,7 +88,12 @@ for j in ${JOBS:-randwrite,4k,1,1 randwrite,4k,32,8 randwrite,128k,32,1 write,12
   done
   echo "| $rw $bs QD$qd x$nj | ${iops[kzloop]% } | ${iops[opt]% } | ${iops[base]% } |" \
     "$(vm_median "$ob") | $(vm_median "$ok") | $(vm_median "$bk") |"
+  # queue_affinity=auto: where each queue's thread went, and what it measured.
+  pins+="$rw $bs QD$qd x$nj: $(softblk list --json | tr -d ' \n' |
+    grep -o '"\(queue_cpus\|pin_switches\|pin_ns_per_4k\)":\[[][0-9,]*\]' | tr '\n' ' ')
+"
 done
+printf 'after each job (opt, base):\n%s' "$pins"
 echo "idle spins of waits (opt, base): $(softblk list --json | tr -d ' \n' | grep -o '"idle_\(spins\|waits\)":\[[0-9,]*\]' | tr '\n' ' ')"
 echo "zero copy from (opt, base): $(softblk list --json | tr -d ' \n' | grep -o '"zero_copy_from":\[[0-9,]*\]' | tr '\n' ' ')"
 echo "preallocated (opt, base): $(softblk list --json | tr -d ' \n' | grep -o '"prealloc":[a-z]*' | tr '\n' ' ')"

@@ -9,15 +9,15 @@
 # kernel's zloop is not in Debian's kernels: with --kernel backports run-vm
 # builds zloop.ko out of tree (--module zloop, tests/vm/zloop-ko.sh) and
 # the kernel's zloop on the same ext4 is the zloop target's peer.
-# --guest affinity|one|spin runs option_guest.sh instead: softblk's zloop
-# with and without an export option (queue_affinity=1 or queue_affinity=one
+# --guest affinity|one|auto|spin runs option_guest.sh instead: softblk's
+# zloop with and without an export option (queue_affinity=1, one or auto
 # against 0; idle_spin=auto against idle_spin=0) beside the kernel's zloop
 # (needs backports); --queues N
 # (default 2) sets the queues of its devices. --fs xfs puts the zone files
 # of both zloops on XFS instead of ext4.
 #
 # usage: bench/zoned/vm.sh [--softblk PATH] [--runtime S] [--rounds N] [--cpus N]
-#                          [--kernel 6.12|backports] [--guest affinity|one|spin] [--queues N]
+#                          [--kernel 6.12|backports] [--guest affinity|one|auto|spin] [--queues N]
 #                          [--fs ext4|xfs]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -37,14 +37,15 @@ while (($#)); do
              case "$2" in
                affinity) env+=(--env OPT=queue_affinity=1 --env BASE=queue_affinity=0) ;;
                one) env+=(--env OPT=queue_affinity=one --env BASE=queue_affinity=0) ;;
+               auto) env+=(--env OPT=queue_affinity=auto --env BASE=queue_affinity=0) ;;
                spin) env+=(--env OPT=idle_spin=auto --env BASE=idle_spin=0) ;;
-               *) echo "--guest: affinity, one or spin" >&2; exit 2 ;;
+               *) echo "--guest: affinity, one, auto or spin" >&2; exit 2 ;;
              esac
              shift 2 ;;
     --queues) env+=(--env "NR_QUEUES=$2"); shift 2 ;;
     --fs) env+=(--env "FS=$2"); shift 2 ;;
     --kernel) kernel=(--kernel "$2"); [ "$2" = backports ] && kernel+=(--module zloop); shift 2 ;;
-    *) echo "usage: $0 [--softblk PATH] [--runtime S] [--rounds N] [--cpus N] [--kernel 6.12|backports] [--guest affinity|one|spin] [--queues N] [--fs ext4|xfs]" >&2
+    *) echo "usage: $0 [--softblk PATH] [--runtime S] [--rounds N] [--cpus N] [--kernel 6.12|backports] [--guest affinity|one|auto|spin] [--queues N] [--fs ext4|xfs]" >&2
        exit 2 ;;
   esac
 done

@@ -1,5 +1,5 @@
 // Which CPUs a ublk queue's thread pins itself to (queue_affinity=1 and
-// queue_affinity=one):
+// queue_affinity=one), or tries (queue_affinity=auto):
 // cpus_to_pin() in src/frontends/ublk/queue_runner.cpp, with made-up maps.
 #include "queue_runner.hpp"
 
@@ -64,6 +64,21 @@ TEST(QueueAffinity, OneCpuIsTheFirstTheDaemonMayUse)
     // None of the queue's CPUs is the daemon's: left to the scheduler.
     EXPECT_TRUE(cpus_to_pin(q1, set_of({0, 1}), true).empty());
     EXPECT_TRUE(cpus_to_pin({}, set_of({0, 1}), true).empty());
+}
+
+TEST(QueueAffinity, AutoMeasuresOnlyAQueueOfEveryCpu)
+{
+    // One queue: its thread tries the first CPU against all of them.
+    const std::vector<unsigned> all{0, 1, 2, 3};
+    EXPECT_EQ(cpus_to_measure(all, set_of({0, 1, 2, 3})), (std::vector<unsigned>{0}));
+    EXPECT_EQ(cpus_to_measure(all, set_of({2, 3})), (std::vector<unsigned>{2}));
+    // A queue of some CPUs gets requests from where its submitters run,
+    // which pinning moves: it stays free.
+    const std::vector<unsigned> q1{2, 3};
+    EXPECT_TRUE(cpus_to_measure(q1, set_of({0, 1, 2, 3})).empty());
+    // One CPU to run on: nothing to choose.
+    EXPECT_TRUE(cpus_to_measure(all, set_of({1})).empty());
+    EXPECT_TRUE(cpus_to_measure({}, set_of({0, 1})).empty());
 }
 
 }  // namespace

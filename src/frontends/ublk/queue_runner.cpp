@@ -66,6 +66,17 @@ std::vector<unsigned> cpus_to_pin(std::span<const unsigned> queue_cpus, const cp
     return chosen;
 }
 
+std::vector<unsigned> cpus_to_measure(std::span<const unsigned> queue_cpus,
+                                      const cpu_set_t& allowed)
+{
+    // cpus_to_pin gives a queue of some CPUs its map, and one of every CPU
+    // (or of none the daemon may use) nothing.
+    if (CPU_COUNT(&allowed) < 2 || !cpus_to_pin(queue_cpus, allowed).empty()) {
+        return {};
+    }
+    return cpus_to_pin(queue_cpus, allowed, true);
+}
+
 queue_runner::queue_runner(io_queue& dq, const queue_config& cfg) : _dq(dq), _cfg(cfg)
 {
 }
@@ -127,7 +138,18 @@ queue_counters queue_runner::counters() const
                           .zero_copy_from = _zero_copy_from.load(std::memory_order_relaxed),
                           .idle_spinning = _idle_spinning.load(std::memory_order_relaxed),
                           .idle_waits = _idle_waits.load(std::memory_order_relaxed),
-                          .idle_spins = _idle_spins.load(std::memory_order_relaxed)};
+                          .idle_spins = _idle_spins.load(std::memory_order_relaxed),
+                          .pin_switches = _pin_switches.load(std::memory_order_relaxed),
+                          .free_ns_per_block = _free_ns.load(std::memory_order_relaxed),
+                          .pinned_ns_per_block = _pinned_ns.load(std::memory_order_relaxed)};
+}
+
+std::vector<unsigned> queue_runner::pinned_cpus() const
+{
+    if (_measuring_pin && !_pinned_now.load(std::memory_order_relaxed)) {
+        return {};
+    }
+    return _pinned_cpus;
 }
 
 // With queue_affinity=1 a queue's thread runs on the CPUs whose requests the
@@ -140,10 +162,23 @@ queue_counters queue_runner::counters() const
 // alone, as the kernel's kublk does: a thread that never moves is not
 // where the submitting program wakes, so the two do not take turns on one
 // CPU (under emulation each turn empties the software TLB).
+// queue_affinity=auto: a queue that serves every CPU the daemon may use
+// (one queue) measures both, free and on the first of them (pin_chooser),
+// and starts free. A queue of fewer CPUs stays free: its share of the
+// requests follows where the programs that submit run, which pinning
+// moves, so its own rate would not compare the two ways.
 void queue_runner::pin_thread()
 {
     cpu_set_t allowed;
     if (_cfg.cpus.empty() || ::sched_getaffinity(0, sizeof(allowed), &allowed) != 0) {
+        return;
+    }
+    if (_cfg.measure_pinning) {
+        if (auto one = cpus_to_measure(_cfg.cpus, allowed); !one.empty()) {
+            _pinned_cpus = std::move(one);
+            _free_cpus = allowed;
+            _measuring_pin = true;
+        }
         return;
     }
     std::vector<unsigned> chosen = cpus_to_pin(_cfg.cpus, allowed, _cfg.one_cpu);
@@ -163,11 +198,40 @@ void queue_runner::pin_thread()
 // before 5.14 lack the call and leave the workers where io-wq puts them.
 void queue_runner::pin_io_workers()
 {
-    if (_pinned_cpus.empty()) {
+    if (_pinned_cpus.empty() || _measuring_pin) {
         return;
     }
     const cpu_set_t set = cpu_set_of(_pinned_cpus);
     (void)io_uring_register_iowq_aff(&_ring, sizeof(set), &set);
+}
+
+void queue_runner::follow_pin_chooser()
+{
+    const bool pin =
+        _pin_chooser.update(monotonic_ns(), _requests.load(std::memory_order_relaxed), _blocks);
+    if (_pin_chooser.epochs() != 0) {
+        const auto ns = [this](bool pinned) {
+            return static_cast<uint64_t>(_pin_chooser.mean_ns(pinned));
+        };
+        _free_ns.store(ns(false), std::memory_order_relaxed);
+        _pinned_ns.store(ns(true), std::memory_order_relaxed);
+    }
+    if (pin == _pinned_now.load(std::memory_order_relaxed)) {
+        return;
+    }
+    const cpu_set_t set = pin ? cpu_set_of(_pinned_cpus) : _free_cpus;
+    if (::sched_setaffinity(0, sizeof(set), &set) != 0) {
+        // A cpuset changed under the daemon: leave the thread where it is.
+        _pin_stuck = true;
+        return;
+    }
+    if (pin) {
+        (void)io_uring_register_iowq_aff(&_ring, sizeof(set), &set);
+    } else {
+        (void)io_uring_unregister_iowq_aff(&_ring);
+    }
+    _pinned_now.store(pin, std::memory_order_relaxed);
+    _pin_switches.fetch_add(1, std::memory_order_relaxed);
 }
 
 result<void> queue_runner::setup()
@@ -596,6 +660,7 @@ bool queue_runner::dispatch(tag_slot& slot)
     slot.kernel_op = op;
     slot.length = length;
     _requests.fetch_add(1, std::memory_order_relaxed);
+    _blocks += std::max<uint64_t>(1, length / pin_chooser::k_block_bytes);
     _dq.submit(*r);
     return true;
 }
@@ -695,10 +760,11 @@ int queue_runner::wait_idle()
         return wait();
     }
     _idle_waits.fetch_add(1, std::memory_order_relaxed);
-    if (_cfg.idle_spin == idle_spin_mode::never) {
+    if (_cfg.idle_spin == idle_spin_mode::never && !_measuring_pin) {
         return wait();
     }
-    const bool spin = _cfg.idle_spin == idle_spin_mode::always || _spin_chooser.take_second();
+    const bool spin = _cfg.idle_spin == idle_spin_mode::always ||
+                      (_cfg.idle_spin == idle_spin_mode::measured && _spin_chooser.take_second());
     const uint64_t from = monotonic_ns();
     if (spin) {
         _idle_spins.fetch_add(1, std::memory_order_relaxed);
@@ -708,10 +774,14 @@ int queue_runner::wait_idle()
     const int r = spin && spin_until(from + _cfg.idle_spin_max_ns)
                       ? io_uring_submit_and_get_events(&_ring)
                       : wait();
+    const uint64_t waited = monotonic_ns() - from;
+    if (_measuring_pin) {
+        _pin_chooser.waited(waited);
+    }
     if (_cfg.idle_spin == idle_spin_mode::measured) {
         // Long gaps (an idle device) say nothing about the wake-up: both
         // ways are cut at the same length.
-        const uint64_t gap = std::min(monotonic_ns() - from, 2 * _cfg.idle_spin_max_ns);
+        const uint64_t gap = std::min(waited, 2 * _cfg.idle_spin_max_ns);
         _spin_chooser.record(spin, gap);
         _idle_spinning.store(_spin_chooser.second_ahead(), std::memory_order_relaxed);
     } else {
@@ -780,6 +850,9 @@ void queue_runner::run(std::promise<result<void>>& ready)
     });
 
     for (;;) {
+        if (_measuring_pin && !_pin_stuck) {
+            follow_pin_chooser();
+        }
         if (_dq.in_flight() > 0) {
             _dq.process();
         }

@@ -16,6 +16,7 @@
 
 #include "abi.hpp"
 #include "copy_chooser.hpp"
+#include "pin_chooser.hpp"
 #include "way_chooser.hpp"
 
 #include <atomic>
@@ -68,9 +69,13 @@ struct queue_config {
     int char_fd = -1;  // /dev/ublkcN, owned by the export
     // The CPUs whose requests the kernel sends to this queue (its blk-mq
     // map); empty: run wherever the scheduler puts the thread. one_cpu:
-    // only the first of them the daemon may use.
+    // only the first of them the daemon may use. measure_pinning: where
+    // they are every CPU the daemon may use (cpus_to_measure), the thread
+    // goes between the first of them and all, and keeps to the one CPU
+    // where it measures data served faster so (pin_chooser).
     std::vector<unsigned> cpus;
     bool one_cpu = false;
+    bool measure_pinning = false;
     // Whether the thread, finding nothing to do and none of its own file
     // I/O in flight, spins up to idle_spin_max_ns watching for the next
     // request before it sleeps: never, always, or where the queue measures
@@ -90,6 +95,12 @@ struct queue_config {
 std::vector<unsigned> cpus_to_pin(std::span<const unsigned> queue_cpus, const cpu_set_t& allowed,
                                   bool one_cpu = false);
 
+// queue_affinity=auto: the CPU a queue's thread measures itself on against
+// running free: the first of `queue_cpus` where the queue serves every CPU
+// of `allowed` (two or more); none otherwise.
+std::vector<unsigned> cpus_to_measure(std::span<const unsigned> queue_cpus,
+                                      const cpu_set_t& allowed);
+
 struct queue_counters {
     uint64_t requests = 0;
     uint64_t errors = 0;  // requests committed with a negative result
@@ -104,6 +115,12 @@ struct queue_counters {
     bool idle_spinning = false;
     uint64_t idle_waits = 0;
     uint64_t idle_spins = 0;
+    // measure_pinning: how often the thread went from one way to the
+    // other, and the time per 4 KiB served each way measured (ns; 0 until
+    // measured). pinned_cpus() says which way it goes now.
+    uint64_t pin_switches = 0;
+    uint64_t free_ns_per_block = 0;
+    uint64_t pinned_ns_per_block = 0;
 };
 
 class queue_runner {
@@ -130,9 +147,8 @@ public:
 
     queue_counters counters() const;
     unsigned q_id() const { return _cfg.q_id; }
-    // The CPUs the thread was pinned to (empty: not pinned). Set before
-    // start() returns.
-    const std::vector<unsigned>& pinned_cpus() const { return _pinned_cpus; }
+    // The CPUs the thread is pinned to now (empty: not pinned).
+    std::vector<unsigned> pinned_cpus() const;
 
 private:
     // Our entries' user_data carry bit 63: with the ring shared, the others
@@ -215,6 +231,9 @@ private:
     static void prep_linked_commit(io_uring_sqe& sqe, const kernel_buffer& kb);
     void pin_thread();
     void pin_io_workers();
+    // measure_pinning: once per turn of the loop, goes the way the chooser
+    // says.
+    void follow_pin_chooser();
     io_uring_sqe* next_sqe();
     void set_target(io_uring_sqe* sqe) const;
 
@@ -249,7 +268,17 @@ private:
     way_chooser _spin_chooser{{.margin = 0.9}};
     std::atomic<bool> _idle_spinning{false};
     std::atomic<uint64_t> _idle_waits{0}, _idle_spins{0};
+    // The CPUs the thread was pinned to at start (empty: not pinned), or
+    // with measure_pinning the one it keeps to when pinned; both set
+    // before start() returns.
     std::vector<unsigned> _pinned_cpus;
+    cpu_set_t _free_cpus{};  // measure_pinning: the daemon's own set
+    bool _measuring_pin = false;
+    bool _pin_stuck = false;  // a switch failed: no more (the queue's thread alone)
+    pin_chooser _pin_chooser;
+    uint64_t _blocks = 0;  // 4 KiB blocks dispatched, for _pin_chooser
+    std::atomic<bool> _pinned_now{false};
+    std::atomic<uint64_t> _pin_switches{0}, _free_ns{0}, _pinned_ns{0};
 
     // UBLK_F_BATCH_IO state.
     // The provided-buffer ring FETCH_IO_CMDS writes tag lists into, and

@@ -90,13 +90,16 @@ constexpr option_def k_export_options[] = {
              "and recovery=none"},
     {.name = "queue_affinity",
      .kind = option_kind::text,
-     .default_value = "0",
+     .default_value = "auto",
      .unit = "",
      .help = "1: run each queue's thread, and the io-wq workers its file I/O goes to, on the "
              "CPUs whose requests the kernel sends to that queue (GET_QUEUE_AFFINITY), where "
              "those are fewer than the daemon may use; one: on the first of those CPUs alone, "
              "even where the queue serves them all (kublk's choice: the programs that submit "
-             "then run on the other CPUs); 0: wherever the scheduler puts them"},
+             "then run on the other CPUs); auto: a queue that serves every CPU (one queue) "
+             "measures its requests served both ways, wherever the scheduler puts its thread "
+             "and on that one CPU, and keeps to the CPU where that is faster by a twentieth; "
+             "other queues as 0; 0: wherever the scheduler puts them"},
     {.name = "idle_spin",
      .kind = option_kind::text,
      .default_value = "auto",
@@ -128,8 +131,9 @@ constexpr option_def k_export_options[] = {
 };
 
 // Where a queue's thread runs (queue_affinity): wherever the scheduler puts
-// it, on the CPUs the kernel maps to the queue, or on the first of them.
-enum class queue_pinning : uint8_t { none, queue_cpus, one_cpu };
+// it, on the CPUs the kernel maps to the queue, on the first of them, or
+// measured: free or on the first of them, whichever serves faster.
+enum class queue_pinning : uint8_t { none, queue_cpus, one_cpu, measured };
 
 struct export_config {
     int64_t id = -1;
@@ -141,7 +145,7 @@ struct export_config {
     int64_t zero_copy_min = -1;
     bool shared_ring = true;
     bool batch_io = false;
-    queue_pinning queue_affinity = queue_pinning::none;
+    queue_pinning queue_affinity = queue_pinning::measured;
     idle_spin_mode idle_spin = idle_spin_mode::measured;
     uint64_t idle_spin_max_ns = 1'000'000;
     bool unprivileged = false;
@@ -200,10 +204,12 @@ result<export_config> parse_config(const export_context& ctx, std::span<const st
     }
     if (const std::string pin = o->text("queue_affinity"); pin == "one") {
         c.queue_affinity = queue_pinning::one_cpu;
+    } else if (pin == "auto") {
+        c.queue_affinity = queue_pinning::measured;
     } else if (auto on = parse_kernel_bool(pin)) {
         c.queue_affinity = *on ? queue_pinning::queue_cpus : queue_pinning::none;
     } else {
-        return make_error(EINVAL, fmt::format("queue_affinity={}: one of 0, 1, one", pin));
+        return make_error(EINVAL, fmt::format("queue_affinity={}: one of 0, 1, one, auto", pin));
     }
     if (const std::string spin = o->text("idle_spin"); spin == "auto") {
         c.idle_spin = idle_spin_mode::measured;
@@ -403,6 +409,7 @@ result<void> ublk_export::start_queues(unsigned nr_queues, unsigned depth, uint3
                         .char_fd = _char_fd,
                         .cpus = {},
                         .one_cpu = _cfg.queue_affinity == queue_pinning::one_cpu,
+                        .measure_pinning = _cfg.queue_affinity == queue_pinning::measured,
                         .idle_spin = _cfg.idle_spin,
                         .idle_spin_max_ns = _cfg.idle_spin_max_ns};
         if (_cfg.queue_affinity != queue_pinning::none) {
@@ -749,6 +756,11 @@ nlohmann::json ublk_export::describe() const
     auto idle_spinning = nlohmann::json::array();
     auto idle_waits = nlohmann::json::array();
     auto idle_spins = nlohmann::json::array();
+    // Per queue, queue_affinity=auto: how often its thread went between
+    // free and pinned, and the time per 4 KiB served it measured each way
+    // ([free, pinned] ns; queue_cpus says which way it goes now).
+    auto pin_switches = nlohmann::json::array();
+    auto pin_ns_per_4k = nlohmann::json::array();
     // Per queue: the requests it served. The block layer picks a queue by
     // the submitting CPU; a zone's writes queued behind one in flight are
     // submitted from the CPU where that one completed (docs/ublk.md).
@@ -764,11 +776,18 @@ nlohmann::json ublk_export::describe() const
         idle_spinning.push_back(c.idle_spinning);
         idle_waits.push_back(c.idle_waits);
         idle_spins.push_back(c.idle_spins);
+        pin_switches.push_back(c.pin_switches);
+        pin_ns_per_4k.push_back(
+            nlohmann::json::array({c.free_ns_per_block, c.pinned_ns_per_block}));
     }
     out["queue_cpus"] = queue_cpus;
     out["idle_spinning"] = idle_spinning;
     out["idle_waits"] = idle_waits;
     out["idle_spins"] = idle_spins;
+    if (_cfg.queue_affinity == queue_pinning::measured) {
+        out["pin_switches"] = pin_switches;
+        out["pin_ns_per_4k"] = pin_ns_per_4k;
+    }
     out["requests"] = requests;
     out["queue_requests"] = queue_requests;
     out["errors"] = errors;

@@ -14,8 +14,10 @@
 #    (/sys/block/ublkbN/mq/Q/cpu_list), and the daemon has a thread pinned
 #    to each; without it (the default) no queue is pinned; reads from one
 #    CPU count in its queue's `queue_requests` alone; queue_affinity=one
-#    pins a 1-queue device's thread to the first CPU of its map, and
-#    queue_affinity=2 is refused with a clear error;
+#    pins a 1-queue device's thread to the first CPU of its map;
+#    queue_affinity=auto goes between that CPU and all under fio and
+#    measures the time per 4 KiB both ways; queue_affinity=2 is refused
+#    with a clear error;
 #  - idle_spin=1: at QD 1 the queue thread spins at each wait for a request
 #    (`idle_spins` = `idle_waits`), idle_spin=0 never, and idle_spin=2 is
 #    refused with a clear error;
@@ -92,7 +94,8 @@ vm_step "queue_affinity=1: each queue's thread on the CPUs the kernel maps to it
 # Per-queue field NAME of `softblk list --json`, flattened, for the device
 # listed Nth: field NAME N (queue_cpus: "[]" per queue while unpinned).
 field() { softblk list --json | tr -d ' \n' | grep -o "\"$1\":\[[][0-9a-z,]*\]" | sed -n "$2p"; }
-vm_expect_eq "c0's queues (queue_affinity=0)" "$(field queue_cpus 1)" '"queue_cpus":[[],[]]'
+# The default (auto) leaves queues of some CPUs each free.
+vm_expect_eq "c0's queues (queue_affinity=auto, 2 queues)" "$(field queue_cpus 1)" '"queue_cpus":[[],[]]'
 if [ "$(nproc)" -ge 2 ]; then
   softblk add null --name c1 --size 64M --bs 4096 --memory-backed --queues 2 --depth 32 \
     --export-opt queue_affinity=1 | tee /tmp/add1.txt
@@ -145,10 +148,28 @@ if [ "$(nproc)" -ge 2 ]; then
     --bs=4k --size=8M --verify=crc32c --verify_fatal=1 --output-format=terse >/dev/null ||
     vm_fail "write+verify on the queue pinned to one CPU failed"
   softblk del c5
+  # queue_affinity=auto: under load the thread goes between its one CPU
+  # and every CPU, measuring the time per 4 KiB each way.
+  softblk add null --name c7 --size 64M --bs 4096 --memory-backed --depth 32 \
+    --export-opt queue_affinity=auto | tee /tmp/add7.txt
+  dev7=$(grep -o '/dev/ublkb[0-9]*' /tmp/add7.txt | head -n1)
+  [ -b "$dev7" ] || vm_fail "no device for c7"
+  fio --name=auto --filename="$dev7" --direct=1 --ioengine=io_uring --iodepth=16 --rw=randwrite \
+    --bs=4k --size=32M --verify=crc32c --verify_fatal=1 --output-format=terse >/dev/null ||
+    vm_fail "write+verify with queue_affinity=auto failed"
+  # c0's (2 queues, never measured) come first.
+  switches=$(field pin_switches 2 | tr -dc '0-9')
+  measured=$(field pin_ns_per_4k 2)
+  echo "queue_affinity=auto after 32 MiB: $switches switches, $measured, $(field queue_cpus 2)"
+  [ "${switches:-0}" -ge 4 ] || vm_fail "the thread did not go between the two ways ($switches switches)"
+  echo "$measured" | grep -q '\[\[[1-9][0-9]*,[1-9][0-9]*\]\]' ||
+    vm_fail "no time per 4 KiB measured both ways: $measured"
+  softblk del c7
+  echo "ok: queue_affinity=auto measured both ways, write+verify"
   if softblk add null --name c6 --size 64M --export-opt queue_affinity=2 >/tmp/add6.txt 2>&1; then
     vm_fail "queue_affinity=2 was taken"
   fi
-  grep -q 'queue_affinity=2: one of 0, 1, one' /tmp/add6.txt || { cat /tmp/add6.txt; vm_fail "no clear error for queue_affinity=2"; }
+  grep -q 'queue_affinity=2: one of 0, 1, one, auto' /tmp/add6.txt || { cat /tmp/add6.txt; vm_fail "no clear error for queue_affinity=2"; }
   echo "ok: queue_affinity=one keeps a single queue's thread on CPU $first; 2 refused"
 else
   echo "one CPU: nothing to pin"
