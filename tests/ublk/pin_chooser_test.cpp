@@ -110,7 +110,10 @@ TEST(PinChooser, AnEpochNeedsItsRequestsAndItsTime)
 {
     pin_chooser::config cfg;
     pin_chooser c(cfg);
+    EXPECT_TRUE(c.due(0)) << "not started";
     c.update(0, 0, 0);
+    EXPECT_FALSE(c.due(cfg.epoch_requests - 1));
+    EXPECT_TRUE(c.due(cfg.epoch_requests));
     c.update(cfg.epoch_ns, cfg.epoch_requests - 1, 100 * cfg.epoch_requests);
     EXPECT_EQ(c.epochs(), 0u);
     c.update(cfg.epoch_ns - 1, 10 * cfg.epoch_requests, 10 * cfg.epoch_requests);

@@ -60,7 +60,14 @@ public:
         }
     }
 
-    // Once per turn of the thread's loop, with the time, and the requests
+    // Whether update() could end an epoch with `requests` served so far:
+    // the thread's loop asks first, and reads the clock only then.
+    bool due(uint64_t requests) const
+    {
+        return !_started || _void || requests - _epoch_requests >= _cfg.epoch_requests;
+    }
+
+    // Once per turn of the thread's loop (where due), with the time, and the requests
     // and 4 KiB blocks (a request without data: one) served so far;
     // returns whether the thread should be pinned now.
     bool update(uint64_t now_ns, uint64_t requests, uint64_t blocks)

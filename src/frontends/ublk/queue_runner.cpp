@@ -207,9 +207,13 @@ void queue_runner::pin_io_workers()
 
 void queue_runner::follow_pin_chooser()
 {
-    const bool pin =
-        _pin_chooser.update(monotonic_ns(), _requests.load(std::memory_order_relaxed), _blocks);
-    if (_pin_chooser.epochs() != 0) {
+    const uint64_t requests = _requests.load(std::memory_order_relaxed);
+    if (!_pin_chooser.due(requests)) {
+        return;
+    }
+    const uint64_t measured = _pin_chooser.epochs();
+    const bool pin = _pin_chooser.update(monotonic_ns(), requests, _blocks);
+    if (_pin_chooser.epochs() != measured) {
         const auto ns = [this](bool pinned) {
             return static_cast<uint64_t>(_pin_chooser.mean_ns(pinned));
         };

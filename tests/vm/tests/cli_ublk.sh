@@ -36,6 +36,25 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# Adds a 64 MiB memory-backed null device NAME of depth 32 with the
+# further arguments given; sets `added` to its /dev/ublkbN.
+add_null() {
+  local name=$1
+  shift
+  softblk add null --name "$name" --size 64M --bs 4096 --memory-backed --depth 32 "$@" |
+    tee "/tmp/add-$name.txt"
+  added=$(grep -o '/dev/ublkb[0-9]*' "/tmp/add-$name.txt" | head -n1)
+  [ -b "$added" ] || vm_fail "no device for $name"
+}
+# Writes SIZE of random 4 KiB blocks to DEV at QD 16 and reads them back
+# verified; further fio options follow the defaults (later ones win).
+write_verify() {
+  local dev=$1 size=$2
+  shift 2
+  fio --name=verify --filename="$dev" --direct=1 --ioengine=io_uring --iodepth=16 --rw=randwrite \
+    --bs=4k --size="$size" --verify=crc32c --verify_fatal=1 --output-format=terse "$@" >/dev/null
+}
+
 vm_step "features"
 softblk features >/tmp/features.txt
 grep -i ublk /tmp/features.txt
@@ -85,9 +104,7 @@ errors=$(cut -d';' -f5 /tmp/fio-load.txt | tail -n1)
 vm_expect_eq "fio errors across the restart" "$errors" 0
 # 2048 writes read back show the restarted daemon serves the device (this
 # used to write 32 MiB, four times as many).
-fio --name=verify --filename="$dev" --direct=1 --ioengine=io_uring --iodepth=16 --rw=randwrite \
-  --bs=4k --size=8M --verify=crc32c --verify_fatal=1 --output-format=terse >/dev/null ||
-  vm_fail "write+verify after the restart failed"
+write_verify "$dev" 8M || vm_fail "write+verify after the restart failed"
 echo "ok: write+verify after the restart"
 
 vm_step "queue_affinity=1: each queue's thread on the CPUs the kernel maps to it"
@@ -97,10 +114,8 @@ field() { softblk list --json | tr -d ' \n' | grep -o "\"$1\":\[[][0-9a-z,]*\]" 
 # The default (auto) leaves queues of some CPUs each free.
 vm_expect_eq "c0's queues (queue_affinity=auto, 2 queues)" "$(field queue_cpus 1)" '"queue_cpus":[[],[]]'
 if [ "$(nproc)" -ge 2 ]; then
-  softblk add null --name c1 --size 64M --bs 4096 --memory-backed --queues 2 --depth 32 \
-    --export-opt queue_affinity=1 | tee /tmp/add1.txt
-  dev1=$(grep -o '/dev/ublkb[0-9]*' /tmp/add1.txt | head -n1)
-  [ -b "$dev1" ] || vm_fail "no device for c1"
+  add_null c1 --queues 2 --export-opt queue_affinity=1
+  dev1=$added
   want='"queue_cpus":['
   for q in 0 1; do
     # cpu_list is "0" or "0, 1" style; queue_cpus lists them as [0,1].
@@ -114,8 +129,7 @@ if [ "$(nproc)" -ge 2 ]; then
   sets=$(awk '/Cpus_allowed_list/ {print $2}' /proc/"$pid2"/task/*/status | sort -u | grep -vx "$all" || true)
   [ "$(echo "$sets" | grep -c .)" -ge 2 ] ||
     vm_fail "no two threads of the daemon pinned to different CPU sets (all: $all, others: $sets)"
-  fio --name=pinned --filename="$dev1" --direct=1 --ioengine=io_uring --iodepth=16 --rw=randwrite \
-    --bs=4k --size=8M --numjobs=2 --offset_increment=8M --verify=crc32c --verify_fatal=1 --output-format=terse >/dev/null ||
+  write_verify "$dev1" 8M --numjobs=2 --offset_increment=8M ||
     vm_fail "write+verify on the pinned queues failed"
   echo "ok: queues pinned as the kernel maps them, write+verify"
   # queue_requests: fio held on queue 1's first CPU feeds queue 1 alone
@@ -136,27 +150,18 @@ if [ "$(nproc)" -ge 2 ]; then
   softblk del c1
   # queue_affinity=one: a single queue serves every CPU, and its thread
   # still keeps to the first of them (kublk's choice).
-  softblk add null --name c5 --size 64M --bs 4096 --memory-backed --depth 32 \
-    --export-opt queue_affinity=one | tee /tmp/add5.txt
-  dev5=$(grep -o '/dev/ublkb[0-9]*' /tmp/add5.txt | head -n1)
-  [ -b "$dev5" ] || vm_fail "no device for c5"
+  add_null c5 --export-opt queue_affinity=one
+  dev5=$added
   first=$(grep -o '^[0-9]*' /sys/block/${dev5#/dev/}/mq/0/cpu_list)
   vm_expect_eq "c5's queue (queue_affinity=one)" "$(field queue_cpus 2)" "\"queue_cpus\":[[$first]]"
   grep -qx "Cpus_allowed_list:[[:space:]]*$first" /proc/"$pid2"/task/*/status ||
     vm_fail "no thread of the daemon pinned to CPU $first alone"
-  fio --name=one --filename="$dev5" --direct=1 --ioengine=io_uring --iodepth=16 --rw=randwrite \
-    --bs=4k --size=8M --verify=crc32c --verify_fatal=1 --output-format=terse >/dev/null ||
-    vm_fail "write+verify on the queue pinned to one CPU failed"
+  write_verify "$dev5" 8M || vm_fail "write+verify on the queue pinned to one CPU failed"
   softblk del c5
   # queue_affinity=auto: under load the thread goes between its one CPU
   # and every CPU, measuring the time per 4 KiB each way.
-  softblk add null --name c7 --size 64M --bs 4096 --memory-backed --depth 32 \
-    --export-opt queue_affinity=auto | tee /tmp/add7.txt
-  dev7=$(grep -o '/dev/ublkb[0-9]*' /tmp/add7.txt | head -n1)
-  [ -b "$dev7" ] || vm_fail "no device for c7"
-  fio --name=auto --filename="$dev7" --direct=1 --ioengine=io_uring --iodepth=16 --rw=randwrite \
-    --bs=4k --size=32M --verify=crc32c --verify_fatal=1 --output-format=terse >/dev/null ||
-    vm_fail "write+verify with queue_affinity=auto failed"
+  add_null c7 --export-opt queue_affinity=auto
+  write_verify "$added" 32M || vm_fail "write+verify with queue_affinity=auto failed"
   # c0's (2 queues, never measured) come first.
   switches=$(field pin_switches 2 | tr -dc '0-9')
   measured=$(field pin_ns_per_4k 2)
@@ -176,17 +181,12 @@ else
 fi
 
 vm_step "idle_spin: a queue thread spins for the next request as told"
-softblk add null --name c2 --size 64M --bs 4096 --memory-backed --depth 32 \
-  --export-opt idle_spin=1 --export-opt idle_spin_max=2000 | tee /tmp/add2.txt
-dev2=$(grep -o '/dev/ublkb[0-9]*' /tmp/add2.txt | head -n1)
-softblk add null --name c3 --size 64M --bs 4096 --memory-backed --depth 32 \
-  --export-opt idle_spin=0 | tee /tmp/add3.txt
-dev3=$(grep -o '/dev/ublkb[0-9]*' /tmp/add3.txt | head -n1)
-[ -b "$dev2" ] && [ -b "$dev3" ] || vm_fail "no devices for c2, c3"
+add_null c2 --export-opt idle_spin=1 --export-opt idle_spin_max=2000
+dev2=$added
+add_null c3 --export-opt idle_spin=0
+dev3=$added
 for d in "$dev2" "$dev3"; do
-  fio --name=qd1 --filename="$d" --direct=1 --ioengine=io_uring --iodepth=1 --rw=randwrite \
-    --bs=4k --size=2M --verify=crc32c --verify_fatal=1 --output-format=terse >/dev/null ||
-    vm_fail "write+verify at QD 1 on $d failed"
+  write_verify "$d" 2M --iodepth=1 || vm_fail "write+verify at QD 1 on $d failed"
 done
 # c0 (1 of the list) runs the default (auto); c2 and c3 follow in order.
 spins2=$(field idle_spins 2 | tr -dc '0-9')
