@@ -1,6 +1,6 @@
 // Which CPUs a ublk queue's thread pins itself to (queue_affinity=1 and
-// queue_affinity=one), or tries (queue_affinity=auto):
-// cpus_to_pin() in src/frontends/ublk/queue_runner.cpp, with made-up maps.
+// queue_affinity=one), or tries (queue_affinity=auto): cpus_to_pin() and
+// cpus_to_measure() in src/frontends/ublk/queue_runner.cpp, with made-up maps.
 #include "queue_runner.hpp"
 
 #include <gtest/gtest.h>
@@ -66,19 +66,16 @@ TEST(QueueAffinity, OneCpuIsTheFirstTheDaemonMayUse)
     EXPECT_TRUE(cpus_to_pin({}, set_of({0, 1}), true).empty());
 }
 
-TEST(QueueAffinity, AutoMeasuresOnlyAQueueOfEveryCpu)
+TEST(QueueAffinity, AutoMeasuresTheFirstCpuTheDaemonMayUse)
 {
-    // One queue: its thread tries the first CPU against all of them.
-    const std::vector<unsigned> all{0, 1, 2, 3};
-    EXPECT_EQ(cpus_to_measure(all, set_of({0, 1, 2, 3})), (std::vector<unsigned>{0}));
-    EXPECT_EQ(cpus_to_measure(all, set_of({2, 3})), (std::vector<unsigned>{2}));
-    // A queue of some CPUs gets requests from where its submitters run,
-    // which pinning moves: it stays free.
-    const std::vector<unsigned> q1{2, 3};
-    EXPECT_TRUE(cpus_to_measure(q1, set_of({0, 1, 2, 3})).empty());
+    // Every queue's thread of the device tries the first CPU, whatever the
+    // queue's map: the device's rate decides (device_pinning).
+    EXPECT_EQ(cpus_to_measure(set_of({0, 1, 2, 3})), (std::vector<unsigned>{0}));
+    EXPECT_EQ(cpus_to_measure(set_of({2, 3})), (std::vector<unsigned>{2}));
+    EXPECT_EQ(cpus_to_measure(set_of({1, 7})), (std::vector<unsigned>{1}));
     // One CPU to run on: nothing to choose.
-    EXPECT_TRUE(cpus_to_measure(all, set_of({1})).empty());
-    EXPECT_TRUE(cpus_to_measure({}, set_of({0, 1})).empty());
+    EXPECT_TRUE(cpus_to_measure(set_of({1})).empty());
+    EXPECT_TRUE(cpus_to_measure(set_of({})).empty());
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-// Whether a queue's thread keeps to one CPU (queue_affinity=auto), chosen
+// Whether a device's queue threads keep to one CPU (queue_affinity=auto), chosen
 // from what each way was measured to give: the time per 4 KiB served (a
 // request without data counts as one), over epochs of at least `epoch_ns`
 // and `epoch_requests`. Not per request: the block layer merges
@@ -12,16 +12,17 @@
 // taking turns on one, each turn a switch of address space), and gave up
 // 0-4% elsewhere; on AMD EPYC guests the same pinning cost 128 KiB random
 // writes a third (docs/benchmarks.md). Which way wins is the machine's and
-// the load's, so the thread tries both and keeps the faster.
+// the load's, so the threads try both and keep the faster.
 //
-// The time per block is the load's own rate only while the queue is
-// busy: an epoch in which the thread waited longer than `idle_break_ns`
-// for a request (an idle device, a program between two jobs) says nothing
+// The time per block is the load's own rate only while the device is
+// busy: an epoch in which it went `idle_break_ns` or longer without a
+// request (an idle device, a program between two jobs) says nothing
 // about the choice, and is dropped. Where the load sets the rate (requests
 // that come at their own pace) both ways measure alike and the margin
 // keeps the thread free.
 //
-// Single-threaded: the queue's own thread feeds it and applies the choice.
+// Single-threaded: device_pinning (device_pinning.hpp) feeds it what all
+// of a device's queues served, one thread at a time.
 #pragma once
 
 #include "way_chooser.hpp"
@@ -51,8 +52,8 @@ public:
     pin_chooser() = default;
     explicit pin_chooser(config c) : _cfg(c), _ways(c.ways) {}
 
-    // A wait for a request of `ns`: an epoch holding one of at least
-    // idle_break_ns is dropped.
+    // A wait of the device for a request of `ns`: an epoch holding one of
+    // at least idle_break_ns is dropped.
     void waited(uint64_t ns)
     {
         if (ns >= _cfg.idle_break_ns) {
@@ -60,12 +61,13 @@ public:
         }
     }
 
-    // Whether update() could end an epoch with `requests` served so far:
-    // the thread's loop asks first, and reads the clock only then.
-    bool due(uint64_t requests) const
+    // The requests served from which update() could end an epoch (0: now):
+    // the threads ask first, and read the clock only then.
+    uint64_t due_at() const
     {
-        return !_started || _void || requests - _epoch_requests >= _cfg.epoch_requests;
+        return !_started || _void ? 0 : _epoch_requests + _cfg.epoch_requests;
     }
+    bool due(uint64_t requests) const { return requests >= due_at(); }
 
     // Once per turn of the thread's loop (where due), with the time, and the requests
     // and 4 KiB blocks (a request without data: one) served so far;

@@ -66,15 +66,17 @@ std::vector<unsigned> cpus_to_pin(std::span<const unsigned> queue_cpus, const cp
     return chosen;
 }
 
-std::vector<unsigned> cpus_to_measure(std::span<const unsigned> queue_cpus,
-                                      const cpu_set_t& allowed)
+std::vector<unsigned> cpus_to_measure(const cpu_set_t& allowed)
 {
-    // cpus_to_pin gives a queue of some CPUs its map, and one of every CPU
-    // (or of none the daemon may use) nothing.
-    if (CPU_COUNT(&allowed) < 2 || !cpus_to_pin(queue_cpus, allowed).empty()) {
+    if (CPU_COUNT(&allowed) < 2) {
         return {};
     }
-    return cpus_to_pin(queue_cpus, allowed, true);
+    for (unsigned cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+        if (CPU_ISSET(cpu, &allowed)) {
+            return {cpu};
+        }
+    }
+    return {};
 }
 
 queue_runner::queue_runner(io_queue& dq, const queue_config& cfg) : _dq(dq), _cfg(cfg)
@@ -131,17 +133,18 @@ void queue_runner::join()
 
 queue_counters queue_runner::counters() const
 {
-    return queue_counters{.requests = _requests.load(std::memory_order_relaxed),
-                          .errors = _errors.load(std::memory_order_relaxed),
-                          .aborted_tags = _aborted_count.load(std::memory_order_relaxed),
-                          .linked_commits = _linked_commits.load(std::memory_order_relaxed),
-                          .zero_copy_from = _zero_copy_from.load(std::memory_order_relaxed),
-                          .idle_spinning = _idle_spinning.load(std::memory_order_relaxed),
-                          .idle_waits = _idle_waits.load(std::memory_order_relaxed),
-                          .idle_spins = _idle_spins.load(std::memory_order_relaxed),
-                          .pin_switches = _pin_switches.load(std::memory_order_relaxed),
-                          .free_ns_per_block = _free_ns.load(std::memory_order_relaxed),
-                          .pinned_ns_per_block = _pinned_ns.load(std::memory_order_relaxed)};
+    return queue_counters{
+        .requests = _requests.load(std::memory_order_relaxed),
+        .errors = _errors.load(std::memory_order_relaxed),
+        .aborted_tags = _aborted_count.load(std::memory_order_relaxed),
+        .linked_commits = _linked_commits.load(std::memory_order_relaxed),
+        .zero_copy_from = _zero_copy_from.load(std::memory_order_relaxed),
+        .idle_spinning = _idle_spinning.load(std::memory_order_relaxed),
+        .idle_waits = _idle_waits.load(std::memory_order_relaxed),
+        .idle_spins = _idle_spins.load(std::memory_order_relaxed),
+        .pin_switches = _pin_switches.load(std::memory_order_relaxed),
+        .free_ns_per_block = _measuring_pin ? _cfg.pinning->ns_per_block(false) : 0,
+        .pinned_ns_per_block = _measuring_pin ? _cfg.pinning->ns_per_block(true) : 0};
 }
 
 std::vector<unsigned> queue_runner::pinned_cpus() const
@@ -162,19 +165,17 @@ std::vector<unsigned> queue_runner::pinned_cpus() const
 // alone, as the kernel's kublk does: a thread that never moves is not
 // where the submitting program wakes, so the two do not take turns on one
 // CPU (under emulation each turn empties the software TLB).
-// queue_affinity=auto: a queue that serves every CPU the daemon may use
-// (one queue) measures both, free and on the first of them (pin_chooser),
-// and starts free. A queue of fewer CPUs stays free: its share of the
-// requests follows where the programs that submit run, which pinning
-// moves, so its own rate would not compare the two ways.
+// queue_affinity=auto: the device measures both, every queue's thread free
+// and all of them on the first CPU the daemon may use (device_pinning),
+// and starts free.
 void queue_runner::pin_thread()
 {
     cpu_set_t allowed;
-    if (_cfg.cpus.empty() || ::sched_getaffinity(0, sizeof(allowed), &allowed) != 0) {
+    if (::sched_getaffinity(0, sizeof(allowed), &allowed) != 0) {
         return;
     }
-    if (_cfg.measure_pinning) {
-        if (auto one = cpus_to_measure(_cfg.cpus, allowed); !one.empty()) {
+    if (_cfg.pinning) {
+        if (auto one = cpus_to_measure(allowed); !one.empty()) {
             _pinned_cpus = std::move(one);
             _free_cpus = allowed;
             _measuring_pin = true;
@@ -205,21 +206,13 @@ void queue_runner::pin_io_workers()
     (void)io_uring_register_iowq_aff(&_ring, sizeof(set), &set);
 }
 
-void queue_runner::follow_pin_chooser()
+void queue_runner::follow_device_pinning()
 {
-    const uint64_t requests = _requests.load(std::memory_order_relaxed);
-    if (!_pin_chooser.due(requests)) {
-        return;
+    device_pinning& device = *_cfg.pinning;
+    if (device.due()) {
+        device.update(monotonic_ns());
     }
-    const uint64_t measured = _pin_chooser.epochs();
-    const bool pin = _pin_chooser.update(monotonic_ns(), requests, _blocks);
-    if (_pin_chooser.epochs() != measured) {
-        const auto ns = [this](bool pinned) {
-            return static_cast<uint64_t>(_pin_chooser.mean_ns(pinned));
-        };
-        _free_ns.store(ns(false), std::memory_order_relaxed);
-        _pinned_ns.store(ns(true), std::memory_order_relaxed);
-    }
+    const bool pin = device.pinned();
     if (pin == _pinned_now.load(std::memory_order_relaxed)) {
         return;
     }
@@ -664,7 +657,9 @@ bool queue_runner::dispatch(tag_slot& slot)
     slot.kernel_op = op;
     slot.length = length;
     _requests.fetch_add(1, std::memory_order_relaxed);
-    _blocks += std::max<uint64_t>(1, length / pin_chooser::k_block_bytes);
+    if (_measuring_pin) {
+        _cfg.pinning->served(length);
+    }
     _dq.submit(*r);
     return true;
 }
@@ -770,6 +765,7 @@ int queue_runner::wait_idle()
     const bool spin = _cfg.idle_spin == idle_spin_mode::always ||
                       (_cfg.idle_spin == idle_spin_mode::measured && _spin_chooser.take_second());
     const uint64_t from = monotonic_ns();
+    const uint64_t device_requests = _measuring_pin ? _cfg.pinning->requests() : 0;
     if (spin) {
         _idle_spins.fetch_add(1, std::memory_order_relaxed);
     }
@@ -780,7 +776,7 @@ int queue_runner::wait_idle()
                       : wait();
     const uint64_t waited = monotonic_ns() - from;
     if (_measuring_pin) {
-        _pin_chooser.waited(waited);
+        _cfg.pinning->waited(waited, device_requests);
     }
     if (_cfg.idle_spin == idle_spin_mode::measured) {
         // Long gaps (an idle device) say nothing about the wake-up: both
@@ -855,7 +851,7 @@ void queue_runner::run(std::promise<result<void>>& ready)
 
     for (;;) {
         if (_measuring_pin && !_pin_stuck) {
-            follow_pin_chooser();
+            follow_device_pinning();
         }
         if (_dq.in_flight() > 0) {
             _dq.process();

@@ -16,7 +16,7 @@
 
 #include "abi.hpp"
 #include "copy_chooser.hpp"
-#include "pin_chooser.hpp"
+#include "device_pinning.hpp"
 #include "way_chooser.hpp"
 
 #include <atomic>
@@ -69,13 +69,15 @@ struct queue_config {
     int char_fd = -1;  // /dev/ublkcN, owned by the export
     // The CPUs whose requests the kernel sends to this queue (its blk-mq
     // map); empty: run wherever the scheduler puts the thread. one_cpu:
-    // only the first of them the daemon may use. measure_pinning: where
-    // they are every CPU the daemon may use (cpus_to_measure), the thread
-    // goes between the first of them and all, and keeps to the one CPU
-    // where it measures data served faster so (pin_chooser).
+    // only the first of them the daemon may use.
     std::vector<unsigned> cpus;
     bool one_cpu = false;
-    bool measure_pinning = false;
+    // queue_affinity=auto on a device of 1 or 2 queues, shared by them:
+    // where the daemon may use two CPUs or more (cpus_to_measure), every
+    // queue's thread goes between all of them and the first, as the device
+    // measures data served faster (device_pinning). cpus and one_cpu are
+    // then unused.
+    std::shared_ptr<device_pinning> pinning;
     // Whether the thread, finding nothing to do and none of its own file
     // I/O in flight, spins up to idle_spin_max_ns watching for the next
     // request before it sleeps: never, always, or where the queue measures
@@ -95,11 +97,10 @@ struct queue_config {
 std::vector<unsigned> cpus_to_pin(std::span<const unsigned> queue_cpus, const cpu_set_t& allowed,
                                   bool one_cpu = false);
 
-// queue_affinity=auto: the CPU a queue's thread measures itself on against
-// running free: the first of `queue_cpus` where the queue serves every CPU
-// of `allowed` (two or more); none otherwise.
-std::vector<unsigned> cpus_to_measure(std::span<const unsigned> queue_cpus,
-                                      const cpu_set_t& allowed);
+// queue_affinity=auto: the CPU a device's queue threads are measured on
+// against running free: the first of `allowed` where that holds two or
+// more; none otherwise.
+std::vector<unsigned> cpus_to_measure(const cpu_set_t& allowed);
 
 struct queue_counters {
     uint64_t requests = 0;
@@ -115,9 +116,9 @@ struct queue_counters {
     bool idle_spinning = false;
     uint64_t idle_waits = 0;
     uint64_t idle_spins = 0;
-    // measure_pinning: how often the thread went from one way to the
-    // other, and the time per 4 KiB served each way measured (ns; 0 until
-    // measured). pinned_cpus() says which way it goes now.
+    // queue_affinity=auto: how often the thread went from one way to the
+    // other, and the time per 4 KiB the device served each way (ns; 0
+    // until measured). pinned_cpus() says which way it goes now.
     uint64_t pin_switches = 0;
     uint64_t free_ns_per_block = 0;
     uint64_t pinned_ns_per_block = 0;
@@ -231,9 +232,9 @@ private:
     static void prep_linked_commit(io_uring_sqe& sqe, const kernel_buffer& kb);
     void pin_thread();
     void pin_io_workers();
-    // measure_pinning: once per turn of the loop, goes the way the chooser
-    // says.
-    void follow_pin_chooser();
+    // queue_affinity=auto: once per turn of the loop, ends the device's
+    // epoch where it is due and goes the way the device goes.
+    void follow_device_pinning();
     io_uring_sqe* next_sqe();
     void set_target(io_uring_sqe* sqe) const;
 
@@ -269,16 +270,14 @@ private:
     std::atomic<bool> _idle_spinning{false};
     std::atomic<uint64_t> _idle_waits{0}, _idle_spins{0};
     // The CPUs the thread was pinned to at start (empty: not pinned), or
-    // with measure_pinning the one it keeps to when pinned; both set
+    // with queue_affinity=auto the one it keeps to when pinned; both set
     // before start() returns.
     std::vector<unsigned> _pinned_cpus;
-    cpu_set_t _free_cpus{};  // measure_pinning: the daemon's own set
+    cpu_set_t _free_cpus{};  // queue_affinity=auto: the daemon's own set
     bool _measuring_pin = false;
-    bool _pin_stuck = false;  // a switch failed: no more (the queue's thread alone)
-    pin_chooser _pin_chooser;
-    uint64_t _blocks = 0;  // 4 KiB blocks dispatched, for _pin_chooser
+    bool _pin_stuck = false;  // a switch failed: no more (this thread alone)
     std::atomic<bool> _pinned_now{false};
-    std::atomic<uint64_t> _pin_switches{0}, _free_ns{0}, _pinned_ns{0};
+    std::atomic<uint64_t> _pin_switches{0};
 
     // UBLK_F_BATCH_IO state.
     // The provided-buffer ring FETCH_IO_CMDS writes tag lists into, and

@@ -96,10 +96,10 @@ constexpr option_def k_export_options[] = {
              "CPUs whose requests the kernel sends to that queue (GET_QUEUE_AFFINITY), where "
              "those are fewer than the daemon may use; one: on the first of those CPUs alone, "
              "even where the queue serves them all (kublk's choice: the programs that submit "
-             "then run on the other CPUs); auto: a queue that serves every CPU (one queue) "
-             "measures its requests served both ways, wherever the scheduler puts its thread "
-             "and on that one CPU, and keeps to the CPU where that is faster by a twentieth; "
-             "other queues as 0; 0: wherever the scheduler puts them"},
+             "then run on the other CPUs); auto: a device of 1 or 2 queues measures the data "
+             "it serves both ways, its queues' threads wherever the scheduler puts them and all "
+             "on the first CPU the daemon may use, and keeps to that CPU where it serves faster "
+             "by a twentieth (more queues: as 0); 0: wherever the scheduler puts them"},
     {.name = "idle_spin",
      .kind = option_kind::text,
      .default_value = "auto",
@@ -132,8 +132,11 @@ constexpr option_def k_export_options[] = {
 
 // Where a queue's thread runs (queue_affinity): wherever the scheduler puts
 // it, on the CPUs the kernel maps to the queue, on the first of them, or
-// measured: free or on the first of them, whichever serves faster.
+// measured: the device's threads free or all on one CPU, whichever serves
+// faster.
 enum class queue_pinning : uint8_t { none, queue_cpus, one_cpu, measured };
+// queue_affinity=auto measures devices of at most this many queues.
+constexpr unsigned k_max_measured_queues = 2;
 
 struct export_config {
     int64_t id = -1;
@@ -387,6 +390,13 @@ result<void> ublk_export::start_queues(unsigned nr_queues, unsigned depth, uint3
         return std::unexpected(fd.error());
     }
     _char_fd = *fd;
+    // The pinned way puts every queue's thread on one CPU: with 2 queues
+    // a try runs the device at half its threads' CPUs at worst, with more
+    // it would starve them, so their threads stay free.
+    const auto pinning =
+        _cfg.queue_affinity == queue_pinning::measured && nr_queues <= k_max_measured_queues
+            ? std::make_shared<device_pinning>()
+            : nullptr;
     for (unsigned q = 0; q < nr_queues; ++q) {
         io_queue& dq = _dev.queue(q);
         if (dq.depth() < depth) {
@@ -409,10 +419,11 @@ result<void> ublk_export::start_queues(unsigned nr_queues, unsigned depth, uint3
                         .char_fd = _char_fd,
                         .cpus = {},
                         .one_cpu = _cfg.queue_affinity == queue_pinning::one_cpu,
-                        .measure_pinning = _cfg.queue_affinity == queue_pinning::measured,
+                        .pinning = pinning,
                         .idle_spin = _cfg.idle_spin,
                         .idle_spin_max_ns = _cfg.idle_spin_max_ns};
-        if (_cfg.queue_affinity != queue_pinning::none) {
+        if (_cfg.queue_affinity == queue_pinning::queue_cpus ||
+            _cfg.queue_affinity == queue_pinning::one_cpu) {
             std::lock_guard guard(_ctl->lock());
             if (auto cpus = _ctl->queue_cpus(_info.dev_id, static_cast<uint16_t>(q))) {
                 qc.cpus = std::move(*cpus);
@@ -757,10 +768,11 @@ nlohmann::json ublk_export::describe() const
     auto idle_waits = nlohmann::json::array();
     auto idle_spins = nlohmann::json::array();
     // Per queue, queue_affinity=auto: how often its thread went between
-    // free and pinned, and the time per 4 KiB served it measured each way
-    // ([free, pinned] ns; queue_cpus says which way it goes now).
+    // free and pinned. The time per 4 KiB the device served each way is
+    // the device's ([free, pinned] ns; queue_cpus says which way the
+    // threads go now).
     auto pin_switches = nlohmann::json::array();
-    auto pin_ns_per_4k = nlohmann::json::array();
+    auto pin_ns_per_4k = nlohmann::json::array({0, 0});
     // Per queue: the requests it served. The block layer picks a queue by
     // the submitting CPU; a zone's writes queued behind one in flight are
     // submitted from the CPU where that one completed (docs/ublk.md).
@@ -777,8 +789,9 @@ nlohmann::json ublk_export::describe() const
         idle_waits.push_back(c.idle_waits);
         idle_spins.push_back(c.idle_spins);
         pin_switches.push_back(c.pin_switches);
-        pin_ns_per_4k.push_back(
-            nlohmann::json::array({c.free_ns_per_block, c.pinned_ns_per_block}));
+        if (c.free_ns_per_block != 0 || c.pinned_ns_per_block != 0) {
+            pin_ns_per_4k = nlohmann::json::array({c.free_ns_per_block, c.pinned_ns_per_block});
+        }
     }
     out["queue_cpus"] = queue_cpus;
     out["idle_spinning"] = idle_spinning;
