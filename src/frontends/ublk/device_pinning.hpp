@@ -34,9 +34,7 @@ namespace softblk::ublk {
 class device_pinning {
 public:
     device_pinning() = default;
-    explicit device_pinning(pin_chooser::config c) : _idle_break_ns(c.idle_break_ns), _chooser(c)
-    {
-    }
+    explicit device_pinning(pin_chooser::config c) : _idle_break_ns(c.idle_break_ns), _chooser(c) {}
     device_pinning(const device_pinning&) = delete;
     device_pinning& operator=(const device_pinning&) = delete;
 
@@ -81,7 +79,8 @@ public:
             _chooser.waited(_idle_break_ns);
         }
         const uint64_t measured = _chooser.epochs();
-        const bool pin = _chooser.update(now_ns, requests(), _blocks.load(std::memory_order_relaxed));
+        const bool pin =
+            _chooser.update(now_ns, requests(), _blocks.load(std::memory_order_relaxed));
         _due_at.store(_chooser.due_at(), std::memory_order_relaxed);
         if (_chooser.epochs() != measured) {
             _epochs.store(_chooser.epochs(), std::memory_order_relaxed);
