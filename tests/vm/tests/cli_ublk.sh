@@ -173,9 +173,13 @@ if [ "$(nproc)" -ge 2 ]; then
     vm_fail "no time per 4 KiB measured both ways: $measured"
   softblk del c7
   # With 2 queues the device measures, and both threads follow it: two
-  # writers, one on each CPU at first.
+  # writers, each held on a CPU of its own queue so that both queues get
+  # requests all along.
   add_null c8 --queues 2 --export-opt queue_affinity=auto
-  write_verify "$added" 16M --numjobs=2 --offset_increment=16M ||
+  cpu0=$(grep -o '^[0-9]*' /sys/block/${added#/dev/}/mq/0/cpu_list)
+  cpu1=$(grep -o '^[0-9]*' /sys/block/${added#/dev/}/mq/1/cpu_list)
+  write_verify "$added" 16M --numjobs=2 --offset_increment=16M --cpus_allowed="$cpu0,$cpu1" \
+    --cpus_allowed_policy=split ||
     vm_fail "write+verify with 2 queues and queue_affinity=auto failed"
   switches=$(field pin_switches 2 | tr -dc '0-9,')
   measured=$(field pin_ns_per_4k 2)
