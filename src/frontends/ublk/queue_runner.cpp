@@ -133,18 +133,15 @@ void queue_runner::join()
 
 queue_counters queue_runner::counters() const
 {
-    return queue_counters{
-        .requests = _requests.load(std::memory_order_relaxed),
-        .errors = _errors.load(std::memory_order_relaxed),
-        .aborted_tags = _aborted_count.load(std::memory_order_relaxed),
-        .linked_commits = _linked_commits.load(std::memory_order_relaxed),
-        .zero_copy_from = _zero_copy_from.load(std::memory_order_relaxed),
-        .idle_spinning = _idle_spinning.load(std::memory_order_relaxed),
-        .idle_waits = _idle_waits.load(std::memory_order_relaxed),
-        .idle_spins = _idle_spins.load(std::memory_order_relaxed),
-        .pin_switches = _pin_switches.load(std::memory_order_relaxed),
-        .free_ns_per_block = _measuring_pin ? _cfg.pinning->ns_per_block(false) : 0,
-        .pinned_ns_per_block = _measuring_pin ? _cfg.pinning->ns_per_block(true) : 0};
+    return queue_counters{.requests = _requests.load(std::memory_order_relaxed),
+                          .errors = _errors.load(std::memory_order_relaxed),
+                          .aborted_tags = _aborted_count.load(std::memory_order_relaxed),
+                          .linked_commits = _linked_commits.load(std::memory_order_relaxed),
+                          .zero_copy_from = _zero_copy_from.load(std::memory_order_relaxed),
+                          .idle_spinning = _idle_spinning.load(std::memory_order_relaxed),
+                          .idle_waits = _idle_waits.load(std::memory_order_relaxed),
+                          .idle_spins = _idle_spins.load(std::memory_order_relaxed),
+                          .pin_switches = _pin_switches.load(std::memory_order_relaxed)};
 }
 
 std::vector<unsigned> queue_runner::pinned_cpus() const

@@ -117,11 +117,9 @@ struct queue_counters {
     uint64_t idle_waits = 0;
     uint64_t idle_spins = 0;
     // queue_affinity=auto: how often the thread went from one way to the
-    // other, and the time per 4 KiB the device served each way (ns; 0
-    // until measured). pinned_cpus() says which way it goes now.
+    // other (pinned_cpus() says which way it goes now; what the device
+    // measured is device_pinning's).
     uint64_t pin_switches = 0;
-    uint64_t free_ns_per_block = 0;
-    uint64_t pinned_ns_per_block = 0;
 };
 
 class queue_runner {

@@ -372,6 +372,9 @@ private:
     bool _recovered = false;
     int _char_fd = -1;
     std::vector<std::unique_ptr<queue_runner>> _queues;
+    // queue_affinity=auto on a device of 1 or 2 queues: what its queue
+    // threads share (null otherwise).
+    std::shared_ptr<device_pinning> _pinning;
     std::unique_ptr<capacity_follower> _follower;
 };
 
@@ -393,10 +396,9 @@ result<void> ublk_export::start_queues(unsigned nr_queues, unsigned depth, uint3
     // The pinned way puts every queue's thread on one CPU: with 2 queues
     // a try runs the device at half its threads' CPUs at worst, with more
     // it would starve them, so their threads stay free.
-    const auto pinning =
-        _cfg.queue_affinity == queue_pinning::measured && nr_queues <= k_max_measured_queues
-            ? std::make_shared<device_pinning>()
-            : nullptr;
+    _pinning = _cfg.queue_affinity == queue_pinning::measured && nr_queues <= k_max_measured_queues
+                   ? std::make_shared<device_pinning>()
+                   : nullptr;
     for (unsigned q = 0; q < nr_queues; ++q) {
         io_queue& dq = _dev.queue(q);
         if (dq.depth() < depth) {
@@ -419,7 +421,7 @@ result<void> ublk_export::start_queues(unsigned nr_queues, unsigned depth, uint3
                         .char_fd = _char_fd,
                         .cpus = {},
                         .one_cpu = _cfg.queue_affinity == queue_pinning::one_cpu,
-                        .pinning = pinning,
+                        .pinning = _pinning,
                         .idle_spin = _cfg.idle_spin,
                         .idle_spin_max_ns = _cfg.idle_spin_max_ns};
         if (_cfg.queue_affinity == queue_pinning::queue_cpus ||
@@ -768,11 +770,8 @@ nlohmann::json ublk_export::describe() const
     auto idle_waits = nlohmann::json::array();
     auto idle_spins = nlohmann::json::array();
     // Per queue, queue_affinity=auto: how often its thread went between
-    // free and pinned. The time per 4 KiB the device served each way is
-    // the device's ([free, pinned] ns; queue_cpus says which way the
-    // threads go now).
+    // free and pinned (queue_cpus says which way it goes now).
     auto pin_switches = nlohmann::json::array();
-    auto pin_ns_per_4k = nlohmann::json::array({0, 0});
     // Per queue: the requests it served. The block layer picks a queue by
     // the submitting CPU; a zone's writes queued behind one in flight are
     // submitted from the CPU where that one completed (docs/ublk.md).
@@ -789,9 +788,6 @@ nlohmann::json ublk_export::describe() const
         idle_waits.push_back(c.idle_waits);
         idle_spins.push_back(c.idle_spins);
         pin_switches.push_back(c.pin_switches);
-        if (c.free_ns_per_block != 0 || c.pinned_ns_per_block != 0) {
-            pin_ns_per_4k = nlohmann::json::array({c.free_ns_per_block, c.pinned_ns_per_block});
-        }
     }
     out["queue_cpus"] = queue_cpus;
     out["idle_spinning"] = idle_spinning;
@@ -799,7 +795,10 @@ nlohmann::json ublk_export::describe() const
     out["idle_spins"] = idle_spins;
     if (_cfg.queue_affinity == queue_pinning::measured) {
         out["pin_switches"] = pin_switches;
-        out["pin_ns_per_4k"] = pin_ns_per_4k;
+        // The time per 4 KiB the device served each way ([free, pinned] ns;
+        // 0 until measured).
+        out["pin_ns_per_4k"] = nlohmann::json::array({_pinning ? _pinning->ns_per_block(false) : 0,
+                                                      _pinning ? _pinning->ns_per_block(true) : 0});
     }
     out["requests"] = requests;
     out["queue_requests"] = queue_requests;
