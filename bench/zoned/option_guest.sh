@@ -19,10 +19,9 @@
 set -euo pipefail
 . /softblk-vm/lib.sh
 fs=${FS:-ext4}
-vm_require_tool softblk fio blkzone "mkfs.$fs"
+vm_require_tool softblk fio blkzone
 modprobe ublk_drv || vm_skip "no ublk_drv in this kernel"
 vm_wait_for /dev/ublk-control
-vm_require_module brd rd_nr=1 rd_size=$((768 * 1024))
 modprobe zloop 2>/dev/null || vm_skip "no zloop module (bench/zoned/vm.sh --kernel backports)"
 vm_wait_for /dev/zloop-control
 runtime=${RUNTIME:-4}
@@ -40,14 +39,8 @@ cleanup() {
   umount /mnt/zl 2>/dev/null || true
 }
 trap cleanup EXIT
-dd if=/dev/zero of=/dev/ram0 bs=1M count=768 oflag=direct status=none
-case $fs in
-  # Nothing zeroed in the background of the first jobs (ext4lazyinit).
-  ext4) mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 /dev/ram0 ;;
-  xfs) mkfs.xfs -q -f /dev/ram0 ;;
-  *) vm_fail "FS=$fs: ext4 or xfs" ;;
-esac
-mkdir -p /mnt/zl && mount ${MOUNT_OPTS:+-o "$MOUNT_OPTS"} /dev/ram0 /mnt/zl && mkdir -p /mnt/zl/1 /mnt/zl/2 /mnt/zl/11
+vm_bench_zone_fs "$fs" "${MOUNT_OPTS:-}"
+mkdir -p /mnt/zl/1 /mnt/zl/2 /mnt/zl/11
 zl="capacity_mb=512 zone_size_mb=16 conv_zones=0 nr_queues=$q queue_depth=128"
 # OPT and BASE may each hold several options, separated by spaces.
 opt_args=() base_args=()

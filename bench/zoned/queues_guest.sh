@@ -10,9 +10,8 @@
 # to tell a device that waits from one that is short of CPU.
 set -euo pipefail
 . /softblk-vm/lib.sh
-vm_require_tool softblk fio blkzone mkfs.ext4
+vm_require_tool softblk fio blkzone
 modprobe ublk_drv; vm_wait_for /dev/ublk-control
-vm_require_module brd rd_nr=1 rd_size=$((768 * 1024))
 modprobe zloop; vm_wait_for /dev/zloop-control
 export SOFTBLK_RUN_DIR=/tmp/softblk-run
 cleanup() {
@@ -21,9 +20,8 @@ cleanup() {
   umount /mnt/zl 2>/dev/null || true
 }
 trap cleanup EXIT
-dd if=/dev/zero of=/dev/ram0 bs=1M count=768 oflag=direct status=none
-mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 /dev/ram0
-mkdir -p /mnt/zl && mount /dev/ram0 /mnt/zl && mkdir -p /mnt/zl/1 /mnt/zl/2 /mnt/zl/11 /mnt/zl/12
+vm_bench_zone_fs ext4
+mkdir -p /mnt/zl/1 /mnt/zl/2 /mnt/zl/11 /mnt/zl/12
 zl="capacity_mb=512 zone_size_mb=16 conv_zones=0 queue_depth=128"
 softblk add zloop --name s1 base_dir=/mnt/zl id=1 $zl nr_queues=1 >/tmp/a1.txt
 softblk add zloop --name s2 base_dir=/mnt/zl id=2 $zl nr_queues=2 >/tmp/a2.txt

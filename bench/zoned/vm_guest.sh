@@ -24,10 +24,9 @@
 set -euo pipefail
 . /softblk-vm/lib.sh
 fs=${FS:-ext4}
-vm_require_tool softblk fio blkzone "mkfs.$fs"
+vm_require_tool softblk fio blkzone
 modprobe ublk_drv || vm_skip "no ublk_drv in this kernel"
 vm_wait_for /dev/ublk-control
-vm_require_module brd rd_nr=1 rd_size=$((768 * 1024))
 runtime=${RUNTIME:-5}
 rounds=${ROUNDS:-3}
 systems="nullb sbnull sbzloop"
@@ -50,20 +49,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# brd allocates a page on the first write to it: fill the disk first, so
-# that no device pays for those pages in the middle of its jobs (whichever
-# ran first on fresh blocks did, before).
-dd if=/dev/zero of=/dev/ram0 bs=1M count=768 oflag=direct status=none
-case $fs in
-  # Inode tables and journal zeroed now, not by ext4lazyinit in the
-  # background of the first jobs.
-  ext4) mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 /dev/ram0 ;;
-  xfs) mkfs.xfs -q -f /dev/ram0 ;;
-  *) vm_fail "FS=$fs: ext4 or xfs" ;;
-esac
+vm_bench_zone_fs "$fs"
 echo "zone files on $fs"
-mkdir -p /mnt/zl
-mount /dev/ram0 /mnt/zl
 
 jobs=("randwrite 4k 1 1" "randwrite 4k 32 8" "randwrite 128k 32 1" "write 128k 32 1")
 # The median (of an even count: the mean of the middle two).
