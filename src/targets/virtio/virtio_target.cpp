@@ -72,9 +72,10 @@ constexpr option_def k_options[] = {
      .kind = option_kind::integer,
      .default_value = "5000",
      .unit = "ms",
-     .help = "how long to wait for the back end's socket to accept, and for each of its replies",
-     .min = 0,
-     .max = 600'000},
+     .help = "how long connecting to the back end may take in all: the socket accepting and the "
+             "whole vhost-user handshake",
+     .min = 1,
+     .max = 60'000},
 };
 
 constexpr uint64_t k_wanted_features =
