@@ -544,6 +544,21 @@ TEST(vhost_user_blk_backend, the_socket_is_taken_safely)
         EXPECT_NE(r.error().message.find(key), std::string::npos) << r.error().message;
         EXPECT_NE(::access((dir.path + "/c.sock").c_str(), F_OK), 0);
     }
+
+    // A relative socket= is refused: the daemon's working directory is not
+    // the caller's. (Started from the socket directory, so that a socket
+    // made anyway would be found.)
+    char cwd[4096];
+    ASSERT_NE(::getcwd(cwd, sizeof cwd), nullptr);
+    ASSERT_EQ(::chdir(dir.path.c_str()), 0);
+    auto relative = start("rel.sock");
+    const bool made = ::access("rel.sock", F_OK) == 0;
+    ASSERT_EQ(::chdir(cwd), 0);
+    ASSERT_FALSE(relative);
+    EXPECT_NE(relative.error().message.find("socket=rel.sock: give an absolute path"),
+              std::string::npos)
+        << relative.error().message;
+    EXPECT_FALSE(made) << "a socket was made relative to the working directory";
 }
 
 // ADD_MEM_REG maps a region of another file that requests may then use;

@@ -1,8 +1,8 @@
 // softblk's virtio-blk driver (target "virtio") against back ends that do
 // not play along (tests/virtio/fake_backend.hpp): connect_timeout bounds
 // connecting and the whole handshake, however slowly the back end
-// answers; a silent back end and a path that is no socket get errors that
-// say so, at once where waiting cannot help.
+// answers; a silent back end, a path that is no socket and a relative path
+// get errors that say so, at once where waiting cannot help.
 #include "fake_backend.hpp"
 #include "virtio_test_util.hpp"
 
@@ -72,4 +72,10 @@ TEST(virtio_connect, a_path_that_is_not_a_socket_fails_at_once)
     auto [message, took] = refused({"path=" + file, "poll_queues=0", "connect_timeout=5000"});
     EXPECT_NE(message.find("not a unix socket (a regular file)"), std::string::npos) << message;
     EXPECT_LT(took, 1000 * k_ms) << "waited for connect_timeout";
+}
+
+TEST(virtio_connect, a_relative_path_is_refused)
+{
+    auto [message, took] = refused({"path=vm0.sock", "poll_queues=0", "connect_timeout=100"});
+    EXPECT_NE(message.find("path=vm0.sock: give an absolute path"), std::string::npos) << message;
 }

@@ -470,6 +470,14 @@ result<void> virtio_target::setup(const option_set& o)
                           "path=: the back end's vhost-user socket is required (e.g. "
                           "path=/run/softblk/vhost-user-blk/d0.sock)");
     }
+    if (path.front() != '/') {
+        // As the file target's path=: the daemon connects, from its own
+        // working directory, and again after a restart.
+        return make_error(EINVAL, fmt::format("path={}: give an absolute path (the daemon "
+                                              "connects to the socket, from its own working "
+                                              "directory, and again after a restart)",
+                                              path));
+    }
     _submit_queues = static_cast<unsigned>(o.u64("submit_queues"));
     _queue_count = _submit_queues + static_cast<unsigned>(o.u64("poll_queues"));
     _depth = static_cast<uint32_t>(o.u64("hw_queue_depth"));
