@@ -314,9 +314,9 @@ bool virtio_target::reconnect()
                "virtio: the back end at {} did not complete a request within io_timeout; "
                "connecting again (connect_timeout={} ms)\n",
                _settings.path, _settings.connect_timeout_ms);
-    // Closing the socket ends the back end's session: softblk's and
-    // qemu-storage-daemon's back ends finish (or drop) its requests before
-    // they serve the next front end.
+    // Closing the socket ends the back end's session: softblk's back end
+    // finishes that session's requests before it serves the next front
+    // end; one that takes longer than connect_timeout fails the device.
     _client = vhost_user_client();
     auto c = open_connection(_settings, _shape, false, generation, _call_fds, _stop_fd);
     if (!c) {
