@@ -50,7 +50,7 @@ struct raw_front_end {
 
     explicit raw_front_end(const std::string& socket, bool start = true)
     {
-        auto c = virtio_driver::vhost_user_client::connect(socket, 5000);
+        auto c = virtio_driver::vhost_user_client::connect(socket, 30000);
         EXPECT_TRUE(c) << (c ? "" : c.error().message);
         if (!c) {
             return;
@@ -241,7 +241,7 @@ TEST(vhost_user_blk_backend, malformed_messages_end_only_that_connection)
     {
         // An unknown request with need_reply gets "failed" and the
         // connection stays; a SET_VRING_NUM that is not a power of two too.
-        auto c = virtio_driver::vhost_user_client::connect(be.socket, 5000);
+        auto c = virtio_driver::vhost_user_client::connect(be.socket, 30000);
         ASSERT_TRUE(c);
         ASSERT_TRUE(c->set_u64(vu::k_set_protocol_features, bit(vu::k_pf_reply_ack)));
         c->set_reply_ack(true);
@@ -368,7 +368,7 @@ TEST(vhost_user_blk_backend, memory_that_does_not_fit_its_file_is_refused)
 {
     backend be("null", {"size=16", "submit_queues=1", "poll_queues=0"});
     ASSERT_TRUE(be.exp);
-    auto c = virtio_driver::vhost_user_client::connect(be.socket, 5000);
+    auto c = virtio_driver::vhost_user_client::connect(be.socket, 30000);
     ASSERT_TRUE(c);
     ASSERT_TRUE(c->set_u64(vu::k_set_protocol_features, bit(vu::k_pf_reply_ack)));
     c->set_reply_ack(true);
@@ -544,6 +544,21 @@ TEST(vhost_user_blk_backend, the_socket_is_taken_safely)
         EXPECT_NE(r.error().message.find(key), std::string::npos) << r.error().message;
         EXPECT_NE(::access((dir.path + "/c.sock").c_str(), F_OK), 0);
     }
+
+    // A relative socket= is refused: the daemon's working directory is not
+    // the caller's. (Started from the socket directory, so that a socket
+    // made anyway would be found.)
+    char cwd[4096];
+    ASSERT_NE(::getcwd(cwd, sizeof cwd), nullptr);
+    ASSERT_EQ(::chdir(dir.path.c_str()), 0);
+    auto relative = start("rel.sock");
+    const bool made = ::access("rel.sock", F_OK) == 0;
+    ASSERT_EQ(::chdir(cwd), 0);
+    ASSERT_FALSE(relative);
+    EXPECT_NE(relative.error().message.find("socket=rel.sock: give an absolute path"),
+              std::string::npos)
+        << relative.error().message;
+    EXPECT_FALSE(made) << "a socket was made relative to the working directory";
 }
 
 // ADD_MEM_REG maps a region of another file that requests may then use;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <softblk/support/clock.hpp>
@@ -25,6 +26,17 @@ void drain(int fd)
     uint64_t v;
     [[maybe_unused]] ssize_t n = ::read(fd, &v, sizeof v);
 }
+
+void bump(std::atomic<uint64_t>& counter)
+{
+    // Single writer (the queue thread): no locked instruction needed.
+    counter.store(counter.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+}
+
+// _on_ring values.
+constexpr uint8_t k_held = 0;     // pending, waiting for a connection to go on
+constexpr uint8_t k_out = 1;      // in the current ring
+constexpr uint8_t k_was_out = 2;  // in the ring of a connection being replaced (move_on)
 
 uint32_t virtio_type(const io_request& r, bool flush_after_write)
 {
@@ -64,18 +76,110 @@ uint32_t virtio_type(const io_request& r, bool flush_after_write)
 
 }  // namespace
 
-driver_queue::driver_queue(const queue_layout& layout, const std::atomic<bool>& dead)
-    : _layout(layout), _dead(dead)
+connection_memory::~connection_memory()
 {
-    _ring.init(layout.ring, layout.num, layout.event_idx);
-    _pending = std::make_unique<io_request*[]>(layout.depth);
-    _fua_pending = std::make_unique<uint8_t[]>(layout.depth);
-    for (uint32_t t = 0; t < layout.depth; ++t) {
+    for (const queue_layout& q : queues) {
+        if (q.kick_fd >= 0) {
+            ::close(q.kick_fd);  // the call eventfd is the queue's, not the connection's
+        }
+    }
+    if (base != nullptr) {
+        ::munmap(base, bytes);
+    }
+    if (memfd >= 0) {
+        ::close(memfd);
+    }
+}
+
+std::shared_ptr<connection_memory> backend_link::memory() const
+{
+    std::lock_guard lock(_mutex);
+    return _memory;
+}
+
+void backend_link::request_reset(uint32_t generation)
+{
+    uint32_t expected = generation;
+    if (_wanted.compare_exchange_strong(expected, generation + 1, std::memory_order_acq_rel)) {
+        kick(_reset_fd);
+    }
+}
+
+void backend_link::publish(std::shared_ptr<connection_memory> memory)
+{
+    const uint32_t generation = memory->generation;
+    {
+        std::lock_guard lock(_mutex);
+        _memory = std::move(memory);
+    }
+    _ready.store(generation, std::memory_order_release);
+}
+
+driver_queue::driver_queue(unsigned index, backend_link& link) : _index(index), _link(link)
+{
+    attach(link.memory());
+    const uint32_t depth = _layout.depth;
+    _pending = std::make_unique<io_request*[]>(depth);
+    _fua_pending = std::make_unique<uint8_t[]>(depth);
+    _on_ring = std::make_unique<uint8_t[]>(depth);
+    for (uint32_t t = 0; t < depth; ++t) {
         _pending[t] = nullptr;
         _fua_pending[t] = 0;
+        _on_ring[t] = k_held;
     }
-    if (layout.polling) {
+}
+
+void driver_queue::attach(std::shared_ptr<connection_memory> memory)
+{
+    // The previous connection's memory is unmapped here when this queue
+    // was the last to use it (once per reconnection).
+    _memory = std::move(memory);
+    _generation = _memory->generation;
+    _layout = _memory->queues[_index];
+    _ring.init(_layout.ring, _layout.num, _layout.event_idx);
+    if (_layout.polling) {
         _ring.disable_interrupts();
+    }
+}
+
+void driver_queue::move_on()
+{
+    // Only to the connection the queues should be on, once it is set up.
+    if (_link.ready() != _link.wanted()) {
+        return;
+    }
+    std::shared_ptr<connection_memory> next = _link.memory();
+    if (next == nullptr || next->generation == _generation) {
+        return;
+    }
+    for (uint32_t t = 0; t < _layout.depth; ++t) {
+        if (_pending[t] != nullptr && _on_ring[t] == k_out) {
+            _on_ring[t] = k_was_out;
+        }
+    }
+    attach(std::move(next));
+    // Everything pending goes to the new connection: what waited, and what
+    // the old back end held and never returned. Completions delivered in
+    // this loop may submit again (placed at once): those are k_out.
+    for (uint32_t t = 0; t < _layout.depth; ++t) {
+        io_request* r = _pending[t];
+        if (r == nullptr || _on_ring[t] == k_out) {
+            continue;
+        }
+        const bool was_out = _on_ring[t] == k_was_out;
+        _on_ring[t] = k_held;
+        if (was_out && r->op == io_op::zone_append) {
+            // The old back end may have appended it: another append could
+            // write the data twice.
+            _pending[t] = nullptr;
+            --_in_flight;
+            deliver(*r, -EIO);
+            continue;
+        }
+        if (was_out) {
+            bump(_resubmitted);
+        }
+        place(*r, _fua_pending[t] != 0);
     }
 }
 
@@ -84,7 +188,11 @@ uint64_t driver_queue::next_wakeup_ns() const
     // Unpublished requests go out at the next poll(); a polling queue
     // looks at the used ring all the time while requests are out.
     if (_ring.has_unpublished() || (_layout.polling && _in_flight != 0) ||
-        (_in_flight != 0 && _dead.load(std::memory_order_relaxed))) {
+        (_in_flight != 0 && _link.dead())) {
+        return 0;
+    }
+    // A new connection is ready for the requests that wait for one.
+    if (_in_flight != 0 && _generation != _link.wanted() && _link.ready() == _link.wanted()) {
         return 0;
     }
     return UINT64_MAX;
@@ -97,7 +205,7 @@ void driver_queue::deliver(io_request& r, int result)
 
 void driver_queue::submit(io_request& r)
 {
-    if (_dead.load(std::memory_order_relaxed)) {
+    if (_link.dead()) {
         deliver(r, -EIO);
         return;
     }
@@ -114,10 +222,43 @@ void driver_queue::submit(io_request& r)
         deliver(r, -EOPNOTSUPP);
         return;
     }
+    if (_generation != _link.wanted()) {
+        move_on();
+    }
     _pending[r.tag] = &r;
     _fua_pending[r.tag] = 0;
     ++_in_flight;
-    prepare(r, false);
+    place(r, false);
+}
+
+void driver_queue::place(io_request& r, bool flush_after_write)
+{
+    if (_generation != _link.wanted()) {
+        // This connection is being replaced: wait for the next one.
+        _on_ring[r.tag] = k_held;
+        return;
+    }
+    prepare(r, flush_after_write);
+    _on_ring[r.tag] = k_out;
+}
+
+bool driver_queue::timed_out(io_request& r)
+{
+    const uint32_t tag = r.tag;
+    if (tag >= _layout.depth || _pending[tag] != &r) {
+        return false;
+    }
+    _pending[tag] = nullptr;
+    --_in_flight;
+    if (_on_ring[tag] == k_out) {
+        // The back end still holds the chain and may write into its slot at
+        // any time: nothing goes on this connection's ring again, and the
+        // connection is replaced.
+        _on_ring[tag] = k_held;
+        bump(_given_up);
+        _link.request_reset(_generation);
+    }
+    return true;
 }
 
 void driver_queue::prepare(io_request& r, bool flush_after_write)
@@ -235,8 +376,11 @@ void driver_queue::complete(uint32_t id)
 {
     const uint32_t tag = _layout.indirect ? id : id / 3;
     const bool valid = _layout.indirect ? id < _layout.depth : id % 3 == 0 && tag < _layout.depth;
-    if (!valid || _pending[tag] == nullptr) {
-        ++_bogus;  // a back end that returns what it never got: ignored
+    if (!valid || _pending[tag] == nullptr || _on_ring[tag] != k_out) {
+        // A back end that returns what it never got, or a chain given up
+        // (timed out) that the back end of a connection being replaced
+        // returns late: ignored.
+        bump(_bogus);
         return;
     }
     io_request& r = *_pending[tag];
@@ -253,7 +397,7 @@ void driver_queue::complete(uint32_t id)
                 // Virtio 1.2 has no FUA: make the write durable with a FLUSH
                 // on the same tag before it completes.
                 _fua_pending[tag] = 1;
-                prepare(r, true);
+                place(r, true);
                 return;
             }
             result = static_cast<int>(r.length);
@@ -276,6 +420,7 @@ void driver_queue::complete(uint32_t id)
         result = static_cast<int>(r.length);  // the FLUSH after a FUA write
     }
     _pending[tag] = nullptr;
+    _on_ring[tag] = k_held;
     --_in_flight;
     deliver(r, result);
 }
@@ -285,6 +430,7 @@ void driver_queue::fail_all(int result)
     for (uint32_t t = 0; t < _layout.depth; ++t) {
         if (io_request* r = _pending[t]) {
             _pending[t] = nullptr;
+            _on_ring[t] = k_held;
             --_in_flight;
             deliver(*r, result);
         }
@@ -293,6 +439,9 @@ void driver_queue::fail_all(int result)
 
 unsigned driver_queue::poll()
 {
+    if (_generation != _link.wanted()) {
+        move_on();
+    }
     if (_ring.has_unpublished() && _ring.publish()) {
         kick(_layout.kick_fd);
     }
@@ -322,7 +471,7 @@ unsigned driver_queue::poll()
     if (_layout.polling) {
         _ring.disable_interrupts();
     }
-    if (_in_flight != 0 && _dead.load(std::memory_order_relaxed)) {
+    if (_in_flight != 0 && _link.dead()) {
         fail_all(-EIO);
     }
     return done;

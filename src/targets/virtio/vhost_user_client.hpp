@@ -3,7 +3,9 @@
 // back end's socket, negotiate features, share memory, set up vrings.
 // Control path only: every call blocks until the back end answered (with
 // REPLY_ACK when the back end has it, so that a setting is in force when
-// the call returns).
+// the call returns), or until the connection's deadline: connecting and the
+// whole handshake share one (connect_timeout), so a back end that answers
+// slowly cannot add its delays up.
 #pragma once
 
 #include <cstdint>
@@ -23,9 +25,13 @@ public:
     vhost_user_client& operator=(vhost_user_client&& other) noexcept;
 
     // Connects to the back end listening on `path`, retrying while the
-    // socket is not there yet or refuses, for up to `timeout_ms`. Replies
-    // that take longer than that fail.
-    static result<vhost_user_client> connect(const std::string& path, uint32_t timeout_ms);
+    // socket is not there yet, refuses or has a full backlog, and sets the
+    // deadline of every later call: `timeout_ms` from now (connect_timeout).
+    // A path that exists and is not a socket fails at once. A readable
+    // `cancel_fd` (-1: none; not owned) ends any wait with ECANCELED. Errors
+    // name the path, the message and connect_timeout.
+    static result<vhost_user_client> connect(const std::string& path, uint32_t timeout_ms,
+                                             int cancel_fd = -1);
 
     int fd() const { return _fd; }
     const std::string& path() const { return _path; }
@@ -59,10 +65,22 @@ private:
     result<virtio::vhost_user::message> await_reply(const virtio::vhost_user::message& m,
                                                     uint32_t size);
     error failure(const virtio::vhost_user::message& m, const std::string& what) const;
+    error timeout(const virtio::vhost_user::message& m, bool sending) const;
+    // Waits until the socket can take a message (send) or holds a whole one
+    // (or its end) that receive() then reads without blocking; the socket's
+    // time-outs are set to what is left. Returns 0, -ETIMEDOUT at the
+    // deadline, -ECANCELED, or -errno.
+    int wait_until_writable() const;
+    int wait_for_message() const;
+    // Milliseconds to the deadline, rounded up; 0 once it passed.
+    int remaining_ms() const;
 
     int _fd = -1;
     std::string _path;
     bool _reply_ack = false;
+    uint64_t _deadline_ns = 0;  // CLOCK_MONOTONIC
+    uint32_t _timeout_ms = 0;
+    int _cancel_fd = -1;
 };
 
 }  // namespace softblk::virtio_driver
