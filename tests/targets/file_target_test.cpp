@@ -431,6 +431,38 @@ TEST_F(file_target_test, SizeWrittenLiveRefusesWhatCreationRefuses)
     EXPECT_EQ(current_capacity(d->limits()), 4u << 20);
 }
 
+TEST_F(file_target_test, PseudoFileSystemsAreRefusedAsImages)
+{
+    // Accepted once, and an NBD write renamed a daemon thread.
+    int code = 0;
+    std::string msg = refused({"path=/proc/self/comm", "size=4096", "create=1"}, &code);
+    EXPECT_EQ(code, EINVAL);
+    EXPECT_NE(msg.find("path=/proc/self/comm: a file of proc, a kernel interface rather than "
+                       "storage"),
+              std::string::npos)
+        << msg;
+    // Through a link too, and read-only.
+    const std::string link = path("comm");
+    ASSERT_EQ(::symlink("/proc/self/comm", link.c_str()), 0);
+    msg = refused({"path=" + link, "read_only=1"});
+    EXPECT_NE(msg.find("a file of proc"), std::string::npos) << msg;
+    if (exists("/sys/kernel/uevent_seqnum")) {
+        msg = refused({"path=/sys/kernel/uevent_seqnum", "read_only=1"});
+        EXPECT_NE(msg.find("a file of sysfs"), std::string::npos) << msg;
+    }
+}
+
+TEST_F(file_target_test, ANewImageIsReadableByItsOwnerOnly)
+{
+    ::umask(022);
+    const std::string img = path("private.img");
+    auto d = make({"path=" + img, "size=1M", "create=1"});
+    ASSERT_TRUE(d);
+    struct stat st {};
+    ASSERT_EQ(::stat(img.c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 0777, 0600u);
+}
+
 TEST_F(file_target_test, FeaturesListTheOptions)
 {
     const target_type* t = find_target_type("file");
