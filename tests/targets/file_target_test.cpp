@@ -463,6 +463,36 @@ TEST_F(file_target_test, ANewImageIsReadableByItsOwnerOnly)
     EXPECT_EQ(st.st_mode & 0777, 0600u);
 }
 
+TEST_F(file_target_test, UndoCreateRemovesTheImageItMadeAndNothingElse)
+{
+    // The add that made the device failed (its export was refused).
+    const std::string made = path("made.img");
+    auto d = make({"path=" + made, "size=1M", "create=1"});
+    ASSERT_TRUE(d);
+    d->undo_create();
+    EXPECT_FALSE(d->powered());
+    d.reset();
+    EXPECT_FALSE(exists(made));
+
+    // An image that was there stays (grown, never truncated).
+    const std::string kept = path("kept.img");
+    make_file(kept, 1 << 20);
+    d = make({"path=" + kept, "size=2M", "create=1"});
+    ASSERT_TRUE(d);
+    d->undo_create();
+    d.reset();
+    EXPECT_EQ(file_size(kept), 2u << 20);
+
+    // A file someone put in the new image's place is not the one made.
+    d = make({"path=" + made, "size=1M", "create=1"});
+    ASSERT_TRUE(d);
+    make_file(path("other.img"), 4096);
+    ASSERT_EQ(::rename(path("other.img").c_str(), made.c_str()), 0);
+    d->undo_create();
+    d.reset();
+    EXPECT_EQ(file_size(made), 4096u);
+}
+
 TEST_F(file_target_test, FeaturesListTheOptions)
 {
     const target_type* t = find_target_type("file");

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <fcntl.h>
 #include <fmt/core.h>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -179,6 +180,15 @@ public:
         }
         return file_engine::map_extents(_file->buffered_fd(), offset, end - offset,
                                         _limits.logical_block_size, out);
+    }
+
+    // The add that made this device failed: an image this target created
+    // goes, if it is still that file.
+    void remove_created() override
+    {
+        if (_file->created()) {
+            remove_if_same(AT_FDCWD, _file->path(), _file->identity());
+        }
     }
 
     void describe(nlohmann::json& out) const override
