@@ -431,6 +431,32 @@ TEST_F(file_target_test, SizeWrittenLiveRefusesWhatCreationRefuses)
     EXPECT_EQ(current_capacity(d->limits()), 4u << 20);
 }
 
+TEST_F(file_target_test, CreateWithSizeZeroTakesAnExistingImageSoSizeZeroSurvivesAPowerCycle)
+{
+    const std::string img = path("whole.img");
+    auto d = make({"path=" + img, "size=8M", "create=1"});
+    ASSERT_TRUE(d);
+    ASSERT_EQ(::truncate(img.c_str(), 12 << 20), 0);
+    ASSERT_TRUE(d->set_option("size", "0"));  // losetup -c: the whole file
+    EXPECT_EQ(current_capacity(d->limits()), 12u << 20);
+    // Power cycled (and after a daemon restart, which makes the device
+    // from the same options), it comes back with the whole image.
+    ASSERT_TRUE(d->set_power(false));
+    auto on = d->set_power(true);
+    ASSERT_TRUE(on) << on.error().message;
+    EXPECT_EQ(current_capacity(d->limits()), 12u << 20);
+    d.reset();
+    auto again = make({"path=" + img, "size=0", "create=1"});
+    ASSERT_TRUE(again);
+    EXPECT_EQ(current_capacity(again->limits()), 12u << 20);
+    again.reset();
+    // A missing image still needs a size to be made.
+    const std::string missing = path("missing.img");
+    const std::string msg = refused({"path=" + missing, "size=0", "create=1"});
+    EXPECT_NE(msg.find("create=1 needs size="), std::string::npos) << msg;
+    EXPECT_FALSE(exists(missing));
+}
+
 TEST_F(file_target_test, PseudoFileSystemsAreRefusedAsImages)
 {
     // Accepted once, and an NBD write renamed a daemon thread.

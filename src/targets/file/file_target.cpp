@@ -337,10 +337,10 @@ result<std::unique_ptr<target>> create_file(const option_set& o)
                             .buffered_io = o.flag("buffered_io"),
                             .create = o.flag("create"),
                             .grow_to = *size};
-    if (fo.create && *size == 0) {
-        return make_error(
-            EINVAL, fmt::format("path={}: create=1 needs size= (how large the file is)", path));
-    }
+    // create=1 with size=0 takes an existing file whole, as without
+    // create=1 (what `set size=0` leaves in the saved options, so that a
+    // restart brings the device back); a missing file needs a size
+    // (backing_file says so).
     // Everything that depends on the file is checked after it is opened
     // and before it is grown, so that a refusal creates or changes nothing.
     uint32_t bs = 0;
