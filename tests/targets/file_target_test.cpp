@@ -431,6 +431,30 @@ TEST_F(file_target_test, SizeWrittenLiveRefusesWhatCreationRefuses)
     EXPECT_EQ(current_capacity(d->limits()), 4u << 20);
 }
 
+TEST_F(file_target_test, SizeIsCheckedWhenWrittenAlsoWhilePoweredOff)
+{
+    const std::string img = path("off.img");
+    auto d = make({"path=" + img, "size=1M", "create=1"});
+    ASSERT_TRUE(d);
+    ASSERT_TRUE(d->set_power(false));
+    // Refused now, not at the next power on.
+    auto negative = d->set_option("size", "-1");
+    ASSERT_FALSE(negative);
+    EXPECT_EQ(negative.error().code.value(), EINVAL);
+    EXPECT_NE(negative.error().message.find("size=-1: not a size"), std::string::npos)
+        << negative.error().message;
+    auto huge = d->set_option("size", "16E");
+    ASSERT_FALSE(huge);
+    EXPECT_EQ(huge.error().code.value(), ERANGE);
+    EXPECT_NE(huge.error().message.find("size=16E: too large"), std::string::npos)
+        << huge.error().message;
+    EXPECT_EQ(d->get_option("size").value_or(""), "1M\n") << "a refused value is not kept";
+    // A fraction that gives whole bytes is a size.
+    ASSERT_TRUE(d->set_option("size", "1.5M"));
+    ASSERT_TRUE(d->set_power(true));
+    EXPECT_EQ(current_capacity(d->limits()), 3u << 19);
+}
+
 TEST_F(file_target_test, CreateWithSizeZeroTakesAnExistingImageSoSizeZeroSurvivesAPowerCycle)
 {
     const std::string img = path("whole.img");

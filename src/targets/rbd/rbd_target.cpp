@@ -706,9 +706,8 @@ result<std::unique_ptr<target>> create_rbd(const option_set& o)
     }
     auto size = parse_size(o.text("size"));
     if (!size) {
-        return make_error(EINVAL, fmt::format("size={}: not a size in bytes (e.g. 1073741824, "
-                                              "64M, 2G)",
-                                              o.text("size")));
+        return make_error(size.error().code.value(),
+                          fmt::format("size={}: {}", o.text("size"), size.error().message));
     }
     if (create && *size == 0) {
         return make_error(EINVAL, fmt::format("image={}: create=1 needs size= (how large the "
