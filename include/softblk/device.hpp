@@ -370,6 +370,15 @@ public:
     virtual result<void> set_power(bool on) = 0;
     virtual bool powered() const = 0;
 
+    // The caller's add failed after create() returned (its export was
+    // refused, its state could not be written): powers the device off and
+    // removes what making its target created on disk (an image create=1
+    // made, zone files), each only if it is still the file created; what
+    // existed before stays (target::remove_created). The caller then
+    // destroys the device. Control thread; nobody may be driving the
+    // queues.
+    virtual void undo_create() = 0;
+
     // One configfs write of attribute `key` (a name or an alias, or
     // "power"): the value is parsed first (EINVAL, ERANGE), then the
     // attribute's update rule applies (option_update): EBUSY for one that

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include <softblk/target.hpp>
+#include <softblk/support/trusted_dir.hpp>
 #include <softblk/types.hpp>
 
 struct io_uring;
@@ -49,6 +50,15 @@ struct backing_file_options {
     // `create` is set; 0: keep the size it has. Growing happens last, after
     // every check passed.
     uint64_t grow_to = 0;
+    // The directory that holds `path`, opened and checked by the caller
+    // (zloop's BASE_DIR/ID), or -1. The file is then opened as `path`'s
+    // last component relative to it, so that a directory swapped in after
+    // the caller's check cannot redirect the open.
+    int dir_fd = -1;
+    // A file softblk names itself (a zone file), not one its user chose: a
+    // symbolic link there was planted, and is refused (O_NOFOLLOW), as is
+    // anything but a regular file.
+    bool own_file = false;
 };
 
 // The caller's checks of an opened file (block size, size), run after it is
@@ -62,12 +72,16 @@ using backing_file_check = std::function<result<void>(const backing_file&)>;
 class backing_file {
 public:
     // Opens `path` (absolute) as `options` say, refusing a directory, a
-    // special file, a path locked by another device (flock: exclusive when
-    // writable, shared when read-only) and, on a file system that refuses
-    // O_DIRECT, nothing: it falls back to buffered I/O and says why in
-    // direct_refused(). Errors name the path and the cause; on error nothing
-    // was created, grown or truncated. `check` (optional) vets the file
-    // before it is grown. Control thread.
+    // special file, a file on a pseudo file system (proc, sysfs, debugfs,
+    // configfs, cgroup ...: kernel interfaces, not storage), a path locked
+    // by another device (flock: exclusive when writable, shared when
+    // read-only) and, on a file system that refuses O_DIRECT, nothing: it
+    // falls back to buffered I/O and says why in direct_refused(). Both
+    // descriptors are checked to be the file first looked at (device and
+    // inode). A file it creates is created with O_EXCL (never through a
+    // link) and mode 0600. Errors name the path and the cause; on error
+    // nothing was created, grown or truncated. `check` (optional) vets the
+    // file before it is grown. Control thread.
     static result<std::unique_ptr<backing_file>> open(const std::string& path,
                                                       const backing_file_options& options,
                                                       const backing_file_check& check = {});
@@ -86,6 +100,11 @@ public:
     // or when buffered_io=1).
     const std::string& direct_refused() const { return _direct_refused; }
     bool block_device() const { return _block_device; }
+    // This open created the file (create=1 and it was missing).
+    bool created() const { return _created; }
+    // The file's device and inode (for remove_if_same: undoing a creation
+    // removes the file only if it is still this one).
+    const file_identity& identity() const { return _identity; }
     // The file lives in RAM (tmpfs, ramfs): such files have no
     // FMODE_NOWAIT, so io_uring would hand every request on them to a
     // worker thread; the ring copies their data with pread/pwrite instead.
@@ -125,6 +144,8 @@ private:
     bool _direct = false;
     std::string _direct_refused;
     bool _block_device = false;
+    bool _created = false;
+    file_identity _identity;
     bool _memory_fs = false;
     bool _read_only = false;
     std::atomic<uint64_t> _size{0};

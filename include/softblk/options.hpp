@@ -80,6 +80,11 @@ struct option_def {
     option_update update = option_update::powered_off;
     // The attribute can be written and not read (zone_readonly).
     bool write_only = false;
+    // Text options: checks a value when it is written (at creation and by
+    // set_option, powered on or off), so that a malformed one is refused
+    // then, not at the next power on. The error says why; the caller
+    // prefixes "name=value: ". nullptr: any text.
+    result<void> (*check)(std::string_view text) = nullptr;
 };
 
 // The kernel's number and boolean parsers (lib/kstrtox.c), which configfs
@@ -167,8 +172,11 @@ private:
     std::map<std::string, value, std::less<>> _values;
 };
 
-// Parses a size with an optional binary suffix (K, M, G, T, with or
-// without "iB"/"B"), e.g. "4G" -> 4294967296. Used by friendly CLI flags.
+// Parses a size with an optional binary suffix (K, M, G, T, P, E, with or
+// without "iB"/"B"), e.g. "4G" -> 4294967296, and a decimal fraction that
+// gives whole bytes ("1.5G", "0.5K"; "1.1K" is refused). Errors (EINVAL
+// malformed, ERANGE above UINT64_MAX bytes) say why without repeating
+// `text`. Used by friendly CLI flags and byte-size options.
 result<uint64_t> parse_size(std::string_view text);
 
 }  // namespace softblk

@@ -161,6 +161,14 @@ public:
     // State for `softblk list --json`: counters, cache fill, bad blocks...
     virtual void describe(nlohmann::json& out) const {}
 
+    // Making the device failed after this target was made (an export was
+    // refused, a decorator or a queue could not be set up): removes what
+    // making it created on disk (an image create=1 made, zone files), each
+    // only if it is still the file created (device and inode, never
+    // through a link); what existed before stays. Called at most once,
+    // before the target is destroyed, with no queue open. Control thread.
+    virtual void remove_created() {}
+
     // A decorator that injects media errors offers them: a target that
     // checks its writes itself (the zoned ones) keeps `errors` (which
     // outlives it), calls it from its queues and returns true; the
@@ -209,6 +217,7 @@ public:
     }
     uint64_t memory_bytes() const override { return _inner->memory_bytes(); }
     void describe(nlohmann::json& out) const override { _inner->describe(out); }
+    void remove_created() override { _inner->remove_created(); }
     bool take_media_errors(media_errors* errors) override
     {
         return _inner->take_media_errors(errors);

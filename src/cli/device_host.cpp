@@ -324,6 +324,7 @@ result<void> device_host::create(hosted_device& entry)
     entry.dev = std::move(*dev);
     if (entry.dev->powered()) {
         if (auto started = start_entry_export(entry); !started) {
+            entry.dev->undo_create();  // an image or zone files it made go
             entry.dev.reset();
             return started;
         }
@@ -444,6 +445,8 @@ result<nlohmann::json> device_host::add(const add_request& request)
         if (entry.exp) {
             (void)entry.exp->stop();
         }
+        entry.exp.reset();
+        entry.dev->undo_create();
         return std::unexpected(written.error());
     }
     ++_next_sequence;

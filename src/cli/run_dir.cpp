@@ -1,97 +1,30 @@
 #include "run_dir.hpp"
 
 #include <cerrno>
-#include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <fcntl.h>
-#include <pwd.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <vector>
 
 #include <fmt/format.h>
+
+#include <softblk/support/trusted_dir.hpp>
 
 namespace softblk::cli {
 
 namespace {
 
-// "uid 65534 (nobody)".
-std::string describe_uid(uid_t uid)
-{
-    passwd pw{};
-    passwd* found = nullptr;
-    char buf[1024];
-    if (::getpwuid_r(uid, &pw, buf, sizeof buf, &found) == 0 && found != nullptr) {
-        return fmt::format("uid {} ({})", uid, found->pw_name);
-    }
-    return fmt::format("uid {}", uid);
-}
+// The run directory is the caller's own (docs/reliability.md, "Run
+// directory").
+constexpr directory_rules k_run_dir_rules{
+    .role = "the run directory",
+    .remedy = "use a directory of your own (SOFTBLK_RUN_DIR)",
+};
 
-std::string mode_text(mode_t mode)
-{
-    return fmt::format("{:04o}", mode & 07777);
-}
-
-// A directory above the run directory: owned by root or us, and if others
-// may write it, sticky (nobody can rename what is ours in it).
-result<void> check_ancestor(const std::string& path, const std::string& run_dir)
-{
-    struct stat st {};
-    if (::lstat(path.c_str(), &st) != 0) {
-        return make_error(errno, fmt::format("{} (above the run directory {}): {}", path, run_dir,
-                                             std::strerror(errno)));
-    }
-    const uid_t me = ::geteuid();
-    if (st.st_uid != 0 && st.st_uid != me) {
-        return make_error(EPERM,
-                          fmt::format("{} (above the run directory {}) is owned by {}, not by root "
-                                      "or {}: that user could replace the run directory; use a "
-                                      "directory of your own (SOFTBLK_RUN_DIR)",
-                                      path, run_dir, describe_uid(st.st_uid), describe_uid(me)));
-    }
-    if (S_ISLNK(st.st_mode)) {
-        return {};  // owned by root or us: only we can change where it points
-    }
-    if (!S_ISDIR(st.st_mode)) {
-        return make_error(ENOTDIR, fmt::format("{} (above the run directory {}) is not a directory",
-                                               path, run_dir));
-    }
-    if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0 && (st.st_mode & S_ISVTX) == 0) {
-        return make_error(
-            EPERM, fmt::format("{} (above the run directory {}) has mode {}: other users may "
-                               "write it without the sticky bit, so they could replace the "
-                               "run directory; use a directory of your own",
-                               path, run_dir, mode_text(st.st_mode)));
-    }
-    return {};
-}
-
-// Every directory above `path`, as given and as resolved, passes
-// check_ancestor; `existing_only` skips those that do not exist (yet).
 result<void> check_ancestors(const std::string& path, bool existing_only = false)
 {
-    std::vector<std::string> chain;
-    auto add_prefixes = [&chain](const std::string& p) {
-        for (size_t pos = p.find('/', 1); pos != std::string::npos; pos = p.find('/', pos + 1)) {
-            chain.push_back(p.substr(0, pos));
-        }
-    };
-    add_prefixes(path);
-    char resolved[PATH_MAX];
-    if (::realpath(path.c_str(), resolved) != nullptr) {
-        add_prefixes(resolved);
-    }
-    for (const std::string& dir : chain) {
-        struct stat st {};
-        if (existing_only && ::lstat(dir.c_str(), &st) != 0) {
-            continue;
-        }
-        if (auto ok = check_ancestor(dir, path); !ok) {
-            return ok;
-        }
-    }
-    return {};
+    return check_dirs_above(path, k_run_dir_rules, existing_only);
 }
 
 }  // namespace
@@ -160,32 +93,7 @@ result<void> make_directories(const std::string& path, unsigned mode)
 
 result<void> check_private_directory(const std::string& path)
 {
-    struct stat st {};
-    if (::lstat(path.c_str(), &st) != 0) {
-        return make_error(errno, fmt::format("{}: {}", path, std::strerror(errno)));
-    }
-    if (S_ISLNK(st.st_mode)) {
-        return make_error(ELOOP, fmt::format("{} is a symbolic link; the daemon keeps its files "
-                                             "only in a directory of its own: remove the link",
-                                             path));
-    }
-    if (!S_ISDIR(st.st_mode)) {
-        return make_error(ENOTDIR, fmt::format("{} is not a directory", path));
-    }
-    const uid_t me = ::geteuid();
-    if (st.st_uid != me) {
-        return make_error(EPERM, fmt::format("{} is owned by {}, not by {} (who runs softblk): "
-                                             "another user could plant files in it; use a "
-                                             "directory of your own (SOFTBLK_RUN_DIR) or chown it",
-                                             path, describe_uid(st.st_uid), describe_uid(me)));
-    }
-    if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
-        return make_error(EPERM, fmt::format("{} has mode {}: it is writable by other users, who "
-                                             "could plant files in it; `chmod go-w {}` or use "
-                                             "another directory",
-                                             path, mode_text(st.st_mode), path));
-    }
-    return {};
+    return check_trusted_dir(path, k_run_dir_rules);
 }
 
 result<void> check_run_dir(const run_paths& paths)

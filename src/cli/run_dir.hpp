@@ -9,7 +9,9 @@
 // every directory above it owned by root or the caller and, if others may
 // write it, sticky (as /tmp). Files in it are opened with O_NOFOLLOW and
 // O_CLOEXEC (open_run_file) and temporary files are created afresh with
-// O_EXCL, so a link planted there is never followed.
+// O_EXCL, so a link planted there is never followed. The checks are
+// softblk/support/trusted_dir.hpp's, which the zloop target's base_dir
+// passes too.
 #pragma once
 
 #include <string>

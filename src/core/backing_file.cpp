@@ -73,6 +73,92 @@ bool power_of_two(uint64_t v)
     return v != 0 && (v & (v - 1)) == 0;
 }
 
+// Not in <linux/magic.h>: configfs's and fusectl's.
+constexpr unsigned long k_configfs_magic = 0x62656570;
+constexpr unsigned long k_fusectl_magic = 0x65735543;
+
+// The name of pseudo file system `type`, or nullptr for any other. Its
+// files are the kernel's interfaces, not storage: a write renames a thread
+// (/proc/self/comm), changes a setting, moves a process to a cgroup.
+const char* pseudo_file_system(unsigned long type)
+{
+    switch (type) {
+    case PROC_SUPER_MAGIC:
+        return "proc";
+    case SYSFS_MAGIC:
+        return "sysfs";
+    case DEBUGFS_MAGIC:
+        return "debugfs";
+    case k_configfs_magic:
+        return "configfs";
+    case CGROUP_SUPER_MAGIC:
+        return "cgroup";
+    case CGROUP2_SUPER_MAGIC:
+        return "cgroup2";
+    case TRACEFS_MAGIC:
+        return "tracefs";
+    case SECURITYFS_MAGIC:
+        return "securityfs";
+    case BPF_FS_MAGIC:
+        return "bpf";
+    case PSTOREFS_MAGIC:
+        return "pstore";
+    case EFIVARFS_MAGIC:
+        return "efivarfs";
+    case SELINUX_MAGIC:
+        return "selinuxfs";
+    case SMACK_MAGIC:
+        return "smackfs";
+    case BINFMTFS_MAGIC:
+        return "binfmt_misc";
+    case RDTGROUP_SUPER_MAGIC:
+        return "resctrl";
+    case NSFS_MAGIC:
+        return "nsfs";
+    case k_fusectl_magic:
+        return "fusectl";
+    default:
+        return nullptr;
+    }
+}
+
+result<void> check_file_system(const std::string& path, const struct statfs& fs)
+{
+    if (const char* name = pseudo_file_system(static_cast<unsigned long>(fs.f_type))) {
+        return make_error(EINVAL, fmt::format("path={}: a file of {}, a kernel interface rather "
+                                              "than storage; give an image file or a block device",
+                                              path, name));
+    }
+    return {};
+}
+
+// What `st` (the path, or what it opened) is must be what `options` take.
+result<void> check_type(const std::string& path, const struct stat& st,
+                        const backing_file_options& options)
+{
+    if (options.own_file && S_ISLNK(st.st_mode)) {
+        return make_error(ELOOP, fmt::format("path={}: a symbolic link, where softblk keeps a "
+                                             "file of its own; it does not follow links there: "
+                                             "remove it",
+                                             path));
+    }
+    if (S_ISDIR(st.st_mode)) {
+        return make_error(EISDIR, fmt::format("path={}: is a directory; give an image file or a "
+                                              "block device",
+                                              path));
+    }
+    if (options.own_file && !S_ISREG(st.st_mode)) {
+        return make_error(EINVAL, fmt::format("path={}: not a regular file, where softblk "
+                                              "keeps one of its own: remove what took its place",
+                                              path));
+    }
+    if (!S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode)) {
+        return make_error(EINVAL,
+                          fmt::format("path={}: not a regular file or a block device", path));
+    }
+    return {};
+}
+
 }  // namespace
 
 backing_file::~backing_file()
@@ -109,11 +195,15 @@ result<std::unique_ptr<backing_file>> backing_file::open(const std::string& path
     std::unique_ptr<backing_file> f(new backing_file());
     f->_path = path;
     f->_read_only = options.read_only;
+    // With the caller's directory, the file is its entry there.
+    const int at = options.dir_fd >= 0 ? options.dir_fd : AT_FDCWD;
+    const std::string name = options.dir_fd >= 0 ? path.substr(path.rfind('/') + 1) : path;
+    const int no_follow = options.own_file ? O_NOFOLLOW : 0;
 
     // What is there now decides whether this call creates the file.
     struct stat st {};
     bool exists = true;
-    if (::stat(path.c_str(), &st) != 0) {
+    if (::fstatat(at, name.c_str(), &st, options.own_file ? AT_SYMLINK_NOFOLLOW : 0) != 0) {
         const int err = errno;
         if (err != ENOENT || !options.create) {
             if (err == ENOENT) {
@@ -129,23 +219,31 @@ result<std::unique_ptr<backing_file>> backing_file::open(const std::string& path
                                                   "size= to know how large to make it",
                                                   path));
         }
-    } else if (S_ISDIR(st.st_mode)) {
-        return make_error(EISDIR, fmt::format("path={}: is a directory; give an image file or a "
-                                              "block device",
-                                              path));
-    } else if (!S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode)) {
-        return make_error(EINVAL,
-                          fmt::format("path={}: not a regular file or a block device", path));
+    } else if (auto ok = check_type(path, st, options); !ok) {
+        return std::unexpected(ok.error());
     }
-    f->_block_device = exists && S_ISBLK(st.st_mode);
+    if (exists) {
+        // Refused before it is opened: opening a kernel interface may do
+        // something already.
+        struct statfs fs {};
+        const int rc =
+            options.dir_fd >= 0 ? ::fstatfs(options.dir_fd, &fs) : ::statfs(path.c_str(), &fs);
+        if (rc == 0) {
+            if (auto ok = check_file_system(path, fs); !ok) {
+                return std::unexpected(ok.error());
+            }
+        }
+    }
 
     const int access = options.read_only ? O_RDONLY : O_RDWR;
     // The buffered descriptor first: it is the one that creates the file
     // (an O_DIRECT open on a file system that refuses it fails only after
-    // creating the file, which would leave it behind).
+    // creating the file, which would leave it behind). A new file is made
+    // with O_EXCL, which never follows a link, and only its owner may read
+    // it: it is to hold a device's data.
     fd_guard buffered;
-    bool created = false;
-    buffered.fd = ::open(path.c_str(), access | O_CLOEXEC | (exists ? 0 : O_CREAT | O_EXCL), 0644);
+    buffered.fd = ::openat(at, name.c_str(),
+                           access | O_CLOEXEC | no_follow | (exists ? 0 : O_CREAT | O_EXCL), 0600);
     if (buffered.fd < 0) {
         const int err = errno;
         std::string cause = errno_text(err);
@@ -157,25 +255,51 @@ result<std::unique_ptr<backing_file>> backing_file::open(const std::string& path
             cause = "the file system is read-only (give read_only=1)";
         } else if (err == EBUSY) {
             cause = "the block device is in use";
+        } else if ((err == ELOOP && options.own_file) || err == EEXIST) {
+            cause =
+                "it was replaced while being opened (a symbolic link or a new file took its "
+                "place); try again, and check who else writes to its directory";
         }
         return make_error(err, fmt::format("path={}: {}", path, cause));
     }
-    created = !exists;
-    // Whatever fails from here removes the file this call created.
+    // The file opened must be the one looked at (a link or a file swapped
+    // in between is refused), and is what it says it is.
+    struct stat opened {};
+    if (::fstat(buffered.fd, &opened) != 0) {
+        const int err = errno;
+        return make_error(err, fmt::format("path={}: {}", path, errno_text(err)));
+    }
+    if (exists && identity_of(opened) != identity_of(st)) {
+        return make_error(EAGAIN, fmt::format("path={}: it was replaced while being opened; try "
+                                              "again, and check who else writes to its directory",
+                                              path));
+    }
+    st = opened;
+    f->_created = !exists;
+    f->_identity = identity_of(st);
+    // Whatever fails from here removes the file this call created (if it
+    // is still the one it created).
     struct unlink_guard {
-        const std::string& path;
+        int at;
+        const std::string& name;
+        file_identity id;
         bool armed;
         ~unlink_guard()
         {
             if (armed) {
-                ::unlink(path.c_str());
+                remove_if_same(at, name, id);
             }
         }
-    } remove_created{path, created};
-    if (created && ::fstat(buffered.fd, &st) != 0) {
-        const int err = errno;
-        return make_error(err, fmt::format("path={}: {}", path, errno_text(err)));
+    } remove_created{at, name, f->_identity, f->_created};
+    if (auto ok = check_type(path, st, options); !ok) {
+        return std::unexpected(ok.error());
     }
+    if (struct statfs fs{}; ::fstatfs(buffered.fd, &fs) == 0) {
+        if (auto ok = check_file_system(path, fs); !ok) {
+            return std::unexpected(ok.error());
+        }
+    }
+    f->_block_device = S_ISBLK(st.st_mode);
 
     // One device per image: flock is per open file description, so two
     // devices in one process conflict as two processes do. Read-only
@@ -196,7 +320,15 @@ result<std::unique_ptr<backing_file>> backing_file::open(const std::string& path
         // A writable block device is claimed exclusively (O_EXCL), so that
         // a mounted file system or another holder is refused.
         const int excl = f->_block_device && !options.read_only ? O_EXCL : 0;
-        direct.fd = ::open(path.c_str(), access | O_CLOEXEC | O_DIRECT | excl);
+        direct.fd = ::openat(at, name.c_str(), access | O_CLOEXEC | O_DIRECT | no_follow | excl);
+        struct stat same {};
+        if (direct.fd >= 0 &&
+            (::fstat(direct.fd, &same) != 0 || identity_of(same) != f->_identity)) {
+            return make_error(EAGAIN, fmt::format("path={}: it was replaced while being opened; "
+                                                  "try again, and check who else writes to its "
+                                                  "directory",
+                                                  path));
+        }
         if (direct.fd < 0) {
             const int err = errno;
             if (err != EINVAL) {

@@ -436,6 +436,7 @@ result<void> device_impl::power_on()
             std::make_unique<queue_impl>(*this, i, i >= q.submit_queues, q.queue_depth, pool);
         if (auto r = queue->open(*_target); !r) {
             _queues.clear();
+            _target->remove_created();
             _target.reset();
             return make_error(r.error().code.value(),
                               fmt::format("queue {}: {}", i, r.error().message));
@@ -445,6 +446,17 @@ result<void> device_impl::power_on()
     cfg.set_flag("power", true);
     _powered.store(true, std::memory_order_relaxed);
     return {};
+}
+
+void device_impl::undo_create()
+{
+    _powered.store(false, std::memory_order_relaxed);
+    _queues.clear();
+    if (_target) {
+        _target->remove_created();  // (no queue open, as it asks)
+    }
+    _target.reset();
+    _options.set_flag("power", false);
 }
 
 void device_impl::power_off()

@@ -36,6 +36,7 @@ public:
     result<void> set_power(bool on) override;
     result<void> set_zone_condition(uint64_t offset, zone_condition condition) override;
     bool powered() const override { return _powered.load(std::memory_order_relaxed); }
+    void undo_create() override;
     result<void> set_option(std::string_view key, std::string_view value) override;
     bool releases_queues(std::string_view key) const override;
     result<std::string> get_option(std::string_view key) const override;

@@ -226,6 +226,12 @@ result<void> option_set::store(const option_def& def, std::string_view text, boo
         if (!t.empty() && t.back() == '\n') {
             t.remove_suffix(1);  // what `echo` adds
         }
+        if (def.check != nullptr) {
+            if (auto ok = def.check(t); !ok) {
+                return make_error(ok.error().code.value(),
+                                  fmt::format("{}={}: {}", def.name, t, ok.error().message));
+            }
+        }
         if (def.repeatable && given) {
             v.texts.emplace_back(t);
         }
@@ -443,59 +449,97 @@ std::vector<std::string> option_set::to_args() const
 
 result<uint64_t> parse_size(std::string_view text)
 {
+    constexpr std::string_view k_form =
+        "a number of bytes, with K, M, G, T, P or E for binary "
+        "units (64M, 1.5G)";
     size_t i = 0;
     while (i < text.size() && text[i] >= '0' && text[i] <= '9') {
         ++i;
     }
     if (i == 0) {
-        return make_error(EINVAL, fmt::format("{}: not a size (e.g. 512M, 4G)", text));
+        return make_error(EINVAL, fmt::format("not a size: give {}", k_form));
     }
+    const std::string_view whole = text.substr(0, i);
+    std::string_view fraction;
+    if (i < text.size() && text[i] == '.') {
+        const size_t start = ++i;
+        while (i < text.size() && text[i] >= '0' && text[i] <= '9') {
+            ++i;
+        }
+        fraction = text.substr(start, i - start);
+        if (fraction.empty()) {
+            return make_error(EINVAL, fmt::format("not a size: give {}", k_form));
+        }
+    }
+    // A size is at most UINT64_MAX bytes: 16E - 1.
+    constexpr std::string_view k_too_large =
+        "too large: a size is at most 16E - 1 byte "
+        "(18446744073709551615)";
     uint64_t number = 0;
-    for (size_t k = 0; k < i; ++k) {
-        const unsigned d = static_cast<unsigned>(text[k] - '0');
+    for (const char c : whole) {
+        const unsigned d = static_cast<unsigned>(c - '0');
         if (number > (UINT64_MAX - d) / 10) {
-            return make_error(ERANGE, fmt::format("{}: too large", text));
+            return make_error(ERANGE, std::string(k_too_large));
         }
         number = number * 10 + d;
     }
     std::string_view suffix = text.substr(i);
     unsigned shift = 0;
     if (!suffix.empty()) {
-        switch (suffix[0]) {
-        case 'k':
-        case 'K':
-            shift = 10;
-            break;
-        case 'm':
-        case 'M':
-            shift = 20;
-            break;
-        case 'g':
-        case 'G':
-            shift = 30;
-            break;
-        case 't':
-        case 'T':
-            shift = 40;
-            break;
-        case 'b':
-        case 'B':
-            shift = 0;
-            break;
-        default:
+        constexpr std::string_view k_units = "BKMGTPE";
+        const char unit = static_cast<char>(suffix[0] >= 'a' ? suffix[0] - 'a' + 'A' : suffix[0]);
+        const size_t index = k_units.find(unit);
+        const std::string_view rest = suffix.substr(1);
+        if (index == std::string_view::npos || !(rest.empty() || rest == "iB" || rest == "B")) {
             return make_error(EINVAL,
-                              fmt::format("{}: unknown size suffix (use K, M, G or T)", text));
+                              fmt::format("unknown size suffix '{}': give {}", suffix, k_form));
         }
-        std::string_view rest = suffix.substr(1);
-        if (!(rest.empty() || rest == "iB" || rest == "B" || (shift == 0 && rest.empty()))) {
-            return make_error(EINVAL,
-                              fmt::format("{}: unknown size suffix (use K, M, G or T)", text));
+        shift = static_cast<unsigned>(index) * 10;
+    }
+    if (fraction.empty()) {
+        if (shift != 0 && number > (UINT64_MAX >> shift)) {
+            return make_error(ERANGE, std::string(k_too_large));
         }
+        return number << shift;
     }
-    if (shift != 0 && number > (UINT64_MAX >> shift)) {
-        return make_error(ERANGE, fmt::format("{}: too large", text));
+    // A decimal fraction, kept exact: (whole.fraction) * 2^shift must be a
+    // whole number of bytes, i.e. whole_and_fraction * 2^shift divisible by
+    // 10^digits = 2^digits * 5^digits.
+    if (fraction.size() > 19) {
+        return make_error(EINVAL, "not a size: at most 19 digits after the point");
     }
-    return number << shift;
+    using u128 = unsigned __int128;
+    u128 scaled = number;
+    u128 fives = 1;
+    for (const char c : fraction) {
+        scaled = scaled * 10 + static_cast<unsigned>(c - '0');
+        fives *= 5;
+    }
+    const unsigned digits = static_cast<unsigned>(fraction.size());
+    const std::string not_whole = fmt::format(
+        "not a whole number of bytes; a fraction must give whole bytes (1.5G, "
+        "0.5K), or give the size in {}",
+        shift >= 10 ? "a smaller unit" : "bytes");
+    if (scaled % fives != 0) {
+        return make_error(EINVAL, not_whole);
+    }
+    u128 value = scaled / fives;
+    if (shift >= digits) {
+        if (value > (u128{UINT64_MAX} >> (shift - digits))) {
+            return make_error(ERANGE, std::string(k_too_large));
+        }
+        value <<= shift - digits;
+    } else {
+        const u128 twos = u128{1} << (digits - shift);
+        if (value % twos != 0) {
+            return make_error(EINVAL, not_whole);
+        }
+        value /= twos;
+    }
+    if (value > UINT64_MAX) {
+        return make_error(ERANGE, std::string(k_too_large));
+    }
+    return static_cast<uint64_t>(value);
 }
 
 }  // namespace softblk

@@ -33,6 +33,27 @@ TEST(add_flags, size_must_be_whole_mebibytes_for_null)
     EXPECT_FALSE(apply_add_flags("null", {}, flags));
 }
 
+// `--size 1.5G` said "unknown size suffix (use K, M, G or T)", and 1P did
+// not parse though 1023T did.
+TEST(add_flags, size_takes_fractions_and_peta)
+{
+    add_flags flags;
+    flags.size = "1.5G";
+    auto options = apply_add_flags("null", {}, flags);
+    ASSERT_TRUE(options) << options.error().message;
+    EXPECT_EQ(*options, std::vector<std::string>{"size=1536"});
+    flags.size = "1P";
+    options = apply_add_flags("null", {}, flags);
+    ASSERT_TRUE(options) << options.error().message;
+    EXPECT_EQ(*options, std::vector<std::string>{"size=1073741824"});
+    flags.size = "1.1K";
+    options = apply_add_flags("null", {}, flags);
+    ASSERT_FALSE(options);
+    EXPECT_NE(options.error().message.find("--size 1.1K: not a whole number of bytes"),
+              std::string::npos)
+        << options.error().message;
+}
+
 TEST(add_flags, a_flag_and_the_same_key_value_option_conflict)
 {
     add_flags flags;

@@ -126,6 +126,54 @@ TEST(options, parse_size_suffixes)
     EXPECT_FALSE(parse_size("99999999999T"));
 }
 
+// 1023T parsed and 1P did not; P and E are units too, as far as 64 bits go.
+TEST(options, parse_size_takes_peta_and_exa_and_says_when_too_large)
+{
+    EXPECT_EQ(parse_size("1P").value(), 1ull << 50);
+    EXPECT_EQ(parse_size("2PiB").value(), 2ull << 50);
+    EXPECT_EQ(parse_size("15E").value(), 15ull << 60);
+    EXPECT_EQ(parse_size("16383P").value(), 16383ull << 50);
+    EXPECT_EQ(parse_size("18446744073709551615").value(), UINT64_MAX);
+    for (const char* big : {"16E", "16384P", "18446744073709551616", "99999999999T"}) {
+        auto r = parse_size(big);
+        ASSERT_FALSE(r) << big;
+        EXPECT_EQ(r.error().code.value(), ERANGE) << big;
+        EXPECT_NE(r.error().message.find("too large: a size is at most 16E - 1 byte"),
+                  std::string::npos)
+            << r.error().message;
+    }
+    auto unknown = parse_size("4Q");
+    ASSERT_FALSE(unknown);
+    EXPECT_NE(unknown.error().message.find("unknown size suffix 'Q'"), std::string::npos)
+        << unknown.error().message;
+    EXPECT_NE(unknown.error().message.find("K, M, G, T, P or E"), std::string::npos);
+}
+
+// --size 1.5G said "unknown size suffix"; a fraction that gives whole bytes
+// is a size, one that does not says so.
+TEST(options, parse_size_takes_fractions_that_give_whole_bytes)
+{
+    EXPECT_EQ(parse_size("1.5G").value(), 3ull << 29);
+    EXPECT_EQ(parse_size("0.5K").value(), 512u);
+    EXPECT_EQ(parse_size("2.25MiB").value(), 9ull << 18);
+    EXPECT_EQ(parse_size("1.50G").value(), 3ull << 29);
+    EXPECT_EQ(parse_size("0.001953125K").value(), 2u);
+    EXPECT_EQ(parse_size("15.5E").value(), 31ull << 59);
+    EXPECT_EQ(parse_size("3.0").value(), 3u);
+    for (const char* ragged : {"1.1K", "0.3M", "1.5", "1.5B", "0.0001K"}) {
+        auto r = parse_size(ragged);
+        ASSERT_FALSE(r) << ragged;
+        EXPECT_EQ(r.error().code.value(), EINVAL) << ragged;
+        EXPECT_NE(r.error().message.find("not a whole number of bytes"), std::string::npos)
+            << ragged << ": " << r.error().message;
+    }
+    EXPECT_FALSE(parse_size("16.5E"));
+    EXPECT_EQ(parse_size("15.99999999999999999E").error().code.value(), EINVAL);
+    for (const char* bad : {"1.", ".5G", "1.5.5G", "-1", "1,5G", ""}) {
+        EXPECT_FALSE(parse_size(bad)) << bad;
+    }
+}
+
 TEST(options, core_table_has_null_blk_names_and_defaults)
 {
     auto set = option_set::parse(core_options(), {});

@@ -431,6 +431,118 @@ TEST_F(file_target_test, SizeWrittenLiveRefusesWhatCreationRefuses)
     EXPECT_EQ(current_capacity(d->limits()), 4u << 20);
 }
 
+TEST_F(file_target_test, SizeIsCheckedWhenWrittenAlsoWhilePoweredOff)
+{
+    const std::string img = path("off.img");
+    auto d = make({"path=" + img, "size=1M", "create=1"});
+    ASSERT_TRUE(d);
+    ASSERT_TRUE(d->set_power(false));
+    // Refused now, not at the next power on.
+    auto negative = d->set_option("size", "-1");
+    ASSERT_FALSE(negative);
+    EXPECT_EQ(negative.error().code.value(), EINVAL);
+    EXPECT_NE(negative.error().message.find("size=-1: not a size"), std::string::npos)
+        << negative.error().message;
+    auto huge = d->set_option("size", "16E");
+    ASSERT_FALSE(huge);
+    EXPECT_EQ(huge.error().code.value(), ERANGE);
+    EXPECT_NE(huge.error().message.find("size=16E: too large"), std::string::npos)
+        << huge.error().message;
+    EXPECT_EQ(d->get_option("size").value_or(""), "1M\n") << "a refused value is not kept";
+    // A fraction that gives whole bytes is a size.
+    ASSERT_TRUE(d->set_option("size", "1.5M"));
+    ASSERT_TRUE(d->set_power(true));
+    EXPECT_EQ(current_capacity(d->limits()), 3u << 19);
+}
+
+TEST_F(file_target_test, CreateWithSizeZeroTakesAnExistingImageSoSizeZeroSurvivesAPowerCycle)
+{
+    const std::string img = path("whole.img");
+    auto d = make({"path=" + img, "size=8M", "create=1"});
+    ASSERT_TRUE(d);
+    ASSERT_EQ(::truncate(img.c_str(), 12 << 20), 0);
+    ASSERT_TRUE(d->set_option("size", "0"));  // losetup -c: the whole file
+    EXPECT_EQ(current_capacity(d->limits()), 12u << 20);
+    // Power cycled (and after a daemon restart, which makes the device
+    // from the same options), it comes back with the whole image.
+    ASSERT_TRUE(d->set_power(false));
+    auto on = d->set_power(true);
+    ASSERT_TRUE(on) << on.error().message;
+    EXPECT_EQ(current_capacity(d->limits()), 12u << 20);
+    d.reset();
+    auto again = make({"path=" + img, "size=0", "create=1"});
+    ASSERT_TRUE(again);
+    EXPECT_EQ(current_capacity(again->limits()), 12u << 20);
+    again.reset();
+    // A missing image still needs a size to be made.
+    const std::string missing = path("missing.img");
+    const std::string msg = refused({"path=" + missing, "size=0", "create=1"});
+    EXPECT_NE(msg.find("create=1 needs size="), std::string::npos) << msg;
+    EXPECT_FALSE(exists(missing));
+}
+
+TEST_F(file_target_test, PseudoFileSystemsAreRefusedAsImages)
+{
+    // Accepted once, and an NBD write renamed a daemon thread.
+    int code = 0;
+    std::string msg = refused({"path=/proc/self/comm", "size=4096", "create=1"}, &code);
+    EXPECT_EQ(code, EINVAL);
+    EXPECT_NE(msg.find("path=/proc/self/comm: a file of proc, a kernel interface rather than "
+                       "storage"),
+              std::string::npos)
+        << msg;
+    // Through a link too, and read-only.
+    const std::string link = path("comm");
+    ASSERT_EQ(::symlink("/proc/self/comm", link.c_str()), 0);
+    msg = refused({"path=" + link, "read_only=1"});
+    EXPECT_NE(msg.find("a file of proc"), std::string::npos) << msg;
+    if (exists("/sys/kernel/uevent_seqnum")) {
+        msg = refused({"path=/sys/kernel/uevent_seqnum", "read_only=1"});
+        EXPECT_NE(msg.find("a file of sysfs"), std::string::npos) << msg;
+    }
+}
+
+TEST_F(file_target_test, ANewImageIsReadableByItsOwnerOnly)
+{
+    ::umask(022);
+    const std::string img = path("private.img");
+    auto d = make({"path=" + img, "size=1M", "create=1"});
+    ASSERT_TRUE(d);
+    struct stat st {};
+    ASSERT_EQ(::stat(img.c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 0777, 0600u);
+}
+
+TEST_F(file_target_test, UndoCreateRemovesTheImageItMadeAndNothingElse)
+{
+    // The add that made the device failed (its export was refused).
+    const std::string made = path("made.img");
+    auto d = make({"path=" + made, "size=1M", "create=1"});
+    ASSERT_TRUE(d);
+    d->undo_create();
+    EXPECT_FALSE(d->powered());
+    d.reset();
+    EXPECT_FALSE(exists(made));
+
+    // An image that was there stays (grown, never truncated).
+    const std::string kept = path("kept.img");
+    make_file(kept, 1 << 20);
+    d = make({"path=" + kept, "size=2M", "create=1"});
+    ASSERT_TRUE(d);
+    d->undo_create();
+    d.reset();
+    EXPECT_EQ(file_size(kept), 2u << 20);
+
+    // A file someone put in the new image's place is not the one made.
+    d = make({"path=" + made, "size=1M", "create=1"});
+    ASSERT_TRUE(d);
+    make_file(path("other.img"), 4096);
+    ASSERT_EQ(::rename(path("other.img").c_str(), made.c_str()), 0);
+    d->undo_create();
+    d.reset();
+    EXPECT_EQ(file_size(made), 4096u);
+}
+
 TEST_F(file_target_test, FeaturesListTheOptions)
 {
     const target_type* t = find_target_type("file");

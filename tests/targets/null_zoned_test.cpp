@@ -315,6 +315,15 @@ TEST(null_zoned, zone_readonly_and_zone_offline)
     EXPECT_EQ(zone_of(*d, 1).condition, zc::empty);
     ASSERT_EQ(run(*d, io_op::read, 2 * k_mib, 4096, back.data()), 0);
     EXPECT_EQ(back[0], static_cast<char>(0xff));
+    // The attribute written with what is not a sector says what it takes
+    // (kstrtoull's EINVAL, as the kernel's write).
+    auto negative = d->set_option("zone_readonly", "-1");
+    ASSERT_FALSE(negative);
+    EXPECT_EQ(negative.error().code.value(), EINVAL);
+    EXPECT_NE(negative.error().message.find("zone_readonly=-1: not a sector; give a sector "
+                                            "number (0 or more"),
+              std::string::npos)
+        << negative.error().message;
     auto plain = make_null({"size=4"}, "plain");
     ASSERT_TRUE(plain);
     EXPECT_EQ(plain->set_zone_condition(0, zc::read_only).error().code.value(), EOPNOTSUPP);

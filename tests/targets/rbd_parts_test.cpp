@@ -58,6 +58,12 @@ TEST(RbdOptions, RefusedBeforeConnecting)
     EXPECT_NE(create_error({"image=i", "size=lots", "create=1"}, nullptr, "rbd")
                   .find("size=lots: not a size"),
               std::string::npos);
+    // librados says ENOENT ("No such file or directory") for a directory.
+    int code = 0;
+    EXPECT_NE(create_error({"image=i", "conf=/tmp"}, &code, "rbd")
+                  .find("conf=/tmp: a directory; give the ceph.conf file itself"),
+              std::string::npos);
+    EXPECT_EQ(code, EISDIR);
     EXPECT_NE(
         create_error({"image=i", "connect_timeout=0"}, nullptr, "rbd").find("connect_timeout"),
         std::string::npos);

@@ -597,6 +597,7 @@ result<std::unique_ptr<target>> apply_decorators(std::unique_ptr<target> inner,
     const uint64_t cache_mib = options.u64("cache_size");
     if (cache_mib > 0) {
         if (inner->limits().zoned) {
+            inner->remove_created();
             return make_error(EINVAL,
                               fmt::format("cache_size={}: the write-back cache is not available on "
                                           "zoned devices (null_blk has none there either)",

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <fcntl.h>
 #include <fmt/core.h>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -26,6 +27,16 @@ namespace {
 // buffer (the ublk front end sizes its per-tag buffers from it).
 constexpr uint32_t k_max_transfer = 512u << 10;
 
+// `size=` is a byte size (parse_size), checked when written, also while
+// the device is powered off.
+result<void> check_size_text(std::string_view text)
+{
+    if (auto size = parse_size(text); !size) {
+        return std::unexpected(size.error());
+    }
+    return {};
+}
+
 constexpr option_def k_file_options[] = {
     {.name = "path",
      .kind = option_kind::text,
@@ -36,16 +47,18 @@ constexpr option_def k_file_options[] = {
      .kind = option_kind::text,
      .default_value = "0",
      .unit = "bytes",
-     .help = "device size, bytes with an optional binary suffix (64M, 2G); 0: the whole file; "
-             "larger than the file needs create=1, which grows it sparsely. Live: written while "
-             "powered on it resizes the device (0: to the file's size now, as losetup -c)",
-     .update = option_update::live},
+     .help = "device size, bytes with an optional binary suffix (64M, 1.5G); 0: the whole "
+             "file (with create=1 too, when it exists); larger than the file needs create=1, "
+             "which grows it sparsely. Live: written while powered on it resizes the device (0: "
+             "to the file's size now, as losetup -c)",
+     .update = option_update::live,
+     .check = check_size_text},
     {.name = "create",
      .kind = option_kind::boolean,
      .default_value = "0",
      .unit = "",
-     .help = "create a missing file as a sparse file of size= bytes, or grow a smaller one; never "
-             "truncates"},
+     .help = "create a missing file (mode 0600) as a sparse file of size= bytes, or grow a "
+             "smaller one; never truncates. A failed add removes a file it created"},
     {.name = "read_only",
      .kind = option_kind::boolean,
      .default_value = "0",
@@ -81,8 +94,8 @@ result<uint64_t> parse_size_option(const std::string& text, uint64_t block_size)
 {
     auto size = parse_size(text);
     if (!size) {
-        return make_error(
-            EINVAL, fmt::format("size={}: not a size in bytes (e.g. 1073741824, 64M, 2G)", text));
+        return make_error(size.error().code.value(),
+                          fmt::format("size={}: {}", text, size.error().message));
     }
     if (*size % block_size != 0) {
         return make_error(
@@ -179,6 +192,15 @@ public:
         }
         return file_engine::map_extents(_file->buffered_fd(), offset, end - offset,
                                         _limits.logical_block_size, out);
+    }
+
+    // The add that made this device failed: an image this target created
+    // goes, if it is still that file.
+    void remove_created() override
+    {
+        if (_file->created()) {
+            remove_if_same(AT_FDCWD, _file->path(), _file->identity());
+        }
     }
 
     void describe(nlohmann::json& out) const override
@@ -327,10 +349,10 @@ result<std::unique_ptr<target>> create_file(const option_set& o)
                             .buffered_io = o.flag("buffered_io"),
                             .create = o.flag("create"),
                             .grow_to = *size};
-    if (fo.create && *size == 0) {
-        return make_error(
-            EINVAL, fmt::format("path={}: create=1 needs size= (how large the file is)", path));
-    }
+    // create=1 with size=0 takes an existing file whole, as without
+    // create=1 (what `set size=0` leaves in the saved options, so that a
+    // restart brings the device back); a missing file needs a size
+    // (backing_file says so).
     // Everything that depends on the file is checked after it is opened
     // and before it is grown, so that a refusal creates or changes nothing.
     uint32_t bs = 0;

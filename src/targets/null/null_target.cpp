@@ -381,7 +381,14 @@ public:
         }
         auto sector = parse_kernel_unsigned(text);
         if (!sector) {
-            return std::unexpected(sector.error());
+            // kstrtoull's errno, with what the attribute takes.
+            return make_error(
+                sector.error().code.value(),
+                fmt::format("{}={}: {}; give a sector number (0 or more, decimal or "
+                            "0x hex) in a sequential zone, 0 to {}",
+                            name, text,
+                            sector.error().code.value() == ERANGE ? "too large" : "not a sector",
+                            _limits.capacity_bytes / 512 - 1));
         }
         if (*sector >= _limits.capacity_bytes / 512) {
             return make_error(EINVAL, fmt::format("{}={}: beyond the device's last sector {}", name,

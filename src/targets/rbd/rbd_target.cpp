@@ -20,6 +20,7 @@
 
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -706,9 +707,8 @@ result<std::unique_ptr<target>> create_rbd(const option_set& o)
     }
     auto size = parse_size(o.text("size"));
     if (!size) {
-        return make_error(EINVAL, fmt::format("size={}: not a size in bytes (e.g. 1073741824, "
-                                              "64M, 2G)",
-                                              o.text("size")));
+        return make_error(size.error().code.value(),
+                          fmt::format("size={}: {}", o.text("size"), size.error().message));
     }
     if (create && *size == 0) {
         return make_error(EINVAL, fmt::format("image={}: create=1 needs size= (how large the "
@@ -728,6 +728,17 @@ result<std::unique_ptr<target>> create_rbd(const option_set& o)
         return make_error(EINVAL,
                           "snap: a snapshot cannot be created with create=1; give one "
                           "or the other");
+    }
+
+    if (!conf.empty()) {
+        // librados reports a directory as ENOENT ("No such file or
+        // directory"), which sends one looking for a missing file.
+        struct stat st {};
+        if (::stat(conf.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+            return make_error(EISDIR, fmt::format("conf={}: a directory; give the ceph.conf "
+                                                  "file itself (conf={}/ceph.conf)",
+                                                  conf, conf));
+        }
     }
 
     if (auto loaded = load_librbd(); !loaded) {

@@ -93,14 +93,15 @@ constexpr option_def k_file_only_options[] = {
      .default_value = "-1",
      .unit = "",
      .help = "device number: the zone files are in BASE_DIR/ID; -1: the lowest ID whose "
-             "directory exists and that no other zloop device of this daemon uses",
+             "directory exists and that no other zloop device holds (flock, any daemon)",
      .smin = -1,
      .smax = INT32_MAX},
     {.name = "base_dir",
      .kind = option_kind::text,
      .default_value = "/var/local/zloop",
      .unit = "absolute path",
-     .help = "directory of the devices' directories (BASE_DIR/ID must exist)"},
+     .help = "directory of the devices' directories (BASE_DIR/ID must exist); both owned by "
+             "the daemon's user or root and writable by no one else"},
     {.name = "buffered_io",
      .kind = option_kind::boolean,
      .default_value = "0",

@@ -8,10 +8,15 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <fmt/core.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <sys/vfs.h>
 #include <unistd.h>
+#include <utility>
+
+#include <softblk/support/fd_guard.hpp>
+#include <softblk/support/trusted_dir.hpp>
 
 namespace softblk::targets::zloop {
 
@@ -43,10 +48,16 @@ parsed_name parse_name(const char* name)
     return p;
 }
 
+// What scan() found in the directory.
+struct scanned {
+    bool first_zone = false;  // cnv-000000 or seq-000000: a restore
+    int64_t last_zone = -1;   // the highest zone with a file
+};
+
 // Every zone file in `dir` must belong to the configuration: a file of the
 // other type or past the last zone means the directory was made with other
 // options (zloop would use it silently; softblk refuses).
-result<bool> scan(int dir_fd, const std::string& dir, const geometry& g)
+result<scanned> scan(int dir_fd, const std::string& dir, const geometry& g)
 {
     const int fd = ::dup(dir_fd);
     if (fd < 0) {
@@ -58,7 +69,7 @@ result<bool> scan(int dir_fd, const std::string& dir, const geometry& g)
         ::close(fd);
         return make_error(err, fmt::format("{}: {}", dir, std::strerror(err)));
     }
-    bool first_zone = false;
+    scanned found;
     std::string error;
     while (const dirent* e = ::readdir(d)) {
         const parsed_name p = parse_name(e->d_name);
@@ -66,8 +77,9 @@ result<bool> scan(int dir_fd, const std::string& dir, const geometry& g)
             continue;
         }
         if (p.zone == 0) {
-            first_zone = true;  // zloop_dev_exists: cnv-000000 or seq-000000
+            found.first_zone = true;  // zloop_dev_exists: cnv-000000 or seq-000000
         }
+        found.last_zone = std::max<int64_t>(found.last_zone, p.zone);
         if (p.zone >= g.nr_zones) {
             error = fmt::format(
                 "{}/{}: zone {} is beyond the {} zones of this configuration "
@@ -89,7 +101,124 @@ result<bool> scan(int dir_fd, const std::string& dir, const geometry& g)
     if (!error.empty()) {
         return make_error(EINVAL, error);
     }
-    return first_zone;
+    return found;
+}
+
+// A restore found zone `zone`'s file missing: deleted (a later zone has a
+// file) or a directory of fewer zones.
+std::unexpected<error> missing_zone_file(const std::string& path, uint32_t zone,
+                                         const scanned& found, const geometry& g)
+{
+    if (found.last_zone > zone) {
+        return make_error(
+            ENOENT, fmt::format("{}: missing, though the zone files up to zone {} "
+                                "exist: it was deleted or renamed, and zone {}'s "
+                                "data with it; put it back{}",
+                                path, found.last_zone, zone,
+                                zone < g.conv_zones ? " (a conventional zone file holds the zone "
+                                                      "size)"
+                                                    : " (an empty file makes an empty zone)"));
+    }
+    return make_error(ENOENT, fmt::format("{}: missing; the directory holds a zloop device of "
+                                          "{} zones, fewer than the {} of this configuration "
+                                          "(capacity_mb / zone_size_mb differ from the ones it "
+                                          "was made with)",
+                                          path, found.last_zone + 1, g.nr_zones));
+}
+
+// base_dir and BASE_DIR/ID hold files the daemon names itself: only the
+// daemon's user or root may own them, and no one else write them.
+constexpr directory_rules k_zone_dir_rules{
+    .role = "base_dir",
+    .remedy = "use a directory of your own (or root's) as base_dir",
+    .root_may_own = true,
+    .trust_root_groups = true,
+};
+
+// Opens `base` (a directory, or a link to one owned by root or us) and
+// checks it and every directory above it.
+result<int> open_base_dir(const std::string& base)
+{
+    if (auto ok = check_dirs_above(base, k_zone_dir_rules); !ok) {
+        return std::unexpected(ok.error());
+    }
+    struct stat st {};
+    if (::lstat(base.c_str(), &st) != 0) {
+        const int err = errno;
+        return make_error(err, fmt::format("base_dir={}: {}{}", base, std::strerror(err),
+                                           err == ENOENT ? fmt::format("; create it and the "
+                                                                       "device's directory "
+                                                                       "(mkdir -p {}/0)",
+                                                                       base)
+                                                         : ""));
+    }
+    const bool link = S_ISLNK(st.st_mode);
+    if (link && st.st_uid != 0 && st.st_uid != ::geteuid()) {
+        return make_error(EPERM, fmt::format("base_dir={} is a symbolic link owned by {}: that "
+                                             "user could point it elsewhere; give the directory "
+                                             "itself",
+                                             base, describe_uid(st.st_uid)));
+    }
+    fd_guard fd;
+    fd.fd = ::open(base.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC | (link ? 0 : O_NOFOLLOW));
+    if (fd.fd < 0 || ::fstat(fd.fd, &st) != 0) {
+        const int err = errno;
+        return make_error(err, fmt::format("base_dir={}: {}", base, std::strerror(err)));
+    }
+    if (auto ok = check_trusted_dir(base, st, k_zone_dir_rules); !ok) {
+        return std::unexpected(ok.error());
+    }
+    return fd.release();
+}
+
+// Opens, checks and locks `base`/`id` below `base_fd`. ENOENT when it does
+// not exist, EWOULDBLOCK when another device holds it.
+result<zone_dir> open_id_dir(int base_fd, const std::string& base, int64_t id)
+{
+    zone_dir d;
+    d.id = id;
+    d.path = fmt::format("{}/{}", base, id);
+    d.fd = ::openat(base_fd, std::to_string(id).c_str(),
+                    O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (d.fd < 0) {
+        const int err = errno;
+        if (err == ENOENT) {
+            return make_error(ENOENT, fmt::format("{}: no such directory; the zone files live "
+                                                  "in BASE_DIR/ID, which must exist (mkdir {}), "
+                                                  "as for the kernel's zloop",
+                                                  d.path, d.path));
+        }
+        // A link or something else than a directory: named as such.
+        struct stat st {};
+        if ((err == ELOOP || err == ENOTDIR) &&
+            ::fstatat(base_fd, std::to_string(id).c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) {
+            if (auto ok = check_trusted_dir(d.path, st, k_zone_dir_rules); !ok) {
+                return std::unexpected(ok.error());
+            }
+        }
+        return make_error(err, fmt::format("{}: {}", d.path, std::strerror(err)));
+    }
+    struct stat st {};
+    if (::fstat(d.fd, &st) != 0) {
+        const int err = errno;
+        return make_error(err, fmt::format("{}: {}", d.path, std::strerror(err)));
+    }
+    if (auto ok = check_trusted_dir(d.path, st, k_zone_dir_rules); !ok) {
+        return std::unexpected(ok.error());
+    }
+    // One device per directory, in this daemon or another (flock is per
+    // open file description, so two devices of one process conflict too).
+    if (::flock(d.fd, LOCK_EX | LOCK_NB) != 0) {
+        const int err = errno;
+        if (err == EWOULDBLOCK) {
+            return make_error(EWOULDBLOCK,
+                              fmt::format("{} is in use by another zloop device (of this daemon "
+                                          "or another: the directory is locked)",
+                                          d.path));
+        }
+        return make_error(err, fmt::format("{}: flock: {}", d.path, std::strerror(err)));
+    }
+    return d;
 }
 
 }  // namespace
@@ -142,22 +271,86 @@ bool preallocation_unblocks_appends(int dir_fd, uint32_t block_size)
            appends_do_not_block(dir_fd, block_size, true);
 }
 
-zone_files::zone_files(zone_files&& other) noexcept
-    : files(std::move(other.files)),
-      block_size(other.block_size),
-      restored(other.restored),
-      dir_fd(other.dir_fd),
-      dir(std::move(other.dir)),
-      torn_writes_cut(std::move(other.torn_writes_cut))
+zone_dir::zone_dir(zone_dir&& other) noexcept
+    : fd(other.fd), id(other.id), path(std::move(other.path))
 {
-    other.dir_fd = -1;
+    other.fd = -1;
 }
 
-zone_files::~zone_files()
+namespace {
+
+void unlock_and_close(int fd)
 {
-    if (dir_fd >= 0) {
-        ::close(dir_fd);
+    if (fd >= 0) {
+        ::flock(fd, LOCK_UN);
+        ::close(fd);
     }
+}
+
+}  // namespace
+
+zone_dir& zone_dir::operator=(zone_dir&& other) noexcept
+{
+    if (this != &other) {
+        unlock_and_close(fd);
+        fd = std::exchange(other.fd, -1);
+        id = other.id;
+        path = std::move(other.path);
+    }
+    return *this;
+}
+
+zone_dir::~zone_dir()
+{
+    unlock_and_close(fd);
+}
+
+result<zone_dir> open_zone_dir(std::string base, int64_t id)
+{
+    while (base.size() > 1 && base.back() == '/') {
+        base.pop_back();
+    }
+    if (base.empty() || base.front() != '/') {
+        return make_error(EINVAL, fmt::format("base_dir={}: an absolute path", base));
+    }
+    auto base_fd = open_base_dir(base);
+    if (!base_fd) {
+        return std::unexpected(base_fd.error());
+    }
+    fd_guard base_guard{*base_fd};
+    if (id >= 0) {
+        auto d = open_id_dir(*base_fd, base, id);
+        if (!d && d.error().code.value() == EWOULDBLOCK) {
+            return make_error(EEXIST, fmt::format("id={}: {}", id, d.error().message));
+        }
+        return d;
+    }
+    unsigned busy = 0;
+    int64_t missing = -1;
+    for (int64_t n = 0; n < 1024; ++n) {
+        auto d = open_id_dir(*base_fd, base, n);
+        if (d) {
+            return d;
+        }
+        if (d.error().code.value() == EWOULDBLOCK) {
+            ++busy;  // another device's: the next one
+        } else if (d.error().code.value() != ENOENT) {
+            return std::unexpected(d.error());
+        } else if (missing < 0) {
+            missing = n;
+        }
+    }
+    return make_error(ENOENT, fmt::format("id=-1: no free directory {}/ID ({} in use by other "
+                                          "zloop devices); create one: mkdir {}/{}",
+                                          base, busy, base, missing < 0 ? 1024 : missing));
+}
+
+void zone_files::remove_created()
+{
+    for (auto it = created.rbegin(); it != created.rend(); ++it) {
+        remove_if_same(dir.fd, it->first, it->second);
+    }
+    created.clear();
 }
 
 int64_t stored_bytes(int fd, const geometry& g)
@@ -173,52 +366,68 @@ int64_t stored_bytes(int fd, const geometry& g)
     return static_cast<int64_t>(size);
 }
 
-result<zone_files> open_zone_files(const std::string& dir, const geometry& g)
+result<zone_files> open_zone_files(zone_dir dir, const geometry& g)
 {
     zone_files out;
-    out.dir = dir;
-    out.dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (out.dir_fd < 0) {
-        const int err = errno;
-        return make_error(err == ENOENT ? ENOENT : err,
-                          fmt::format("{}: {}; the zone files live in BASE_DIR/ID, which must "
-                                      "exist (mkdir -p {}), as for the kernel's zloop",
-                                      dir, std::strerror(err), dir));
+    out.dir = std::move(dir);
+    const std::string& path_of_dir = out.dir.path;
+    const int dir_fd = out.dir.fd;
+    auto found = scan(dir_fd, path_of_dir, g);
+    if (!found) {
+        return std::unexpected(found.error());
     }
-    auto restore = scan(out.dir_fd, dir, g);
-    if (!restore) {
-        return std::unexpected(restore.error());
-    }
-    out.restored = *restore;
+    out.restored = found->first_zone;
+    // A refusal removes what this call created.
+    struct undo {
+        zone_files& files;
+        bool armed = true;
+        ~undo()
+        {
+            if (armed) {
+                files.remove_created();
+            }
+        }
+    } undo_creation{out};
 
     // zloop_get_block_size: the file system's block size up to 4 KiB, else
     // what direct I/O needs (known once the first file is open).
     struct statfs sfs {};
-    if (::fstatfs(out.dir_fd, &sfs) != 0) {
+    if (::fstatfs(dir_fd, &sfs) != 0) {
         const int err = errno;
-        return make_error(err, fmt::format("{}: statfs: {}", dir, std::strerror(err)));
+        return make_error(err, fmt::format("{}: statfs: {}", path_of_dir, std::strerror(err)));
     }
     uint32_t bs = sfs.f_bsize <= 4096 ? static_cast<uint32_t>(sfs.f_bsize) : 0;
 
     out.files.reserve(g.nr_zones);
     for (uint32_t i = 0; i < g.nr_zones; ++i) {
         const bool conv = i < g.conv_zones;
-        const std::string path = dir + "/" + zone_file_name(i, conv);
+        const std::string name = zone_file_name(i, conv);
+        const std::string path = path_of_dir + "/" + name;
         // A new conventional zone file is made sparse at the zone size by
         // the engine; a new sequential one is empty, made here (0600, as
-        // zloop makes them).
+        // zloop makes them). Never through a link: O_EXCL, and O_NOFOLLOW
+        // for one that exists.
         if (!out.restored && !conv) {
-            const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
-            if (fd < 0) {
+            const int fd = ::openat(dir_fd, name.c_str(),
+                                    O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+            if (fd >= 0) {
+                struct stat st {};
+                const bool known = ::fstat(fd, &st) == 0;
+                ::close(fd);
+                if (known) {
+                    out.created.emplace_back(name, identity_of(st));
+                }
+            } else if (errno != EEXIST) {
                 const int err = errno;
                 return make_error(err, fmt::format("{}: {}", path, std::strerror(err)));
             }
-            ::close(fd);
         }
         backing_file_options fo{.read_only = false,
                                 .buffered_io = g.buffered_io,
                                 .create = !out.restored && conv,
-                                .grow_to = conv ? g.zone_size : 0};
+                                .grow_to = conv ? g.zone_size : 0,
+                                .dir_fd = dir_fd,
+                                .own_file = true};
         auto check = [&](const backing_file& f) -> result<void> {
             if (bs == 0) {
                 bs = std::max<uint32_t>(f.min_block_size(), 512);
@@ -228,11 +437,6 @@ result<zone_files> open_zone_files(const std::string& dir, const geometry& g)
                                                       "more than the file system's {}; give "
                                                       "buffered_io=1",
                                                       path, f.min_block_size(), bs));
-            }
-            if (f.block_device()) {
-                return make_error(EINVAL, fmt::format("{}: a block device; zone files are "
-                                                      "regular files",
-                                                      path));
             }
             const uint64_t size = f.size();
             if (conv) {
@@ -257,12 +461,12 @@ result<zone_files> open_zone_files(const std::string& dir, const geometry& g)
         auto f = backing_file::open(path, fo, check);
         if (!f) {
             if (out.restored && f.error().code.value() == ENOENT) {
-                return make_error(ENOENT, fmt::format("{}: missing; the directory holds a zloop "
-                                                      "device with fewer zones or other zone "
-                                                      "types than this configuration",
-                                                      path));
+                return missing_zone_file(path, i, *found, g);
             }
             return std::unexpected(f.error());
+        }
+        if ((*f)->created()) {
+            out.created.emplace_back(name, (*f)->identity());
         }
         if (!conv && (*f)->size() % bs != 0) {
             // A write torn by a crash (a buffered write, a file system that
@@ -285,6 +489,7 @@ result<zone_files> open_zone_files(const std::string& dir, const geometry& g)
                                               g.zone_capacity, bs));
     }
     out.block_size = bs;
+    undo_creation.armed = false;
     return out;
 }
 

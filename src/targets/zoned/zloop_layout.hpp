@@ -5,12 +5,14 @@
 // opens such a directory for the zloop target (control path only): it finds
 // out whether the device is new or restored, as zloop does (a restore when
 // cnv-000000 or seq-000000 exists), refuses a directory that does not match
-// the configuration, and opens every zone file on the file engine.
+// the configuration, and opens every zone file on the file engine, below
+// a directory that no other user can plant a link in.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <softblk/file_engine.hpp>
@@ -29,37 +31,69 @@ struct geometry {
 // "cnv-000003" / "seq-000003": zloop's names (six digits, wider past 999999).
 std::string zone_file_name(uint32_t zone, bool conventional);
 
-// The opened zone files of one device. Owns the files and the directory's
-// descriptor (closed by the destructor).
+// BASE_DIR/ID of one device, opened, checked and locked: owns the
+// descriptor and its flock (LOCK_EX), which the destructor releases.
+struct zone_dir {
+    int fd = -1;
+    int64_t id = -1;
+    std::string path;  // BASE_DIR/ID
+
+    zone_dir() = default;
+    zone_dir(zone_dir&& other) noexcept;
+    zone_dir& operator=(zone_dir&& other) noexcept;
+    zone_dir(const zone_dir&) = delete;
+    ~zone_dir();
+};
+
+// Opens BASE_DIR/ID for a device (docs/reliability.md, "File and zone-file
+// safety"): `base` (absolute) and `base`/ID must be directories owned by
+// the daemon's user or root that no one else may write, and every
+// directory above them owned by root or that user and, if others may
+// write it, sticky; `base` may be a link owned by root or that user, ID
+// may not. `id` -1 picks the lowest ID whose directory exists and is not
+// locked by another zloop device (of this daemon or another: flock on the
+// directory); an explicit ID whose directory is locked is EEXIST. Errors
+// name the directory, its owner or mode, or the option. Control thread.
+result<zone_dir> open_zone_dir(std::string base, int64_t id);
+
+// The opened zone files of one device. Owns the files and the directory.
 struct zone_files {
     std::vector<std::unique_ptr<backing_file>> files;  // one per zone, in order
     // The device's block size as zloop chooses it: the file system's block
     // size when at most 4 KiB, else direct I/O's alignment.
     uint32_t block_size = 512;
     bool restored = false;  // the zone files existed (zloop's restore)
-    int dir_fd = -1;        // BASE_DIR/ID, for syncfs (zloop's flush)
-    std::string dir;
+    zone_dir dir;           // BASE_DIR/ID, for syncfs (zloop's flush)
     // Sequential zones whose file ended in a partial block (a torn write),
     // cut back to the last whole block when they were opened.
     std::vector<uint32_t> torn_writes_cut;
+    // The zone files this open created (a new device), by name in `dir`.
+    std::vector<std::pair<std::string, file_identity>> created;
+
+    // Undoes the creation: removes each file in `created` that is still
+    // the one created (device and inode; never through a link). Control
+    // thread.
+    void remove_created();
 
     zone_files() = default;
-    zone_files(zone_files&& other) noexcept;
+    zone_files(zone_files&& other) noexcept = default;
     zone_files& operator=(zone_files&&) = delete;
     zone_files(const zone_files&) = delete;
-    ~zone_files();
 };
 
-// Opens (restore) or creates (new device) the zone files of `dir` (BASE_DIR/
-// ID, which must exist, as zloop requires). A restore refuses: a missing zone
-// file, a conventional file that is not zone_size bytes, a sequential file
-// larger than the zone, a zone file of the other type
-// or beyond the configured zones (a configuration that does not match the
-// directory). A sequential file that ends in a partial block (a torn write)
-// is cut back to whole blocks. A new device gets zone-size conventional files (sparse) and
-// empty sequential ones; files already there are used as they are. Errors
-// name the file and the cause. Control thread.
-result<zone_files> open_zone_files(const std::string& dir, const geometry& g);
+// Opens (restore) or creates (new device) the zone files of `dir`. Every
+// zone file is opened below the directory's descriptor with O_NOFOLLOW and
+// must be a regular file; new ones are created with O_EXCL, mode 0600. A
+// restore refuses: a missing zone file (saying whether it was deleted or
+// the directory has fewer zones), a conventional file that is not
+// zone_size bytes, a sequential file larger than the zone, a zone file of
+// the other type or beyond the configured zones (a configuration that does
+// not match the directory). A sequential file that ends in a partial block
+// (a torn write) is cut back to whole blocks. A new device gets zone-size
+// conventional files (sparse) and empty sequential ones; files already
+// there are used as they are. A refusal removes the files this call
+// created. Errors name the file and the cause. Control thread.
+result<zone_files> open_zone_files(zone_dir dir, const geometry& g);
 
 // The bytes sequential zone file `fd` holds, as the zone engine wants them:
 // its size, where a file of exactly zone_size bytes in a zone whose capacity

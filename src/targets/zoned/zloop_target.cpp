@@ -19,9 +19,7 @@
 #include <cstring>
 #include <fcntl.h>
 #include <fmt/core.h>
-#include <mutex>
 #include <nlohmann/json.hpp>
-#include <set>
 #include <spdlog/spdlog.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -29,10 +27,6 @@
 namespace softblk::targets {
 
 namespace {
-
-// IDs in use by zloop devices of this process (id=-1 picks another one).
-std::mutex g_ids_lock;
-std::set<int64_t> g_ids;
 
 class zloop_target;
 
@@ -85,11 +79,10 @@ private:
 
 class zloop_target final : public target, public zone_backend {
 public:
-    zloop_target(zloop::zone_files files, const zloop::geometry& g, int64_t id, bool discard_cache,
+    zloop_target(zloop::zone_files files, const zloop::geometry& g, bool discard_cache,
                  bool ordered_append, unsigned depth, bool prealloc)
         : _files(std::move(files)),
           _geo(g),
-          _id(id),
           _discard_cache(discard_cache),
           _ordered_append(ordered_append),
           _prealloc(prealloc),
@@ -112,9 +105,10 @@ public:
         if (_discard_cache) {
             cut_to_flushed();
         }
-        std::lock_guard guard(g_ids_lock);
-        g_ids.erase(_id);
     }
+
+    // The add that made this device failed: the zone files it created go.
+    void remove_created() override { _files.remove_created(); }
 
     result<void> init(const zone_engine_config& config, bool zone_append)
     {
@@ -163,7 +157,7 @@ public:
         auto ring = file_ring::create(files, _depth, *q, _stats);
         if (!ring) {
             return make_error(ring.error().code.value(),
-                              fmt::format("{}: {}", _files.dir, ring.error().message));
+                              fmt::format("{}: {}", _files.dir.path, ring.error().message));
         }
         q->set_ring(std::move(*ring));
         return q;
@@ -186,7 +180,7 @@ public:
                 }
             }
         }
-        const int rc = ::syncfs(_files.dir_fd) == 0 ? 0 : -errno;
+        const int rc = ::syncfs(_files.dir.fd) == 0 ? 0 : -errno;
         if (_discard_cache) {
             for (uint32_t i = _geo.conv_zones; i < _geo.nr_zones; ++i) {
                 const int64_t size = _pending[i].exchange(-1, std::memory_order_relaxed);
@@ -246,8 +240,8 @@ public:
 
     void describe(nlohmann::json& out) const override
     {
-        out["dir"] = _files.dir;
-        out["id"] = _id;
+        out["dir"] = _files.dir.path;
+        out["id"] = _files.dir.id;
         out["restored"] = _files.restored;
         out["torn_writes_cut"] = _files.torn_writes_cut;
         out["block_size"] = _files.block_size;
@@ -259,7 +253,7 @@ public:
         out["prealloc_failures"] = _stats_prealloc_failed.load(std::memory_order_relaxed);
         if (!_files.files.front()->direct_refused().empty()) {
             out["notice"] =
-                fmt::format("{}: {}", _files.dir, _files.files.front()->direct_refused());
+                fmt::format("{}: {}", _files.dir.path, _files.files.front()->direct_refused());
         }
         out["short_transfers"] = _stats.short_transfers.load(std::memory_order_relaxed);
         out["retries"] = _stats.retries.load(std::memory_order_relaxed);
@@ -285,14 +279,13 @@ private:
             const int64_t then = _flushed[i].load(std::memory_order_relaxed);
             if (now > then && then >= 0 && ::ftruncate(fd(i), then) != 0) {
                 spdlog::warn("zloop {}: discard_write_cache: cannot cut {} back to {} bytes",
-                             _files.dir, path(i), then);
+                             _files.dir.path, path(i), then);
             }
         }
     }
 
     zloop::zone_files _files;
     zloop::geometry _geo;
-    int64_t _id;
     bool _discard_cache;
     bool _ordered_append;
     bool _prealloc;
@@ -360,34 +353,6 @@ result<void> ensure_file_limit(uint64_t zone_files, const std::string& dir)
     return {};
 }
 
-// The lowest ID whose directory exists and that no zloop device here uses.
-result<int64_t> pick_id(const std::string& base, int64_t asked)
-{
-    std::lock_guard guard(g_ids_lock);
-    if (asked >= 0) {
-        if (g_ids.contains(asked)) {
-            return make_error(EEXIST, fmt::format("id={}: another zloop device of this daemon "
-                                                  "uses {}/{}",
-                                                  asked, base, asked));
-        }
-        g_ids.insert(asked);
-        return asked;
-    }
-    for (int64_t id = 0; id < 1024; ++id) {
-        if (g_ids.contains(id)) {
-            continue;
-        }
-        const std::string dir = fmt::format("{}/{}", base, id);
-        if (::access(dir.c_str(), F_OK) == 0) {
-            g_ids.insert(id);
-            return id;
-        }
-    }
-    return make_error(ENOENT, fmt::format("id=-1: no free directory {}/ID (create one: mkdir -p "
-                                          "{}/0)",
-                                          base, base));
-}
-
 result<std::unique_ptr<target>> create_zloop(const option_set& o)
 {
     const std::string& base = o.text("base_dir");
@@ -409,48 +374,35 @@ result<std::unique_ptr<target>> create_zloop(const option_set& o)
         return std::unexpected(r.error());
     }
 
-    auto id = pick_id(base, o.i64("id"));
-    if (!id) {
-        return std::unexpected(id.error());
+    auto dir = zloop::open_zone_dir(base, o.i64("id"));
+    if (!dir) {
+        return std::unexpected(dir.error());
     }
-    // From here the ID is taken; the target (or this guard) gives it back.
-    struct id_guard {
-        int64_t id;
-        bool armed = true;
-        ~id_guard()
-        {
-            if (armed) {
-                std::lock_guard guard(g_ids_lock);
-                g_ids.erase(id);
-            }
-        }
-    } guard{*id};
-
-    const std::string dir = fmt::format("{}/{}", base, *id);
-    auto files = zloop::open_zone_files(dir, g);
+    auto files = zloop::open_zone_files(std::move(*dir), g);
     if (!files) {
         return std::unexpected(files.error());
     }
+    const std::string& dir_path = files->dir.path;
     for (const uint32_t z : files->torn_writes_cut) {
         spdlog::warn(
             "zloop {}: {} ended in a partial block (a torn write), cut back to whole "
             "blocks",
-            dir, zloop::zone_file_name(z, false));
+            dir_path, zloop::zone_file_name(z, false));
     }
     if (!files->files.front()->direct_refused().empty()) {
-        spdlog::warn("zloop {}: {}", dir, files->files.front()->direct_refused());
+        spdlog::warn("zloop {}: {}", dir_path, files->files.front()->direct_refused());
     }
     const zone_engine_config zc = zloop::engine_config(*settings, files->block_size);
     // (Buffered appends wait for no allocation: the page cache takes them.)
     const bool preallocate = prealloc == "1" || (prealloc == "auto" && !g.buffered_io &&
                                                  zloop::preallocation_unblocks_appends(
-                                                     files->dir_fd, files->block_size));
+                                                     files->dir.fd, files->block_size));
 
-    guard.armed = false;
-    auto t = std::make_unique<zloop_target>(
-        std::move(*files), g, *id, o.flag("discard_write_cache"), settings->ordered_zone_append,
-        settings->queue_depth, preallocate);
+    auto t = std::make_unique<zloop_target>(std::move(*files), g, o.flag("discard_write_cache"),
+                                            settings->ordered_zone_append, settings->queue_depth,
+                                            preallocate);
     if (auto r = t->init(zc, settings->zone_append); !r) {
+        t->remove_created();
         return std::unexpected(r.error());
     }
     return t;
