@@ -179,4 +179,11 @@ private:
 // `text`. Used by friendly CLI flags and byte-size options.
 result<uint64_t> parse_size(std::string_view text);
 
+// option_def::check for options that name a file, directory or socket: the
+// value must be empty (the option's default) or an absolute path. The
+// daemon opens such paths from its own working directory (/), not the
+// caller's, and opens them again after a restart, so a relative path would
+// name another file, or none. Runs on any thread.
+result<void> check_absolute_path(std::string_view text);
+
 }  // namespace softblk

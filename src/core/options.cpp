@@ -447,6 +447,16 @@ std::vector<std::string> option_set::to_args() const
     return out;
 }
 
+result<void> check_absolute_path(std::string_view text)
+{
+    if (!text.empty() && text.front() != '/') {
+        return make_error(EINVAL,
+                          "give an absolute path (the daemon opens it from its own "
+                          "working directory, and again after a restart)");
+    }
+    return {};
+}
+
 result<uint64_t> parse_size(std::string_view text)
 {
     constexpr std::string_view k_form =

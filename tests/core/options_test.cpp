@@ -260,3 +260,22 @@ TEST(options, parsing_and_range_checks_are_two_steps)
     ASSERT_FALSE(unknown);
     EXPECT_EQ(unknown.error().code.value(), ENOENT);
 }
+
+// Paths that the daemon opens (images, sockets, directories) are absolute:
+// its working directory is not the caller's. Every option table marks them
+// with check_absolute_path, so a relative one is refused when written.
+TEST(options, path_options_must_be_absolute)
+{
+    EXPECT_TRUE(check_absolute_path("").has_value());
+    EXPECT_TRUE(check_absolute_path("/srv/img").has_value());
+    constexpr option_def defs[] = {{.name = "path",
+                                    .kind = option_kind::text,
+                                    .unit = "absolute path",
+                                    .check = check_absolute_path}};
+    auto refused = option_set::parse(defs, std::vector<std::string>{"path=img.raw"});
+    ASSERT_FALSE(refused.has_value());
+    EXPECT_NE(refused.error().message.find("path=img.raw: give an absolute path"),
+              std::string::npos)
+        << refused.error().message;
+    EXPECT_TRUE(option_set::parse(defs, std::vector<std::string>{"path=/srv/img.raw"}).has_value());
+}

@@ -286,7 +286,8 @@ TEST(virtio_timeouts, two_busy_queues_go_on_after_a_reconnection_to_softblks_bac
 TEST(virtio_connect, connect_timeout_bounds_the_whole_handshake)
 {
     temp_dir dir;
-    // About 14 replies at 300 ms each: 4.2 s in all, each within 1000 ms.
+    // About 14 replies at 300 ms each: 4.2 s in all, each within 1000 ms
+    // (the bound below leaves room for a loaded machine under ASan).
     fake_backend fake(dir.path + "/slow.sock", [](unsigned) {
         fake_behaviour b;
         b.reply_delay_ms = 300;
@@ -296,7 +297,7 @@ TEST(virtio_connect, connect_timeout_bounds_the_whole_handshake)
     auto [message, took] =
         refused({"path=" + dir.path + "/slow.sock", "poll_queues=0", "connect_timeout=1000"});
     EXPECT_NE(message.find("within connect_timeout=1000 ms"), std::string::npos) << message;
-    EXPECT_LT(took, 1700 * k_ms) << message;
+    EXPECT_LT(took, 3000 * k_ms) << message;
 }
 
 TEST(virtio_connect, a_silent_back_end_is_named_with_the_message_it_did_not_answer)
@@ -314,7 +315,7 @@ TEST(virtio_connect, a_silent_back_end_is_named_with_the_message_it_did_not_answ
                            "connect_timeout=300 ms"),
               std::string::npos)
         << message;
-    EXPECT_LT(took, 1000 * k_ms);
+    EXPECT_LT(took, 2500 * k_ms);
 }
 
 TEST(virtio_connect, a_path_that_is_not_a_socket_fails_at_once)

@@ -19,14 +19,21 @@ namespace softblk::nbd {
 
 namespace {
 
+// socket=: an absolute path, or none.
+result<void> check_socket_option(std::string_view text)
+{
+    return text == "none" ? result<void>{} : check_absolute_path(text);
+}
+
 constexpr option_def k_options[] = {
     {.name = "socket",
      .kind = option_kind::text,
      .default_value = "",
-     .unit = "path",
+     .unit = "absolute path",
      .help = "unix socket to listen on (default: RUN_DIR/nbd.sock, shared by every device exported "
              "there); "
-             "none: TCP only"},
+             "none: TCP only",
+     .check = check_socket_option},
     k_socket_mode_option,
     k_socket_group_option,
     {.name = "tcp",
@@ -49,13 +56,15 @@ constexpr option_def k_options[] = {
     {.name = "tls-certs",
      .kind = option_kind::text,
      .default_value = "",
-     .unit = "path",
-     .help = "directory with server-cert.pem and server-key.pem (X.509)"},
+     .unit = "absolute path",
+     .help = "directory with server-cert.pem and server-key.pem (X.509)",
+     .check = check_absolute_path},
     {.name = "tls-psk",
      .kind = option_kind::text,
      .default_value = "",
-     .unit = "path",
-     .help = "pre-shared keys file, lines identity:hexkey (psktool's format)"},
+     .unit = "absolute path",
+     .help = "pre-shared keys file, lines identity:hexkey (psktool's format)",
+     .check = check_absolute_path},
     {.name = "tls-verify-peer",
      .kind = option_kind::boolean,
      .default_value = "0",

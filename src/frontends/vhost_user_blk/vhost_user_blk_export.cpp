@@ -28,9 +28,10 @@ constexpr option_def k_options[] = {
     {.name = "socket",
      .kind = option_kind::text,
      .default_value = "",
-     .unit = "path",
+     .unit = "absolute path",
      .help = "unix socket the front end connects to (QEMU: -chardev socket,path=PATH); default "
-             "RUN_DIR/vhost-user-blk/NAME.sock"},
+             "RUN_DIR/vhost-user-blk/NAME.sock",
+     .check = check_absolute_path},
     k_socket_mode_option,
     k_socket_group_option,
     {.name = "num-queues",
@@ -248,14 +249,6 @@ result<std::unique_ptr<device_export>> start_export(device& dev, const export_co
     const option_set& o = *parsed;
     export_settings s;
     s.socket_path = o.text("socket");
-    if (!s.socket_path.empty() && s.socket_path.front() != '/') {
-        // As the file target's path=: relative to what? The daemon's
-        // working directory is not the caller's.
-        return make_error(EINVAL, fmt::format("socket={}: give an absolute path (the daemon "
-                                              "creates the socket from its own working "
-                                              "directory)",
-                                              s.socket_path));
-    }
     if (s.socket_path.empty()) {
         const std::string dir = ctx.run_dir + "/vhost-user-blk";
         if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {

@@ -46,9 +46,10 @@ constexpr option_def k_options[] = {
     {.name = "path",
      .kind = option_kind::text,
      .default_value = "",
-     .unit = "path",
+     .unit = "absolute path",
      .help = "the vhost-user-blk back end's unix socket (softblk's vhost-user-blk export, "
-             "qemu-storage-daemon --export type=vhost-user-blk); required"},
+             "qemu-storage-daemon --export type=vhost-user-blk); required",
+     .check = check_absolute_path},
     {.name = "poll",
      .kind = option_kind::boolean,
      .default_value = "0",
@@ -248,14 +249,6 @@ result<void> virtio_target::setup(const option_set& o)
         return make_error(EINVAL,
                           "path=: the back end's vhost-user socket is required (e.g. "
                           "path=/run/softblk/vhost-user-blk/d0.sock)");
-    }
-    if (s.path.front() != '/') {
-        // As the file target's path=: the daemon connects, from its own
-        // working directory, and again after a restart.
-        return make_error(EINVAL, fmt::format("path={}: give an absolute path (the daemon "
-                                              "connects to the socket, from its own working "
-                                              "directory, and again after a restart)",
-                                              s.path));
     }
     s.connect_timeout_ms = static_cast<uint32_t>(o.u64("connect_timeout"));
     s.submit_queues = static_cast<unsigned>(o.u64("submit_queues"));

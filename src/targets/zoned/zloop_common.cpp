@@ -101,7 +101,8 @@ constexpr option_def k_file_only_options[] = {
      .default_value = "/var/local/zloop",
      .unit = "absolute path",
      .help = "directory of the devices' directories (BASE_DIR/ID must exist); both owned by "
-             "the daemon's user or root and writable by no one else"},
+             "the daemon's user or root and writable by no one else",
+     .check = check_absolute_path},
     {.name = "buffered_io",
      .kind = option_kind::boolean,
      .default_value = "0",

@@ -356,8 +356,8 @@ result<void> ensure_file_limit(uint64_t zone_files, const std::string& dir)
 result<std::unique_ptr<target>> create_zloop(const option_set& o)
 {
     const std::string& base = o.text("base_dir");
-    if (base.empty() || base.front() != '/') {
-        return make_error(EINVAL, fmt::format("base_dir={}: an absolute path", base));
+    if (base.empty()) {
+        return make_error(EINVAL, "base_dir=: give the directory of the devices' directories");
     }
     auto settings = zloop::parse_zone_settings(o);
     if (!settings) {
