@@ -377,14 +377,15 @@ std::string backing_file_of(unsigned number)
 }
 
 // A regular file of 1 MiB attached to /dev/loopN by "another user" (the
-// test, through the ioctl losetup uses); detached and removed on scope
-// exit, whatever the test's outcome.
+// test, through the ioctl losetup uses), with no descriptor left open (an
+// open one would hold off a detach); detached and removed on scope exit,
+// whatever the test's outcome.
 struct foreign_loop {
     std::string file;
-    int loop_fd = -1;
+    std::string loop;
     bool attached = false;
 
-    foreign_loop(const std::string& path) : file(path)
+    explicit foreign_loop(const std::string& path) : file(path)
     {
         const int fd = ::open(file.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
         if (fd >= 0) {
@@ -394,24 +395,31 @@ struct foreign_loop {
     }
     bool attach(unsigned number)
     {
+        loop = "/dev/loop" + std::to_string(number);
         const int fd = ::open(file.c_str(), O_RDWR | O_CLOEXEC);
-        loop_fd = ::open(("/dev/loop" + std::to_string(number)).c_str(), O_RDWR | O_CLOEXEC);
-        if (fd < 0 || loop_fd < 0) {
-            return false;
+        const int loop_fd = ::open(loop.c_str(), O_RDWR | O_CLOEXEC);
+        if (fd >= 0 && loop_fd >= 0) {
+            loop_config config{};
+            config.fd = static_cast<uint32_t>(fd);
+            attached = ::ioctl(loop_fd, LOOP_CONFIGURE, &config) == 0;
         }
-        loop_config config{};
-        config.fd = static_cast<uint32_t>(fd);
-        attached = ::ioctl(loop_fd, LOOP_CONFIGURE, &config) == 0;
-        ::close(fd);
+        if (fd >= 0) {
+            ::close(fd);
+        }
+        if (loop_fd >= 0) {
+            ::close(loop_fd);
+        }
         return attached;
     }
     ~foreign_loop()
     {
-        if (attached) {
-            ::ioctl(loop_fd, LOOP_CLR_FD, 0);
-        }
-        if (loop_fd >= 0) {
-            ::close(loop_fd);
+        if (attached &&
+            backing_file_of(static_cast<unsigned>(std::stoul(loop.substr(9)))) == file) {
+            const int loop_fd = ::open(loop.c_str(), O_RDONLY | O_CLOEXEC);
+            if (loop_fd >= 0) {
+                ::ioctl(loop_fd, LOOP_CLR_FD, 0);
+                ::close(loop_fd);
+            }
         }
         ::unlink(file.c_str());
     }
