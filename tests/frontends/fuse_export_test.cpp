@@ -15,6 +15,7 @@
 #include <memory>
 #include <string>
 #include <sys/ioctl.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -49,15 +50,16 @@ bool mounted(const std::string& mount_point, std::string* fstype = nullptr)
 {
     std::ifstream in("/proc/self/mounts");
     std::string source, point, type, rest;
+    bool found = false;
     while (in >> source >> point >> type && std::getline(in, rest)) {
         if (point == mount_point) {
+            found = true;
             if (fstype != nullptr) {
-                *fstype = type;
+                *fstype = type;  // the last one: the mount on top
             }
-            return true;
         }
     }
-    return false;
+    return found;
 }
 
 std::string make_run_dir()
@@ -522,6 +524,76 @@ TEST(fuse_export_stale, cleanup_leaves_a_loop_device_on_a_file_that_is_not_ours)
             << "the stale cleanup detached a loop device that softblk did not attach";
     }
     ::rmdir(dir.c_str());
+    ::rmdir((run_dir + "/fuse").c_str());
+    ::rmdir(run_dir.c_str());
+}
+
+// Someone mounts their own file system over the export's mount point: the
+// export's stop must not unmount it (the unmount goes by path, and the
+// path now reaches their mount).
+TEST(fuse_export_mount, stop_leaves_a_mount_on_top_of_its_own_alone)
+{
+    std::string why;
+    if (!fuse_usable(why)) {
+        GTEST_SKIP() << why;
+    }
+    const std::string run_dir = make_run_dir();
+    auto dev = make_device("under", {"size=4"});
+    ASSERT_NE(dev, nullptr);
+    softblk::export_context ctx{.run_dir = run_dir, .privileged = true};
+    auto exp = fuse_type().start(*dev, ctx, std::vector<std::string>{"loop=0"});
+    ASSERT_TRUE(exp) << exp.error().message;
+    const std::string mount_point = (*exp)->describe()["mount_point"].get<std::string>();
+    ASSERT_EQ(::mount("other", mount_point.c_str(), "tmpfs", 0, "size=1m"), 0)
+        << std::strerror(errno);
+    std::string fstype;
+    EXPECT_TRUE((*exp)->stop());
+    const bool kept = mounted(mount_point, &fstype) && fstype == "tmpfs";
+    // Whatever happened: the tmpfs, then our mount beneath it, go.
+    while (::umount2(mount_point.c_str(), MNT_DETACH) == 0) {
+    }
+    EXPECT_TRUE(kept) << "stop unmounted the file system someone mounted over " << mount_point;
+    exp->reset();
+    ::rmdir(mount_point.c_str());
+    ::rmdir((run_dir + "/fuse").c_str());
+    ::rmdir(run_dir.c_str());
+}
+
+// A dead process's mount with someone's file system mounted over it: the
+// stale cleanup must not unmount theirs.
+TEST(fuse_export_stale, cleanup_leaves_a_mount_on_top_of_a_stale_one_alone)
+{
+    std::string why;
+    if (!fuse_usable(why)) {
+        GTEST_SKIP() << why;
+    }
+    const std::string run_dir = make_run_dir();
+    const std::string mount_point = run_dir + "/fuse/covered";
+    const pid_t child = ::fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+        auto dev = softblk::device::create("covered", "null", std::vector<std::string>{"size=4"});
+        if (!dev) {
+            std::_Exit(2);
+        }
+        softblk::export_context ctx{.run_dir = run_dir, .privileged = true};
+        auto exp = softblk::find_export_type("fuse")->start(**dev, ctx,
+                                                            std::vector<std::string>{"loop=0"});
+        std::_Exit(exp ? 0 : 3);
+    }
+    int status = 0;
+    ASSERT_EQ(::waitpid(child, &status, 0), child);
+    ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    ASSERT_EQ(::mount("other", mount_point.c_str(), "tmpfs", 0, "size=1m"), 0)
+        << std::strerror(errno);
+    softblk::export_context ctx{.run_dir = run_dir, .privileged = true};
+    fuse_type().cleanup_stale(ctx);
+    std::string fstype;
+    const bool kept = mounted(mount_point, &fstype) && fstype == "tmpfs";
+    while (::umount2(mount_point.c_str(), MNT_DETACH) == 0) {
+    }
+    EXPECT_TRUE(kept) << "the stale cleanup unmounted the file system mounted over " << mount_point;
+    ::rmdir(mount_point.c_str());
     ::rmdir((run_dir + "/fuse").c_str());
     ::rmdir(run_dir.c_str());
 }

@@ -257,9 +257,18 @@ result<void> fuse_export::start()
     }
     _mounted = true;
     // The mount's device number: what proves at stop that the mount on
-    // _mount_point is still ours before it is unmounted.
+    // the path is still ours before it is unmounted. mountinfo shows the
+    // path with its links resolved (a run directory under /var/run is
+    // under /run there); only the parent is resolved, which is not on
+    // our mount (no FUSE request).
+    if (char* real = ::realpath(fuse_dir.c_str(), nullptr)) {
+        _mount_point_seen = std::string(real) + "/" + _name;
+        std::free(real);
+    } else {
+        _mount_point_seen = _mount_point;
+    }
     const std::string source = fmt::format("{}:{}:{}", k_subtype, ::getpid(), _name);
-    if (auto top = top_mount_at(_mount_point); top && top->source == source) {
+    if (auto top = top_mount_at(_mount_point_seen); top && top->source == source) {
         _mount_device = top->device;
     }
 
@@ -533,8 +542,8 @@ nlohmann::json fuse_export::describe() const
             out["loop_direct_io"] = _loop->direct_io;
         } else {
             out["warning"] = fmt::format(
-                "its loop device {} detached itself after a refused stop; power it off and on "
-                "for a new one",
+                "loop device {} detached (after a refused stop, or by someone else); power off "
+                "and on for a new one",
                 _loop->path);
         }
     }
@@ -610,12 +619,25 @@ result<void> fuse_export::stop_impl(bool force)
         // when the top mount on the path is still ours: someone may have
         // unmounted ours and mounted something of theirs there. Without the
         // unmount, destroying the session closes /dev/fuse all the same.
-        auto top = top_mount_at(_mount_point);
-        if (_mount_device != 0 && top && top->device == _mount_device) {
+        // (Not found at start, in a mountinfo we cannot match: unmount as
+        // before rather than leave the mount behind.)
+        auto top = top_mount_at(_mount_point_seen);
+        if (_mount_device == 0 || (top && top->device == _mount_device)) {
             fuse_session_unmount(_session);
         } else {
             fmt::print(stderr, "fuse: {}: {} is no longer our mount; not unmounting it\n", _name,
                        _mount_point);
+            // libfuse unmounts by path while the connection is alive, and
+            // frees its copy of the path only there. An unconnected
+            // /dev/fuse descriptor put in our descriptor's place (which
+            // closes ours: the connection aborts) makes it skip the
+            // unmount (its poll sees POLLERR) and just close that one.
+            const int blank = ::open("/dev/fuse", O_RDWR | O_CLOEXEC);
+            if (blank >= 0) {
+                ::dup3(blank, fuse_session_fd(_session), O_CLOEXEC);
+                ::close(blank);
+                fuse_session_unmount(_session);
+            }
         }
         _mounted = false;
     }
