@@ -419,11 +419,8 @@ result<nlohmann::json> device_host::add(const add_request& request)
         return make_error(EINVAL, "no target type given (e.g. \"null\")");
     }
     entry.name = request.name.empty() ? next_name(entry.type) : request.name;
-    if (!valid_device_name(entry.name)) {
-        return make_error(EINVAL,
-                          fmt::format("device name '{}' is not valid: 1 to 64 characters from "
-                                      "A-Z a-z 0-9 _ - . not starting with a dot",
-                                      entry.name));
+    if (auto checked = check_new_device_name(entry.name); !checked) {
+        return std::unexpected(checked.error());
     }
     if (_devices.contains(entry.name)) {
         return make_error(EEXIST, fmt::format("a device named '{}' exists already", entry.name));

@@ -224,4 +224,27 @@ bool valid_device_name(std::string_view name)
            std::string_view::npos;
 }
 
+result<void> check_new_device_name(std::string_view name)
+{
+    if (!valid_device_name(name)) {
+        return make_error(EINVAL,
+                          fmt::format("device name '{}' is not valid: 1 to 64 characters from "
+                                      "A-Z a-z 0-9 _ - . not starting with a dot or a dash",
+                                      name));
+    }
+    if (name[0] == '-') {
+        return make_error(EINVAL, fmt::format("device name '{}' starts with '-': the command line "
+                                              "would take it for an option; choose a name that "
+                                              "starts with a letter, a digit or '_'",
+                                              name));
+    }
+    if (name == "features") {
+        return make_error(EEXIST,
+                          "device name 'features' is taken by the file of that name at "
+                          "the top of null_blk's configfs tree (softblk nullb mount; the "
+                          "kernel refuses that mkdir too): choose another name");
+    }
+    return {};
+}
+
 }  // namespace softblk::cli

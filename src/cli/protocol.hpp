@@ -69,7 +69,15 @@ result<uint64_t> param_u64(const nlohmann::json& params, std::string_view key, u
 result<std::vector<std::string>> param_strings(const nlohmann::json& params, std::string_view key);
 
 // Device names: 1 to 64 characters from [A-Za-z0-9_.-], not starting with a
-// dot (they name files and directories under the run directory).
+// dot (they name files and directories under the run directory). What a
+// state file may name (devices of older versions included).
 bool valid_device_name(std::string_view name);
+
+// A name for a new device: valid_device_name, and neither starting with '-'
+// (the command line would take it for an option) nor "features" (the file
+// at the top of null_blk's configfs tree, which `softblk nullb mount`
+// serves; the kernel refuses that mkdir too, with EEXIST). The error says
+// what is wrong with the name.
+result<void> check_new_device_name(std::string_view name);
 
 }  // namespace softblk::cli

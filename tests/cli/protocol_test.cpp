@@ -134,3 +134,26 @@ TEST(protocol, device_names_are_safe_file_names)
     EXPECT_FALSE(valid_device_name("sp ace"));
     EXPECT_FALSE(valid_device_name(std::string(65, 'a')));
 }
+
+TEST(protocol, new_device_names_are_neither_options_nor_the_features_file)
+{
+    EXPECT_TRUE(check_new_device_name("null0"));
+    EXPECT_TRUE(check_new_device_name("a-b_c.d"));
+    EXPECT_TRUE(check_new_device_name("_x"));
+    EXPECT_TRUE(check_new_device_name("features2"));
+    // Still recovered from the state files of older versions (and so
+    // deletable, with `softblk del -- -x`), but not given to new devices.
+    EXPECT_TRUE(valid_device_name("-x"));
+    EXPECT_TRUE(valid_device_name("features"));
+    auto dash = check_new_device_name("-x");
+    ASSERT_FALSE(dash);
+    EXPECT_EQ(dash.error().code.value(), EINVAL);
+    EXPECT_NE(dash.error().message.find("option"), std::string::npos) << dash.error().message;
+    auto features = check_new_device_name("features");
+    ASSERT_FALSE(features);
+    EXPECT_EQ(features.error().code.value(), EEXIST);
+    EXPECT_NE(features.error().message.find("configfs"), std::string::npos)
+        << features.error().message;
+    EXPECT_FALSE(check_new_device_name(".hidden"));
+    EXPECT_FALSE(check_new_device_name("a/b"));
+}

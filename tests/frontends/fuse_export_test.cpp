@@ -2,7 +2,8 @@
 // attributes, aligned and unaligned I/O, fallocate (punch hole, zero
 // range, plain allocation), SEEK_DATA/SEEK_HOLE from the allocation map,
 // fsync reaching the device, the end of the device, stop and stale-mount
-// cleanup.
+// cleanup; as root with a loop device, that a loop device no longer
+// attached to the export's file is never detached or shown as its own.
 #include <gtest/gtest.h>
 
 #include <cerrno>
@@ -10,11 +11,15 @@
 #include <cstring>
 #include <fcntl.h>
 #include <fstream>
+#include <linux/loop.h>
 #include <memory>
 #include <string>
+#include <sys/ioctl.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -45,15 +50,16 @@ bool mounted(const std::string& mount_point, std::string* fstype = nullptr)
 {
     std::ifstream in("/proc/self/mounts");
     std::string source, point, type, rest;
+    bool found = false;
     while (in >> source >> point >> type && std::getline(in, rest)) {
         if (point == mount_point) {
+            found = true;
             if (fstype != nullptr) {
-                *fstype = type;
+                *fstype = type;  // the last one: the mount on top
             }
-            return true;
         }
     }
-    return false;
+    return found;
 }
 
 std::string make_run_dir()
@@ -360,6 +366,234 @@ TEST(fuse_export_stale, cleanup_removes_the_mount_of_a_dead_process)
     EXPECT_FALSE(mounted(mount_point));
     struct stat st {};
     EXPECT_NE(::stat(mount_point.c_str(), &st), 0);
+    ::rmdir((run_dir + "/fuse").c_str());
+    ::rmdir(run_dir.c_str());
+}
+
+std::string backing_file_of(unsigned number)
+{
+    std::ifstream in("/sys/block/loop" + std::to_string(number) + "/loop/backing_file");
+    std::string line;
+    std::getline(in, line);
+    return line;
+}
+
+// A regular file of 1 MiB attached to /dev/loopN by "another user" (the
+// test, through the ioctl losetup uses), with no descriptor left open (an
+// open one would hold off a detach); detached and removed on scope exit,
+// whatever the test's outcome.
+struct foreign_loop {
+    std::string file;
+    std::string loop;
+    bool attached = false;
+
+    explicit foreign_loop(const std::string& path) : file(path)
+    {
+        const int fd = ::open(file.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+        if (fd >= 0) {
+            EXPECT_EQ(::ftruncate(fd, 1 << 20), 0);
+            ::close(fd);
+        }
+    }
+    bool attach(unsigned number)
+    {
+        loop = "/dev/loop" + std::to_string(number);
+        const int fd = ::open(file.c_str(), O_RDWR | O_CLOEXEC);
+        const int loop_fd = ::open(loop.c_str(), O_RDWR | O_CLOEXEC);
+        if (fd >= 0 && loop_fd >= 0) {
+            loop_config config{};
+            config.fd = static_cast<uint32_t>(fd);
+            attached = ::ioctl(loop_fd, LOOP_CONFIGURE, &config) == 0;
+        }
+        if (fd >= 0) {
+            ::close(fd);
+        }
+        if (loop_fd >= 0) {
+            ::close(loop_fd);
+        }
+        return attached;
+    }
+    ~foreign_loop()
+    {
+        if (attached &&
+            backing_file_of(static_cast<unsigned>(std::stoul(loop.substr(9)))) == file) {
+            const int loop_fd = ::open(loop.c_str(), O_RDONLY | O_CLOEXEC);
+            if (loop_fd >= 0) {
+                ::ioctl(loop_fd, LOOP_CLR_FD, 0);
+                ::close(loop_fd);
+            }
+        }
+        ::unlink(file.c_str());
+    }
+};
+
+bool loop_usable(std::string& why)
+{
+    if (!fuse_usable(why)) {
+        return false;
+    }
+    if (::access("/dev/loop-control", R_OK | W_OK) != 0) {
+        why = "no /dev/loop-control";
+        return false;
+    }
+    return true;
+}
+
+// After a stop refused because the loop device was still open, the device
+// detaches itself on its last close (autoclear); if another user then
+// attaches their own file to the same /dev/loopN, the export must neither
+// show it as its loop device nor detach it on the next stop.
+TEST(fuse_export_loop, a_loop_device_reattached_by_another_user_is_left_alone)
+{
+    std::string why;
+    if (!loop_usable(why)) {
+        GTEST_SKIP() << why;
+    }
+    const std::string run_dir = make_run_dir();
+    auto dev = make_device("own", {"size=16", "memory_backed=1"});
+    ASSERT_NE(dev, nullptr);
+    softblk::export_context ctx{.run_dir = run_dir, .privileged = true};
+    auto exp = fuse_type().start(*dev, ctx, std::vector<std::string>{});
+    ASSERT_TRUE(exp) << exp.error().message;
+    const nlohmann::json before = (*exp)->describe();
+    ASSERT_TRUE(before.contains("loop")) << before.dump();
+    const std::string loop = before["loop"].get<std::string>();
+    const unsigned number = static_cast<unsigned>(std::stoul(loop.substr(9)));
+    foreign_loop foreign(run_dir + ".foreign.img");
+    {
+        // A program (fio, dd) holds the loop device open: stop() gives up.
+        const int holder = ::open(loop.c_str(), O_RDONLY | O_CLOEXEC);
+        ASSERT_GE(holder, 0) << loop << ": " << std::strerror(errno);
+        auto refused = (*exp)->stop();
+        ::close(holder);
+        ASSERT_FALSE(refused) << "stop() detached " << loop << " while it was open";
+        EXPECT_NE(refused.error().message.find("still open"), std::string::npos)
+            << refused.error().message;
+    }
+    // Its last close detached it (autoclear).
+    for (int i = 0; i < 500 && !backing_file_of(number).empty(); ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ASSERT_EQ(backing_file_of(number), "") << loop << " did not detach itself on its last close";
+    const nlohmann::json detached = (*exp)->describe();
+    EXPECT_FALSE(detached.contains("loop"))
+        << "describe still claims " << loop << ": " << detached.dump();
+    EXPECT_NE(detached.value("warning", std::string()).find(loop), std::string::npos)
+        << detached.dump();
+
+    if (!foreign.attach(number)) {
+        GTEST_SKIP() << loop << " was taken by another program before the test could attach it";
+    }
+    EXPECT_FALSE((*exp)->describe().contains("loop")) << "describe claims the foreign " << loop;
+    EXPECT_EQ((*exp)->in_use(), "");
+    auto stopped = (*exp)->stop();
+    EXPECT_TRUE(stopped) << stopped.error().message;
+    EXPECT_EQ(backing_file_of(number), foreign.file)
+        << "the export's stop detached " << loop << ", which another user had attached";
+    exp->reset();
+    ::rmdir((run_dir + "/fuse").c_str());
+    ::rmdir(run_dir.c_str());
+}
+
+// A loop device whose backing file lies under RUN_DIR/fuse but on no
+// stale mount of ours (a plain file there, or a mount of another mount
+// namespace) is not ours: the stale cleanup leaves it attached.
+TEST(fuse_export_stale, cleanup_leaves_a_loop_device_on_a_file_that_is_not_ours)
+{
+    std::string why;
+    if (!loop_usable(why)) {
+        GTEST_SKIP() << why;
+    }
+    const std::string run_dir = make_run_dir();
+    const std::string dir = run_dir + "/fuse/other";
+    ASSERT_EQ(::mkdir((run_dir + "/fuse").c_str(), 0755), 0);
+    ASSERT_EQ(::mkdir(dir.c_str(), 0755), 0);
+    {
+        foreign_loop foreign(dir + "/other");
+        const int control = ::open("/dev/loop-control", O_RDWR | O_CLOEXEC);
+        ASSERT_GE(control, 0);
+        const int number = ::ioctl(control, LOOP_CTL_GET_FREE);
+        ::close(control);
+        ASSERT_GE(number, 0);
+        if (!foreign.attach(static_cast<unsigned>(number))) {
+            GTEST_SKIP() << "could not attach a loop device: " << std::strerror(errno);
+        }
+        softblk::export_context ctx{.run_dir = run_dir, .privileged = true};
+        fuse_type().cleanup_stale(ctx);
+        EXPECT_EQ(backing_file_of(static_cast<unsigned>(number)), foreign.file)
+            << "the stale cleanup detached a loop device that softblk did not attach";
+    }
+    ::rmdir(dir.c_str());
+    ::rmdir((run_dir + "/fuse").c_str());
+    ::rmdir(run_dir.c_str());
+}
+
+// Someone mounts their own file system over the export's mount point: the
+// export's stop must not unmount it (the unmount goes by path, and the
+// path now reaches their mount).
+TEST(fuse_export_mount, stop_leaves_a_mount_on_top_of_its_own_alone)
+{
+    std::string why;
+    if (!fuse_usable(why)) {
+        GTEST_SKIP() << why;
+    }
+    const std::string run_dir = make_run_dir();
+    auto dev = make_device("under", {"size=4"});
+    ASSERT_NE(dev, nullptr);
+    softblk::export_context ctx{.run_dir = run_dir, .privileged = true};
+    auto exp = fuse_type().start(*dev, ctx, std::vector<std::string>{"loop=0"});
+    ASSERT_TRUE(exp) << exp.error().message;
+    const std::string mount_point = (*exp)->describe()["mount_point"].get<std::string>();
+    ASSERT_EQ(::mount("other", mount_point.c_str(), "tmpfs", 0, "size=1m"), 0)
+        << std::strerror(errno);
+    std::string fstype;
+    EXPECT_TRUE((*exp)->stop());
+    const bool kept = mounted(mount_point, &fstype) && fstype == "tmpfs";
+    // Whatever happened: the tmpfs, then our mount beneath it, go.
+    while (::umount2(mount_point.c_str(), MNT_DETACH) == 0) {
+    }
+    EXPECT_TRUE(kept) << "stop unmounted the file system someone mounted over " << mount_point;
+    exp->reset();
+    ::rmdir(mount_point.c_str());
+    ::rmdir((run_dir + "/fuse").c_str());
+    ::rmdir(run_dir.c_str());
+}
+
+// A dead process's mount with someone's file system mounted over it: the
+// stale cleanup must not unmount theirs.
+TEST(fuse_export_stale, cleanup_leaves_a_mount_on_top_of_a_stale_one_alone)
+{
+    std::string why;
+    if (!fuse_usable(why)) {
+        GTEST_SKIP() << why;
+    }
+    const std::string run_dir = make_run_dir();
+    const std::string mount_point = run_dir + "/fuse/covered";
+    const pid_t child = ::fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+        auto dev = softblk::device::create("covered", "null", std::vector<std::string>{"size=4"});
+        if (!dev) {
+            std::_Exit(2);
+        }
+        softblk::export_context ctx{.run_dir = run_dir, .privileged = true};
+        auto exp = softblk::find_export_type("fuse")->start(**dev, ctx,
+                                                            std::vector<std::string>{"loop=0"});
+        std::_Exit(exp ? 0 : 3);
+    }
+    int status = 0;
+    ASSERT_EQ(::waitpid(child, &status, 0), child);
+    ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    ASSERT_EQ(::mount("other", mount_point.c_str(), "tmpfs", 0, "size=1m"), 0)
+        << std::strerror(errno);
+    softblk::export_context ctx{.run_dir = run_dir, .privileged = true};
+    fuse_type().cleanup_stale(ctx);
+    std::string fstype;
+    const bool kept = mounted(mount_point, &fstype) && fstype == "tmpfs";
+    while (::umount2(mount_point.c_str(), MNT_DETACH) == 0) {
+    }
+    EXPECT_TRUE(kept) << "the stale cleanup unmounted the file system mounted over " << mount_point;
+    ::rmdir(mount_point.c_str());
     ::rmdir((run_dir + "/fuse").c_str());
     ::rmdir(run_dir.c_str());
 }

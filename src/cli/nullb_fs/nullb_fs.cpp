@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <dirent.h>
+#include <fcntl.h>
 #include <fuse_lowlevel.h>
 #include <map>
 #include <memory>
@@ -239,31 +241,50 @@ private:
     static void readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info*)
     {
         nullb_fs& fs = self(req);
-        const node* n = fs.at(ino);
-        if (n == nullptr) {
+        const node* found = fs.at(ino);
+        if (found == nullptr) {
             fuse_reply_err(req, ENOENT);
             return;
         }
-        std::vector<std::pair<std::string, bool>> names = {{".", true}, {"..", true}};
-        if (n->what == kind::root) {
-            names.emplace_back("features", false);
+        // A copy: interning the children below may move the nodes.
+        const node n = *found;
+        // Each entry with the inode number lookup gives it: an entry with
+        // d_ino 0 is skipped by readdir(3), so `ls` would show nothing.
+        struct dir_entry {
+            std::string name;
+            fuse_ino_t ino;
+            bool directory;
+        };
+        std::vector<dir_entry> names = {{".", ino, true}, {"..", n.parent, true}};
+        if (n.what == kind::root) {
+            names.push_back({"features",
+                             fs.intern(ino, "features", node{.what = kind::features, .mode = 0444}),
+                             false});
             auto list = fs.call("list", json::object());
             if (!list) {
                 fuse_reply_err(req, code_of(list.error()));
                 return;
             }
             for (const json& d : *list) {
-                if (d.value("type", std::string()) == "null") {
-                    names.emplace_back(d.value("name", std::string()), true);
+                const std::string name = d.value("name", std::string());
+                if (d.value("type", std::string()) != "null" || name == "features") {
+                    continue;  // "features" is the file (a device of that name predates the rule)
                 }
+                names.push_back(
+                    {name,
+                     fs.intern(ino, name,
+                               node{.what = kind::device_dir, .device = name, .mode = 0755}),
+                     true});
             }
-        } else if (n->what == kind::device_dir) {
-            for (const auto& e : fs._tree.device_entries()) {
-                names.emplace_back(e.name, e.directory);
-            }
-        } else if (n->what == kind::group_dir) {
-            for (const auto& e : fs._tree.group_entries(n->path)) {
-                names.emplace_back(e.name, false);
+        } else if (n.what == kind::device_dir || n.what == kind::group_dir) {
+            const bool group = n.what == kind::group_dir;
+            const auto entries = group ? fs._tree.group_entries(n.path) : fs._tree.device_entries();
+            for (const auto& e : entries) {
+                auto c = fs.child_of_device(n.device, group ? n.path : "", e.name);
+                if (!c) {
+                    continue;
+                }
+                names.push_back({e.name, fs.intern(ino, e.name, std::move(*c)), e.directory});
             }
         } else {
             fuse_reply_err(req, ENOTDIR);
@@ -273,9 +294,10 @@ private:
         size_t used = 0;
         for (size_t i = static_cast<size_t>(off); i < names.size(); ++i) {
             struct stat st = {};
-            st.st_mode = names[i].second ? S_IFDIR : S_IFREG;
+            st.st_ino = names[i].ino;
+            st.st_mode = names[i].directory ? S_IFDIR : S_IFREG;
             const size_t len =
-                fuse_add_direntry(req, buf.data() + used, size - used, names[i].first.c_str(), &st,
+                fuse_add_direntry(req, buf.data() + used, size - used, names[i].name.c_str(), &st,
                                   static_cast<off_t>(i + 1));
             if (len > size - used) {
                 break;
@@ -477,13 +499,53 @@ const fuse_lowlevel_ops& nullb_fs::operations()
     return ops;
 }
 
+// Why `dir` cannot take the tree, or "": it must be an empty directory
+// that nothing is mounted on (configfs is mounted once; a mount over files
+// would hide them).
+std::string unusable_mount_point(const std::string& dir)
+{
+    struct statx stx = {};
+    if (::statx(AT_FDCWD, dir.c_str(), 0, STATX_TYPE, &stx) != 0) {
+        return fmt::format("{}: {}", dir, std::strerror(errno));
+    }
+    if (!S_ISDIR(stx.stx_mode)) {
+        return fmt::format("{}: not a directory", dir);
+    }
+    if ((stx.stx_attributes_mask & STATX_ATTR_MOUNT_ROOT) != 0 &&
+        (stx.stx_attributes & STATX_ATTR_MOUNT_ROOT) != 0) {
+        return fmt::format(
+            "{}: something is mounted there already (a nullb tree is mounted "
+            "once, as configfs is): unmount it first (softblk nullb umount {}) or "
+            "choose an empty directory",
+            dir, dir);
+    }
+    DIR* d = ::opendir(dir.c_str());
+    if (d == nullptr) {
+        return fmt::format("{}: {}", dir, std::strerror(errno));
+    }
+    bool empty = true;
+    while (const dirent* e = ::readdir(d)) {
+        if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) {
+            empty = false;
+            break;
+        }
+    }
+    ::closedir(d);
+    if (!empty) {
+        return fmt::format(
+            "{}: not empty (the tree would hide what is in it): choose an empty "
+            "directory",
+            dir);
+    }
+    return {};
+}
+
 }  // namespace
 
 int run_nullb_fs(const run_paths& paths, const nullb_fs_options& o)
 {
-    struct stat st = {};
-    if (::stat(o.mount_point.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-        fmt::print(stderr, "softblk nullb mount: {}: not a directory\n", o.mount_point);
+    if (std::string why = unusable_mount_point(o.mount_point); !why.empty()) {
+        fmt::print(stderr, "softblk nullb mount: {}\n", why);
         return 1;
     }
     auto fs = std::make_unique<nullb_fs>(paths, o);

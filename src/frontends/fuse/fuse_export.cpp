@@ -216,7 +216,7 @@ result<void> fuse_export::start()
                               fmt::format("{}: already mounted ({} {}); delete that export first",
                                           _mount_point, entry.fstype, entry.source));
         }
-        if (!remove_stale_mount(_mount_point)) {
+        if (!remove_stale_mount(entry)) {
             return make_error(EBUSY,
                               fmt::format("{}: a stale mount of a dead daemon is still in use "
                                           "(its loop device is mounted?)",
@@ -256,6 +256,21 @@ result<void> fuse_export::start()
                                            _mount_point));
     }
     _mounted = true;
+    // The mount's device number: what proves at stop that the mount on
+    // the path is still ours before it is unmounted. mountinfo shows the
+    // path with its links resolved (a run directory under /var/run is
+    // under /run there); only the parent is resolved, which is not on
+    // our mount (no FUSE request).
+    if (char* real = ::realpath(fuse_dir.c_str(), nullptr)) {
+        _mount_point_seen = std::string(real) + "/" + _name;
+        std::free(real);
+    } else {
+        _mount_point_seen = _mount_point;
+    }
+    const std::string source = fmt::format("{}:{}:{}", k_subtype, ::getpid(), _name);
+    if (auto top = top_mount_at(_mount_point_seen); top && top->source == source) {
+        _mount_device = top->device;
+    }
 
     install_wake_handler();
     for (unsigned i = 0; i < _thread_count; ++i) {
@@ -307,7 +322,7 @@ void fuse_export::capacity_changed(uint64_t bytes)
         // a stat brings up to date; then LOOP_SET_CAPACITY (losetup -c).
         struct stat st;
         if (::stat(_file_path.c_str(), &st) == 0) {
-            if (auto r = set_loop_capacity(_loop->number); !r) {
+            if (auto r = set_loop_capacity(_loop->number, _loop->backing); !r) {
                 fmt::print(stderr, "fuse: {}: {}\n", _name, r.error().message);
             }
         }
@@ -519,8 +534,18 @@ nlohmann::json fuse_export::describe() const
     out["requests_after_sleep"] = slept;
     out["poll_ms"] = poll_ns / 1'000'000;
     if (_loop) {
-        out["loop"] = _loop->path;
-        out["loop_direct_io"] = _loop->direct_io;
+        // Shown only while it is still attached to our file: after a
+        // refused stop it detaches itself on its last close, and the
+        // number may then be someone else's.
+        if (loop_backed_by(_loop->number, _loop->backing)) {
+            out["loop"] = _loop->path;
+            out["loop_direct_io"] = _loop->direct_io;
+        } else {
+            out["warning"] = fmt::format(
+                "loop device {} detached (after a refused stop, or by someone else); power off "
+                "and on for a new one",
+                _loop->path);
+        }
     }
     return out;
 }
@@ -534,7 +559,8 @@ std::string fuse_export::in_use() const
 {
     // What makes stop() refuse: a loop device held exclusively. The file
     // itself being open does not (stop() aborts what its users still ask).
-    return _loop ? loop_holder(_loop->number) : std::string();
+    return _loop && loop_backed_by(_loop->number, _loop->backing) ? loop_holder(_loop->number)
+                                                                  : std::string();
 }
 
 void fuse_export::join_workers()
@@ -573,8 +599,13 @@ result<void> fuse_export::stop_impl(bool force)
     if (_loop) {
         // Forced, a loop device that is still held (mounted) detaches itself
         // when it is last closed, so nothing stays attached to a dead file.
-        auto detached = detach_loop(_loop->number, force ? 0 : 5000, force);
+        // One that is no longer attached to our file is left alone.
+        auto detached = detach_loop(_loop->number, _loop->backing, force ? 0 : 5000, force);
         if (!detached && !force) {
+            // The export goes on serving, and following the device's size.
+            _capacity_listener =
+                _dev.add_capacity_listener([this](uint64_t b) { capacity_changed(b); });
+            capacity_changed(current_capacity(_dev.limits()));
             return std::unexpected(detached.error());
         }
         _loop.reset();
@@ -584,8 +615,30 @@ result<void> fuse_export::stop_impl(bool force)
     join_workers();
     if (_mounted) {
         // Lazy when something still has the file open; closing /dev/fuse
-        // (done by the unmount) aborts what those users still ask.
-        fuse_session_unmount(_session);
+        // (done by the unmount) aborts what those users still ask. Only
+        // when the top mount on the path is still ours: someone may have
+        // unmounted ours and mounted something of theirs there. Without the
+        // unmount, destroying the session closes /dev/fuse all the same.
+        // (Not found at start, in a mountinfo we cannot match: unmount as
+        // before rather than leave the mount behind.)
+        auto top = top_mount_at(_mount_point_seen);
+        if (_mount_device == 0 || (top && top->device == _mount_device)) {
+            fuse_session_unmount(_session);
+        } else {
+            fmt::print(stderr, "fuse: {}: {} is no longer our mount; not unmounting it\n", _name,
+                       _mount_point);
+            // libfuse unmounts by path while the connection is alive, and
+            // frees its copy of the path only there. An unconnected
+            // /dev/fuse descriptor put in our descriptor's place (which
+            // closes ours: the connection aborts) makes it skip the
+            // unmount (its poll sees POLLERR) and just close that one.
+            const int blank = ::open("/dev/fuse", O_RDWR | O_CLOEXEC);
+            if (blank >= 0) {
+                ::dup3(blank, fuse_session_fd(_session), O_CLOEXEC);
+                ::close(blank);
+                fuse_session_unmount(_session);
+            }
+        }
         _mounted = false;
     }
     if (_session != nullptr) {

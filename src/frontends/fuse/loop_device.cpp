@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <fstream>
 #include <linux/loop.h>
+#include <optional>
 #include <sstream>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
@@ -37,7 +38,53 @@ std::string sysfs_dir(unsigned number)
     return fmt::format("/sys/block/loop{}/loop", number);
 }
 
+std::string device_path(unsigned number)
+{
+    return fmt::format("/dev/loop{}", number);
+}
+
+// The backing file of the loop device open at `fd`; nullopt when it is not
+// attached (ENXIO, also while it is being detached).
+std::optional<loop_backing> status_of(int fd)
+{
+    loop_info64 info{};
+    if (::ioctl(fd, LOOP_GET_STATUS64, &info) < 0) {
+        return std::nullopt;
+    }
+    return loop_backing{.device = info.lo_device, .inode = info.lo_inode};
+}
+
+// True when loop device `number` is attached to a file other than
+// `expected`: the one softblk attached is gone from it for certain.
+bool backed_by_another(unsigned number, const loop_backing& expected)
+{
+    fd_guard loop{::open(device_path(number).c_str(), O_RDONLY | O_CLOEXEC)};
+    if (loop.fd < 0) {
+        return false;
+    }
+    const auto now = status_of(loop.fd);
+    return now && *now != expected;
+}
+
 }  // namespace
+
+std::optional<loop_backing> loop_backing_of(unsigned number)
+{
+    if (loop_backing_file(number).empty()) {
+        return std::nullopt;
+    }
+    fd_guard loop{::open(device_path(number).c_str(), O_RDONLY | O_CLOEXEC)};
+    if (loop.fd < 0) {
+        return std::nullopt;
+    }
+    return status_of(loop.fd);
+}
+
+bool loop_backed_by(unsigned number, const loop_backing& backing)
+{
+    const auto now = loop_backing_of(number);
+    return now && *now == backing;
+}
 
 std::string loop_backing_file(unsigned number)
 {
@@ -89,10 +136,20 @@ result<loop_attachment> attach_loop(const std::string& file, uint32_t block_size
             return make_error(e, fmt::format("{}: LOOP_CONFIGURE with {} (block size {}): {}", path,
                                              file, block_size, std::strerror(e)));
         }
+        // What proves later that the device is still ours: read on the
+        // descriptor that attached it, before anyone else could detach it.
+        const auto backing_now = status_of(loop.fd);
+        if (!backing_now) {
+            const int e = errno;
+            (void)::ioctl(loop.fd, LOOP_CLR_FD, 0);
+            return make_error(e, fmt::format("{}: LOOP_GET_STATUS64 after attaching {}: {}", path,
+                                             file, std::strerror(e)));
+        }
         loop_attachment out;
         out.path = path;
         out.number = static_cast<unsigned>(number);
         out.direct_io = read_sysfs_line(sysfs_dir(out.number) + "/dio") == "1";
+        out.backing = *backing_now;
         return out;
     }
     return make_error(EBUSY,
@@ -135,44 +192,63 @@ std::string loop_holder(unsigned number)
         path);
 }
 
-result<void> set_loop_capacity(unsigned number)
+result<void> set_loop_capacity(unsigned number, const loop_backing& expected)
 {
-    const std::string path = fmt::format("/dev/loop{}", number);
+    const std::string path = device_path(number);
     fd_guard loop{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
-    if (loop.fd < 0 || ::ioctl(loop.fd, LOOP_SET_CAPACITY, 0) < 0) {
+    if (loop.fd < 0) {
+        const int e = errno;
+        return make_error(e, fmt::format("{}: {}", path, std::strerror(e)));
+    }
+    if (status_of(loop.fd) != expected) {
+        return {};  // not ours any more: its size is none of our business
+    }
+    if (::ioctl(loop.fd, LOOP_SET_CAPACITY, 0) < 0) {
         const int e = errno;
         return make_error(e, fmt::format("{}: LOOP_SET_CAPACITY: {}", path, std::strerror(e)));
     }
     return {};
 }
 
-result<void> detach_loop(unsigned number, unsigned timeout_ms, bool even_if_held)
+result<void> detach_loop(unsigned number, const loop_backing& expected, unsigned timeout_ms,
+                         bool even_if_held)
 {
-    const std::string path = fmt::format("/dev/loop{}", number);
+    const std::string path = device_path(number);
     if (loop_backing_file(number).empty()) {
         return {};
     }
-    if (!even_if_held) {
-        // A mounted file system holds the device exclusively: refuse rather
-        // than leave a detach pending behind the user's back.
-        if (std::string holder = loop_holder(number); !holder.empty()) {
-            return make_error(EBUSY, fmt::format("{}; unmount it first", holder));
-        }
-    }
     {
+        // Held open from the check to LOOP_CLR_FD: while we hold it, the
+        // device cannot detach (autoclear waits for the last close), so it
+        // cannot be re-attached to another file in between either.
         fd_guard loop{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
         if (loop.fd < 0) {
             const int e = errno;
+            if (e == ENOENT || e == ENXIO) {
+                return {};  // gone, or being detached already
+            }
             return make_error(e, fmt::format("{}: {}", path, std::strerror(e)));
+        }
+        if (status_of(loop.fd) != expected) {
+            return {};  // detached, or attached to someone else's file: not ours
+        }
+        if (!even_if_held) {
+            // A mounted file system holds the device exclusively: refuse
+            // rather than leave a detach pending behind the user's back.
+            if (std::string holder = loop_holder(number); !holder.empty()) {
+                return make_error(EBUSY, fmt::format("{}; unmount it first", holder));
+            }
         }
         if (::ioctl(loop.fd, LOOP_CLR_FD, 0) < 0 && errno != ENXIO) {
             const int e = errno;
             return make_error(e, fmt::format("{}: LOOP_CLR_FD: {}", path, std::strerror(e)));
         }
     }
-    // The kernel releases the backing file on the last close of the device.
+    // The kernel releases the backing file on the last close of the device
+    // (ours above, unless another program still has it open). Done when it
+    // has no file, or already another one.
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-    while (!loop_backing_file(number).empty()) {
+    while (!loop_backing_file(number).empty() && !backed_by_another(number, expected)) {
         if (std::chrono::steady_clock::now() >= deadline) {
             return make_error(
                 EBUSY, fmt::format("{} is still open after {} ms; it detaches itself when the "

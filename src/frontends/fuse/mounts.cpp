@@ -4,6 +4,7 @@
 
 #include <cerrno>
 #include <csignal>
+#include <cstdio>
 #include <dirent.h>
 #include <fstream>
 #include <mutex>
@@ -12,6 +13,7 @@
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 namespace softblk::fuse {
@@ -72,9 +74,25 @@ std::vector<mount_entry> read_mounts()
         }
         entry.mount_point = unescape(mount_point);
         entry.source = unescape(entry.source);
+        unsigned major_number = 0;
+        unsigned minor_number = 0;
+        if (std::sscanf(dev.c_str(), "%u:%u", &major_number, &minor_number) == 2) {
+            entry.device = makedev(major_number, minor_number);
+        }
         out.push_back(std::move(entry));
     }
     return out;
+}
+
+std::optional<mount_entry> top_mount_at(const std::string& mount_point)
+{
+    std::optional<mount_entry> top;
+    for (mount_entry& entry : read_mounts()) {
+        if (entry.mount_point == mount_point) {
+            top = std::move(entry);
+        }
+    }
+    return top;
 }
 
 pid_t source_pid(const std::string& source)
@@ -130,18 +148,27 @@ bool is_stale(const mount_entry& entry)
     return ::statfs(entry.mount_point.c_str(), &st) < 0 && errno == ENOTCONN;
 }
 
-bool remove_stale_mount(const std::string& mount_point)
+bool remove_stale_mount(const mount_entry& entry)
 {
     bool clean = true;
-    for (unsigned number : loops_backed_under(mount_point + "/")) {
-        if (!detach_loop(number, 2000)) {
+    for (unsigned number : loops_backed_under(entry.mount_point + "/")) {
+        // Ours only if its file is on this very mount.
+        const auto backing = loop_backing_of(number);
+        if (backing && backing->device == entry.device && !detach_loop(number, *backing, 2000)) {
             clean = false;
         }
     }
-    if (::umount2(mount_point.c_str(), MNT_DETACH) < 0 && errno != EINVAL && errno != ENOENT) {
+    // By path: only while the stale mount is what the path reaches (a
+    // mount on top of it is someone else's).
+    if (auto top = top_mount_at(entry.mount_point); top && top->device == entry.device) {
+        if (::umount2(entry.mount_point.c_str(), MNT_DETACH) < 0 && errno != EINVAL &&
+            errno != ENOENT) {
+            clean = false;
+        }
+    } else if (top) {
         clean = false;
     }
-    if (::rmdir(mount_point.c_str()) < 0 && errno != ENOENT) {
+    if (::rmdir(entry.mount_point.c_str()) < 0 && errno != ENOENT) {
         clean = false;
     }
     return clean;
@@ -156,20 +183,13 @@ void cleanup_stale_under(const std::string& fuse_dir)
         }
         mounted.insert(entry.mount_point);
         if (entry.fstype == k_fstype && is_stale(entry)) {
-            remove_stale_mount(entry.mount_point);
+            remove_stale_mount(entry);
         }
     }
-    // Loop devices whose backing file is below fuse_dir but whose mount is
-    // gone (lazily unmounted while the loop device still held the file).
-    for (unsigned number : loops_backed_under(fuse_dir + "/")) {
-        const std::string backing = loop_backing_file(number);
-        const size_t slash = backing.find('/', fuse_dir.size() + 1);
-        const std::string mount_point =
-            slash == std::string::npos ? backing : backing.substr(0, slash);
-        if (!mounted.contains(mount_point) && !is_live_mount(mount_point)) {
-            (void)detach_loop(number, 2000);
-        }
-    }
+    // No pass over loop devices whose backing path lies below fuse_dir
+    // without a mount: the file of a lazily unmounted export shows as
+    // "/NAME" (unreachable from here), so such a path is a file of the file
+    // system beneath or of another mount namespace's mount: not ours.
     // Directories left without a mount.
     DIR* dir = ::opendir(fuse_dir.c_str());
     if (dir == nullptr) {

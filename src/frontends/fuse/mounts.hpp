@@ -2,6 +2,8 @@
 // live ones of this process, and the removal of what a crashed daemon left.
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <sys/types.h>
 #include <vector>
@@ -17,10 +19,16 @@ struct mount_entry {
     std::string mount_point;
     std::string fstype;
     std::string source;
+    uint64_t device = 0;  // st_dev of its files (makedev of mountinfo's major:minor)
 };
 
-// Every mount of the calling process's mount namespace.
+// Every mount of the calling process's mount namespace, in mountinfo's
+// order (a mount comes after the one it covers).
 std::vector<mount_entry> read_mounts();
+
+// The mount that paths under `mount_point` reach now: the last one
+// mounted there (it covers the others), or nullopt.
+std::optional<mount_entry> top_mount_at(const std::string& mount_point);
 
 // The daemon pid recorded in a source name "softblk:<pid>:<name>", or -1.
 pid_t source_pid(const std::string& source);
@@ -36,14 +44,18 @@ bool is_live_mount(const std::string& mount_point);
 // aborted (statfs fails with ENOTCONN).
 bool is_stale(const mount_entry& entry);
 
-// Detaches the loop devices backed by files below the mount point,
-// lazy-unmounts it and removes its directory. Best effort; returns false
-// when something could not be removed (a loop device still mounted).
-bool remove_stale_mount(const std::string& mount_point);
+// Detaches the loop devices backed by files of the stale mount `entry`
+// (their backing device is its device: a path alone proves nothing),
+// lazy-unmounts it if it is still the top mount on its path, and removes
+// its directory if empty. Best effort; returns false when something could
+// not be removed (a loop device still mounted, another mount on top).
+bool remove_stale_mount(const mount_entry& entry);
 
-// Cleans everything stale under `fuse_dir` ($RUN_DIR/fuse): stale mounts,
-// loop devices backed by files there whose mount is gone, and empty
-// directories that no live export uses.
+// Cleans everything stale under `fuse_dir` ($RUN_DIR/fuse): stale mounts
+// with their loop devices, and empty directories that no live export uses.
+// A loop device whose backing file merely lies under fuse_dir, not on a
+// stale mount of ours, is left alone: it is a file of the file system
+// beneath (not ours) or of a mount in another mount namespace.
 void cleanup_stale_under(const std::string& fuse_dir);
 
 }  // namespace softblk::fuse

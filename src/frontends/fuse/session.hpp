@@ -222,6 +222,8 @@ private:
 
     fuse_session* _session = nullptr;
     bool _mounted = false;
+    uint64_t _mount_device = 0;     // st_dev of our mount (mountinfo), 0: not found
+    std::string _mount_point_seen;  // _mount_point as mountinfo shows it (links resolved)
     bool _registered = false;
     std::vector<std::unique_ptr<worker>> _workers;
     std::optional<loop_attachment> _loop;
