@@ -1,6 +1,7 @@
 // The FUSE export: its options, start and stop (mount, loop device, worker
 // threads) and the workers' loop with its adaptive busy polling and async mode.
-// The FUSE operations themselves are in file_ops.cpp.
+// The FUSE operations themselves are in file_ops.cpp, libfuse's callbacks
+// in libfuse_ops.cpp.
 #include "session.hpp"
 
 #include "loop_device.hpp"
@@ -20,6 +21,7 @@
 #include <ctime>
 #include <fcntl.h>
 #include <fuse_lowlevel.h>
+#include <linux/fuse.h>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -99,16 +101,18 @@ void on_async_complete(bio& request, int status)
     auto* p = static_cast<pending_io*>(request.user_data);
     worker& w = *p->owner;
     if (status < 0) {
-        fuse_reply_err(p->req, -status);
+        p->reply.error(-status);
     } else if (p->is_read) {
-        fuse_reply_buf(p->req, reinterpret_cast<const char*>(p->data) + p->skip, p->size);
+        p->reply.data(p->data + p->skip, p->size);
     } else {
-        fuse_reply_write(p->req, p->size);
+        fuse_write_out out{};
+        out.size = static_cast<uint32_t>(p->size);
+        p->reply.value(out);
     }
-    if (p->data != nullptr) {
+    if (p->data != nullptr && p->pooled) {
         w.buffers.put(p->data, p->data_class);
-        p->data = nullptr;
     }
+    p->data = nullptr;
     std::free(p->receive_mem);
     p->receive_mem = nullptr;
     p->completed = true;
@@ -173,31 +177,6 @@ fuse_export::~fuse_export()
     (void)stop_impl(true);
 }
 
-const fuse_lowlevel_ops& fuse_export::operations()
-{
-    static const fuse_lowlevel_ops ops = [] {
-        fuse_lowlevel_ops o{};
-        o.init = op_init;
-        o.lookup = op_lookup;
-        o.getattr = op_getattr;
-        o.setattr = op_setattr;
-        o.open = op_open;
-        o.read = op_read;
-        o.write = op_write;
-        o.flush = op_flush;
-        o.release = op_release;
-        o.fsync = op_fsync;
-        o.opendir = op_opendir;
-        o.readdir = op_readdir;
-        o.releasedir = op_releasedir;
-        o.statfs = op_statfs;
-        o.fallocate = op_fallocate;
-        o.lseek = op_lseek;
-        return o;
-    }();
-    return ops;
-}
-
 result<void> fuse_export::start()
 {
     if (_want_loop && !_privileged) {
@@ -259,25 +238,15 @@ result<void> fuse_export::start()
 
     install_wake_handler();
     for (unsigned i = 0; i < _thread_count; ++i) {
-        auto w = std::make_unique<worker>();
-        w->owner = this;
-        w->index = i;
-        w->scratch_size = k_max_io + 2 * size_t{_limits.logical_block_size};
-        if (::posix_memalign(reinterpret_cast<void**>(&w->scratch), 4096, w->scratch_size) != 0) {
-            return make_error(ENOMEM, fmt::format("{}: no memory for the worker buffers", _name));
+        auto w = make_worker(i);
+        if (!w) {
+            return std::unexpected(w.error());
         }
-        std::memset(w->scratch, 0, w->scratch_size);
-        w->dev = &_dev;
-        // Each worker drives a submit queue of its own when there are
-        // enough: no lock, no sharing.
-        if (_thread_count <= _dev.info().queues.submit_queues) {
-            w->queue = &_dev.queue(i);
-            w->async = _thread_count == 1;
-        }
-        worker* raw = w.get();
-        w->thread = std::thread([this, raw] { run_worker(*raw); });
-        w->handle = w->thread.native_handle();
-        _workers.push_back(std::move(w));
+        worker* raw = w->get();
+        raw->async = raw->queue != nullptr && _thread_count == 1;
+        raw->thread = std::thread([this, raw] { run_worker(*raw); });
+        raw->handle = raw->thread.native_handle();
+        _workers.push_back(std::move(*w));
     }
 
     if (_want_loop) {
@@ -291,6 +260,25 @@ result<void> fuse_export::start()
     // A change before the listener was there.
     set_capacity(_limits, current_capacity(_dev.limits()));
     return {};
+}
+
+result<std::unique_ptr<worker>> fuse_export::make_worker(unsigned index)
+{
+    auto w = std::make_unique<worker>();
+    w->owner = this;
+    w->index = index;
+    w->scratch_size = k_max_io + 2 * size_t{_limits.logical_block_size};
+    if (::posix_memalign(reinterpret_cast<void**>(&w->scratch), 4096, w->scratch_size) != 0) {
+        return make_error(ENOMEM, fmt::format("{}: no memory for the worker buffers", _name));
+    }
+    std::memset(w->scratch, 0, w->scratch_size);
+    w->dev = &_dev;
+    // Each worker drives a submit queue of its own when there are
+    // enough: no lock, no sharing.
+    if (_thread_count <= _dev.info().queues.submit_queues) {
+        w->queue = &_dev.queue(index);
+    }
+    return w;
 }
 
 void fuse_export::capacity_changed(uint64_t bytes)
@@ -425,22 +413,31 @@ bool fuse_export::wait_request_or_completion(worker& w) const
     return fds[0].revents != 0;
 }
 
-void fuse_export::submit_async(worker& w, fuse_req_t req, io_op op, uint64_t offset,
+void fuse_export::submit_async(worker& w, const reply_to& r, io_op op, uint64_t offset,
                                uint32_t length, const char* data, uint64_t skip, size_t size)
 {
     pending_io* p = w.take_pending();
-    p->req = req;
+    p->reply = r;
     p->is_read = op == io_op::read;
     p->completed = false;
     p->skip = skip;
     p->size = size;
     p->receive_mem = nullptr;
     p->data = nullptr;
+    p->pooled = false;
     if (p->is_read) {
-        p->data = w.buffers.get(length, p->data_class);
+        // A read that needs no widening lands in the reply's own buffer
+        // where it has one (a ring entry's payload): no copy at the reply.
+        if (skip == 0 && length == size) {
+            p->data = reinterpret_cast<uint8_t*>(r.buffer(size));
+        }
+        if (p->data == nullptr) {
+            p->data = w.buffers.get(length, p->data_class);
+            p->pooled = true;
+        }
         if (p->data == nullptr) {
             w.pending_free.push_back(p);
-            fuse_reply_err(req, ENOMEM);
+            r.error(ENOMEM);
             return;
         }
     }
@@ -457,10 +454,10 @@ void fuse_export::submit_async(worker& w, fuse_req_t req, io_op op, uint64_t off
     w.queue->submit(b);
     // Completions deferred to the queue's loop (irqmode=1) are due now.
     w.queue->process();
-    if (!p->completed && !p->is_read) {
+    if (!p->completed && !p->is_read && w.receive != nullptr) {
         // The data lies in libfuse's receive buffer, which the next
         // request would overwrite: the write keeps it, libfuse allocates
-        // another.
+        // another. (A ring entry keeps its payload until the reply.)
         p->receive_mem = w.receive->mem;
         w.receive->mem = nullptr;
     }
@@ -505,7 +502,8 @@ nlohmann::json fuse_export::describe() const
     // workers than submit queues, they share them through device::execute.
     out["queues"] = _thread_count <= _dev.info().queues.submit_queues ? "per_worker" : "shared";
     out["poll_us"] = _poll_max_ns / 1'000;
-    out["async"] = _workers.size() == 1 && _workers.front()->async;
+    out["async"] = !_workers.empty() && std::all_of(_workers.begin(), _workers.end(),
+                                                    [](const auto& w) { return w->async; });
     uint64_t polled = 0;
     uint64_t slept = 0;
     uint64_t poll_ns = 0;
