@@ -1,9 +1,10 @@
 // The FUSE export: its options, start and stop (mount, loop device, worker
 // threads) and the workers' loop with its adaptive busy polling and async mode.
 // The FUSE operations themselves are in file_ops.cpp, libfuse's callbacks
-// in libfuse_ops.cpp.
+// in libfuse_ops.cpp, FUSE over io_uring (ring mode) in fuse_ring.cpp.
 #include "session.hpp"
 
+#include "fuse_ring.hpp"
 #include "loop_device.hpp"
 #include "mounts.hpp"
 
@@ -57,7 +58,8 @@ constexpr option_def k_options[] = {
          "FUSE worker threads; 0: one per submit queue of the device. A single worker that owns "
          "its "
          "queue keeps many requests in flight (it replies as the device completes them); several "
-         "workers each wait for their own request",
+         "workers each wait for their own request. With the ring: ring threads, at most one per "
+         "possible CPU, each keeping many requests in flight on a queue of its own",
      .min = 0,
      .max = 64},
     {.name = "poll_us",
@@ -65,12 +67,22 @@ constexpr option_def k_options[] = {
      .default_value = "50",
      .unit = "us",
      .help =
-         "after a request, one worker at a time busy-polls /dev/fuse (yielding the CPU to any "
+         "after a request, one worker at a time busy-polls /dev/fuse (with the ring: its ring) "
+         "(yielding the CPU to any "
          "other ready thread) for up to this long before sleeping; the window adapts to the gap "
          "between requests (0 when they come further apart); 0: never poll. Not given: 50 with "
          "one worker, 0 with several (polling does not help them)",
      .min = 0,
      .max = 1000},
+    {.name = "ring",
+     .kind = option_kind::text,
+     .default_value = "auto",
+     .unit = "",
+     .help =
+         "FUSE over io_uring (Linux 6.14+, CONFIG_FUSE_IO_URING, and "
+         "/sys/module/fuse/parameters/enable_uring set to Y by an administrator): requests come "
+         "through per-CPU ring queues instead of read/write on /dev/fuse. auto: where the kernel "
+         "allows it; on: an error (saying what is missing) where it does not; off: never"},
 };
 
 // Interrupts a worker blocked in read(/dev/fuse) during stop(). The handler
@@ -150,8 +162,9 @@ result<std::vector<extent>> worker::map(uint64_t offset, uint64_t length)
     return queue != nullptr ? queue->map(offset, length) : dev->map(offset, length);
 }
 
-fuse_export::fuse_export(device& dev, const export_context& ctx, const option_set& options)
-    : _dev(dev), _limits(dev.limits()), _name(dev.name())
+fuse_export::fuse_export(device& dev, const export_context& ctx, const option_set& options,
+                         ring_plan ring)
+    : _dev(dev), _limits(dev.limits()), _name(dev.name()), _ring(std::move(ring))
 {
     _mount_point = ctx.run_dir + "/fuse/" + _name;
     _file_path = _mount_point + "/" + _name;
@@ -162,6 +175,12 @@ fuse_export::fuse_export(device& dev, const export_context& ctx, const option_se
     _thread_count = static_cast<unsigned>(options.u64("threads"));
     if (_thread_count == 0) {
         _thread_count = std::max(1u, dev.info().queues.submit_queues);
+    }
+    if (_ring.use) {
+        // A ring thread serves one or more of the kernel's ring queues (one
+        // per possible CPU): more threads than queues would have nothing.
+        _ring_queues = possible_cpus();
+        _thread_count = std::min(_thread_count, _ring_queues);
     }
     _poll_max_ns = options.u64("poll_us") * 1'000;
     if (!options.given("poll_us") && _thread_count > 1) {
@@ -237,7 +256,12 @@ result<void> fuse_export::start()
     _mounted = true;
 
     install_wake_handler();
-    for (unsigned i = 0; i < _thread_count; ++i) {
+    if (_ring.use) {
+        if (auto ring = start_ring(); !ring) {
+            return ring;
+        }
+    }
+    for (unsigned i = 0; !_ring.use && i < _thread_count; ++i) {
         auto w = make_worker(i);
         if (!w) {
             return std::unexpected(w.error());
@@ -504,6 +528,7 @@ nlohmann::json fuse_export::describe() const
     out["poll_us"] = _poll_max_ns / 1'000;
     out["async"] = !_workers.empty() && std::all_of(_workers.begin(), _workers.end(),
                                                     [](const auto& w) { return w->async; });
+    describe_ring(out);
     uint64_t polled = 0;
     uint64_t slept = 0;
     uint64_t poll_ns = 0;
@@ -537,6 +562,7 @@ std::string fuse_export::in_use() const
 
 void fuse_export::join_workers()
 {
+    stop_ring();
     if (_session != nullptr) {
         fuse_session_exit(_session);
     }
@@ -621,10 +647,27 @@ result<std::unique_ptr<device_export>> start_export(device& dev, const export_co
                           fmt::format("{}: capacity {} is not a multiple of the block size {}",
                                       dev.name(), l.capacity_bytes, l.logical_block_size));
     }
-    auto exported = std::make_unique<fuse_export>(dev, ctx, *parsed);
+    auto ring = plan_ring(parsed->text("ring"));
+    if (!ring) {
+        return std::unexpected(ring.error());
+    }
+    auto exported = std::make_unique<fuse_export>(dev, ctx, *parsed, *ring);
     if (auto started = exported->start(); !started) {
         (void)exported->stop();
-        return std::unexpected(started.error());
+        if (!exported->ring_fell_through()) {
+            return std::unexpected(started.error());
+        }
+        // ring=auto and the ring would not start once mounted (the kernel
+        // withdrew it, or refused our entries): the same export on
+        // /dev/fuse, on a connection of its own.
+        const std::string why = exported->ring_failure();
+        exported.reset();
+        exported = std::make_unique<fuse_export>(dev, ctx, *parsed,
+                                                 ring_plan{.use = false, .off_reason = why});
+        if (auto again = exported->start(); !again) {
+            (void)exported->stop();
+            return std::unexpected(again.error());
+        }
     }
     return exported;
 }

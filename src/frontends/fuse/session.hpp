@@ -2,8 +2,9 @@
 // fuse_export.cpp (options, lifecycle, worker threads and their polling),
 // file_ops.cpp (the FUSE operations on the one file: attributes and the
 // data path, answering through a reply_to), libfuse_ops.cpp (libfuse's
-// callbacks on the /dev/fuse path, which call those operations). Private
-// to this folder.
+// callbacks on the /dev/fuse path, which call those operations) and
+// fuse_ring.cpp (FUSE over io_uring, which calls them too). Private to
+// this folder.
 #pragma once
 
 #define FUSE_USE_VERSION 312
@@ -51,7 +52,20 @@ inline uint64_t align_up(uint64_t value, uint64_t block)
 }
 
 class fuse_export;
+class ring_thread;
+struct ring_init;
 struct pending_io;
+
+// Whether the export serves through FUSE over io_uring (fuse_ring.cpp),
+// decided before mounting (ring=auto|on|off and what the kernel allows).
+struct ring_plan {
+    bool use = false;
+    // ring=on: a ring that cannot start is an error, not a fallback.
+    bool forced = false;
+    // Why the ring is not used, for describe() ("ring=off", or what is
+    // missing); empty when it is.
+    std::string off_reason;
+};
 
 // One FUSE worker thread and what it owns.
 struct worker {
@@ -137,13 +151,19 @@ extern thread_local worker* t_worker;
 
 class fuse_export final : public device_export {
 public:
-    fuse_export(device& dev, const export_context& ctx, const option_set& options);
+    fuse_export(device& dev, const export_context& ctx, const option_set& options, ring_plan ring);
     ~fuse_export() override;
 
     result<void> start();
     nlohmann::json describe() const override;
     result<void> stop() override;
     std::string in_use() const override;
+
+    // The ring was wanted (ring=auto) but could not start after mounting:
+    // start() failed for that alone, and an export without it may be
+    // started instead. Control thread.
+    bool ring_fell_through() const { return _ring_failed && !_ring.forced; }
+    const std::string& ring_failure() const { return _ring_failure; }
 
     // ---- The FUSE operations (file_ops.cpp), whichever path the request
     // came by. Each ends `r` exactly once, now or (async reads and writes)
@@ -164,6 +184,12 @@ public:
     void serve_lseek(const reply_to& r, int64_t off, int whence);
     // flush, release, releasedir: nothing to do.
     static void serve_nothing(const reply_to& r) { r.error(0); }
+
+    // Ring mode: thread 0 reads what still comes through /dev/fuse
+    // (FORGET; anything else, should the kernel not use the ring) with
+    // libfuse into `buf`, until it would block. False once the connection
+    // is gone (ring_setup.cpp).
+    bool serve_dev_fuse(worker& w, fuse_buf& buf);
 
 private:
     // ---- libfuse's callbacks on the /dev/fuse path (libfuse_ops.cpp)
@@ -226,12 +252,27 @@ private:
     // `op` (discard or write_zeroes), the edges by read-modify-write.
     int zero_range(worker& w, uint64_t offset, uint64_t length, bool punch);
 
+    // ---- Ring mode (fuse_ring.cpp): after mounting, takes the INIT
+    // exchange (its reply says FUSE_OVER_IO_URING), then starts the ring
+    // threads, which register their entries. Control thread.
+    result<void> start_ring();
+    void stop_ring();
+    // The ring's part of describe(): "ring" ("on", or "off (why)"), and
+    // in ring mode its queues, entries and requests served.
+    void describe_ring(nlohmann::json& out) const;
+    // The error start() returns for a ring that cannot start; remembers
+    // it for ring_fell_through().
+    error ring_error(int code, std::string what);
+
     result<void> stop_impl(bool force);
     void join_workers();
 
     // The device's capacity changed (device::add_capacity_listener): the
     // file takes the new size, and the loop device attached to it too.
     void capacity_changed(uint64_t bytes);
+
+    friend class ring_thread;
+    friend struct ring_init;
 
     device& _dev;
     block_limits _limits;  // capacity_bytes changes with the device's (set_capacity)
@@ -256,6 +297,16 @@ private:
     bool _registered = false;
     std::vector<std::unique_ptr<worker>> _workers;
     std::optional<loop_attachment> _loop;
+
+    // Ring mode: the plan, what went wrong when it could not start, the
+    // INIT exchange as the ring's custom I/O saw it, and the threads.
+    ring_plan _ring;
+    bool _ring_failed = false;
+    std::string _ring_failure;
+    std::unique_ptr<ring_init> _ring_init;
+    std::vector<std::unique_ptr<ring_thread>> _rings;
+    unsigned _ring_queues = 0;
+    unsigned _ring_entries = 0;
 
     std::mutex _stop_lock;
     bool _stopped = false;
