@@ -19,10 +19,18 @@
 #              serving the same device, as one more peer in the same run: the
 #              old binary against the new, under the same load
 #   --variant  also measure softblk with these export options (e.g.
-#              "threads=1 poll_us=50"), as one more system in the same run;
-#              "softblk" alone is always the default configuration
+#              "threads=1 poll_us=50", "ring=off"), as one more system in the
+#              same run; "softblk" alone is always the default configuration
+#   --no-peers softblk's systems only (no qemu-storage-daemon, no nbdfuse)
+#   --cases    which cases, "RW JOBS,..." (default: "randread 1,randread 2,
+#              randwrite 1,randwrite 2")
+#   --enable-uring  switch /sys/module/fuse/parameters/enable_uring on while
+#              the softblk exports are set up (they keep FUSE over io_uring
+#              once they have it) and put back what it was right after: the
+#              setting is the administrator's, so only when asked
 # Needs root, /dev/fuse, /dev/loop-control, fio, qemu-storage-daemon,
-# nbdkit, nbdfuse. Leaves nothing mounted or attached.
+# nbdkit, nbdfuse (the last three not with --no-peers). Leaves nothing
+# mounted or attached.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -33,7 +41,12 @@ runtime=5
 rounds=3
 size_mib=1024
 variants=()
+cases=("randread 1" "randread 2" "randwrite 1" "randwrite 2")
 device_opts=""
+no_peers=0
+enable_uring=0
+uring_param=/sys/module/fuse/parameters/enable_uring
+uring_before=""
 while [ $# -gt 0 ]; do
     case "$1" in
         --driver) driver=$2; shift 2 ;;
@@ -43,7 +56,10 @@ while [ $# -gt 0 ]; do
         --rounds) rounds=$2; shift 2 ;;
         --variant) variants+=("$2"); shift 2 ;;
         --device-opts) device_opts=$2; shift 2 ;;
-        *) echo "usage: $0 [--driver PATH] [--runtime SECONDS] [--rounds N] [--size MIB] [--device-opts OPTS] [--variant OPTS]..." >&2; exit 2 ;;
+        --no-peers) no_peers=1; shift ;;
+        --cases) IFS=, read -r -a cases <<<"$2"; shift 2 ;;
+        --enable-uring) enable_uring=1; shift ;;
+        *) echo "usage: $0 [--driver PATH] [--runtime SECONDS] [--rounds N] [--size MIB] [--device-opts OPTS] [--variant OPTS]... [--no-peers] [--enable-uring] [--cases \"RW JOBS,...\"]" >&2; exit 2 ;;
     esac
 done
 if [ -z "$driver" ]; then
@@ -51,14 +67,21 @@ if [ -z "$driver" ]; then
 fi
 [ "$(id -u)" -eq 0 ] || { echo "needs root" >&2; exit 1; }
 [ -x "$driver" ] || { echo "softblk-driver not found; build it or pass --driver" >&2; exit 1; }
-for tool in fio qemu-storage-daemon nbdkit nbdfuse losetup fusermount3; do
+tools=(fio losetup fusermount3)
+[ "$no_peers" = 1 ] || tools+=(qemu-storage-daemon nbdkit nbdfuse)
+for tool in "${tools[@]}"; do
     command -v "$tool" >/dev/null || { echo "$tool is missing (scripts/install-deps.sh)" >&2; exit 1; }
 done
+if [ "$enable_uring" = 1 ]; then
+    [ -w "$uring_param" ] || { echo "$uring_param: no FUSE over io_uring in this kernel" >&2; exit 1; }
+    uring_before=$(cat "$uring_param")
+fi
 
 work=$(mktemp -d /tmp/softblk-bench-fuse.XXXXXX)
 pids=()
 cleanup() {
     set +e
+    [ -z "$uring_before" ] || echo "$uring_before" >"$uring_param"
     for l in $(losetup -nO NAME,BACK-FILE | awk -v d="$work/" 'index($2, d) == 1 {print $1}'); do
         losetup -d "$l"
     done
@@ -85,7 +108,6 @@ attach() {  # attach FILE: prints the loop device, checks direct I/O
     echo "$l"
 }
 
-cases=("randread 1" "randread 2" "randwrite 1" "randwrite 2")
 declare -A device
 # The server processes of each system: their CPU time per I/O (user +
 # system, all threads; the loop driver's kernel work is the same for all and
@@ -118,6 +140,7 @@ start_driver() {
     case "$answer" in ok*) ;; *) echo "$path: $answer" >&2; exit 1 ;; esac
 }
 
+[ "$enable_uring" = 0 ] || echo Y >"$uring_param"
 echo "== softblk (null memory_backed=1 $device_opts)" >&2
 mkfifo "$work/softblk-cmd" "$work/softblk-reply"
 ln -s softblk-cmd "$work/cmd"
@@ -143,7 +166,12 @@ for i in "${!variants[@]}"; do
     softblk_systems+=("$name")
 done
 
-for aio in threads io_uring; do
+if [ -n "$uring_before" ]; then
+    echo "$uring_before" >"$uring_param"
+    uring_before=""
+fi
+
+for aio in $([ "$no_peers" = 1 ] || echo threads io_uring); do
     echo "== qemu-storage-daemon (raw file on /dev/shm, aio=$aio, FUSE export)" >&2
     img=/dev/shm/softblk-bench-qsd-$aio.img
     truncate -s "$size" "$img"
@@ -156,6 +184,8 @@ for aio in threads io_uring; do
     device[qsd-$aio]=$(attach "$work/qsd-$aio")
 done
 
+peers=()
+[ "$no_peers" = 1 ] || {
 echo "== nbdfuse over nbdkit memory" >&2
 mkdir "$work/nbd"
 nbdkit -U "$work/nbdkit.sock" --pidfile "$work/nbdkit.pid" memory size="$size"
@@ -165,8 +195,9 @@ pids+=($!)
 server[nbdfuse]="$! $(cat "$work/nbdkit.pid")"
 for _ in $(seq 100); do [ -e "$work/nbd/disk" ] && break; sleep 0.1; done
 device[nbdfuse]=$(attach "$work/nbd/disk")
-
 peers=(qsd-threads qsd-io_uring nbdfuse)
+}
+
 [ -z "$baseline" ] || peers=(baseline "${peers[@]}")
 systems=("${softblk_systems[@]}" "${peers[@]}")
 declare -A samples cpu_samples

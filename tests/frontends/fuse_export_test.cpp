@@ -121,9 +121,18 @@ protected:
                                   "cache_size=1", "submit_queues=2"});
         ASSERT_NE(_dev, nullptr);
         softblk::export_context ctx{.run_dir = _run_dir, .privileged = true};
-        auto exp = fuse_type().start(*_dev, ctx, std::vector<std::string>{"loop=0", "threads=2"});
+        std::vector<std::string> options{"loop=0", "threads=2"};
+        // tests/host/fuse_ring.sh runs these through FUSE over io_uring.
+        const char* ring = std::getenv("SOFTBLK_FUSE_TEST_RING");
+        if (ring != nullptr) {
+            options.push_back(std::string("ring=") + ring);
+        }
+        auto exp = fuse_type().start(*_dev, ctx, options);
         ASSERT_TRUE(exp) << exp.error().message;
         _export = std::move(*exp);
+        if (ring != nullptr && std::string(ring) == "on") {
+            ASSERT_EQ(_export->describe()["ring"], "on");
+        }
         _file = _export->describe()["file"].get<std::string>();
         _fd = ::open(_file.c_str(), O_RDWR | O_CLOEXEC);
         ASSERT_GE(_fd, 0) << _file << ": " << std::strerror(errno);

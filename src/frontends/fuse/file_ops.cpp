@@ -1,7 +1,8 @@
 // The FUSE operations on the export's one file and its directory:
 // attributes, then the data path (read, write, fsync, fallocate, lseek).
-// They run on the worker threads; docs/fuse.md has the rules they follow.
-#include "open_reply.hpp"
+// They run on the worker or ring threads and reply through a reply_to,
+// with the kernel's reply structures, whichever path the request came by;
+// docs/fuse.md has the rules they follow.
 #include "session.hpp"
 
 #include <softblk/support/buffer_pool.hpp>
@@ -11,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fcntl.h>
+#include <linux/fuse.h>
 #include <mutex>
 #include <unistd.h>
 
@@ -46,199 +48,215 @@ struct stat fuse_export::dir_attr() const
     return st;
 }
 
-void fuse_export::op_init(void* userdata, fuse_conn_info* conn)
+namespace {
+
+// Attributes and names are not expected to change while mounted.
+constexpr uint64_t k_attr_valid_s = 3600;
+
+fuse_attr kernel_attr(const struct stat& st)
 {
-    // Splicing costs a pipe and two more system calls per request; for
-    // block-sized I/O plain read/writev is faster.
-    conn->want &= ~(FUSE_CAP_SPLICE_READ | FUSE_CAP_SPLICE_WRITE | FUSE_CAP_SPLICE_MOVE);
-    // The loop driver's direct I/O is asynchronous: let several requests
-    // of one file be in flight.
-    if ((conn->capable & FUSE_CAP_ASYNC_DIO) != 0) {
-        conn->want |= FUSE_CAP_ASYNC_DIO;
-    }
-    // O_TRUNC comes with open (and is ignored, as by a block device)
-    // instead of as a separate truncate to size 0.
-    if ((conn->capable & FUSE_CAP_ATOMIC_O_TRUNC) != 0) {
-        conn->want |= FUSE_CAP_ATOMIC_O_TRUNC;
-    }
-    conn->max_write = k_max_io;
-    conn->max_read = k_max_io;
-    conn->max_background = k_max_background;
-    conn->congestion_threshold = k_max_background * 3 / 4;
+    fuse_attr a{};
+    a.ino = st.st_ino;
+    a.size = static_cast<uint64_t>(st.st_size);
+    a.blocks = static_cast<uint64_t>(st.st_blocks);
+    a.atime = static_cast<uint64_t>(st.st_atim.tv_sec);
+    a.mtime = static_cast<uint64_t>(st.st_mtim.tv_sec);
+    a.ctime = static_cast<uint64_t>(st.st_ctim.tv_sec);
+    a.atimensec = static_cast<uint32_t>(st.st_atim.tv_nsec);
+    a.mtimensec = static_cast<uint32_t>(st.st_mtim.tv_nsec);
+    a.ctimensec = static_cast<uint32_t>(st.st_ctim.tv_nsec);
+    a.mode = st.st_mode;
+    a.nlink = static_cast<uint32_t>(st.st_nlink);
+    a.uid = st.st_uid;
+    a.gid = st.st_gid;
+    a.rdev = static_cast<uint32_t>(st.st_rdev);
+    a.blksize = static_cast<uint32_t>(st.st_blksize);
+    return a;
 }
 
-void fuse_export::op_lookup(fuse_req_t req, fuse_ino_t parent, const char* name)
+void reply_attr(const reply_to& r, const struct stat& st)
 {
-    fuse_export& e = self(req);
-    if (parent != FUSE_ROOT_ID || e._name != name) {
-        fuse_reply_err(req, ENOENT);
+    fuse_attr_out out{};
+    out.attr_valid = k_attr_valid_s;
+    out.attr = kernel_attr(st);
+    r.value(out);
+}
+
+// One directory entry as the kernel reads them (struct fuse_dirent, padded
+// to 8 bytes) at `out`, if `room` holds it. Returns its padded size.
+size_t add_dirent(char* out, size_t room, std::string_view name, const struct stat& st,
+                  uint64_t next)
+{
+    const size_t size = FUSE_DIRENT_ALIGN(FUSE_NAME_OFFSET + name.size());
+    if (size > room) {
+        return size;
+    }
+    std::memset(out, 0, size);
+    auto* d = reinterpret_cast<fuse_dirent*>(out);
+    d->ino = st.st_ino;
+    d->off = next;
+    d->namelen = static_cast<uint32_t>(name.size());
+    d->type = (st.st_mode & S_IFMT) >> 12;
+    std::memcpy(out + FUSE_NAME_OFFSET, name.data(), name.size());
+    return size;
+}
+
+}  // namespace
+
+void fuse_export::serve_lookup(const reply_to& r, uint64_t parent, std::string_view name)
+{
+    if (parent != FUSE_ROOT_ID || _name != name) {
+        r.error(ENOENT);
         return;
     }
-    fuse_entry_param entry{};
-    entry.ino = k_file_ino;
-    entry.generation = 1;
-    entry.attr = e.file_attr();
-    // Nothing about the file ever changes while it is mounted.
-    entry.attr_timeout = 3600.0;
-    entry.entry_timeout = 3600.0;
-    fuse_reply_entry(req, &entry);
+    fuse_entry_out out{};
+    out.nodeid = k_file_ino;
+    out.generation = 1;
+    out.entry_valid = k_attr_valid_s;
+    out.attr_valid = k_attr_valid_s;
+    out.attr = kernel_attr(file_attr());
+    r.value(out);
 }
 
-void fuse_export::op_getattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info*)
+void fuse_export::serve_getattr(const reply_to& r, uint64_t ino)
 {
-    fuse_export& e = self(req);
     if (ino == FUSE_ROOT_ID) {
-        const struct stat st = e.dir_attr();
-        fuse_reply_attr(req, &st, 3600.0);
+        reply_attr(r, dir_attr());
     } else if (ino == k_file_ino) {
-        const struct stat st = e.file_attr();
-        fuse_reply_attr(req, &st, 3600.0);
+        reply_attr(r, file_attr());
     } else {
-        fuse_reply_err(req, ENOENT);
+        r.error(ENOENT);
     }
 }
 
-void fuse_export::op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set,
-                             fuse_file_info*)
+void fuse_export::serve_setattr(const reply_to& r, uint64_t ino, uint32_t valid, uint64_t size)
 {
-    fuse_export& e = self(req);
     if (ino != k_file_ino) {
-        fuse_reply_err(req, EPERM);
+        r.error(EPERM);
         return;
     }
     // The file is a fixed-size device: truncating to its own size is a
     // no-op (as for a block device); any other size is refused. Mode and
     // owner are fixed; times are not stored (a block device node's times
     // do not reflect its contents either), so touch(1) succeeds.
-    if ((to_set & (FUSE_SET_ATTR_MODE | FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID)) != 0) {
-        fuse_reply_err(req, EPERM);
+    if ((valid & (FATTR_MODE | FATTR_UID | FATTR_GID)) != 0) {
+        r.error(EPERM);
         return;
     }
-    if ((to_set & FUSE_SET_ATTR_SIZE) != 0 &&
-        static_cast<uint64_t>(attr->st_size) != current_capacity(e._limits)) {
-        fuse_reply_err(req, EPERM);
+    if ((valid & FATTR_SIZE) != 0 && size != current_capacity(_limits)) {
+        r.error(EPERM);
         return;
     }
-    const struct stat st = e.file_attr();
-    fuse_reply_attr(req, &st, 3600.0);
+    reply_attr(r, file_attr());
 }
 
-void fuse_export::op_open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi)
+void fuse_export::serve_open(const reply_to& r, uint64_t ino, uint32_t flags)
 {
-    fuse_export& e = self(req);
     if (ino != k_file_ino) {
-        fuse_reply_err(req, EISDIR);
+        r.error(EISDIR);
         return;
     }
-    if (e._limits.read_only && (fi->flags & O_ACCMODE) != O_RDONLY) {
-        fuse_reply_err(req, EROFS);
+    if (_limits.read_only && (flags & O_ACCMODE) != O_RDONLY) {
+        r.error(EROFS);
         return;
     }
-    reply_open_direct(req);
+    fuse_open_out out{};
+    // Direct I/O: every read and write reaches the device (no page cache,
+    // O_DIRECT or not). No flush on close: nothing is buffered here.
+    // Parallel direct writes: the kernel does not serialise writes on the
+    // inode lock (the loop driver's requests overlap). libfuse 3.14's
+    // fuse_file_info cannot say the last one, hence the raw reply.
+    out.open_flags = FOPEN_DIRECT_IO | FOPEN_NOFLUSH | FOPEN_PARALLEL_DIRECT_WRITES;
+    r.value(out);
 }
 
-void fuse_export::op_flush(fuse_req_t req, fuse_ino_t, fuse_file_info*)
-{
-    // Nothing is buffered in the export (direct I/O); durability is
-    // fsync's business. Opens say FOPEN_NOFLUSH, so this is rare.
-    fuse_reply_err(req, 0);
-}
-
-void fuse_export::op_release(fuse_req_t req, fuse_ino_t, fuse_file_info*)
-{
-    fuse_reply_err(req, 0);
-}
-
-void fuse_export::op_opendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi)
+void fuse_export::serve_opendir(const reply_to& r, uint64_t ino)
 {
     if (ino != FUSE_ROOT_ID) {
-        fuse_reply_err(req, ENOTDIR);
+        r.error(ENOTDIR);
         return;
     }
-    fuse_reply_open(req, fi);
+    r.value(fuse_open_out{});
 }
 
-void fuse_export::op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
-                             fuse_file_info*)
+void fuse_export::serve_readdir(const reply_to& r, uint64_t ino, uint64_t size, uint64_t offset)
 {
-    fuse_export& e = self(req);
     if (ino != FUSE_ROOT_ID) {
-        fuse_reply_err(req, ENOTDIR);
+        r.error(ENOTDIR);
         return;
     }
     char buf[512];
     size_t used = 0;
-    const struct stat dir = e.dir_attr();
-    const struct stat file = e.file_attr();
+    const struct stat dir = dir_attr();
+    const struct stat file = file_attr();
     const struct {
-        const char* name;
+        std::string_view name;
         const struct stat* st;
-    } entries[] = {{".", &dir}, {"..", &dir}, {e._name.c_str(), &file}};
-    const size_t limit = std::min(size, sizeof buf);
-    for (off_t i = off; i < 3; ++i) {
+    } entries[] = {{".", &dir}, {"..", &dir}, {_name, &file}};
+    const size_t limit = std::min<uint64_t>(size, sizeof buf);
+    for (uint64_t i = offset; i < std::size(entries); ++i) {
         const size_t need =
-            fuse_add_direntry(req, buf + used, limit - used, entries[i].name, entries[i].st, i + 1);
+            add_dirent(buf + used, limit - used, entries[i].name, *entries[i].st, i + 1);
         if (need > limit - used) {
             break;
         }
         used += need;
     }
-    fuse_reply_buf(req, buf, used);
+    r.data(buf, used);
 }
 
-void fuse_export::op_releasedir(fuse_req_t req, fuse_ino_t, fuse_file_info*)
+void fuse_export::serve_statfs(const reply_to& r)
 {
-    fuse_reply_err(req, 0);
-}
-
-void fuse_export::op_statfs(fuse_req_t req, fuse_ino_t)
-{
-    fuse_export& e = self(req);
-    struct statvfs st {};
-    // The loop driver takes f_bsize as its discard granularity.
-    st.f_bsize = e._limits.logical_block_size;
-    st.f_frsize = e._limits.logical_block_size;
-    st.f_blocks = current_capacity(e._limits) / e._limits.logical_block_size;
-    st.f_files = 1;
-    st.f_namemax = 255;
-    fuse_reply_statfs(req, &st);
+    fuse_statfs_out out{};
+    // The loop driver takes the block size as its discard granularity.
+    out.st.bsize = _limits.logical_block_size;
+    out.st.frsize = _limits.logical_block_size;
+    out.st.blocks = current_capacity(_limits) / _limits.logical_block_size;
+    out.st.files = 1;
+    out.st.namelen = 255;
+    r.value(out);
 }
 
 // ---------------------------------------------------------------- data path
 
-void fuse_export::op_read(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info*)
+void fuse_export::serve_read(const reply_to& r, uint64_t size, int64_t off)
 {
-    fuse_export& e = self(req);
     worker& w = *t_worker;
-    const uint64_t capacity = current_capacity(e._limits);
-    const uint64_t block = e._limits.logical_block_size;
+    const uint64_t capacity = current_capacity(_limits);
+    const uint64_t block = _limits.logical_block_size;
     if (off < 0) {
-        fuse_reply_err(req, EINVAL);
+        r.error(EINVAL);
         return;
     }
     const uint64_t offset = static_cast<uint64_t>(off);
     if (offset >= capacity || size == 0) {
-        fuse_reply_buf(req, nullptr, 0);
+        r.data(nullptr, 0);
         return;
     }
     size = std::min<uint64_t>(size, capacity - offset);
     const uint64_t start = align_down(offset, block);
     const uint64_t end = align_up(offset + size, block);
     if (end - start > w.scratch_size) {
-        fuse_reply_err(req, EINVAL);  // larger than max_read: the kernel never sends it
+        r.error(EINVAL);  // larger than max_read: the kernel never sends it
         return;
     }
     if (w.async) {
-        submit_async(w, req, io_op::read, start, static_cast<uint32_t>(end - start), nullptr,
+        submit_async(w, r, io_op::read, start, static_cast<uint32_t>(end - start), nullptr,
                      offset - start, size);
         return;
     }
-    const int rc = w.execute(io_op::read, start, end - start, w.scratch);
+    // An aligned read goes straight into the reply's own buffer where the
+    // path has one (a ring entry), else through the scratch buffer.
+    char* into = start == offset && end - start == size ? r.buffer(size) : nullptr;
+    if (into == nullptr) {
+        into = w.scratch;
+    }
+    const int rc = w.execute(io_op::read, start, end - start, into);
     if (rc < 0) {
-        fuse_reply_err(req, -rc);
+        r.error(-rc);
         return;
     }
-    fuse_reply_buf(req, w.scratch + (offset - start), size);
+    r.data(into + (offset - start), size);
 }
 
 int fuse_export::write_unaligned(worker& w, uint64_t offset, size_t length, const char* data)
@@ -274,60 +292,59 @@ int fuse_export::write_unaligned(worker& w, uint64_t offset, size_t length, cons
     return w.execute(io_op::write, start, static_cast<uint32_t>(end - start), w.scratch);
 }
 
-void fuse_export::op_write(fuse_req_t req, fuse_ino_t, const char* buf, size_t size, off_t off,
-                           fuse_file_info*)
+void fuse_export::serve_write(const reply_to& r, const char* data, uint64_t size, int64_t off)
 {
-    fuse_export& e = self(req);
     worker& w = *t_worker;
-    const uint64_t capacity = current_capacity(e._limits);
-    const uint64_t block = e._limits.logical_block_size;
-    if (e._limits.read_only) {
-        fuse_reply_err(req, EROFS);
+    const uint64_t capacity = current_capacity(_limits);
+    const uint64_t block = _limits.logical_block_size;
+    if (_limits.read_only) {
+        r.error(EROFS);
         return;
     }
     if (off < 0) {
-        fuse_reply_err(req, EINVAL);
+        r.error(EINVAL);
         return;
     }
     const uint64_t offset = static_cast<uint64_t>(off);
     if (size == 0) {
-        fuse_reply_write(req, 0);
+        r.value(fuse_write_out{});
         return;
     }
     if (offset >= capacity) {
-        fuse_reply_err(req, ENOSPC);  // as a block device does at its end
+        r.error(ENOSPC);  // as a block device does at its end
         return;
     }
     size = std::min<uint64_t>(size, capacity - offset);
     int rc = 0;
     if (offset % block == 0 && size % block == 0 && w.async) {
-        submit_async(w, req, io_op::write, offset, static_cast<uint32_t>(size), buf, 0, size);
+        submit_async(w, r, io_op::write, offset, static_cast<uint32_t>(size), data, 0, size);
         return;
     }
     if (offset % block == 0 && size % block == 0) {
         // The target only reads from the buffer of a write.
-        rc = w.execute(io_op::write, offset, size, const_cast<char*>(buf));
+        rc = w.execute(io_op::write, offset, size, const_cast<char*>(data));
     } else if (align_up(offset + size, block) - align_down(offset, block) <= w.scratch_size) {
-        rc = e.write_unaligned(w, offset, size, buf);
+        rc = write_unaligned(w, offset, size, data);
     } else {
         rc = -EINVAL;  // larger than max_write: the kernel never sends it
     }
     if (rc < 0) {
-        fuse_reply_err(req, -rc);
+        r.error(-rc);
         return;
     }
-    fuse_reply_write(req, size);
+    fuse_write_out out{};
+    out.size = static_cast<uint32_t>(size);
+    r.value(out);
 }
 
-void fuse_export::op_fsync(fuse_req_t req, fuse_ino_t, int, fuse_file_info*)
+void fuse_export::serve_fsync(const reply_to& r)
 {
-    fuse_export& e = self(req);
     int rc = t_worker->execute(io_op::flush, 0, 0, nullptr);
     // Without a volatile cache there is nothing to flush.
-    if (rc == -EOPNOTSUPP && !e._limits.volatile_write_cache) {
+    if (rc == -EOPNOTSUPP && !_limits.volatile_write_cache) {
         rc = 0;
     }
-    fuse_reply_err(req, rc < 0 ? -rc : 0);
+    r.error(rc < 0 ? -rc : 0);
 }
 
 int fuse_export::zero_range(worker& w, uint64_t offset, uint64_t length, bool punch)
@@ -372,24 +389,22 @@ int fuse_export::zero_range(worker& w, uint64_t offset, uint64_t length, bool pu
     return 0;
 }
 
-void fuse_export::op_fallocate(fuse_req_t req, fuse_ino_t, int mode, off_t off, off_t len,
-                               fuse_file_info*)
+void fuse_export::serve_fallocate(const reply_to& r, int mode, int64_t off, int64_t len)
 {
-    fuse_export& e = self(req);
     worker& w = *t_worker;
-    const uint64_t capacity = current_capacity(e._limits);
+    const uint64_t capacity = current_capacity(_limits);
     const int known = FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE;
     if ((mode & ~known) != 0 ||
         ((mode & FALLOC_FL_PUNCH_HOLE) != 0 && (mode & FALLOC_FL_ZERO_RANGE) != 0)) {
-        fuse_reply_err(req, EOPNOTSUPP);
+        r.error(EOPNOTSUPP);
         return;
     }
     if (off < 0 || len <= 0) {
-        fuse_reply_err(req, EINVAL);
+        r.error(EINVAL);
         return;
     }
-    if (e._limits.read_only) {
-        fuse_reply_err(req, EROFS);
+    if (_limits.read_only) {
+        r.error(EROFS);
         return;
     }
     uint64_t offset = static_cast<uint64_t>(off);
@@ -398,20 +413,20 @@ void fuse_export::op_fallocate(fuse_req_t req, fuse_ino_t, int mode, off_t off, 
         // The file cannot grow; with KEEP_SIZE the part past the end is
         // simply outside the file.
         if ((mode & FALLOC_FL_KEEP_SIZE) == 0) {
-            fuse_reply_err(req, EFBIG);
+            r.error(EFBIG);
             return;
         }
         end = capacity;
     }
     if (offset >= end) {
-        fuse_reply_err(req, 0);
+        r.error(0);
         return;
     }
     int rc = 0;
     if ((mode & FALLOC_FL_PUNCH_HOLE) != 0) {
-        rc = e.zero_range(w, offset, end - offset, true);
+        rc = zero_range(w, offset, end - offset, true);
     } else if ((mode & FALLOC_FL_ZERO_RANGE) != 0) {
-        rc = e.zero_range(w, offset, end - offset, false);
+        rc = zero_range(w, offset, end - offset, false);
     } else {
         // Plain allocation: the device cannot reserve space, so succeed
         // only where every block already is allocated.
@@ -427,19 +442,18 @@ void fuse_export::op_fallocate(fuse_req_t req, fuse_ino_t, int mode, off_t off, 
             }
         }
     }
-    fuse_reply_err(req, rc < 0 ? -rc : 0);
+    r.error(rc < 0 ? -rc : 0);
 }
 
-void fuse_export::op_lseek(fuse_req_t req, fuse_ino_t, off_t off, int whence, fuse_file_info*)
+void fuse_export::serve_lseek(const reply_to& r, int64_t off, int whence)
 {
-    fuse_export& e = self(req);
-    const uint64_t capacity = current_capacity(e._limits);
+    const uint64_t capacity = current_capacity(_limits);
     if (whence != SEEK_DATA && whence != SEEK_HOLE) {
-        fuse_reply_err(req, EINVAL);
+        r.error(EINVAL);
         return;
     }
     if (off < 0 || static_cast<uint64_t>(off) >= capacity) {
-        fuse_reply_err(req, ENXIO);
+        r.error(ENXIO);
         return;
     }
     const uint64_t offset = static_cast<uint64_t>(off);
@@ -447,7 +461,7 @@ void fuse_export::op_lseek(fuse_req_t req, fuse_ino_t, off_t off, int whence, fu
     for (uint64_t window = offset; window < capacity; window += k_map_window) {
         auto map = t_worker->map(window, std::min(k_map_window, capacity - window));
         if (!map) {
-            fuse_reply_err(req, map.error().code.value());
+            r.error(map.error().code.value());
             return;
         }
         for (const extent& x : *map) {
@@ -455,14 +469,18 @@ void fuse_export::op_lseek(fuse_req_t req, fuse_ino_t, off_t off, int whence, fu
             if (x.offset + x.length <= offset || data != (whence == SEEK_DATA)) {
                 continue;
             }
-            fuse_reply_lseek(req, static_cast<off_t>(std::max(offset, x.offset)));
+            fuse_lseek_out out{};
+            out.offset = std::max(offset, x.offset);
+            r.value(out);
             return;
         }
     }
     if (whence == SEEK_DATA) {
-        fuse_reply_err(req, ENXIO);
+        r.error(ENXIO);
     } else {
-        fuse_reply_lseek(req, static_cast<off_t>(capacity));  // the hole at the end of the file
+        fuse_lseek_out out{};
+        out.offset = capacity;  // the hole at the end of the file
+        r.value(out);
     }
 }
 

@@ -1,8 +1,10 @@
 // The FUSE export: its options, start and stop (mount, loop device, worker
 // threads) and the workers' loop with its adaptive busy polling and async mode.
-// The FUSE operations themselves are in file_ops.cpp.
+// The FUSE operations themselves are in file_ops.cpp, libfuse's callbacks
+// in libfuse_ops.cpp, FUSE over io_uring (ring mode) in fuse_ring.cpp.
 #include "session.hpp"
 
+#include "fuse_ring.hpp"
 #include "loop_device.hpp"
 #include "mounts.hpp"
 
@@ -20,6 +22,7 @@
 #include <ctime>
 #include <fcntl.h>
 #include <fuse_lowlevel.h>
+#include <linux/fuse.h>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -55,7 +58,8 @@ constexpr option_def k_options[] = {
          "FUSE worker threads; 0: one per submit queue of the device. A single worker that owns "
          "its "
          "queue keeps many requests in flight (it replies as the device completes them); several "
-         "workers each wait for their own request",
+         "workers each wait for their own request. With the ring: ring threads, at most one per "
+         "possible CPU, each keeping many requests in flight on a queue of its own",
      .min = 0,
      .max = 64},
     {.name = "poll_us",
@@ -63,12 +67,22 @@ constexpr option_def k_options[] = {
      .default_value = "50",
      .unit = "us",
      .help =
-         "after a request, one worker at a time busy-polls /dev/fuse (yielding the CPU to any "
+         "after a request, one worker at a time busy-polls /dev/fuse (with the ring: its ring) "
+         "(yielding the CPU to any "
          "other ready thread) for up to this long before sleeping; the window adapts to the gap "
          "between requests (0 when they come further apart); 0: never poll. Not given: 50 with "
          "one worker, 0 with several (polling does not help them)",
      .min = 0,
      .max = 1000},
+    {.name = "ring",
+     .kind = option_kind::text,
+     .default_value = "auto",
+     .unit = "",
+     .help =
+         "FUSE over io_uring (Linux 6.14+, CONFIG_FUSE_IO_URING, and "
+         "/sys/module/fuse/parameters/enable_uring set to Y by an administrator): requests come "
+         "through per-CPU ring queues instead of read/write on /dev/fuse. auto: where the kernel "
+         "allows it; on: an error (saying what is missing) where it does not; off: never"},
 };
 
 // Interrupts a worker blocked in read(/dev/fuse) during stop(). The handler
@@ -99,16 +113,18 @@ void on_async_complete(bio& request, int status)
     auto* p = static_cast<pending_io*>(request.user_data);
     worker& w = *p->owner;
     if (status < 0) {
-        fuse_reply_err(p->req, -status);
+        p->reply.error(-status);
     } else if (p->is_read) {
-        fuse_reply_buf(p->req, reinterpret_cast<const char*>(p->data) + p->skip, p->size);
+        p->reply.data(p->data + p->skip, p->size);
     } else {
-        fuse_reply_write(p->req, p->size);
+        fuse_write_out out{};
+        out.size = static_cast<uint32_t>(p->size);
+        p->reply.value(out);
     }
-    if (p->data != nullptr) {
+    if (p->data != nullptr && p->pooled) {
         w.buffers.put(p->data, p->data_class);
-        p->data = nullptr;
     }
+    p->data = nullptr;
     std::free(p->receive_mem);
     p->receive_mem = nullptr;
     p->completed = true;
@@ -146,8 +162,9 @@ result<std::vector<extent>> worker::map(uint64_t offset, uint64_t length)
     return queue != nullptr ? queue->map(offset, length) : dev->map(offset, length);
 }
 
-fuse_export::fuse_export(device& dev, const export_context& ctx, const option_set& options)
-    : _dev(dev), _limits(dev.limits()), _name(dev.name())
+fuse_export::fuse_export(device& dev, const export_context& ctx, const option_set& options,
+                         ring_plan ring)
+    : _dev(dev), _limits(dev.limits()), _name(dev.name()), _ring(std::move(ring))
 {
     _mount_point = ctx.run_dir + "/fuse/" + _name;
     _file_path = _mount_point + "/" + _name;
@@ -158,6 +175,12 @@ fuse_export::fuse_export(device& dev, const export_context& ctx, const option_se
     _thread_count = static_cast<unsigned>(options.u64("threads"));
     if (_thread_count == 0) {
         _thread_count = std::max(1u, dev.info().queues.submit_queues);
+    }
+    if (_ring.use) {
+        // A ring thread serves one or more of the kernel's ring queues (one
+        // per possible CPU): more threads than queues would have nothing.
+        _ring_queues = possible_cpus();
+        _thread_count = std::min(_thread_count, _ring_queues);
     }
     _poll_max_ns = options.u64("poll_us") * 1'000;
     if (!options.given("poll_us") && _thread_count > 1) {
@@ -171,31 +194,6 @@ fuse_export::fuse_export(device& dev, const export_context& ctx, const option_se
 fuse_export::~fuse_export()
 {
     (void)stop_impl(true);
-}
-
-const fuse_lowlevel_ops& fuse_export::operations()
-{
-    static const fuse_lowlevel_ops ops = [] {
-        fuse_lowlevel_ops o{};
-        o.init = op_init;
-        o.lookup = op_lookup;
-        o.getattr = op_getattr;
-        o.setattr = op_setattr;
-        o.open = op_open;
-        o.read = op_read;
-        o.write = op_write;
-        o.flush = op_flush;
-        o.release = op_release;
-        o.fsync = op_fsync;
-        o.opendir = op_opendir;
-        o.readdir = op_readdir;
-        o.releasedir = op_releasedir;
-        o.statfs = op_statfs;
-        o.fallocate = op_fallocate;
-        o.lseek = op_lseek;
-        return o;
-    }();
-    return ops;
 }
 
 result<void> fuse_export::start()
@@ -273,26 +271,21 @@ result<void> fuse_export::start()
     }
 
     install_wake_handler();
-    for (unsigned i = 0; i < _thread_count; ++i) {
-        auto w = std::make_unique<worker>();
-        w->owner = this;
-        w->index = i;
-        w->scratch_size = k_max_io + 2 * size_t{_limits.logical_block_size};
-        if (::posix_memalign(reinterpret_cast<void**>(&w->scratch), 4096, w->scratch_size) != 0) {
-            return make_error(ENOMEM, fmt::format("{}: no memory for the worker buffers", _name));
+    if (_ring.use) {
+        if (auto ring = start_ring(); !ring) {
+            return ring;
         }
-        std::memset(w->scratch, 0, w->scratch_size);
-        w->dev = &_dev;
-        // Each worker drives a submit queue of its own when there are
-        // enough: no lock, no sharing.
-        if (_thread_count <= _dev.info().queues.submit_queues) {
-            w->queue = &_dev.queue(i);
-            w->async = _thread_count == 1;
+    }
+    for (unsigned i = 0; !_ring.use && i < _thread_count; ++i) {
+        auto w = make_worker(i);
+        if (!w) {
+            return std::unexpected(w.error());
         }
-        worker* raw = w.get();
-        w->thread = std::thread([this, raw] { run_worker(*raw); });
-        w->handle = w->thread.native_handle();
-        _workers.push_back(std::move(w));
+        worker* raw = w->get();
+        raw->async = raw->queue != nullptr && _thread_count == 1;
+        raw->thread = std::thread([this, raw] { run_worker(*raw); });
+        raw->handle = raw->thread.native_handle();
+        _workers.push_back(std::move(*w));
     }
 
     if (_want_loop) {
@@ -306,6 +299,25 @@ result<void> fuse_export::start()
     // A change before the listener was there.
     set_capacity(_limits, current_capacity(_dev.limits()));
     return {};
+}
+
+result<std::unique_ptr<worker>> fuse_export::make_worker(unsigned index)
+{
+    auto w = std::make_unique<worker>();
+    w->owner = this;
+    w->index = index;
+    w->scratch_size = k_max_io + 2 * size_t{_limits.logical_block_size};
+    if (::posix_memalign(reinterpret_cast<void**>(&w->scratch), 4096, w->scratch_size) != 0) {
+        return make_error(ENOMEM, fmt::format("{}: no memory for the worker buffers", _name));
+    }
+    std::memset(w->scratch, 0, w->scratch_size);
+    w->dev = &_dev;
+    // Each worker drives a submit queue of its own when there are
+    // enough: no lock, no sharing.
+    if (_thread_count <= _dev.info().queues.submit_queues) {
+        w->queue = &_dev.queue(index);
+    }
+    return w;
 }
 
 void fuse_export::capacity_changed(uint64_t bytes)
@@ -440,22 +452,31 @@ bool fuse_export::wait_request_or_completion(worker& w) const
     return fds[0].revents != 0;
 }
 
-void fuse_export::submit_async(worker& w, fuse_req_t req, io_op op, uint64_t offset,
+void fuse_export::submit_async(worker& w, const reply_to& r, io_op op, uint64_t offset,
                                uint32_t length, const char* data, uint64_t skip, size_t size)
 {
     pending_io* p = w.take_pending();
-    p->req = req;
+    p->reply = r;
     p->is_read = op == io_op::read;
     p->completed = false;
     p->skip = skip;
     p->size = size;
     p->receive_mem = nullptr;
     p->data = nullptr;
+    p->pooled = false;
     if (p->is_read) {
-        p->data = w.buffers.get(length, p->data_class);
+        // A read that needs no widening lands in the reply's own buffer
+        // where it has one (a ring entry's payload): no copy at the reply.
+        if (skip == 0 && length == size) {
+            p->data = reinterpret_cast<uint8_t*>(r.buffer(size));
+        }
+        if (p->data == nullptr) {
+            p->data = w.buffers.get(length, p->data_class);
+            p->pooled = true;
+        }
         if (p->data == nullptr) {
             w.pending_free.push_back(p);
-            fuse_reply_err(req, ENOMEM);
+            r.error(ENOMEM);
             return;
         }
     }
@@ -472,10 +493,10 @@ void fuse_export::submit_async(worker& w, fuse_req_t req, io_op op, uint64_t off
     w.queue->submit(b);
     // Completions deferred to the queue's loop (irqmode=1) are due now.
     w.queue->process();
-    if (!p->completed && !p->is_read) {
+    if (!p->completed && !p->is_read && w.receive != nullptr) {
         // The data lies in libfuse's receive buffer, which the next
         // request would overwrite: the write keeps it, libfuse allocates
-        // another.
+        // another. (A ring entry keeps its payload until the reply.)
         p->receive_mem = w.receive->mem;
         w.receive->mem = nullptr;
     }
@@ -520,7 +541,9 @@ nlohmann::json fuse_export::describe() const
     // workers than submit queues, they share them through device::execute.
     out["queues"] = _thread_count <= _dev.info().queues.submit_queues ? "per_worker" : "shared";
     out["poll_us"] = _poll_max_ns / 1'000;
-    out["async"] = _workers.size() == 1 && _workers.front()->async;
+    out["async"] = !_workers.empty() && std::all_of(_workers.begin(), _workers.end(),
+                                                    [](const auto& w) { return w->async; });
+    describe_ring(out);
     uint64_t polled = 0;
     uint64_t slept = 0;
     uint64_t poll_ns = 0;
@@ -565,6 +588,7 @@ std::string fuse_export::in_use() const
 
 void fuse_export::join_workers()
 {
+    stop_ring();
     if (_session != nullptr) {
         fuse_session_exit(_session);
     }
@@ -676,10 +700,27 @@ result<std::unique_ptr<device_export>> start_export(device& dev, const export_co
                           fmt::format("{}: capacity {} is not a multiple of the block size {}",
                                       dev.name(), l.capacity_bytes, l.logical_block_size));
     }
-    auto exported = std::make_unique<fuse_export>(dev, ctx, *parsed);
+    auto ring = plan_ring(parsed->text("ring"));
+    if (!ring) {
+        return std::unexpected(ring.error());
+    }
+    auto exported = std::make_unique<fuse_export>(dev, ctx, *parsed, *ring);
     if (auto started = exported->start(); !started) {
         (void)exported->stop();
-        return std::unexpected(started.error());
+        if (!exported->ring_fell_through()) {
+            return std::unexpected(started.error());
+        }
+        // ring=auto and the ring would not start once mounted (the kernel
+        // withdrew it, or refused our entries): the same export on
+        // /dev/fuse, on a connection of its own.
+        const std::string why = exported->ring_failure();
+        exported.reset();
+        exported = std::make_unique<fuse_export>(dev, ctx, *parsed,
+                                                 ring_plan{.use = false, .off_reason = why});
+        if (auto again = exported->start(); !again) {
+            (void)exported->stop();
+            return std::unexpected(again.error());
+        }
     }
     return exported;
 }

@@ -1,13 +1,17 @@
-// The FUSE export's inner pieces, shared by its two source files:
-// fuse_export.cpp (options, lifecycle, worker threads and their polling)
-// and file_ops.cpp (the FUSE operations on the one file: attributes and the
-// data path). Private to this folder.
+// The FUSE export's inner pieces, shared by its source files:
+// fuse_export.cpp (options, lifecycle, worker threads and their polling),
+// file_ops.cpp (the FUSE operations on the one file: attributes and the
+// data path, answering through a reply_to), libfuse_ops.cpp (libfuse's
+// callbacks on the /dev/fuse path, which call those operations) and
+// fuse_ring.cpp (FUSE over io_uring, which calls them too). Private to
+// this folder.
 #pragma once
 
 #define FUSE_USE_VERSION 312
 
 #include "fuse_export.hpp"
 #include "loop_device.hpp"
+#include "reply.hpp"
 
 #include <softblk/device.hpp>
 #include <softblk/support/buffer_pool.hpp>
@@ -21,6 +25,7 @@
 #include <optional>
 #include <pthread.h>
 #include <string>
+#include <string_view>
 #include <sys/stat.h>
 #include <thread>
 #include <vector>
@@ -47,7 +52,20 @@ inline uint64_t align_up(uint64_t value, uint64_t block)
 }
 
 class fuse_export;
+class ring_thread;
+struct ring_init;
 struct pending_io;
+
+// Whether the export serves through FUSE over io_uring (fuse_ring.cpp),
+// decided before mounting (ring=auto|on|off and what the kernel allows).
+struct ring_plan {
+    bool use = false;
+    // ring=on: a ring that cannot start is an error, not a fallback.
+    bool forced = false;
+    // Why the ring is not used, for describe() ("ring=off", or what is
+    // missing); empty when it is.
+    std::string off_reason;
+};
 
 // One FUSE worker thread and what it owns.
 struct worker {
@@ -84,7 +102,8 @@ struct worker {
     // cannot block the worker with completions waiting).
     bool fd_nonblocking = false;
     // libfuse's receive buffer of the request being processed: a write that
-    // outlives its call keeps the buffer its data lies in.
+    // outlives its call keeps the buffer its data lies in. nullptr while a
+    // ring request is served (its data stays in the ring entry).
     fuse_buf* receive = nullptr;
     std::vector<std::unique_ptr<pending_io>> pending_store;
     std::vector<pending_io*> pending_free;
@@ -108,15 +127,16 @@ struct worker {
 struct pending_io {
     bio request;
     worker* owner = nullptr;
-    fuse_req_t req = nullptr;
+    reply_to reply;
     bool is_read = false;
     // Set by the completion, which also returns the record to the free
     // list (the submitter checks it right after submitting).
     bool completed = false;
     // Read: the buffer the device fills, its class, and where in it the
-    // reply starts.
+    // reply starts. Not pooled: the reply's own buffer (a ring entry).
     uint8_t* data = nullptr;
     unsigned data_class = 0;
+    bool pooled = false;
     uint64_t skip = 0;
     // Bytes to reply (read) or to acknowledge (write).
     size_t size = 0;
@@ -131,7 +151,7 @@ extern thread_local worker* t_worker;
 
 class fuse_export final : public device_export {
 public:
-    fuse_export(device& dev, const export_context& ctx, const option_set& options);
+    fuse_export(device& dev, const export_context& ctx, const option_set& options, ring_plan ring);
     ~fuse_export() override;
 
     result<void> start();
@@ -139,8 +159,40 @@ public:
     result<void> stop() override;
     std::string in_use() const override;
 
+    // The ring was wanted (ring=auto) but could not start after mounting:
+    // start() failed for that alone, and an export without it may be
+    // started instead. Control thread.
+    bool ring_fell_through() const { return _ring_failed && !_ring.forced; }
+    const std::string& ring_failure() const { return _ring_failure; }
+
+    // ---- The FUSE operations (file_ops.cpp), whichever path the request
+    // came by. Each ends `r` exactly once, now or (async reads and writes)
+    // from the device's completion. Worker or ring threads (t_worker).
+    void serve_lookup(const reply_to& r, uint64_t parent, std::string_view name);
+    void serve_getattr(const reply_to& r, uint64_t ino);
+    // `valid`: the kernel's FATTR_* bits (libfuse's FUSE_SET_ATTR_* are
+    // the same); `size` counts with FATTR_SIZE.
+    void serve_setattr(const reply_to& r, uint64_t ino, uint32_t valid, uint64_t size);
+    void serve_open(const reply_to& r, uint64_t ino, uint32_t flags);
+    void serve_opendir(const reply_to& r, uint64_t ino);
+    void serve_readdir(const reply_to& r, uint64_t ino, uint64_t size, uint64_t offset);
+    void serve_statfs(const reply_to& r);
+    void serve_read(const reply_to& r, uint64_t size, int64_t off);
+    void serve_write(const reply_to& r, const char* data, uint64_t size, int64_t off);
+    void serve_fsync(const reply_to& r);
+    void serve_fallocate(const reply_to& r, int mode, int64_t off, int64_t len);
+    void serve_lseek(const reply_to& r, int64_t off, int whence);
+    // flush, release, releasedir: nothing to do.
+    static void serve_nothing(const reply_to& r) { r.error(0); }
+
+    // Ring mode: thread 0 reads what still comes through /dev/fuse
+    // (FORGET; anything else, should the kernel not use the ring) with
+    // libfuse into `buf`, until it would block. False once the connection
+    // is gone (ring_setup.cpp).
+    bool serve_dev_fuse(worker& w, fuse_buf& buf);
+
 private:
-    // ---- FUSE operations (worker threads)
+    // ---- libfuse's callbacks on the /dev/fuse path (libfuse_ops.cpp)
     static void op_init(void* userdata, fuse_conn_info* conn);
     static void op_lookup(fuse_req_t req, fuse_ino_t parent, const char* name);
     static void op_getattr(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi);
@@ -168,6 +220,9 @@ private:
     }
     static const fuse_lowlevel_ops& operations();
 
+    // A worker's state (scratch buffer, device queue); the thread is
+    // started by the caller. Control thread.
+    result<std::unique_ptr<worker>> make_worker(unsigned index);
     void run_worker(worker& w);
     // Busy-polls /dev/fuse until a request is pending (true) or `deadline`
     // (monotonic ns) passes or the session ends (false). Worker thread.
@@ -181,10 +236,12 @@ private:
     // and /dev/fuse has nothing to read. Worker thread.
     bool wait_request_or_completion(worker& w) const;
     void set_fd_nonblocking(worker& w, bool on) const;
-    // Async mode: submits a read into a pooled buffer (reply: `size` bytes
-    // from `skip`) or a write of `data`, replying at completion.
-    static void submit_async(worker& w, fuse_req_t req, io_op op, uint64_t offset, uint32_t length,
-                             const char* data, uint64_t skip, size_t size);
+    // Async mode: submits a read (reply: `size` bytes from `skip`) into
+    // the reply's own buffer where it has one and the read needs no
+    // widening, else a pooled one; or a write of `data`. Replies at
+    // completion.
+    static void submit_async(worker& w, const reply_to& r, io_op op, uint64_t offset,
+                             uint32_t length, const char* data, uint64_t skip, size_t size);
     struct stat file_attr() const;
     struct stat dir_attr() const;
 
@@ -195,12 +252,27 @@ private:
     // `op` (discard or write_zeroes), the edges by read-modify-write.
     int zero_range(worker& w, uint64_t offset, uint64_t length, bool punch);
 
+    // ---- Ring mode (fuse_ring.cpp): after mounting, takes the INIT
+    // exchange (its reply says FUSE_OVER_IO_URING), then starts the ring
+    // threads, which register their entries. Control thread.
+    result<void> start_ring();
+    void stop_ring();
+    // The ring's part of describe(): "ring" ("on", or "off (why)"), and
+    // in ring mode its queues, entries and requests served.
+    void describe_ring(nlohmann::json& out) const;
+    // The error start() returns for a ring that cannot start; remembers
+    // it for ring_fell_through().
+    error ring_error(int code, std::string what);
+
     result<void> stop_impl(bool force);
     void join_workers();
 
     // The device's capacity changed (device::add_capacity_listener): the
     // file takes the new size, and the loop device attached to it too.
     void capacity_changed(uint64_t bytes);
+
+    friend class ring_thread;
+    friend struct ring_init;
 
     device& _dev;
     block_limits _limits;  // capacity_bytes changes with the device's (set_capacity)
@@ -227,6 +299,16 @@ private:
     bool _registered = false;
     std::vector<std::unique_ptr<worker>> _workers;
     std::optional<loop_attachment> _loop;
+
+    // Ring mode: the plan, what went wrong when it could not start, the
+    // INIT exchange as the ring's custom I/O saw it, and the threads.
+    ring_plan _ring;
+    bool _ring_failed = false;
+    std::string _ring_failure;
+    std::unique_ptr<ring_init> _ring_init;
+    std::vector<std::unique_ptr<ring_thread>> _rings;
+    unsigned _ring_queues = 0;
+    unsigned _ring_entries = 0;
 
     std::mutex _stop_lock;
     bool _stopped = false;
