@@ -1,6 +1,8 @@
 // The per-device state file that `softblk recover` reads.
 #include "state.hpp"
 
+#include "abi.hpp"
+
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -23,6 +25,7 @@ export_state sample()
     s.depth = 128;
     s.max_io_buf_bytes = 126976;
     s.daemon_pid = 4242;
+    s.cookie = 0x5eed'0000'0000'0042;
     return s;
 }
 
@@ -55,6 +58,7 @@ TEST(ublk_state, json_round_trip)
     EXPECT_EQ(back->depth, s.depth);
     EXPECT_EQ(back->max_io_buf_bytes, s.max_io_buf_bytes);
     EXPECT_EQ(back->daemon_pid, s.daemon_pid);
+    EXPECT_EQ(back->cookie, s.cookie);
 }
 
 TEST(ublk_state, missing_or_wrong_fields_are_named)
@@ -97,6 +101,45 @@ TEST(ublk_state, file_round_trip)
     auto bad = read_state(path);
     ASSERT_FALSE(bad);
     EXPECT_EQ(bad.error().code.value(), EINVAL);
+}
+
+// A device id is reused as soon as the device is deleted: before a daemon
+// stops, deletes or re-attaches the kernel's device dev_id, it must be the
+// one its state file saved (the cookie given at ADD_DEV, or for a state
+// file of an older build the pid and geometry).
+TEST(ublk_state, only_the_saved_device_is_ours)
+{
+    const export_state s = sample();
+    dev_info info{};
+    info.dev_id = s.dev_id;
+    info.nr_hw_queues = static_cast<uint16_t>(s.nr_queues);
+    info.queue_depth = static_cast<uint16_t>(s.depth);
+    info.max_io_buf_bytes = s.max_io_buf_bytes;
+    info.ublksrv_pid = 999;  // recovered since by another daemon of ours
+    info.ublksrv_flags = s.cookie;
+    EXPECT_TRUE(is_ours(s, info));
+    info.ublksrv_flags = 0;  // another server's device of the same id and shape
+    info.ublksrv_pid = s.daemon_pid;
+    EXPECT_FALSE(is_ours(s, info));
+
+    export_state old = s;  // a state file without a cookie
+    old.cookie = 0;
+    auto back = state_from_json([&] {
+        auto j = to_json(old);
+        j.erase("cookie");
+        return j;
+    }());
+    ASSERT_TRUE(back) << back.error().message;
+    EXPECT_EQ(back->cookie, 0u);
+    EXPECT_TRUE(is_ours(*back, info));
+    info.ublksrv_pid = 1234;
+    EXPECT_FALSE(is_ours(*back, info));
+    info.ublksrv_pid = s.daemon_pid;
+    info.queue_depth = 64;
+    EXPECT_FALSE(is_ours(*back, info));
+
+    EXPECT_NE(new_cookie(), 0u);
+    EXPECT_NE(new_cookie(), new_cookie());
 }
 
 }  // namespace

@@ -1,11 +1,16 @@
 #include "state.hpp"
 
+#include "abi.hpp"
+
+#include <softblk/support/clock.hpp>
+
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fmt/core.h>
 #include <fstream>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -25,6 +30,7 @@ nlohmann::json to_json(const export_state& s)
         {"depth", s.depth},
         {"max_io_buf_bytes", s.max_io_buf_bytes},
         {"daemon_pid", s.daemon_pid},
+        {"cookie", s.cookie},
     };
 }
 
@@ -50,6 +56,7 @@ result<export_state> state_from_json(const nlohmann::json& j)
         s.depth = j.at("depth").get<unsigned>();
         s.max_io_buf_bytes = j.at("max_io_buf_bytes").get<uint32_t>();
         s.daemon_pid = j.at("daemon_pid").get<int32_t>();
+        s.cookie = j.value("cookie", uint64_t{0});  // absent in older state files
     } catch (const nlohmann::json::exception& e) {
         return make_error(EINVAL, fmt::format("ublk state: {}", e.what()));
     }
@@ -58,6 +65,28 @@ result<export_state> state_from_json(const nlohmann::json& j)
                           "ublk state: device, nr_queues, depth and max_io_buf_bytes must be set");
     }
     return s;
+}
+
+bool is_ours(const export_state& state, const dev_info& info)
+{
+    if (state.cookie != 0) {
+        return info.ublksrv_flags == state.cookie;
+    }
+    return info.ublksrv_pid == state.daemon_pid && info.nr_hw_queues == state.nr_queues &&
+           info.queue_depth == state.depth && info.max_io_buf_bytes == state.max_io_buf_bytes;
+}
+
+uint64_t new_cookie()
+{
+    uint64_t c = 0;
+    while (c == 0) {
+        if (::getrandom(&c, sizeof c, 0) != static_cast<ssize_t>(sizeof c)) {
+            // No entropy source (cannot happen on Linux 3.17+): time and pid
+            // still tell two devices of one machine apart.
+            c = (static_cast<uint64_t>(::getpid()) << 32) ^ monotonic_ns();
+        }
+    }
+    return c;
 }
 
 std::string state_path(const std::string& run_dir, const std::string& device)

@@ -30,9 +30,25 @@ struct export_state {
     unsigned depth = 0;
     uint32_t max_io_buf_bytes = 0;
     int32_t daemon_pid = 0;  // the daemon that serves it
+    // A random number given to the kernel at ADD_DEV in the device's
+    // ublksrv_flags (kept by the kernel for the server, never read by it)
+    // and saved here: the proof that the kernel's device dev_id is still
+    // the one this state file describes. 0 in state files of older builds.
+    uint64_t cookie = 0;
 };
 
 constexpr int k_state_version = 1;
+
+struct dev_info;
+
+// True when the kernel's device `info` (GET_DEV_INFO of state.dev_id) is
+// the one `state` describes: its cookie, or, for a state file without one,
+// the daemon pid and queue geometry it was saved with. A device id is
+// reused as soon as the device is deleted, by any ublk server: nothing may
+// stop, delete or re-attach a device that is not ours.
+bool is_ours(const export_state& state, const dev_info& info);
+// A random nonzero cookie for a new device.
+uint64_t new_cookie();
 
 nlohmann::json to_json(const export_state& state);
 // Errors name the missing or malformed field.

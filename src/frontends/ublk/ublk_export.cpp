@@ -367,6 +367,9 @@ private:
     std::unique_ptr<control> _ctl;
     std::string _state_path;
     dev_info _info{};
+    // Given to the kernel in _info.ublksrv_flags and saved in the state
+    // file: proves later that device _info.dev_id is still this one.
+    uint64_t _cookie = 0;
     bool _added = false;
     bool _stopped = false;
     bool _recovered = false;
@@ -518,6 +521,7 @@ result<void> ublk_export::persist()
     st.depth = _info.queue_depth;
     st.max_io_buf_bytes = _info.max_io_buf_bytes;
     st.daemon_pid = ::getpid();
+    st.cookie = _cookie;
     return write_state(_state_path, st);
 }
 
@@ -618,6 +622,7 @@ result<void> ublk_export::start_new()
     in.max_io_buf_bytes = buf_bytes;
     in.dev_id = _cfg.id < 0 ? UINT32_MAX : static_cast<uint32_t>(_cfg.id);
     in.ublksrv_pid = ::getpid();
+    in.ublksrv_flags = _cookie = new_cookie();
     // (Kernels before 6.15 list SUPPORT_ZERO_COPY among their features
     // without serving it, and clear it at ADD_DEV: what comes back decides.)
     in.flags = want | ask;
@@ -687,6 +692,7 @@ result<void> ublk_export::start_new()
 result<void> ublk_export::start_recovery(const export_state& st, const dev_info& found)
 {
     _info = found;
+    _cookie = st.cookie;
     _added = true;
     _ctl->set_unprivileged((_info.flags & k_f_unprivileged_dev) != 0);
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(15);
@@ -695,9 +701,12 @@ result<void> ublk_export::start_recovery(const export_state& st, const dev_info&
     for (;;) {
         std::lock_guard guard(_ctl->lock());
         auto info = _ctl->get_dev_info(_info.dev_id);
-        if (!info) {
+        if (!info || !is_ours(st, *info)) {
             _added = false;
-            return std::unexpected(info.error());
+            return info ? make_error(ESTALE, fmt::format("ublk device {} was replaced by another "
+                                                         "server's while it waited for recovery",
+                                                         _info.dev_id))
+                        : std::unexpected(info.error());
         }
         _info = *info;
         auto r = _ctl->start_user_recovery(_info.dev_id);
@@ -732,7 +741,6 @@ result<void> ublk_export::start_recovery(const export_state& st, const dev_info&
         return ended;
     }
     _recovered = true;
-    (void)st;
     if (auto r = persist(); !r) {
         return r;
     }
@@ -896,7 +904,8 @@ result<std::vector<state_entry>> list_state(const export_context& ctx)
         }
         state_entry r{.saved = std::move(*st), .state = "GONE"};
         if (ctl) {
-            if (auto info = (*ctl)->get_dev_info(r.saved.dev_id)) {
+            // A device of that id that is not ours is, for us, gone.
+            if (auto info = (*ctl)->get_dev_info(r.saved.dev_id); info && is_ours(r.saved, *info)) {
                 r.state = state_name(info->state);
                 r.daemon_pid = info->ublksrv_pid;
                 r.recoverable = (info->flags & k_f_user_recovery) != 0 &&
@@ -938,6 +947,13 @@ result<std::unique_ptr<device_export>> start_export(device& dev, const export_co
         // A device of this name was exported before: re-attach if the kernel
         // kept it for recovery, clear it away if it is a leftover.
         auto info = (*ctl)->get_dev_info(st->dev_id);
+        if (info && !is_ours(*st, *info)) {
+            // The id was reused by another device (ours was deleted): not
+            // ours to recover, stop or delete.
+            spdlog::warn("{}: ublk device {} is no longer the one this device had; left alone",
+                         dev.name(), st->dev_id);
+            info = make_error(ESTALE, "another device");
+        }
         if (info) {
             const bool recoverable_flags = (info->flags & k_f_user_recovery) != 0;
             const bool owner_alive =

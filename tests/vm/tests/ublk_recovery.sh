@@ -157,4 +157,42 @@ echo cleanup | $drv --run-dir $run --commands
 [ ! -e /dev/ublkc$id ] || vm_fail "/dev/ublkc$id left after cleanup"
 [ ! -e $run/ublk/r2.json ] || vm_fail "state file left after cleanup"
 echo "ok: no disk, no char device, no state file"
+vm_step "a state file whose device id is another server's device now: left alone"
+# Server B's device; then a state file of ours that names the same id, as
+# if our device of that id had been deleted and the id reused by B (the
+# cookie differs). plant NAME: writes our a.json from B's NAME.json.
+runb=/tmp/runb
+mkdir -p $runb $run/ublk
+plant() {
+  sed -e "s/\"device\": \"$1\"/\"device\": \"a\"/" -e 's/"cookie": [0-9]*/"cookie": 1/' \
+    $runb/ublk/$1.json >$run/ublk/a.json
+  grep -q '"cookie": 1,\{0,1\}$' $run/ublk/a.json || vm_fail "no cookie in $(cat $run/ublk/a.json)"
+}
+# Kept by the kernel for recovery after B's kill: ours must not recover it.
+run=$runb serve b -o recovery=recover submit_queues=1 hw_queue_depth=32 memory_backed=1 size=64 \
+  blocksize=4096
+idb=$(sed -n 's/.*"dev_id":\([0-9]*\).*/\1/p' /tmp/b.ready)
+kill -9 "$pid"; wait "$pid" 2>/dev/null || true; pid=
+plant b
+# Our device is gone: the driver's cleanup at start drops the stale state
+# file, and there is nothing of ours left to recover.
+if $drv --run-dir $run --recover a </dev/null >/tmp/a.out 2>/tmp/a.err; then
+  vm_fail "recovered a from a state file whose device is another server's: $(cat /tmp/a.out)"
+fi
+grep -q "no saved ublk export" /tmp/a.err || vm_fail "recover a: $(cat /tmp/a.err)"
+[ -e /dev/ublkc$idb ] || vm_fail "/dev/ublkc$idb, another server's device, deleted"
+run=$runb recover b
+vm_expect_eq "B's device after its own recovery" "$(sed -n 's/.*"dev_id":\([0-9]*\).*/\1/p' /tmp/b.ready)" "$idb"
+stop
+# Dead, without recovery: ours must not delete it in its cleanup.
+run=$runb serve c submit_queues=1 hw_queue_depth=32 memory_backed=1 size=64 blocksize=4096
+idc=$(sed -n 's/.*"dev_id":\([0-9]*\).*/\1/p' /tmp/c.ready)
+kill -9 "$pid"; wait "$pid" 2>/dev/null || true; pid=
+plant c
+echo cleanup | $drv --run-dir $run --commands
+[ -e /dev/ublkc$idc ] || vm_fail "our cleanup deleted /dev/ublkc$idc, another server's device"
+[ ! -e $run/ublk/a.json ] || vm_fail "our stale state file kept"
+echo cleanup | $drv --run-dir $runb --commands
+[ ! -e /dev/ublkc$idc ] || vm_fail "/dev/ublkc$idc left after its own server's cleanup"
+echo "ok: a stale id in our state file left another server's devices alone"
 echo "PASS"
