@@ -200,7 +200,7 @@ result<memory_limit_choice> choose_memory_limit(std::string_view flag,
     if (flag.empty()) {
         return share(k_default_memory_percent);
     }
-    if (flag == "0" || flag == "none") {
+    if (flag == "none") {
         return memory_limit_choice{0, "no limit (--memory-limit none)"};
     }
     auto bad = [&](std::string_view why) {
@@ -208,6 +208,11 @@ result<memory_limit_choice> choose_memory_limit(std::string_view flag,
                                               "share of the machine's memory (25%) or none",
                                               flag, why));
     };
+    if (flag == "0") {
+        // A budget of nothing would refuse every device its first byte; the
+        // limit's own "0 means none" belongs to the API, not to the flag.
+        return bad("0 would refuse the devices every byte; use none for no limit");
+    }
     if (flag.back() == '%') {
         auto percent = to_u64(flag.substr(0, flag.size() - 1));
         if (!percent || *percent < 1 || *percent > 100) {
