@@ -230,19 +230,4 @@ result<memory_limit_choice> choose_memory_limit(std::string_view flag,
     return memory_limit_choice{*size, fmt::format("--memory-limit {}", flag)};
 }
 
-std::string human_bytes(uint64_t bytes)
-{
-    static constexpr const char* k_units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
-    double value = static_cast<double>(bytes);
-    size_t unit = 0;
-    while (value >= 1024.0 && unit + 1 < std::size(k_units)) {
-        value /= 1024.0;
-        ++unit;
-    }
-    if (unit == 0) {
-        return fmt::format("{} B", bytes);
-    }
-    return fmt::format("{:.1f} {}", value, k_units[unit]);
-}
-
 }  // namespace softblk::cli

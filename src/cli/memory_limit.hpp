@@ -11,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include <softblk/memory_store.hpp>
 #include <softblk/types.hpp>
 
 namespace softblk::cli {
@@ -54,7 +55,7 @@ result<machine_memory> read_machine_memory();
 result<memory_limit_choice> choose_memory_limit(std::string_view flag,
                                                 const machine_memory& machine);
 
-// "1.5 GiB" and the like, for messages and tables.
-std::string human_bytes(uint64_t bytes);
+// "1.5 GiB" and the like, for messages and tables (the core's).
+using softblk::human_bytes;
 
 }  // namespace softblk::cli
