@@ -17,6 +17,9 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
@@ -103,6 +106,8 @@ public:
     // Sets the limit (0: none). Memory charged already stays charged, even
     // past a lower limit; later charges see the new one. Any thread.
     void set_limit(uint64_t limit_bytes) { _limit.store(limit_bytes, std::memory_order_relaxed); }
+    // The budget above this one, or nullptr. Any thread.
+    const memory_budget* parent() const { return _parent; }
 
 private:
     std::atomic<uint64_t> _used{0};
@@ -112,9 +117,64 @@ private:
 };
 
 // The process-wide budget of data memory, parent of every store's budget
-// and charged by the write-back cache. No limit unless the program sets one
-// (the daemon does: docs/reliability.md). Any thread.
+// and charged by the write-back cache and by what targets hold besides
+// their data (memory_charge). No limit unless the program sets one (the
+// daemon does: docs/reliability.md). Any thread.
 memory_budget& process_memory_budget();
+
+// Memory a target holds besides its data and in proportion to its
+// geometry (zone descriptors, per-zone tables), charged to a budget for as
+// long as the charge lives. Taken before the memory is allocated, so that
+// a device whose tables do not fit is refused with an error that says so,
+// instead of taking the memory or failing with std::bad_alloc. Move-only;
+// the budget must outlive the charge.
+class memory_charge {
+public:
+    memory_charge() = default;
+    // Charges `bytes` to `budget` and its parents. Error ENOMEM: "not
+    // enough memory for `what` (size): " and which limit refused it (a
+    // device's memory_limit, or the process's budget: the daemon's
+    // --memory-limit) with what it has left. Any thread.
+    static result<memory_charge> take(memory_budget& budget, uint64_t bytes, std::string_view what);
+    ~memory_charge() { release(); }
+    memory_charge(memory_charge&& other) noexcept
+        : _budget(std::exchange(other._budget, nullptr)), _bytes(std::exchange(other._bytes, 0))
+    {
+    }
+    memory_charge& operator=(memory_charge&& other) noexcept
+    {
+        if (this != &other) {
+            release();
+            _budget = std::exchange(other._budget, nullptr);
+            _bytes = std::exchange(other._bytes, 0);
+        }
+        return *this;
+    }
+    memory_charge(const memory_charge&) = delete;
+    memory_charge& operator=(const memory_charge&) = delete;
+
+    uint64_t bytes() const { return _bytes; }
+
+private:
+    void release()
+    {
+        if (_budget != nullptr) {
+            _budget->release(_bytes);
+            _budget = nullptr;
+            _bytes = 0;
+        }
+    }
+
+    memory_budget* _budget = nullptr;
+    uint64_t _bytes = 0;
+};
+
+// The error of an allocation for `what` of `bytes` that the system refused
+// (new (std::nothrow) gave nullptr): ENOMEM, "not enough memory for ...".
+error out_of_memory(std::string_view what, uint64_t bytes);
+
+// "1.5 GiB" and the like, for messages. Any thread.
+std::string human_bytes(uint64_t bytes);
 
 // The per-device option `memory_limit` (MiB, 0: only the process budget),
 // for the option table of every target that keeps data in a memory_store,
@@ -226,9 +286,10 @@ public:
     // Frees every page (the device's data is gone). No I/O may run.
     virtual void clear() = 0;
 
-    // RAM held, which is exactly what the store has charged to its budget:
+    // RAM held, which is exactly what the store's budget has charged:
     // resident data pages (in use, or freed and not yet returned to the
-    // kernel), page-table nodes and the fixed part. Any thread.
+    // kernel), page-table nodes and the fixed part, and what the target
+    // charged to budget() besides. Any thread.
     virtual uint64_t memory_bytes() const = 0;
     // Bytes of pages that hold at least one block of data. Any thread.
     virtual uint64_t data_page_bytes() const = 0;
@@ -247,7 +308,11 @@ public:
     // Lock acquisitions that had to wait (the benchmark's contention figure).
     virtual uint64_t contended() const = 0;
     // The store's own budget (limit = config::limit_bytes). Any thread.
+    // A target charges what else its device holds (memory_charge) here, so
+    // that the device's memory_limit bounds all of it and memory_bytes()
+    // counts it.
     virtual const memory_budget& budget() const = 0;
+    virtual memory_budget& budget() = 0;
     // Changes the store's own limit (memory_limit written while the device
     // runs); data held stays, free pages beyond the new free-page limit go
     // back to the kernel. Any thread.

@@ -45,6 +45,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include <softblk/memory_store.hpp>
 #include <softblk/types.hpp>
 
 namespace softblk {
@@ -91,6 +92,11 @@ struct zone_engine_config {
     // zone locked too, so that a read never sees half a write. Targets that
     // only queue the transfer (io_uring) leave it false.
     bool lock_reads = true;
+    // Charged for the zone descriptors (memory_bytes(), about 64 bytes a
+    // zone) while the engine lives: the device's memory store's budget
+    // where it has one (its memory_limit then bounds them too), nullptr for
+    // the process's budget. Must outlive the engine.
+    memory_budget* budget = nullptr;
 };
 
 // What the engine asks of the target at the moments its driver touches the
@@ -136,7 +142,9 @@ class zone_engine {
 public:
     // Builds the zones from `config` (validated: a power-of-two zone size,
     // capacity and sizes multiples of the block size, at least one
-    // sequential zone). Errors name the field and the valid range.
+    // sequential zone). Errors name the field and the valid range; ENOMEM
+    // when the budget (config.budget) or the system refuses the memory of
+    // the zone descriptors, saying how much and which limit.
     // `backend` (optional) must outlive the engine. Control thread.
     static result<std::unique_ptr<zone_engine>> create(const zone_engine_config& config,
                                                        zone_backend* backend = nullptr);
@@ -152,6 +160,9 @@ public:
     void apply_limits(block_limits& limits) const;
 
     uint32_t zone_count() const { return _nr_zones; }
+    // The memory of the zone descriptors, charged to config.budget. Any
+    // thread.
+    uint64_t memory_bytes() const { return _charge.bytes(); }
     uint32_t zone_index(uint64_t offset) const
     {
         return static_cast<uint32_t>(offset >> _zone_shift);
@@ -257,6 +268,7 @@ private:
     uint32_t _nr_zones = 0;
     uint64_t _last_zone_length = 0;
     bool _need_res_mgmt = false;
+    memory_charge _charge;  // for _zones; released after them
     std::unique_ptr<zone[]> _zones;
 
     // Under _res_lock (when _need_res_mgmt).

@@ -85,6 +85,42 @@ int connect_socket(const std::string& socket_path)
     return fd;
 }
 
+namespace {
+
+// The daemon recovers its devices on a thread of its own, answering
+// requests meanwhile; the command that started it waits until they are back
+// (`status` lists none "recovering"), up to `deadline`, so that it and the
+// commands after it find them as a daemon that recovered before it opened
+// its socket let them. A device that takes longer (a back end that does not
+// answer) is left to `softblk list`.
+void wait_for_recovery(const run_paths& paths, clock::time_point deadline)
+{
+    auto client = control_client::connect(paths, false);
+    if (!client) {
+        return;
+    }
+    for (;;) {
+        auto status = client->call("status", nlohmann::json::object(), std::chrono::seconds(10));
+        if (!status || !status->is_object()) {
+            return;
+        }
+        const nlohmann::json recovering = status->value("recovering", nlohmann::json::array());
+        if (!recovering.is_array() || recovering.empty()) {
+            return;
+        }
+        if (clock::now() >= deadline) {
+            fmt::print(stderr,
+                       "softblk: the daemon is still recovering {} (softblk list shows when it "
+                       "is back)\n",
+                       recovering.dump());
+            return;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+}
+
+}  // namespace
+
 result<pid_t> start_daemon(const run_paths& paths, std::chrono::milliseconds timeout,
                            const std::vector<std::string>& extra_args)
 {
@@ -137,6 +173,7 @@ result<pid_t> start_daemon(const run_paths& paths, std::chrono::milliseconds tim
         const int fd = connect_socket(paths.socket);
         if (fd >= 0) {
             ::close(fd);
+            wait_for_recovery(paths, deadline);
             return pid;
         }
         if (child_running) {

@@ -47,9 +47,10 @@ int connect_socket(const std::string& socket_path);
 
 // Starts a daemon for `paths` in the background (this executable, `daemon
 // --foreground --quiet`, in a new session, output to the log) and waits up
-// to `timeout` until its socket accepts connections. Returns the pid of the
-// process it started (which may have found another daemon starting and
-// left). Main thread.
+// to `timeout` until its socket accepts connections and the devices of its
+// state files are back (recovered or failed; one still recovering then is
+// noted on stderr). Returns the pid of the process it started (which may
+// have found another daemon starting and left). Main thread.
 // `extra_args` are passed on to `softblk daemon` (e.g. --client-timeout).
 result<pid_t> start_daemon(const run_paths& paths, std::chrono::milliseconds timeout,
                            const std::vector<std::string>& extra_args = {});

@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <cstring>
 #include <fcntl.h>
+#include <new>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -195,7 +196,18 @@ void control_server::process_lines(client& c, const request_handler& handler)
         } else {
             std::optional<result<nlohmann::json>> res = make_error(EIO, "internal error");
             try {
-                res = handler(*req, reply_token{c.number, id});
+                res = handler(*req, reply_token{c.number, id, req->method});
+            } catch (const std::bad_alloc& e) {
+                // Memory ran out for one request (a device's tables, a
+                // reply): that request fails, saying so; the daemon goes on.
+                const nlohmann::json& name =
+                    req->params.contains("name") ? req->params["name"] : nlohmann::json(nullptr);
+                res = make_error(
+                    ENOMEM,
+                    fmt::format("{}{}: not enough memory to carry it out ({}); the "
+                                "daemon and its other devices go on",
+                                req->method, name.is_string() ? " " + name.get<std::string>() : "",
+                                e.what()));
             } catch (const std::exception& e) {
                 // The handlers return errors; this is the last line of
                 // defence that keeps a bug from taking the daemon down.
@@ -207,7 +219,7 @@ void control_server::process_lines(client& c, const request_handler& handler)
                 c.awaiting = true;
                 break;
             }
-            reply = *res ? format_result(id, **res) : format_error(id, res->error());
+            reply = format_reply(id, *res, req->method, _limits.max_reply_bytes);
         }
         c.out += reply;
         if (!_stop_reason.empty()) {
@@ -300,8 +312,7 @@ void control_server::reply(const reply_token& token, const result<nlohmann::json
         if (c->number != token.client || c->closed || !c->awaiting) {
             continue;
         }
-        c->out +=
-            result ? format_result(token.id, *result) : format_error(token.id, result.error());
+        c->out += format_reply(token.id, result, token.method, _limits.max_reply_bytes);
         c->awaiting = false;
         c->resume = true;
         c->request_started = clock::now();

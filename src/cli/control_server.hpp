@@ -36,12 +36,15 @@ struct server_limits {
     std::chrono::milliseconds idle_timeout{300'000};
     // Replies queued for a client that does not read; past it, it is cut off.
     size_t max_reply_backlog = 64u << 20;
+    // One reply's longest line; a longer result becomes an EMSGSIZE error.
+    size_t max_reply_bytes = k_max_reply_bytes;
 };
 
 // Names a request whose reply comes later (control_server::reply).
 struct reply_token {
     uint64_t client = 0;
     nlohmann::json id;
+    std::string method;  // for the messages of a reply that cannot be sent
 };
 
 // Handles one request on the loop's thread; returns the reply's result or

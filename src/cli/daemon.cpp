@@ -110,7 +110,8 @@ control_service::control_service(device_host& host, run_paths paths, control_ser
 {
 }
 
-result<nlohmann::json> control_service::add(const nlohmann::json& params)
+std::optional<result<nlohmann::json>> control_service::add(const nlohmann::json& params,
+                                                           const reply_token& token)
 {
     if (!_stop_reason.empty()) {
         return make_error(ESHUTDOWN,
@@ -136,12 +137,37 @@ result<nlohmann::json> control_service::add(const nlohmann::json& params)
     req.options = std::move(*options);
     req.export_type = *exp;
     req.export_options = std::move(*export_options);
-    if (!req.name.empty() && _host.stopping(req.name)) {
-        return make_error(EEXIST, fmt::format("a device named '{}' is being removed; wait until "
-                                              "it leaves `softblk list`",
-                                              req.name));
+    // The device is made (its back end connected, its export started) on
+    // a job thread; the reply comes when it is done (tick).
+    auto added = _host.begin_add(req);
+    if (!added) {
+        return std::unexpected(added.error());
     }
-    return _host.add(req);
+    _jobs.push_back({token, *added});
+    return std::nullopt;
+}
+
+std::optional<result<nlohmann::json>> control_service::set(const nlohmann::json& params,
+                                                           const reply_token& token)
+{
+    auto name = param_string(params, "name", true);
+    auto options = param_strings(params, "options");
+    auto force = param_bool(params, "force", false);
+    for (const auto* err : {name ? nullptr : &name.error(), options ? nullptr : &options.error(),
+                            force ? nullptr : &force.error()}) {
+        if (err != nullptr) {
+            return std::unexpected(*err);
+        }
+    }
+    if (!_stop_reason.empty()) {
+        return make_error(ESHUTDOWN, fmt::format("the daemon is stopping ({})", _stop_reason));
+    }
+    auto done = _host.begin_set(*name, *options, *force);
+    if (done) {
+        return done;
+    }
+    _jobs.push_back({token, *name});
+    return std::nullopt;
 }
 
 std::optional<result<nlohmann::json>> control_service::del(const nlohmann::json& params,
@@ -192,12 +218,24 @@ result<nlohmann::json> control_service::outcome(const pending_del& d) const
 {
     std::vector<std::string> messages = d.failures;
     int code = d.code;
-    if (!d.waiting.empty()) {
+    std::vector<std::string> stuck;
+    std::vector<std::string> busy;
+    for (const std::string& name : d.waiting) {
+        (_host.busy(name).empty() ? stuck : busy).push_back(name);
+    }
+    if (!stuck.empty()) {
         messages.push_back(fmt::format(
             "{}: the export did not stop within {} s (a request the device does not complete?); "
             "the device keeps stopping in the background and leaves `softblk list` when it is "
             "done, its state file with it",
-            fmt::join(d.waiting, ", "), _stop_timeout.count() / 1000.0));
+            fmt::join(stuck, ", "), _stop_timeout.count() / 1000.0));
+        code = ETIMEDOUT;
+    }
+    for (const std::string& name : busy) {
+        messages.push_back(fmt::format(
+            "{}: still {} after {} s (a back end that does not answer?); it is removed when "
+            "that ends, and leaves `softblk list` then",
+            name, _host.busy(name), _stop_timeout.count() / 1000.0));
         code = ETIMEDOUT;
     }
     if (messages.empty()) {
@@ -251,6 +289,9 @@ nlohmann::json control_service::status() const
         {"run_dir", _paths.dir},
         {"log", _paths.log},
         {"devices", _host.size()},
+        // Devices of the state files not back yet (the command that started
+        // the daemon waits for them: client.cpp).
+        {"recovering", _host.recovering()},
         {"uptime_ms", std::chrono::duration_cast<std::chrono::milliseconds>(up).count()},
         {"state", _stop_reason.empty() ? "running" : "stopping"},
         {"memory",
@@ -270,7 +311,7 @@ std::optional<result<nlohmann::json>> control_service::handle(const request& req
 {
     const std::string& m = req.method;
     if (m == "add") {
-        return add(req.params);
+        return add(req.params, token);
     }
     if (m == "del") {
         return del(req.params, token);
@@ -278,24 +319,18 @@ std::optional<result<nlohmann::json>> control_service::handle(const request& req
     if (m == "list") {
         return _host.list();
     }
-    if (m == "set" || m == "get") {
+    if (m == "set") {
+        return set(req.params, token);
+    }
+    if (m == "get") {
         auto name = param_string(req.params, "name", true);
-        auto options = param_strings(req.params, m == "set" ? "options" : "keys");
-        auto force = param_bool(req.params, "force", false);
-        for (const auto* err :
-             {name ? nullptr : &name.error(), options ? nullptr : &options.error(),
-              force ? nullptr : &force.error()}) {
+        auto keys = param_strings(req.params, "keys");
+        for (const auto* err : {name ? nullptr : &name.error(), keys ? nullptr : &keys.error()}) {
             if (err != nullptr) {
                 return std::unexpected(*err);
             }
         }
-        if (m == "get") {
-            return _host.get(*name, *options);
-        }
-        if (!_stop_reason.empty()) {
-            return make_error(ESHUTDOWN, fmt::format("the daemon is stopping ({})", _stop_reason));
-        }
-        return _host.set(*name, *options, *force);
+        return _host.get(*name, *keys);
     }
     if (m == "zone") {
         auto name = param_string(req.params, "name", true);
@@ -375,7 +410,19 @@ void control_service::on_signal(const std::string& name)
 
 void control_service::tick()
 {
-    for (device_host::removal& r : _host.reap()) {
+    device_host::reaped done = _host.reap();
+    for (device_host::completion& c : done.completions) {
+        // An add or set a client waits for (a recovery, and the adds of
+        // nr_devices, have none).
+        auto it = std::find_if(_jobs.begin(), _jobs.end(), [&](const pending_job& p) {
+            return p.name == c.name && p.token.method == c.method;
+        });
+        if (it != _jobs.end()) {
+            _server.reply(it->token, c.outcome);
+            _jobs.erase(it);
+        }
+    }
+    for (device_host::removal& r : done.removals) {
         for (pending_del& d : _dels) {
             auto it = std::find(d.waiting.begin(), d.waiting.end(), r.name);
             if (it == d.waiting.end()) {
@@ -411,12 +458,21 @@ void control_service::tick()
     if (now - _stop_since >= _stop_timeout && _host.running() == 0 &&
         _host.stopping_since(now - _stop_timeout).size() == _host.size()) {
         const auto stuck = _host.stopping_since(now - _stop_timeout);
-        spdlog::error("{}: giving up on {} (their exports did not stop within {} s)", _stop_reason,
-                      fmt::join(stuck, ", "), _stop_timeout.count() / 1000.0);
+        spdlog::error(
+            "{}: giving up on {} (their exports did not stop, or their jobs did not "
+            "end, within {} s)",
+            _stop_reason, fmt::join(stuck, ", "), _stop_timeout.count() / 1000.0);
         for (const pending_del& d : _dels) {
             _server.reply(d.token, outcome(d));
         }
         _dels.clear();
+        for (const pending_job& j : _jobs) {
+            _server.reply(j.token,
+                          make_error(ESHUTDOWN, fmt::format("{}: the daemon stopped ({}) before "
+                                                            "it was done",
+                                                            j.name, _stop_reason)));
+        }
+        _jobs.clear();
         _server.request_stop(_stop_reason);
     }
 }
@@ -486,25 +542,19 @@ int run_daemon(const run_paths& paths, const daemon_options& options)
             spdlog::info("module parameters for null devices: {}",
                          fmt::join(options.module_parameters, " "));
         }
-        const nlohmann::json recovered = host.recover();
-        if (!recovered["recovered"].empty() || !recovered["failed"].empty()) {
-            spdlog::info("recovery: {} device(s) re-created, {} failed",
-                         recovered["recovered"].size(), recovered["failed"].size());
-        }
         // null_blk's nr_devices: that many devices with the module's
-        // defaults, named as the module names them (a name recovery brought
-        // back counts).
+        // defaults, named as the module names them (a name recovery brings
+        // back counts), made after the recovered ones.
+        std::vector<add_request> nr_devices;
         for (unsigned i = 0; i < options.nr_devices; ++i) {
             add_request req;
             req.type = "null";
             req.name = fmt::format("nullb{}", i);
-            if (host.contains(req.name)) {
-                continue;
-            }
-            if (auto added = host.add(req); !added) {
-                spdlog::error("nr_devices: {}: {}", req.name, added.error().message);
-            }
+            nr_devices.push_back(std::move(req));
         }
+        // On the recovery thread: the socket opens at once, and `list`
+        // shows the devices "recovering" until they are back.
+        (void)host.begin_recover(nr_devices);
         server_limits limits;
         limits.request_timeout = options.client_timeout;
         auto server = control_server::listen(paths.socket, limits);

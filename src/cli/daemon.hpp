@@ -8,13 +8,17 @@
 //   zone      {name, action, sector?, count?, all?} -> zone_control.hpp
 //   list      {}            -> [device::describe() + state + memory + export]
 //   features  {type?}       -> targets with options, export types
-//   status    {}            -> pid, uid, run_dir, devices, uptime, state, memory
+//   status    {}            -> pid, uid, run_dir, devices, recovering, uptime, state,
+//                              memory
 //   shutdown  {force?}      -> stops the daemon; state files stay
 //
-// The control thread never waits for a front end: del and shutdown start
-// teardowns (device_host::begin_remove) and answer when they end or when
-// --stop-timeout passes. Shutdown and termination signals never pull a
-// device from under a mounted file system (docs/reliability.md).
+// The control thread never waits for a device: add, the sets that power a
+// device on or off or re-make its queues, del and shutdown start work on
+// threads of their own (device_host: begin_add, begin_set, begin_remove;
+// recovery at start too) and answer when it ends (del and shutdown: or
+// when --stop-timeout passes); every other request is answered meanwhile.
+// Shutdown and termination signals never pull a device from under a
+// mounted file system (docs/reliability.md).
 #pragma once
 
 #include <chrono>
@@ -75,6 +79,11 @@ public:
     void tick();
 
 private:
+    // An add or set whose reply waits for its job.
+    struct pending_job {
+        reply_token token;
+        std::string name;  // the device; one job runs on it at a time
+    };
     // A del whose reply waits for teardowns.
     struct pending_del {
         reply_token token;
@@ -86,7 +95,10 @@ private:
         std::chrono::steady_clock::time_point deadline;
     };
 
-    result<nlohmann::json> add(const nlohmann::json& params);
+    std::optional<result<nlohmann::json>> add(const nlohmann::json& params,
+                                              const reply_token& token);
+    std::optional<result<nlohmann::json>> set(const nlohmann::json& params,
+                                              const reply_token& token);
     std::optional<result<nlohmann::json>> del(const nlohmann::json& params,
                                               const reply_token& token);
     result<nlohmann::json> shutdown(const nlohmann::json& params);
@@ -105,6 +117,7 @@ private:
     std::chrono::milliseconds _stop_timeout;
     memory_limit_choice _memory;
     std::chrono::steady_clock::time_point _started;
+    std::vector<pending_job> _jobs;
     std::vector<pending_del> _dels;
     // Shutdown in progress (empty: serving).
     std::string _stop_reason;

@@ -6,11 +6,8 @@
 #include <cstring>
 #include <dirent.h>
 #include <fcntl.h>
-#include <fstream>
-#include <sstream>
-#include <sys/eventfd.h>
+#include <poll.h>
 #include <sys/stat.h>
-#include <thread>
 #include <unistd.h>
 
 #include <fmt/format.h>
@@ -18,8 +15,8 @@
 #include <spdlog/spdlog.h>
 
 #include <softblk/memory_store.hpp>
-#include <softblk/target.hpp>
 
+#include "device_work.hpp"
 #include "protocol.hpp"
 #include "run_dir.hpp"
 
@@ -29,97 +26,12 @@ namespace {
 
 constexpr int k_state_version = 1;
 constexpr size_t k_max_state_bytes = 1u << 20;
-// The export types tried, in order, when `add` names none.
-constexpr std::string_view k_default_exports[] = {"ublk", "fuse"};
 
-bool export_available(const export_type& type)
+int64_t ms_since(std::chrono::steady_clock::time_point since)
 {
-    return !type.available || type.available();
-}
-
-std::string_view option_key(std::string_view arg)
-{
-    const size_t eq = arg.find('=');
-    return eq == std::string_view::npos ? arg : arg.substr(0, eq);
-}
-
-// The options the user gave, in their canonical form (aliases resolved,
-// the last of repeated keys, table order), which re-create the device.
-// Defaults are left out: a default that means "choose for me" (index=-1)
-// must be chosen again, and null_blk's size and gb must not both be given.
-std::vector<std::string> given_options(const option_set& options)
-{
-    std::vector<std::string> out;
-    for (const std::string& arg : options.to_args()) {
-        if (options.given(option_key(arg))) {
-            out.push_back(arg);
-        }
-    }
-    return out;
-}
-
-const char* kind_name(option_kind kind)
-{
-    switch (kind) {
-    case option_kind::integer:
-        return "integer";
-    case option_kind::signed_integer:
-        return "signed_integer";
-    case option_kind::boolean:
-        return "boolean";
-    case option_kind::text:
-        return "text";
-    }
-    return "unknown";
-}
-
-nlohmann::json option_json(const option_def& def)
-{
-    nlohmann::json o;
-    o["name"] = def.name;
-    o["kind"] = kind_name(def.kind);
-    o["default"] = def.default_value;
-    o["unit"] = def.unit;
-    o["help"] = def.help;
-    if (def.kind == option_kind::integer) {
-        const uint64_t width = def.bits >= 64 ? UINT64_MAX : (uint64_t{1} << def.bits) - 1;
-        o["min"] = def.min;
-        o["max"] = std::min(def.max, width);
-        o["bits"] = def.bits;
-        o["out_of_range"] = def.range == option_range::clamp ? "clamp" : "reject";
-    } else if (def.kind == option_kind::signed_integer) {
-        o["min"] = def.smin;
-        o["max"] = def.smax;
-        o["out_of_range"] = def.range == option_range::clamp ? "clamp" : "reject";
-    }
-    // When it may change (option_update): configfs' rules.
-    switch (def.update) {
-    case option_update::powered_off:
-        o["changes"] = "powered off";
-        break;
-    case option_update::live:
-        o["changes"] = "any time";
-        break;
-    case option_update::reconfigure:
-        o["changes"] = "queues re-made";
-        break;
-    case option_update::powered_on:
-        o["changes"] = "powered on";
-        break;
-    case option_update::creation:
-        o["changes"] = "at creation";
-        break;
-    }
-    if (def.write_only) {
-        o["write_only"] = true;
-    }
-    if (!def.alias.empty()) {
-        o["alias"] = def.alias;
-    }
-    if (def.repeatable) {
-        o["repeatable"] = true;
-    }
-    return o;
+    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
+                                                                 since)
+        .count();
 }
 
 // Reads a whole (small) file; error when it is missing or too large.
@@ -158,119 +70,27 @@ result<std::string> read_small_file(const std::string& path)
 
 }  // namespace
 
-// Tells the control thread that a teardown ended. Shared with the teardown
-// threads, so that one the daemon gave up on can still signal safely.
-struct device_host::wake_event {
-    int fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    ~wake_event()
-    {
-        if (fd >= 0) {
-            ::close(fd);
-        }
-    }
-    void notify() const
-    {
-        const uint64_t one = 1;
-        (void)!::write(fd, &one, sizeof one);
-    }
-};
-
-// One device being removed: its export and device, moved here from the
-// table, are stopped and destroyed on `thread`. The thread writes `outcome`
-// (and, when the export refused, leaves `exp` and `dev` alive) before it
-// sets `finished`; the control thread reads them only after that.
-struct device_host::teardown {
-    std::unique_ptr<device_export> exp;
-    std::unique_ptr<device> dev;
-    bool keep_state = false;
-    bool force = false;
-    std::chrono::steady_clock::time_point started;
-    std::thread thread;
-    std::atomic<bool> finished{false};
-    result<void> outcome;
-
-    // The teardown thread's body.
-    void run(const std::string& name, const std::string& export_type, const wake_event& wake)
-    {
-        if (exp) {
-            outcome = exp->stop();
-            if (!outcome && force) {
-                // The export's destructor stops it whatever holds it.
-                spdlog::warn("{}: export {} stopped by force: {}", name, export_type,
-                             outcome.error().message);
-                outcome = {};
-            }
-        }
-        if (outcome) {
-            exp.reset();
-            dev.reset();
-        }
-        finished.store(true, std::memory_order_release);
-        wake.notify();
-    }
-};
-
-std::string default_export_type()
+void device_host::teardown::run(const std::string& name, const std::string& export_type,
+                                const wake_event& wake)
 {
-    for (std::string_view name : k_default_exports) {
-        const export_type* type = find_export_type(name);
-        if (type != nullptr && export_available(*type)) {
-            return std::string(name);
+    if (exp) {
+        outcome = exp->stop();
+        if (!outcome && force) {
+            // The export's destructor stops it whatever holds it.
+            spdlog::warn("{}: export {} stopped by force: {}", name, export_type,
+                         outcome.error().message);
+            outcome = {};
         }
     }
-    return "none";
-}
-
-result<nlohmann::json> features_json(std::string_view type)
-{
-    std::vector<const target_type*> types;
-    if (type.empty()) {
-        types = target_types();
-    } else if (const target_type* t = find_target_type(type)) {
-        types.push_back(t);
-    } else {
-        std::vector<std::string> known;
-        for (const target_type* t : target_types()) {
-            known.emplace_back(t->name);
+    if (outcome) {
+        exp.reset();
+        if (undo_create) {
+            dev->undo_create();
         }
-        return make_error(ENOENT,
-                          fmt::format("unknown target type '{}'; known types: {}", type,
-                                      known.empty() ? std::string("(none built in)")
-                                                    : fmt::format("{}", fmt::join(known, ", "))));
+        dev.reset();
     }
-    nlohmann::json out;
-    out["targets"] = nlohmann::json::array();
-    for (const target_type* t : types) {
-        nlohmann::json tj;
-        tj["name"] = t->name;
-        tj["description"] = t->description;
-        tj["options"] = nlohmann::json::array();
-        for (const option_def& def : options_for(t->name)) {
-            tj["options"].push_back(option_json(def));
-        }
-        out["targets"].push_back(std::move(tj));
-    }
-    out["exports"] = nlohmann::json::array();
-    for (const export_type* e : export_types()) {
-        nlohmann::json options = nlohmann::json::array();
-        for (const option_def& def : e->options) {
-            // Export options are given when the export starts, not
-            // written as device attributes: no update rule to show.
-            nlohmann::json o = option_json(def);
-            o.erase("changes");
-            options.push_back(std::move(o));
-        }
-        out["exports"].push_back({{"name", e->name},
-                                  {"description", e->description},
-                                  {"available", export_available(*e)},
-                                  {"options", std::move(options)}});
-    }
-    out["exports"].push_back({{"name", "none"},
-                              {"description", "no export: the device lives in the daemon only"},
-                              {"available", true},
-                              {"options", nlohmann::json::array()}});
-    out["default_export"] = default_export_type();
-    return out;
+    finished.store(true, std::memory_order_release);
+    wake.notify();
 }
 
 device_host::device_host(export_context ctx, std::string state_dir)
@@ -288,6 +108,14 @@ std::string device_host::state_path(std::string_view name) const
     return fmt::format("{}/{}.json", _state_dir, name);
 }
 
+void device_host::remove_state(const std::string& name) const
+{
+    const std::string path = state_path(name);
+    if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
+        spdlog::warn("del {}: cannot remove {}: {}", name, path, std::strerror(errno));
+    }
+}
+
 std::string device_host::next_name(std::string_view type) const
 {
     for (unsigned i = 0;; ++i) {
@@ -296,100 +124,6 @@ std::string device_host::next_name(std::string_view type) const
             return name;
         }
     }
-}
-
-result<void> device_host::create(hosted_device& entry)
-{
-    if (entry.export_type != "none") {
-        const export_type* type = find_export_type(entry.export_type);
-        if (type == nullptr) {
-            std::vector<std::string> known;
-            for (const export_type* e : export_types()) {
-                known.emplace_back(e->name);
-            }
-            known.emplace_back("none");
-            return make_error(ENOENT, fmt::format("unknown export type '{}'; known types: {}",
-                                                  entry.export_type, fmt::join(known, ", ")));
-        }
-        if (!export_available(*type)) {
-            return make_error(ENODEV,
-                              fmt::format("export type '{}' is not available on this machine ({})",
-                                          entry.export_type, type->description));
-        }
-    }
-    auto dev = device::create(entry.name, entry.type, entry.options);
-    if (!dev) {
-        return std::unexpected(dev.error());
-    }
-    entry.dev = std::move(*dev);
-    if (entry.dev->powered()) {
-        if (auto started = start_entry_export(entry); !started) {
-            entry.dev->undo_create();  // an image or zone files it made go
-            entry.dev.reset();
-            return started;
-        }
-    }
-    entry.options = given_options(entry.dev->options());
-    entry.failure.clear();
-    return {};
-}
-
-result<void> device_host::start_entry_export(hosted_device& entry)
-{
-    if (entry.export_type == "none") {
-        return {};
-    }
-    const export_type* type = find_export_type(entry.export_type);
-    if (type == nullptr) {
-        return make_error(ENOENT, fmt::format("unknown export type '{}'", entry.export_type));
-    }
-    std::vector<std::string> options = entry.export_options;
-    for (const std::string& r : entry.restart_options) {
-        const std::string_view key = option_key(r);
-        if (std::none_of(options.begin(), options.end(),
-                         [&](const std::string& o) { return option_key(o) == key; })) {
-            options.push_back(r);
-        }
-    }
-    auto started = start_export(*type, *entry.dev, _ctx, options);
-    if (!started && options.size() != entry.export_options.size()) {
-        // The kernel device it had is taken: a new one.
-        spdlog::info("{}: export {} cannot have [{}] again ({}); starting a new one", entry.name,
-                     entry.export_type, fmt::join(entry.restart_options, " "),
-                     started.error().message);
-        started = start_export(*type, *entry.dev, _ctx, entry.export_options);
-    }
-    if (!started) {
-        error err = started.error();
-        err.message = fmt::format("export {}: {}", entry.export_type, err.message);
-        return std::unexpected(std::move(err));
-    }
-    entry.exp = std::move(*started);
-    return {};
-}
-
-result<void> device_host::stop_entry_export(hosted_device& entry, bool force)
-{
-    if (!entry.exp) {
-        return {};
-    }
-    if (!force) {
-        if (std::string why = entry.exp->in_use(); !why.empty()) {
-            return make_error(EBUSY, fmt::format("{}: the {} export is in use ({}); unmount it "
-                                                 "first, or force",
-                                                 entry.name, entry.export_type, why));
-        }
-    }
-    entry.restart_options = entry.exp->restart_options();
-    if (auto stopped = entry.exp->stop(); !stopped) {
-        if (!force) {
-            return stopped;
-        }
-        spdlog::warn("{}: export {} stopped by force: {}", entry.name, entry.export_type,
-                     stopped.error().message);
-    }
-    entry.exp.reset();
-    return {};
 }
 
 result<void> device_host::write_state(const hosted_device& entry) const
@@ -411,166 +145,23 @@ result<void> device_host::write_state(const hosted_device& entry) const
         state.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n", 0600, true);
 }
 
-result<nlohmann::json> device_host::add(const add_request& request)
+result<void> device_host::not_running(const hosted_device& entry)
 {
-    hosted_device entry;
-    entry.type = request.type;
-    if (entry.type.empty()) {
-        return make_error(EINVAL, "no target type given (e.g. \"null\")");
-    }
-    entry.name = request.name.empty() ? next_name(entry.type) : request.name;
-    if (auto checked = check_new_device_name(entry.name); !checked) {
-        return std::unexpected(checked.error());
-    }
-    if (_devices.contains(entry.name)) {
-        return make_error(EEXIST, fmt::format("a device named '{}' exists already", entry.name));
-    }
-    entry.options = request.options;
-    entry.export_type = request.export_type.empty() ? default_export_type() : request.export_type;
-    entry.export_options = request.export_options;
-    if (entry.export_type == "none" && !entry.export_options.empty()) {
-        return make_error(EINVAL, fmt::format("export options ({}) given without an export",
-                                              fmt::join(entry.export_options, " ")));
-    }
-    entry.sequence = _next_sequence;
-    if (auto created = create(entry); !created) {
-        spdlog::warn("add {} {} [{}] export {}: {}", entry.name, entry.type,
-                     fmt::join(request.options, " "), entry.export_type, created.error().message);
-        return std::unexpected(created.error());
-    }
-    if (auto written = write_state(entry); !written) {
-        if (entry.exp) {
-            (void)entry.exp->stop();
-        }
-        entry.exp.reset();
-        entry.dev->undo_create();
-        return std::unexpected(written.error());
-    }
-    ++_next_sequence;
-    spdlog::info("added {} {} [{}] export {} [{}]{}", entry.name, entry.type,
-                 fmt::join(entry.options, " "), entry.export_type,
-                 fmt::join(entry.export_options, " "), entry.dev->powered() ? "" : " powered off");
-    for (const std::string& note : entry.dev->notes()) {
-        spdlog::info("{}: {}", entry.name, note);
-    }
-    const std::string name = entry.name;
-    auto [it, inserted] = _devices.emplace(name, std::move(entry));
-    return summary(it->second);
-}
-
-nlohmann::json device_host::summary(const hosted_device& entry) const
-{
-    nlohmann::json out;
-    out["name"] = entry.name;
-    out["type"] = entry.type;
-    out["power"] = entry.dev->powered() ? 1 : 0;
-    out["capacity_bytes"] = current_capacity(entry.dev->limits());
-    out["logical_block_size"] = entry.dev->limits().logical_block_size;
-    out["options"] = entry.options;
-    if (!entry.dev->notes().empty()) {
-        out["notes"] = entry.dev->notes();
-    }
-    nlohmann::json exp = entry.exp ? entry.exp->describe() : nlohmann::json::object();
-    exp["type"] = entry.export_type;
-    if (!entry.dev->powered() && entry.export_type != "none") {
-        exp["state"] = "powered off";
-    }
-    out["export"] = std::move(exp);
-    return out;
-}
-
-result<void> device_host::set_one(hosted_device& entry, std::string_view key,
-                                  std::string_view value, bool force)
-{
-    device& dev = *entry.dev;
-    const option_def* def = option_set::find_def(dev.options().defs(), key);
-    if (def != nullptr && def->name == "power") {
-        auto on = parse_kernel_bool(value);
-        if (!on) {
-            return make_error(
-                EINVAL, fmt::format("power={}: power takes 0 or 1 (also y/n, on/off)", value));
-        }
-        if (*on == dev.powered()) {
-            return {};  // configfs: writing the state it has does nothing
-        }
-        if (*on) {
-            if (auto r = dev.set_power(true); !r) {
-                return r;
-            }
-            if (auto r = start_entry_export(entry); !r) {
-                (void)dev.set_power(false);
-                return r;
-            }
-            return {};
-        }
-        if (auto r = stop_entry_export(entry, force); !r) {
-            return r;
-        }
-        return dev.set_power(false);
-    }
-    if (!dev.releases_queues(key)) {
-        return dev.set_option(key, value);
-    }
-    // The queues are made anew: the export lets go of them and comes back.
-    if (auto r = stop_entry_export(entry, force); !r) {
-        return r;
-    }
-    auto changed = dev.set_option(key, value);
-    if (auto r = start_entry_export(entry); !r) {
-        spdlog::error("{}: export {} did not come back after {}={}: {}", entry.name,
-                      entry.export_type, key, value, r.error().message);
-        return changed ? r : changed;
-    }
-    return changed;
-}
-
-result<nlohmann::json> device_host::set(std::string_view name,
-                                        const std::vector<std::string>& options, bool force)
-{
-    auto it = _devices.find(name);
-    if (it == _devices.end()) {
-        return make_error(ENOENT, fmt::format("no device named '{}'", name));
-    }
-    hosted_device& entry = it->second;
-    if (entry.stopping) {
+    if (entry.stopping || entry.remove_after) {
         return make_error(EBUSY, fmt::format("{} is being removed", entry.name));
+    }
+    if (entry.busy) {
+        return make_error(
+            EBUSY, fmt::format("{} is {} (since {} ms); try again once `softblk "
+                               "list` shows it running",
+                               entry.name, entry.busy->label, ms_since(entry.busy->started)));
     }
     if (!entry.dev) {
         return make_error(EINVAL, fmt::format("{} failed to recover ({}); `softblk del {}` "
                                               "removes it",
                                               entry.name, entry.failure, entry.name));
     }
-    std::vector<std::string> notes;
-    result<void> outcome;
-    for (const std::string& arg : options) {
-        const size_t eq = arg.find('=');
-        if (eq == std::string::npos || eq == 0) {
-            outcome = make_error(EINVAL, fmt::format("{}: expected key=value", arg));
-            break;
-        }
-        const std::string_view key = std::string_view(arg).substr(0, eq);
-        const std::string_view value = std::string_view(arg).substr(eq + 1);
-        outcome = set_one(entry, key, value, force);
-        for (const std::string& note : entry.dev->notes()) {
-            spdlog::info("{}: {}", entry.name, note);
-            notes.push_back(note);
-        }
-        if (!outcome) {
-            break;
-        }
-        spdlog::info("{}: {}", entry.name, arg);
-    }
-    // What was applied is recorded, even when a later write failed.
-    entry.options = given_options(entry.dev->options());
-    if (auto written = write_state(entry); !written && outcome) {
-        outcome = written;
-    }
-    if (!outcome) {
-        return std::unexpected(outcome.error());
-    }
-    nlohmann::json out = summary(entry);
-    out["notes"] = notes;
-    return out;
+    return {};
 }
 
 result<nlohmann::json> device_host::get(std::string_view name,
@@ -581,10 +172,8 @@ result<nlohmann::json> device_host::get(std::string_view name,
         return make_error(ENOENT, fmt::format("no device named '{}'", name));
     }
     const hosted_device& entry = it->second;
-    if (entry.stopping || !entry.dev) {
-        return make_error(entry.stopping ? EBUSY : EINVAL,
-                          fmt::format("{} is {}", entry.name,
-                                      entry.stopping ? "being removed" : "a failed recovery"));
+    if (auto unusable = not_running(entry); !unusable) {
+        return std::unexpected(unusable.error());
     }
     std::vector<std::string> wanted = keys;
     if (wanted.empty()) {
@@ -618,10 +207,8 @@ result<nlohmann::json> device_host::zone(std::string_view name, const zone_reque
         return make_error(ENOENT, fmt::format("no device named '{}'", name));
     }
     hosted_device& entry = it->second;
-    if (entry.stopping || !entry.dev) {
-        return make_error(entry.stopping ? EBUSY : EINVAL,
-                          fmt::format("{} is {}", entry.name,
-                                      entry.stopping ? "being removed" : "a failed recovery"));
+    if (auto unusable = not_running(entry); !unusable) {
+        return std::unexpected(unusable.error());
     }
     return run_zone_request(*entry.dev, request);
 }
@@ -633,21 +220,24 @@ result<void> device_host::begin_remove(std::string_view name, bool keep_state, b
         return make_error(ENOENT, fmt::format("no device named '{}'", name));
     }
     hosted_device& entry = it->second;
-    if (entry.stopping) {
-        return make_error(
-            EBUSY, fmt::format("{} is being removed already (since {} s)", entry.name,
-                               std::chrono::duration_cast<std::chrono::seconds>(
-                                   std::chrono::steady_clock::now() - entry.stopping->started)
-                                   .count()));
+    if (entry.stopping || entry.remove_after) {
+        const std::chrono::steady_clock::time_point since =
+            entry.stopping ? entry.stopping->started : entry.remove_after->since;
+        return make_error(EBUSY, fmt::format("{} is being removed already (since {} s)", entry.name,
+                                             ms_since(since) / 1000));
+    }
+    if (entry.busy) {
+        // The job owns the device: it goes when the job ends (a recovery
+        // still waiting its turn does not begin).
+        entry.remove_after = hosted_device::removal_request{
+            .keep_state = keep_state, .force = force, .since = std::chrono::steady_clock::now()};
+        entry.busy->cancelled.store(true, std::memory_order_release);
+        return {};
     }
     if (!entry.dev) {
         // A failed recovery: nothing runs.
         if (!keep_state) {
-            const std::string path = state_path(entry.name);
-            if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
-                spdlog::warn("del {}: cannot remove {}: {}", entry.name, path,
-                             std::strerror(errno));
-            }
+            remove_state(entry.name);
         }
         _devices.erase(it);
         return {};
@@ -659,11 +249,19 @@ result<void> device_host::begin_remove(std::string_view name, bool keep_state, b
                                                  entry.name, entry.export_type, why));
         }
     }
+    start_teardown(entry, keep_state, force);
+    return {};
+}
+
+void device_host::start_teardown(hosted_device& entry, bool keep_state, bool force,
+                                 bool undo_create)
+{
     auto job = std::make_shared<teardown>();
     job->exp = std::move(entry.exp);
     job->dev = std::move(entry.dev);
     job->keep_state = keep_state;
     job->force = force;
+    job->undo_create = undo_create;
     job->started = std::chrono::steady_clock::now();
     entry.stopping = job;
     // The thread holds the job and the wake event: both outlive a host
@@ -671,12 +269,36 @@ result<void> device_host::begin_remove(std::string_view name, bool keep_state, b
     job->thread = std::thread([job, wake = _wake, name = entry.name, type = entry.export_type] {
         job->run(name, type, *wake);
     });
-    return {};
 }
 
-std::vector<device_host::removal> device_host::reap()
+device_host::reaped device_host::reap()
 {
-    std::vector<removal> out;
+    reaped out;
+    // Jobs first: one that ended may start a teardown.
+    for (auto it = _devices.begin(); it != _devices.end();) {
+        hosted_device& entry = it->second;
+        if (!entry.busy || !entry.busy->finished.load(std::memory_order_acquire)) {
+            ++it;
+            continue;
+        }
+        std::shared_ptr<job> j = std::move(entry.busy);
+        if (j->thread.joinable()) {
+            j->thread.join();
+        }
+        if (finish_job(entry, *j, out)) {
+            ++it;
+        } else {
+            it = _devices.erase(it);
+        }
+    }
+    if (_recovery.joinable() &&
+        std::all_of(_recovery_jobs.begin(), _recovery_jobs.end(), [&](const auto& j) {
+            auto it = _devices.find(j->work.name);
+            return it == _devices.end() || it->second.busy != j;
+        })) {
+        _recovery.join();
+        _recovery_jobs.clear();
+    }
     for (auto it = _devices.begin(); it != _devices.end();) {
         hosted_device& entry = it->second;
         if (!entry.stopping || !entry.stopping->finished.load(std::memory_order_acquire)) {
@@ -694,21 +316,17 @@ std::vector<device_host::removal> device_host::reap()
             error err = job->outcome.error();
             err.message = fmt::format("{}: the {} export did not stop, the device stays: {}",
                                       entry.name, entry.export_type, err.message);
-            out.push_back({entry.name, std::unexpected(std::move(err))});
+            out.removals.push_back({entry.name, std::unexpected(std::move(err))});
             ++it;
             continue;
         }
         if (!job->keep_state) {
-            const std::string path = state_path(entry.name);
-            if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
-                spdlog::warn("del {}: cannot remove {}: {}", entry.name, path,
-                             std::strerror(errno));
-            }
+            remove_state(entry.name);
             spdlog::info("deleted {}", entry.name);
         } else {
             spdlog::info("stopped {}; its state stays for the next daemon", entry.name);
         }
-        out.push_back({entry.name, {}});
+        out.removals.push_back({entry.name, {}});
         it = _devices.erase(it);
     }
     return out;
@@ -729,7 +347,7 @@ std::vector<std::pair<std::string, std::string>> device_host::in_use() const
 {
     std::vector<std::pair<std::string, std::string>> out;
     for (const auto& [name, entry] : _devices) {
-        if (entry.exp && !entry.stopping) {
+        if (entry.exp && !entry.stopping && !entry.busy) {
             if (std::string why = entry.exp->in_use(); !why.empty()) {
                 out.emplace_back(name, std::move(why));
             }
@@ -743,7 +361,8 @@ std::vector<std::string> device_host::stopping_since(
 {
     std::vector<std::string> out;
     for (const auto& [name, entry] : _devices) {
-        if (entry.stopping && entry.stopping->started < before) {
+        if ((entry.stopping && entry.stopping->started < before) ||
+            (entry.remove_after && entry.remove_after->since < before)) {
             out.push_back(name);
         }
     }
@@ -755,17 +374,35 @@ std::vector<std::string> device_host::abandon_stopping()
     std::vector<std::string> out;
     for (auto it = _devices.begin(); it != _devices.end();) {
         hosted_device& entry = it->second;
-        if (!entry.stopping) {
+        if (!entry.stopping && !entry.busy) {
             ++it;
             continue;
         }
-        if (!entry.stopping->keep_state) {
+        const bool deleting = entry.stopping
+                                  ? !entry.stopping->keep_state
+                                  : entry.remove_after && !entry.remove_after->keep_state;
+        // An add that never ended has no state file of its own yet.
+        const bool added = entry.busy && entry.busy->what == job::kind::add;
+        if (deleting && !added) {
             ::unlink(state_path(entry.name).c_str());
         }
-        entry.stopping->thread.detach();
+        if (entry.stopping) {
+            entry.stopping->thread.detach();
+        } else {
+            entry.busy->cancelled.store(true, std::memory_order_release);
+            if (entry.busy->thread.joinable()) {
+                entry.busy->thread.detach();
+            }
+        }
         out.push_back(entry.name);
         it = _devices.erase(it);
     }
+    if (_recovery.joinable()) {
+        // Its jobs not begun are cancelled above; it ends after the one it
+        // runs, holding its jobs.
+        _recovery.detach();
+    }
+    _recovery_jobs.clear();
     return out;
 }
 
@@ -781,34 +418,46 @@ std::vector<std::string> device_host::names() const
 bool device_host::stopping(std::string_view name) const
 {
     auto it = _devices.find(name);
-    return it != _devices.end() && it->second.stopping != nullptr;
+    return it != _devices.end() &&
+           (it->second.stopping != nullptr || it->second.remove_after.has_value());
+}
+
+std::string device_host::busy(std::string_view name) const
+{
+    auto it = _devices.find(name);
+    return it != _devices.end() && it->second.busy ? it->second.busy->label : std::string();
+}
+
+std::vector<std::string> device_host::recovering() const
+{
+    std::vector<std::string> out;
+    for (const std::shared_ptr<job>& j : _recovery_jobs) {
+        auto it = _devices.find(j->work.name);
+        if (it != _devices.end() && it->second.busy == j) {
+            out.push_back(j->work.name);
+        }
+    }
+    return out;
 }
 
 size_t device_host::running() const
 {
     return static_cast<size_t>(std::count_if(_devices.begin(), _devices.end(), [](const auto& e) {
-        return e.second.dev != nullptr && !e.second.stopping;
+        return e.second.dev != nullptr && !e.second.stopping && !e.second.busy;
     }));
 }
 
-std::vector<device_host::removal> device_host::wait_removed(const std::vector<std::string>& names)
+void device_host::wait_for(const std::function<bool(reaped&)>& done)
 {
-    std::vector<removal> out;
-    for (const std::string& name : names) {
-        auto it = _devices.find(name);
-        if (it != _devices.end() && it->second.stopping) {
-            while (!it->second.stopping->finished.load(std::memory_order_acquire)) {
-                std::this_thread::sleep_for(std::chrono::milliseconds(1));
-            }
+    for (;;) {
+        reaped r = reap();
+        if (done(r)) {
+            return;
         }
+        pollfd p{_wake->fd, POLLIN, 0};
+        (void)::poll(&p, 1, 10);
+        clear_wake();
     }
-    clear_wake();
-    for (removal& r : reap()) {
-        if (std::find(names.begin(), names.end(), r.name) != names.end()) {
-            out.push_back(std::move(r));
-        }
-    }
-    return out;
 }
 
 result<nlohmann::json> device_host::remove(std::string_view name)
@@ -817,10 +466,21 @@ result<nlohmann::json> device_host::remove(std::string_view name)
     if (auto started = begin_remove(key, false, false); !started) {
         return std::unexpected(started.error());
     }
-    for (removal& r : wait_removed({key})) {
-        if (!r.outcome) {
-            return std::unexpected(r.outcome.error());
+    if (!_devices.contains(key)) {
+        return nlohmann::json{{"name", key}};  // a failed entry, gone at once
+    }
+    result<void> outcome;
+    wait_for([&](reaped& r) {
+        for (removal& done : r.removals) {
+            if (done.name == key) {
+                outcome = std::move(done.outcome);
+                return true;
+            }
         }
+        return false;
+    });
+    if (!outcome) {
+        return std::unexpected(outcome.error());
     }
     return nlohmann::json{{"name", key}};
 }
@@ -845,14 +505,22 @@ result<nlohmann::json> device_host::remove_all()
             deleted.push_back(name);  // a failed entry, gone at once
         }
     }
-    for (removal& r : wait_removed(waiting)) {
-        if (r.outcome) {
-            deleted.push_back(r.name);
-        } else {
-            failures.push_back(r.outcome.error().message);
-            code = r.outcome.error().code.value();
+    wait_for([&](reaped& done) {
+        for (removal& r : done.removals) {
+            auto it = std::find(waiting.begin(), waiting.end(), r.name);
+            if (it == waiting.end()) {
+                continue;
+            }
+            waiting.erase(it);
+            if (r.outcome) {
+                deleted.push_back(r.name);
+            } else {
+                failures.push_back(r.outcome.error().message);
+                code = r.outcome.error().code.value();
+            }
         }
-    }
+        return waiting.empty();
+    });
     if (!failures.empty()) {
         return make_error(
             code != 0 ? code : EBUSY,
@@ -870,15 +538,22 @@ nlohmann::json device_host::entry_json(const hosted_device& entry) const
         d["name"] = entry.name;
         d["type"] = entry.type;
         d["state"] = "stopping";
-        d["stopping_ms"] = std::chrono::duration_cast<std::chrono::milliseconds>(
-                               std::chrono::steady_clock::now() - entry.stopping->started)
-                               .count();
+        d["stopping_ms"] = ms_since(entry.stopping->started);
+    } else if (entry.busy) {
+        // A job has the device (or is making it): nothing is read from it.
+        d["name"] = entry.name;
+        d["type"] = entry.type;
+        d["state"] = entry.busy->label;
+        d["busy_ms"] = ms_since(entry.busy->started);
+        if (entry.remove_after) {
+            d["removing"] = true;
+        }
     } else if (entry.dev) {
         entry.dev->describe(d);
         d["state"] = entry.dev->powered() ? "running" : "off";
-        // Data memory against the budgets: the device's own limit (a target
-        // with a memory store reports it, memory_store.hpp) and the
-        // daemon's, which every device shares.
+        // Memory against the budgets: what the device holds (its data and
+        // its tables, memory_store.hpp), its own limit and the daemon's,
+        // which every device shares.
         const nlohmann::json& target = d["target"];
         d["memory"] = {
             {"used_bytes", entry.dev->memory_bytes()},
@@ -894,8 +569,8 @@ nlohmann::json device_host::entry_json(const hosted_device& entry) const
         d["error"] = entry.failure;
     }
     d["options"] = entry.options;
-    nlohmann::json exp =
-        entry.exp && !entry.stopping ? entry.exp->describe() : nlohmann::json::object();
+    nlohmann::json exp = entry.exp && !entry.stopping && !entry.busy ? entry.exp->describe()
+                                                                     : nlohmann::json::object();
     exp["type"] = entry.export_type;
     if (!entry.export_options.empty()) {
         exp["options"] = entry.export_options;
@@ -920,16 +595,8 @@ nlohmann::json device_host::list() const
     return out;
 }
 
-nlohmann::json device_host::recover()
+std::vector<device_host::hosted_device> device_host::read_state_files()
 {
-    for (const export_type* type : export_types()) {
-        if (type->cleanup_stale) {
-            type->cleanup_stale(_ctx);
-        }
-    }
-    nlohmann::json recovered = nlohmann::json::array();
-    nlohmann::json failed = nlohmann::json::array();
-
     std::vector<std::string> files;
     if (DIR* dir = ::opendir(_state_dir.c_str())) {
         while (const dirent* ent = ::readdir(dir)) {
@@ -1002,46 +669,26 @@ nlohmann::json device_host::recover()
     std::sort(entries.begin(), entries.end(), [](const hosted_device& a, const hosted_device& b) {
         return a.sequence != b.sequence ? a.sequence < b.sequence : a.name < b.name;
     });
-
-    for (hosted_device& entry : entries) {
-        if (entry.failure.empty()) {
-            if (auto created = create(entry); !created) {
-                entry.failure = created.error().message;
-            }
-        }
-        if (entry.sequence == UINT64_MAX) {
-            entry.sequence = _next_sequence;
-        }
-        _next_sequence = std::max(_next_sequence, entry.sequence + 1);
-        if (entry.failure.empty()) {
-            spdlog::info("recovered {} {} [{}] export {}", entry.name, entry.type,
-                         fmt::join(entry.options, " "), entry.export_type);
-            recovered.push_back(entry.name);
-        } else {
-            spdlog::error(
-                "cannot recover {}: {} (the state file stays; `softblk del {}` removes it)",
-                entry.name, entry.failure, entry.name);
-            failed.push_back({{"name", entry.name}, {"error", entry.failure}});
-        }
-        const std::string name = entry.name;
-        _devices.emplace(name, std::move(entry));
-    }
-    return {{"recovered", std::move(recovered)}, {"failed", std::move(failed)}};
+    return entries;
 }
 
 void device_host::stop_all()
 {
-    std::vector<std::string> waiting;
+    // Jobs end first (a removal asked for meanwhile waits for them), then
+    // the teardowns; nothing is left behind, however long it takes.
     for (const std::string& name : names()) {
-        if (_devices.contains(name) && !_devices.find(name)->second.stopping) {
+        if (!stopping(name)) {
             (void)begin_remove(name, true, true);
         }
-        if (_devices.contains(name)) {
-            waiting.push_back(name);
-        }
     }
-    (void)wait_removed(waiting);
-    _devices.clear();
+    wait_for([&](reaped&) {
+        for (const std::string& name : names()) {
+            if (!stopping(name)) {
+                (void)begin_remove(name, true, true);  // an export that refused, or a job's
+            }
+        }
+        return _devices.empty() && !_recovery.joinable();
+    });
 }
 
 }  // namespace softblk::cli

@@ -406,7 +406,8 @@ int run_list(bool json_output)
         fmt::print("no devices\n");
         return 0;
     }
-    // MEMORY: data memory, against the device's memory_limit when it has one.
+    // MEMORY: what the device holds (data and tables), against its memory_limit
+    // when it has one.
     fmt::print("{:<16} {:<6} {:>10} {:>5} {:>6} {:>5} {:>21}  {:<8} {}\n", "NAME", "TYPE", "SIZE",
                "BS", "QUEUES", "DEPTH", "MEMORY", "STATE", "EXPORT");
     json daemon_memory;
@@ -448,7 +449,7 @@ int run_list(bool json_output)
     }
     if (daemon_memory.is_object()) {
         const uint64_t limit = daemon_memory.value("daemon_limit_bytes", uint64_t{0});
-        fmt::print("device data memory: {} of {}\n",
+        fmt::print("device memory: {} of {}\n",
                    human_bytes(daemon_memory.value("daemon_used_bytes", uint64_t{0})),
                    limit == 0 ? std::string("no limit") : human_bytes(limit));
     }
@@ -642,7 +643,7 @@ int run_status(bool json_output)
                    res->value("log", std::string()));
         const json memory = res->value("memory", json::object());
         const uint64_t limit = memory.value("limit_bytes", uint64_t{0});
-        fmt::print("device data memory: {} of {} ({})\n",
+        fmt::print("device memory: {} of {} ({})\n",
                    human_bytes(memory.value("used_bytes", uint64_t{0})),
                    limit == 0 ? std::string("no limit") : human_bytes(limit),
                    memory.value("limit_source", std::string()));

@@ -200,7 +200,7 @@ result<memory_limit_choice> choose_memory_limit(std::string_view flag,
     if (flag.empty()) {
         return share(k_default_memory_percent);
     }
-    if (flag == "0" || flag == "none") {
+    if (flag == "none") {
         return memory_limit_choice{0, "no limit (--memory-limit none)"};
     }
     auto bad = [&](std::string_view why) {
@@ -208,6 +208,11 @@ result<memory_limit_choice> choose_memory_limit(std::string_view flag,
                                               "share of the machine's memory (25%) or none",
                                               flag, why));
     };
+    if (flag == "0") {
+        // A budget of nothing would refuse every device its first byte; the
+        // limit's own "0 means none" belongs to the API, not to the flag.
+        return bad("0 would refuse the devices every byte; use none for no limit");
+    }
     if (flag.back() == '%') {
         auto percent = to_u64(flag.substr(0, flag.size() - 1));
         if (!percent || *percent < 1 || *percent > 100) {
@@ -223,21 +228,6 @@ result<memory_limit_choice> choose_memory_limit(std::string_view flag,
         return bad("at least 1 MiB (or none for no limit)");
     }
     return memory_limit_choice{*size, fmt::format("--memory-limit {}", flag)};
-}
-
-std::string human_bytes(uint64_t bytes)
-{
-    static constexpr const char* k_units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
-    double value = static_cast<double>(bytes);
-    size_t unit = 0;
-    while (value >= 1024.0 && unit + 1 < std::size(k_units)) {
-        value /= 1024.0;
-        ++unit;
-    }
-    if (unit == 0) {
-        return fmt::format("{} B", bytes);
-    }
-    return fmt::format("{:.1f} {}", value, k_units[unit]);
 }
 
 }  // namespace softblk::cli

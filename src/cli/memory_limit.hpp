@@ -11,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include <softblk/memory_store.hpp>
 #include <softblk/types.hpp>
 
 namespace softblk::cli {
@@ -48,13 +49,13 @@ std::vector<std::string> cgroup_limit_files(std::string_view self_cgroup,
 result<machine_memory> read_machine_memory();
 
 // The budget for a --memory-limit value: "" the default
-// (k_default_memory_percent of `machine`), "0" or "none" no limit, "N%"
-// (1..100) of `machine`, or a size with a K/M/G/T suffix (at least 1 MiB).
-// Errors name the flag and the accepted forms.
+// (k_default_memory_percent of `machine`), "none" no limit, "N%" (1..100)
+// of `machine`, or a size with a K/M/G/T suffix (at least 1 MiB). Errors
+// name the flag and the accepted forms; "0" is one (it says to use none).
 result<memory_limit_choice> choose_memory_limit(std::string_view flag,
                                                 const machine_memory& machine);
 
-// "1.5 GiB" and the like, for messages and tables.
-std::string human_bytes(uint64_t bytes);
+// "1.5 GiB" and the like, for messages and tables (the core's).
+using softblk::human_bytes;
 
 }  // namespace softblk::cli

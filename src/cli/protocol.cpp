@@ -1,6 +1,7 @@
 #include "protocol.hpp"
 
 #include <cerrno>
+#include <new>
 
 #include <fmt/format.h>
 
@@ -105,10 +106,41 @@ result<request> parse_request(std::string_view line, nlohmann::json& id)
 
 std::string format_result(const nlohmann::json& id, const nlohmann::json& result)
 {
-    nlohmann::json reply = nlohmann::json::object();
-    reply["id"] = valid_id(id) ? id : nlohmann::json(nullptr);
-    reply["result"] = result;
-    return dump(reply) + "\n";
+    // Written in pieces rather than through a reply object, which would
+    // copy the whole result once more (the keys in the order a dumped
+    // object has them).
+    std::string line = R"({"id":)";
+    line += dump(valid_id(id) ? id : nlohmann::json(nullptr));
+    line += R"(,"result":)";
+    line += dump(result);
+    line += "}\n";
+    return line;
+}
+
+std::string format_reply(const nlohmann::json& id, const result<nlohmann::json>& res,
+                         std::string_view method, size_t max_bytes)
+{
+    if (!res) {
+        return format_error(id, res.error());
+    }
+    std::string line;
+    try {
+        line = format_result(id, *res);
+    } catch (const std::bad_alloc&) {
+        return format_error(id, error{std::error_code(ENOMEM, std::generic_category()),
+                                      fmt::format("the reply to {} did not fit in the daemon's "
+                                                  "memory; ask for less",
+                                                  method)});
+    }
+    if (line.size() > max_bytes) {
+        return format_error(
+            id, error{std::error_code(EMSGSIZE, std::generic_category()),
+                      fmt::format("the reply to {} would be {} bytes, more than the protocol's "
+                                  "limit of {} bytes; ask for less (one device, fewer zones: "
+                                  "--count)",
+                                  method, line.size(), max_bytes)});
+    }
+    return line;
 }
 
 std::string format_error(const nlohmann::json& id, const error& err)

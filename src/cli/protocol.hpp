@@ -30,6 +30,11 @@ namespace softblk::cli {
 constexpr size_t k_max_request_bytes = 1u << 20;
 // Deepest nesting of arrays and objects in a request.
 constexpr int k_max_request_depth = 16;
+// Largest reply line the daemon writes; a longer one is replaced by an
+// EMSGSIZE error. What a reply carries is bounded where it is made (a zone
+// report at k_max_report_zones, badblocks at one page ...); this is the
+// last guard, well above them (a 65,536-zone report is about 9 MiB).
+constexpr size_t k_max_reply_bytes = 16u << 20;
 // Most strings in one array parameter (options), and their longest length.
 constexpr size_t k_max_array_items = 1024;
 constexpr size_t k_max_string_bytes = 4096;
@@ -53,6 +58,11 @@ int nesting_depth(std::string_view text, int limit);
 // never thrown on. Any thread.
 std::string format_result(const nlohmann::json& id, const nlohmann::json& result);
 std::string format_error(const nlohmann::json& id, const error& err);
+// The reply line for `res` (method's, for messages): format_result or
+// format_error, and an error instead of a result line longer than
+// `max_bytes` (EMSGSIZE) or one that memory does not hold (ENOMEM).
+std::string format_reply(const nlohmann::json& id, const result<nlohmann::json>& res,
+                         std::string_view method, size_t max_bytes = k_max_reply_bytes);
 
 // One request line, with its newline (client side).
 std::string format_request(int64_t id, std::string_view method, const nlohmann::json& params);

@@ -15,6 +15,8 @@
 
 #include <bit>
 #include <cerrno>
+#include <new>
+#include <string>
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
@@ -131,7 +133,23 @@ result<std::unique_ptr<zone_engine>> zone_engine::create(const zone_engine_confi
     e->_last_zone_length = c.capacity_bytes - (uint64_t{nr_zones - 1} << e->_zone_shift);
     e->_need_res_mgmt = c.max_open_zones != 0 || c.max_active_zones != 0;
     e->_imp_close_zone_no = c.conventional_zones;
-    e->_zones = std::make_unique<zone[]>(nr_zones);
+    // Charged before they exist: a geometry whose descriptors the budget
+    // cannot hold (null_blk allows 2^32 - 2 zones, 256 GiB of them) is
+    // refused, not allocated (or thrown as std::bad_alloc).
+    const uint64_t bytes = uint64_t{nr_zones} * sizeof(zone);
+    const std::string what = fmt::format("{} zone descriptors", nr_zones);
+    auto charge =
+        memory_charge::take(c.budget != nullptr ? *c.budget : process_memory_budget(), bytes, what);
+    if (!charge) {
+        error err = charge.error();
+        err.message += "; fewer, larger zones need less";
+        return std::unexpected(std::move(err));
+    }
+    e->_charge = std::move(*charge);
+    e->_zones.reset(new (std::nothrow) zone[nr_zones]);
+    if (!e->_zones) {
+        return std::unexpected(out_of_memory(what, bytes));
+    }
     const bool zloop = c.flavor == zone_flavor::zloop;
     for (uint32_t i = 0; i < nr_zones; ++i) {
         zone& z = e->_zones[i];
@@ -1128,6 +1146,7 @@ void zone_engine::describe(nlohmann::json& out) const
         {"active_refused", s.active_refused},
         {"lock_contended", s.lock_contended},
         {"refreshed", s.refreshed},
+        {"memory_bytes", memory_bytes()},
     };
 }
 

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 
 #include "device_host.hpp"
 
@@ -138,6 +139,34 @@ TEST_F(device_host_test, a_new_host_recovers_the_devices_from_their_state_files)
     // New devices come after the recovered ones.
     ASSERT_TRUE(host->add(null_request("fourth", {"size=8"})));
     EXPECT_EQ(host->list()[2]["name"], "fourth");
+}
+
+// A power cycle runs as a job (begin_set answers later), quick writes at
+// once; both are recorded in the state file.
+TEST_F(device_host_test, power_writes_run_as_a_job_and_are_recorded)
+{
+    auto host = make_host();
+    ASSERT_TRUE(host->add(null_request("p", {"size=8"})));
+    EXPECT_FALSE(host->begin_set("p", {"power=0"}, false).has_value());
+    EXPECT_EQ(host->busy("p"), "changing");
+    EXPECT_EQ(host->list()[0]["state"], "changing");
+    EXPECT_EQ(host->get("p", {"power"}).error().code.value(), EBUSY);
+    EXPECT_EQ(host->set("p", {"power=1"}, false).error().code.value(), EBUSY);
+    for (int i = 0; i < 1000 && !host->busy("p").empty(); ++i) {
+        (void)host->reap();
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    EXPECT_EQ(host->list()[0]["state"], "off");
+    auto quick = host->begin_set("p", {"io_timeout=7000"}, false);
+    ASSERT_TRUE(quick.has_value());
+    ASSERT_TRUE(*quick) << quick->error().message;
+    auto on = host->set("p", {"power=1"}, false);
+    ASSERT_TRUE(on) << on.error().message;
+    EXPECT_EQ((*on)["power"], 1);
+    std::ifstream state(_state + "/p.json");
+    const std::string saved = json::parse(state)["options"].dump();
+    EXPECT_NE(saved.find("io_timeout=7000"), std::string::npos) << saved;
+    EXPECT_NE(saved.find("power=1"), std::string::npos) << saved;
 }
 
 TEST_F(device_host_test, broken_state_files_are_listed_as_failed_until_deleted)

@@ -74,8 +74,12 @@ TEST(memory_limit, the_flag_forms)
     auto none = choose_memory_limit("none", m);
     ASSERT_TRUE(none);
     EXPECT_EQ(none->bytes, 0u);
-    EXPECT_EQ(choose_memory_limit("0", m)->bytes, 0u);
-    for (const char* bad : {"101%", "0%", "x%", "12Q", "4K"}) {
+    // 0 is not "no limit" in disguise: the error says to use none.
+    auto zero = choose_memory_limit("0", m);
+    ASSERT_FALSE(zero);
+    EXPECT_EQ(zero.error().code.value(), EINVAL);
+    EXPECT_NE(zero.error().message.find("use none"), std::string::npos) << zero.error().message;
+    for (const char* bad : {"101%", "0%", "x%", "12Q", "4K", "0M", "0G"}) {
         auto r = choose_memory_limit(bad, m);
         ASSERT_FALSE(r) << bad;
         EXPECT_EQ(r.error().code.value(), EINVAL);

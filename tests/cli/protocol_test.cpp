@@ -107,6 +107,32 @@ TEST(protocol, error_replies_carry_a_negative_errno_and_never_throw_on_bad_utf8)
     EXPECT_EQ(ok["result"]["a"], 1);
 }
 
+// Every reply has a size bound: a result past it becomes an error that says
+// so (the client gets an answer, not a closed connection), a result within
+// it is written as format_result writes it.
+TEST(protocol, replies_past_the_size_bound_become_an_error)
+{
+    static_assert(k_max_reply_bytes == 16u << 20);
+    const json small = json{{"values", {{"badblocks", std::string(4096, 'x')}}}};
+    EXPECT_EQ(format_reply(json(1), small, "get"), format_result(json(1), small));
+    // (A smaller bound than the protocol's, for speed: the same code.)
+    constexpr size_t bound = 64 * 1024;
+    const json big = json{{"values", {{"badblocks", std::string(bound, 'x')}}}};
+    json parsed = json::parse(format_reply(json(2), big, "get", bound));
+    EXPECT_EQ(parsed["id"], 2);
+    EXPECT_EQ(parsed["error"]["code"], -EMSGSIZE);
+    const std::string message = parsed["error"]["message"];
+    EXPECT_NE(message.find("reply to get"), std::string::npos) << message;
+    EXPECT_NE(message.find(std::to_string(bound)), std::string::npos) << message;
+    // An error stays an error.
+    parsed = json::parse(
+        format_reply(json(3),
+                     softblk::result<json>(std::unexpected(softblk::error{
+                         std::error_code(ENOENT, std::generic_category()), "no device named 'x'"})),
+                     "get"));
+    EXPECT_EQ(parsed["error"]["code"], -ENOENT);
+}
+
 TEST(protocol, typed_parameters_name_the_parameter_on_error)
 {
     json params = {{"name", 5}, {"options", {"a=1", 2}}, {"all", "yes"}, {"list", "x"}};

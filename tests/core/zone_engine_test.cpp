@@ -225,6 +225,43 @@ TEST(zone_engine, smaller_last_zone)
     EXPECT_EQ(f.wp(3), 4 * k_zone);
 }
 
+// The zone descriptors count against a memory budget while the engine
+// lives; a geometry whose descriptors do not fit is refused with ENOMEM
+// naming them (null_blk's 2^32 - 2 zones are 256 GiB of them), never
+// allocated or thrown as std::bad_alloc.
+TEST(zone_engine, descriptors_are_charged_to_the_budget_and_refused_past_it)
+{
+    memory_budget budget(1 << 20);
+    zone_engine_config c = null_config();
+    c.budget = &budget;
+    {
+        auto e = zone_engine::create(c);
+        ASSERT_TRUE(e) << e.error().message;
+        EXPECT_GE((*e)->memory_bytes(), 8 * 32u);
+        EXPECT_EQ(budget.used(), (*e)->memory_bytes());
+    }
+    EXPECT_EQ(budget.used(), 0u);
+    c = zone_engine_config{};
+    c.block_size = k_block;
+    c.zone_size_bytes = k_block;
+    c.capacity_bytes = (uint64_t{UINT32_MAX} - 1) * k_block;
+    c.budget = &budget;
+    auto r = zone_engine::create(c);
+    ASSERT_FALSE(r);
+    EXPECT_EQ(r.error().code.value(), ENOMEM);
+    const std::string& message = r.error().message;
+    EXPECT_NE(message.find("4294967294 zone descriptors"), std::string::npos) << message;
+    EXPECT_NE(message.find("memory_limit of 1.0 MiB"), std::string::npos) << message;
+    EXPECT_EQ(budget.used(), 0u);
+    // Without a budget of its own: the process's.
+    const uint64_t before = process_memory_budget().used();
+    auto e = zone_engine::create(null_config());
+    ASSERT_TRUE(e);
+    EXPECT_EQ(process_memory_budget().used(), before + (*e)->memory_bytes());
+    e->reset();
+    EXPECT_EQ(process_memory_budget().used(), before);
+}
+
 TEST(zone_engine, creation_errors_name_the_field)
 {
     zone_engine_config c = null_config();

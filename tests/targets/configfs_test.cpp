@@ -7,6 +7,9 @@
 #include "test_util.hpp"
 
 #include <cerrno>
+#include <chrono>
+
+#include <fmt/format.h>
 
 using namespace softblk;
 using namespace softblk::test;
@@ -156,6 +159,33 @@ TEST(configfs, badblocks_change_while_powered_on)
     // A range longer than one record shows as several (BB_MAX_LEN 512).
     ASSERT_TRUE(d->set_option("badblocks", "+1000-2023"));
     EXPECT_EQ(get(*d, "badblocks"), "12 5\n1000 512\n1512 512\n");
+}
+
+// A range of 2^33 sectors is 16.7 million records: the read shows one page
+// of them, as the kernel's badblocks_show fills one page, and costs no
+// more than that page (it used to build all of them, 866 MB in the daemon
+// for one `softblk get`). describe() lists the first merged ranges only.
+TEST(configfs, badblocks_read_is_one_page_however_long_the_list)
+{
+    auto d = make_null({"size=1"});
+    ASSERT_TRUE(d);
+    ASSERT_TRUE(d->set_option("badblocks", "+0-8589934591"));
+    const auto start = std::chrono::steady_clock::now();
+    const std::string page = get(*d, "badblocks");
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(500));
+    ASSERT_LE(page.size(), 4096u);
+    EXPECT_GT(page.size(), 4096u - 32);  // as full as whole lines make it
+    ASSERT_EQ(page.back(), '\n');        // whole lines only
+    EXPECT_EQ(page.substr(0, 16), "0 512\n512 512\n10");
+    for (uint64_t s = 0; s < 200; ++s) {
+        ASSERT_TRUE(d->set_option("badblocks",
+                                  fmt::format("+{}-{}", 8589934600 + 2 * s, 8589934600 + 2 * s)));
+    }
+    nlohmann::json j;
+    d->describe(j);
+    EXPECT_EQ(j["target"]["badblocks"]["ranges"], 201);
+    EXPECT_EQ(j["target"]["badblocks"]["list"].size(), 64u);
+    EXPECT_EQ(j["target"]["badblocks"]["list"][0], "0-8589934591");
 }
 
 TEST(configfs, submit_and_poll_queues_change_while_powered_on_within_the_kernels_limits)

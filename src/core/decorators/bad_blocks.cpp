@@ -21,6 +21,9 @@ namespace softblk::core {
 
 namespace {
 
+// Merged ranges describe() lists (the rest is counted in "ranges").
+constexpr size_t k_described_ranges = 64;
+
 struct partial_extra {
     io_request* original = nullptr;
     // The original's kernel buffer without the front end's completion: the
@@ -164,7 +167,10 @@ public:
     void describe(nlohmann::json& out) const override
     {
         _inner->describe(out);
-        out["badblocks"] = {{"list", _table->list()},
+        // The first ranges only: a list grown by many writes must not make
+        // `softblk list` large; "ranges" says how many there are.
+        out["badblocks"] = {{"list", _table->list(k_described_ranges)},
+                            {"ranges", _table->ranges()},
                             {"once", _once},
                             {"partial_io", _partial_io},
                             {"writes_checked_by_target", _target_checks_writes},

@@ -167,12 +167,18 @@ public:
     // start may lie before `sector`).
     bool check(uint64_t sector, uint64_t count, uint64_t& first_bad, uint64_t& bad_count) const;
     bool empty() const { return _ranges_count.load(std::memory_order_acquire) == 0; }
-    // "start-end" per merged range (for describe()).
-    std::vector<std::string> list() const;
+    // "start-end" per merged range, the first `max_ranges` of them (for
+    // describe(), whose reply must stay small).
+    std::vector<std::string> list(size_t max_ranges = SIZE_MAX) const;
+    // The number of merged ranges.
+    size_t ranges() const;
     // "+start-end" per merged range: what re-creates the list.
     std::vector<std::string> canonical() const;
     // The configfs read (badblocks_show): "start length\n" per record of
-    // at most k_max_record sectors.
+    // at most k_max_record sectors, as many whole lines as fit in one page
+    // (k_show_bytes), as the kernel fills the page configfs hands it.
+    // Costs one page of work however large the list.
+    static constexpr size_t k_show_bytes = 4096;
     std::string show() const;
 
 private:

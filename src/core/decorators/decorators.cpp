@@ -434,14 +434,22 @@ bool bad_block_table::check(uint64_t sector, uint64_t count, uint64_t& first_bad
     return true;
 }
 
-std::vector<std::string> bad_block_table::list() const
+std::vector<std::string> bad_block_table::list(size_t max_ranges) const
 {
     std::lock_guard guard(_lock);
     std::vector<std::string> out;
     for (const auto& [a, b] : _ranges) {
+        if (out.size() == max_ranges) {
+            break;
+        }
         out.push_back(fmt::format("{}-{}", a, b - 1));
     }
     return out;
+}
+
+size_t bad_block_table::ranges() const
+{
+    return _ranges_count.load(std::memory_order_acquire);
 }
 
 std::vector<std::string> bad_block_table::canonical() const
@@ -457,9 +465,16 @@ std::string bad_block_table::show() const
 {
     std::lock_guard guard(_lock);
     std::string out;
+    // One page of whole lines, as badblocks_show fills the page configfs
+    // gives it; a merged range may stand for billions of records, so the
+    // walk stops with the page, never materialising more.
     for (const auto& [a, b] : _ranges) {
         for (uint64_t s = a; s < b; s += k_max_record) {
-            out += fmt::format("{} {}\n", s, std::min(k_max_record, b - s));
+            const std::string line = fmt::format("{} {}\n", s, std::min(k_max_record, b - s));
+            if (out.size() + line.size() > k_show_bytes) {
+                return out;
+            }
+            out += line;
         }
     }
     return out;

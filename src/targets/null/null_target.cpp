@@ -288,8 +288,12 @@ public:
     ~null_target() override { indexes().give_back(_index); }
 
     // zoned=1: the zones (built after the store, which reset discards).
-    result<void> make_zoned(const zone_engine_config& config, uint32_t max_zone_append_bytes)
+    // Their descriptors are charged to the store's budget when the device
+    // keeps data (its memory_limit bounds all it holds), else to the
+    // process's.
+    result<void> make_zoned(zone_engine_config config, uint32_t max_zone_append_bytes)
     {
+        config.budget = _store != nullptr ? &_store->budget() : nullptr;
         auto engine = zone_engine::create(config, this);
         if (!engine) {
             return std::unexpected(engine.error());
@@ -369,7 +373,14 @@ public:
         return target::apply_option(def, options);
     }
 
-    uint64_t memory_bytes() const override { return _store ? _store->memory_bytes() : 0; }
+    // The store's budget has the zone descriptors in it when there is one.
+    uint64_t memory_bytes() const override
+    {
+        if (_store != nullptr) {
+            return _store->memory_bytes();
+        }
+        return _zones ? _zones->memory_bytes() : 0;
+    }
 
     // zone_cond_store: EINVAL unless zoned, then the sector parsed with
     // kstrtoull (EINVAL, ERANGE), EINVAL beyond the zones or for a

@@ -17,7 +17,9 @@
 #include <cerrno>
 #include <fmt/core.h>
 #include <memory>
+#include <new>
 #include <nlohmann/json.hpp>
+#include <string>
 
 namespace softblk::targets {
 
@@ -49,22 +51,38 @@ private:
 class zloop_ram_target final : public target, public zone_backend {
 public:
     zloop_ram_target(const zloop::zone_settings& s, std::unique_ptr<memory_store> store)
-        : _settings(s),
-          _store(std::move(store)),
-          _stored(std::make_unique<std::atomic<uint64_t>[]>(s.geo.nr_zones))
+        : _settings(s), _store(std::move(store))
     {
-        for (uint32_t i = 0; i < s.geo.nr_zones; ++i) {
-            _stored[i].store(0, std::memory_order_relaxed);
-        }
     }
 
+    // The zone descriptors and the per-zone sizes are charged to the
+    // store's budget before they are allocated, so that the device's
+    // memory_limit and the daemon's budget bound them with the data (a
+    // million zones take 72 MiB) and `list` counts them.
     result<void> init()
     {
-        auto engine = zone_engine::create(zloop::engine_config(_settings, k_block_size), this);
+        zone_engine_config config = zloop::engine_config(_settings, k_block_size);
+        config.budget = &_store->budget();
+        auto engine = zone_engine::create(config, this);
         if (!engine) {
             return std::unexpected(engine.error());
         }
         _zones = std::move(*engine);
+        const uint32_t n = _settings.geo.nr_zones;
+        const uint64_t bytes = uint64_t{n} * sizeof(std::atomic<uint64_t>);
+        const std::string what = fmt::format("{} zone sizes", n);
+        auto charge = memory_charge::take(_store->budget(), bytes, what);
+        if (!charge) {
+            return std::unexpected(charge.error());
+        }
+        _stored_charge = std::move(*charge);
+        _stored.reset(new (std::nothrow) std::atomic<uint64_t>[n]);
+        if (!_stored) {
+            return std::unexpected(out_of_memory(what, bytes));
+        }
+        for (uint32_t i = 0; i < n; ++i) {
+            _stored[i].store(0, std::memory_order_relaxed);
+        }
         _limits = zloop::device_limits(*_zones, k_block_size, _settings.zone_append, false);
         _limits.takes_data_window = true;  // data copied straight to and from the store's pages
         return {};
@@ -130,6 +148,7 @@ public:
 private:
     zloop::zone_settings _settings;
     std::unique_ptr<memory_store> _store;
+    memory_charge _stored_charge;  // for _stored, released after it
     std::unique_ptr<std::atomic<uint64_t>[]> _stored;
     std::unique_ptr<zone_engine> _zones;
     block_limits _limits;

@@ -136,6 +136,9 @@ public:
     }
 
     const block_limits& limits() const override { return _limits; }
+    // The zone descriptors, charged to the daemon's budget (the data is in
+    // the files).
+    uint64_t memory_bytes() const override { return _zones ? _zones->memory_bytes() : 0; }
     zone_engine& zones() { return *_zones; }
     int fd(uint32_t zone) const { return _files.files[zone]->buffered_fd(); }
     std::string path(uint32_t zone) const { return _files.files[zone]->path(); }
