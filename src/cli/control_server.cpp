@@ -1,5 +1,7 @@
 #include "control_server.hpp"
 
+#include <softblk/support/unix_socket.hpp>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
@@ -50,8 +52,12 @@ struct control_server::client {
     bool has_output() const { return out_pos < out.size(); }
 };
 
-control_server::control_server(std::string socket_path, int fd, server_limits limits)
-    : _socket_path(std::move(socket_path)), _listen_fd(fd), _limits(limits)
+control_server::control_server(std::string socket_path, unix_listener listener,
+                               server_limits limits)
+    : _socket_path(std::move(socket_path)),
+      _listener(listener),
+      _listen_fd(listener.fd),
+      _limits(limits)
 {
 }
 
@@ -63,48 +69,15 @@ control_server::~control_server()
 result<std::unique_ptr<control_server>> control_server::listen(std::string socket_path,
                                                                server_limits limits)
 {
-    sockaddr_un addr{};
-    addr.sun_family = AF_UNIX;
-    if (socket_path.size() >= sizeof addr.sun_path) {
-        return make_error(ENAMETOOLONG, fmt::format("socket path {} is longer than {} bytes",
-                                                    socket_path, sizeof addr.sun_path - 1));
+    // Mode 0600 from bind() on; a stale socket of a daemon that died is
+    // replaced (the caller holds the run directory's lock, so no live daemon
+    // owns it), anything else at the path is left alone and named.
+    auto listener = listen_unix_socket(socket_path, 0600, -1, 64, SOCK_NONBLOCK);
+    if (!listener) {
+        return std::unexpected(listener.error());
     }
-    std::memcpy(addr.sun_path, socket_path.c_str(), socket_path.size() + 1);
-    const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0) {
-        return make_error(errno, fmt::format("socket: {}", std::strerror(errno)));
-    }
-    // A socket file left by a daemon that died; the caller holds the lock,
-    // so no live daemon owns it.
-    struct stat st {};
-    if (::lstat(socket_path.c_str(), &st) == 0) {
-        if (!S_ISSOCK(st.st_mode)) {
-            ::close(fd);
-            return make_error(EEXIST,
-                              fmt::format("{} exists and is not a socket; remove it", socket_path));
-        }
-        ::unlink(socket_path.c_str());
-    }
-    // Created with mode 0600 from the start: no window in which others
-    // could connect.
-    const mode_t old_mask = ::umask(0177);
-    const int bound = ::bind(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr);
-    const int bind_errno = errno;
-    ::umask(old_mask);
-    if (bound != 0) {
-        ::close(fd);
-        return make_error(
-            bind_errno, fmt::format("cannot bind {}: {}", socket_path, std::strerror(bind_errno)));
-    }
-    // Not chmod(): it would follow a link put in the socket's place.
-    if (::fchmodat(AT_FDCWD, socket_path.c_str(), 0600, AT_SYMLINK_NOFOLLOW) != 0 ||
-        ::listen(fd, 64) != 0) {
-        const int e = errno;
-        ::close(fd);
-        ::unlink(socket_path.c_str());
-        return make_error(e, fmt::format("cannot listen on {}: {}", socket_path, std::strerror(e)));
-    }
-    return std::unique_ptr<control_server>(new control_server(std::move(socket_path), fd, limits));
+    return std::unique_ptr<control_server>(
+        new control_server(std::move(socket_path), *listener, limits));
 }
 
 void control_server::close()
@@ -112,7 +85,8 @@ void control_server::close()
     if (_listen_fd >= 0) {
         ::close(_listen_fd);
         _listen_fd = -1;
-        ::unlink(_socket_path.c_str());
+        // Only while it is still the socket bound here.
+        remove_socket_file(_socket_path, _listener);
     }
     _clients.clear();
 }

@@ -9,6 +9,8 @@
 // instead of waiting: the loop serves the other clients meanwhile.
 #pragma once
 
+#include <softblk/support/unix_socket.hpp>
+
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -90,7 +92,7 @@ public:
 
 private:
     struct client;
-    explicit control_server(std::string socket_path, int fd, server_limits limits);
+    control_server(std::string socket_path, unix_listener listener, server_limits limits);
 
     void accept_clients();
     void read_client(client& c, const request_handler& handler);
@@ -99,6 +101,7 @@ private:
     void check_timeouts(client& c, std::chrono::steady_clock::time_point now);
 
     std::string _socket_path;
+    unix_listener _listener;  // the socket file's identity, for close()
     int _listen_fd = -1;
     server_limits _limits;
     std::vector<std::unique_ptr<client>> _clients;

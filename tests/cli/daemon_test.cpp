@@ -492,6 +492,26 @@ TEST_F(daemon_test, shutdown_stops_the_daemon_and_leaves_no_process)
     EXPECT_TRUE(processes_of_this_run_dir().empty());
 }
 
+// The daemon removes its control socket at exit only while the path is
+// still the socket it bound: a file put in its place since stays.
+TEST_F(daemon_test, exit_leaves_a_file_put_in_place_of_the_socket)
+{
+    ASSERT_EQ(softblk({"status"}).status, 1);  // no daemon yet
+    ASSERT_EQ(softblk({"list"}).status, 0);    // starts one
+    const pid_t pid = daemon_pid();
+    ASSERT_GT(pid, 0);
+    const std::string moved = _dir + "/control.sock.moved";
+    ASSERT_EQ(::rename(socket_path().c_str(), moved.c_str()), 0);
+    {
+        std::ofstream(socket_path()) << "not the daemon's";
+    }
+    ::kill(pid, SIGTERM);
+    EXPECT_TRUE(wait_gone(pid, 10s));
+    EXPECT_TRUE(fs::is_regular_file(socket_path())) << "the daemon removed a file it did not bind";
+    ::unlink(socket_path().c_str());
+    ::unlink(moved.c_str());
+}
+
 TEST_F(daemon_test, devices_come_and_go_without_disturbing_the_others)
 {
     ASSERT_EQ(
