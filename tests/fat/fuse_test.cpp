@@ -81,6 +81,12 @@ std::string make_image(const temp_dir& tmp)
     return img;
 }
 
+bool exists(const std::string& path)
+{
+    struct stat st {};
+    return ::stat(path.c_str(), &st) == 0;
+}
+
 bool create_file(const std::string& path)
 {
     int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
@@ -99,6 +105,47 @@ bool create_file(const std::string& path)
         FAT_REQUIRE_TOOL("fusermount3");                        \
         FAT_REQUIRE_TOOL("fsck.fat");                           \
     } while (0)
+
+// FAT finds an entry under any ASCII case of its name and under its 8.3
+// alias; the kernel caches names exactly. A miss must therefore not be
+// cached: a lookup of "foo" that failed must not hide "FOO" created next
+// through the mount, nor may "LONGNA~1.TXT" stay missing once "long name
+// here.txt" exists, nor "dir" after mkdir "DIR", nor "b" after a rename to
+// "B". (With the hour-long negative cache all four stayed missing.)
+TEST(FatFuse, MissesAreNotCachedSoOtherSpellingsFindNewEntries)
+{
+    FAT_REQUIRE_FUSE();
+    temp_dir tmp;
+    std::string img = make_image(tmp);
+    std::string mnt = tmp / "mnt";
+    fs::create_directories(mnt);
+    {
+        fuse_mount m(img, mnt);
+        ASSERT_TRUE(m.ok()) << "the FUSE mount did not come up";
+        EXPECT_FALSE(exists(mnt + "/foo"));
+        EXPECT_FALSE(exists(mnt + "/LONGNA~1.TXT"));
+        EXPECT_FALSE(exists(mnt + "/dir"));
+        EXPECT_FALSE(exists(mnt + "/b"));
+        ASSERT_TRUE(create_file(mnt + "/FOO"));
+        ASSERT_TRUE(create_file(mnt + "/long name here.txt"));
+        ASSERT_EQ(::mkdir((mnt + "/DIR").c_str(), 0755), 0);
+        ASSERT_TRUE(create_file(mnt + "/a"));
+        ASSERT_EQ(::rename((mnt + "/a").c_str(), (mnt + "/B").c_str()), 0);
+        EXPECT_TRUE(exists(mnt + "/foo"));
+        EXPECT_TRUE(exists(mnt + "/LONGNA~1.TXT"));
+        EXPECT_TRUE(exists(mnt + "/dir"));
+        EXPECT_TRUE(exists(mnt + "/b"));
+        // A miss after a removal through the name it was made with.
+        ASSERT_EQ(::unlink((mnt + "/FOO").c_str()), 0);
+        ASSERT_EQ(::rmdir((mnt + "/DIR").c_str()), 0);
+        EXPECT_FALSE(exists(mnt + "/FOO"));
+        EXPECT_FALSE(exists(mnt + "/DIR"));
+        ASSERT_TRUE(create_file(mnt + "/Foo"));
+        EXPECT_TRUE(exists(mnt + "/FOO"));
+        EXPECT_EQ(m.unmount(), 0);
+    }
+    EXPECT_TRUE(fsck_clean(img));
+}
 
 // The server's threads (ids from /proc/PID/task).
 std::set<std::string> threads_of(pid_t pid)

@@ -81,6 +81,8 @@ bool g_writeback = false;
 // Only this mount changes the volume, and the kernel updates its caches on
 // every change made through it, so names and attributes may be cached long:
 // a create then costs LOOKUP + CREATE (+ RELEASE), not a GETATTR per stat.
+// (Not for another spelling of a name: "foo" found as "FOO" is a name of
+// its own to the kernel and stays cached when "FOO" is removed; docs/fat.md.)
 constexpr double k_cache_timeout = 3600.0;
 // Larger writes and reads per request (the kernel caps them at
 // fs.fuse.max_pages_limit pages, 1 MiB by default).
@@ -320,7 +322,12 @@ void* op_init(fuse_conn_info* conn, fuse_config* cfg)
     cfg->direct_io = g_direct_io ? 1 : 0;
     cfg->entry_timeout = k_cache_timeout;
     cfg->attr_timeout = k_cache_timeout;
-    cfg->negative_timeout = k_cache_timeout;
+    // Names that are not there are not cached: FAT finds an entry under
+    // any ASCII case of its name and under its 8.3 alias, while the kernel
+    // compares names exactly. A cached miss for "foo" hid the file "FOO"
+    // created next (and "LONGNA~1.TXT" a new "long name.txt") for the
+    // hour. A create pays nothing for it (its LOOKUP is needed anyway).
+    cfg->negative_timeout = 0;
     // kernel_cache stays off: every open drops the file's cached pages, so
     // a reopened file is read from the volume (what benchmarks measure).
     g_writeback = false;
