@@ -25,6 +25,7 @@
 #include <random>
 #include <string>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/wait.h>
 #include <thread>
 #include <unistd.h>
@@ -76,6 +77,9 @@ struct figures {
     // max_transfer_bytes), when the device is a softblk device.
     std::optional<double> device_write_requests_per_mib;
     std::optional<double> device_read_requests_per_mib;
+    // One request to the FUSE server and its answer (statfs, which the
+    // kernel never caches and the volume answers from memory).
+    std::optional<double> round_trip_us;
 };
 
 // Requests submitted to a softblk device's queues so far (0 for other devices).
@@ -126,6 +130,8 @@ public:
     // Drops what the kernel's page cache holds of the file (mount points).
     virtual void drop_cache(int slot) {}
     virtual block_device* device() { return nullptr; }
+    // Microseconds per statfs() on a mount point; nothing for the library.
+    virtual std::optional<double> round_trip_us(int) { return std::nullopt; }
 };
 
 class library_backend final : public backend {
@@ -234,6 +240,15 @@ public:
         return ::mkdir((_root + path).c_str(), 0755) == 0;
     }
     block_device* device() override { return _dev; }
+    std::optional<double> round_trip_us(int n) override
+    {
+        struct statfs st {};
+        auto t = clock_type::now();
+        for (int i = 0; i < n; ++i) {
+            ::statfs(_root.c_str(), &st);
+        }
+        return seconds_since(t) * 1e6 / n;
+    }
 
 private:
     std::string _root;
@@ -334,6 +349,7 @@ figures run_suite(backend& b, const std::string& name, const settings& s)
     b.close(f);
 
     // File creation and deletion in one directory (8.3 names, empty files).
+    fig.round_trip_us = b.round_trip_us(s.files);
     b.mkdir("/many");
     t = clock_type::now();
     for (int i = 0; i < s.files; ++i) {
@@ -643,6 +659,17 @@ int main(int argc, char** argv)
                 "{:.1f}/MiB written, {:.1f}/MiB read\n",
                 r.name, *r.device_write_requests_per_mib,
                 r.device_read_requests_per_mib.value_or(0));
+        }
+    }
+    for (auto& r : rows) {
+        if (r.round_trip_us) {
+            // The goal for a create through the mount: within twice the
+            // library's own create plus one FUSE round trip.
+            fmt::print(
+                "{}: one FUSE round trip (statfs) {:.2f} us; create {:.2f} us against "
+                "2 x (library create + round trip) = {:.2f} us\n",
+                r.name, *r.round_trip_us, r.create_us,
+                2 * (rows.front().create_us + *r.round_trip_us));
         }
     }
     fmt::print("Library vs one memcpy of the same data: write {:.0f}%, read {:.0f}%\n",
