@@ -4,6 +4,7 @@
 #include "fat_test_util.hpp"
 #include "fuse_util.hpp"
 
+#include <atomic>
 #include <chrono>
 #include <csignal>
 #include <fcntl.h>
@@ -195,6 +196,63 @@ TEST(FatFuse, ServesRequestsWithoutStartingThreads)
             }
         }
         EXPECT_TRUE(started.empty()) << started.size() << " threads were started";
+        EXPECT_EQ(m.unmount(), 0);
+    }
+    EXPECT_TRUE(fsck_clean(img));
+}
+
+// -o threads=N serves with a pool of up to N threads (more throughput for
+// streaming reads on a busy machine, slower metadata): concurrent readers
+// get their data, the pool stays within N, the image stays clean; a
+// number out of range is refused with a message.
+TEST(FatFuse, ThreadsOptionServesWithAPoolOfAtMostN)
+{
+    FAT_REQUIRE_FUSE();
+    temp_dir tmp;
+    std::string img = make_image(tmp);
+    std::string mnt = tmp / "mnt";
+    fs::create_directories(mnt);
+    {
+        std::string log = tmp / "bad.log";
+        fuse_mount bad(img, mnt, {"-o", "threads=0"}, log);
+        EXPECT_FALSE(bad.ok());
+        auto text = load_file(log);
+        EXPECT_NE(std::string(text.begin(), text.end()).find("takes a number of threads"),
+                  std::string::npos);
+    }
+    std::mt19937_64 rng(9);
+    std::string data = random_bytes(rng, 8u << 20);
+    {
+        fuse_mount m(img, mnt, {"-o", "threads=3"});
+        ASSERT_TRUE(m.ok()) << "the FUSE mount did not come up";
+        write_file(mnt + "/data.bin", data);
+        std::vector<std::thread> readers;
+        std::atomic<int> good{0};
+        size_t most = 0;
+        std::atomic<bool> done{false};
+        std::thread watch([&] {
+            while (!done) {
+                most = std::max(most, threads_of(m.pid()).size());
+                std::this_thread::sleep_for(std::chrono::milliseconds(1));
+            }
+        });
+        for (int r = 0; r < 4; ++r) {
+            readers.emplace_back([&] {
+                for (int round = 0; round < 3; ++round) {
+                    auto got = load_file(mnt + "/data.bin");
+                    if (std::string(got.begin(), got.end()) == data) {
+                        ++good;
+                    }
+                }
+            });
+        }
+        for (auto& t : readers) {
+            t.join();
+        }
+        done = true;
+        watch.join();
+        EXPECT_EQ(good.load(), 12);
+        EXPECT_LE(most, 4u) << "the main thread and at most 3 workers";
         EXPECT_EQ(m.unmount(), 0);
     }
     EXPECT_TRUE(fsck_clean(img));
