@@ -69,6 +69,7 @@ public:
     fuse_mount& operator=(const fuse_mount&) = delete;
 
     bool ok() const { return _pid > 0 && is_mounted(_dir); }
+    pid_t pid() const { return _pid; }
     // Unmounts and waits for the server; returns its exit status.
     int unmount()
     {

@@ -549,7 +549,10 @@ int cli_main(int argc, char** argv, daemon_directory* daemon)
     mount->add_flag("-f,--foreground", foreground, "stay in the foreground");
     mount->add_flag("--ro,--read-only", read_only, "mount read-only");
     mount->add_flag("--mkfs", mount_mkfs, "format the target first (for softblk: devices)");
-    mount->add_option("-o", fuse_options, "extra FUSE options (allow_other, ...)")->delimiter(',');
+    mount
+        ->add_option("-o", fuse_options,
+                     "extra FUSE options (allow_other, direct_io, threads=N, ...)")
+        ->delimiter(',');
 
     try {
         app.parse(argc, argv);

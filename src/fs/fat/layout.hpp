@@ -88,23 +88,8 @@ inline fat_time to_fat_time(std::time_t t)
     return f;
 }
 
-inline std::time_t from_fat_time(uint16_t date, uint16_t time, uint8_t tenth = 0)
-{
-    if (date == 0) {
-        return 0;
-    }
-    std::tm tm{};
-    tm.tm_year = 80 + (date >> 9);
-    tm.tm_mon = ((date >> 5) & 0x0F) - 1;
-    tm.tm_mday = date & 0x1F;
-    tm.tm_hour = time >> 11;
-    tm.tm_min = (time >> 5) & 0x3F;
-    tm.tm_sec = (time & 0x1F) * 2 + (tenth >= 100 && tenth < 200 ? 1 : 0);
-    tm.tm_isdst = -1;
-    if (tm.tm_mon < 0 || tm.tm_mon > 11 || tm.tm_mday == 0) {
-        return 0;
-    }
-    return mktime(&tm);
-}
+// The time_t of a FAT local date and time (0 for an empty or impossible
+// date), as mktime() with tm_isdst = -1 gives it (names.cpp).
+std::time_t from_fat_time(uint16_t date, uint16_t time, uint8_t tenth = 0);
 
 }  // namespace softblk::fat::detail

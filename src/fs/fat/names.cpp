@@ -1,8 +1,13 @@
 #include "names.hpp"
 
+#include <atomic>
+#include <climits>
 #include <cstring>
+#include <ctime>
 
 #include <fmt/format.h>
+
+#include "layout.hpp"
 
 namespace softblk::fat::detail {
 
@@ -347,6 +352,73 @@ bool parse_short(std::string_view name, short_name& out)
         out[8 + i] = c;
     }
     return true;
+}
+
+namespace {
+
+// Days from 1970-01-01 to y-m-d of the proleptic Gregorian calendar
+// (H. Hinnant's days_from_civil). Linear in the day, so a day past the
+// month's end counts on into the next month, as mktime normalises it.
+constexpr int64_t days_from_civil(int64_t y, unsigned m, unsigned d)
+{
+    y -= m <= 2 ? 1 : 0;
+    const int64_t era = (y >= 0 ? y : y - 399) / 400;
+    const auto yoe = static_cast<unsigned>(y - era * 400);
+    const unsigned doy = (153 * (m > 2 ? m - 3 : m + 9) + 2) / 5 + d - 1;
+    const unsigned doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    return era * 146097 + static_cast<int64_t>(doe) - 719468;
+}
+
+// The UTC offset that placed the last local time; neighbouring entries
+// almost always share it. Only a hint: every use is checked.
+std::atomic<long> g_last_offset{LONG_MIN};
+
+}  // namespace
+
+std::time_t from_fat_time(uint16_t date, uint16_t time, uint8_t tenth)
+{
+    if (date == 0) {
+        return 0;
+    }
+    std::tm tm{};
+    tm.tm_year = 80 + (date >> 9);
+    tm.tm_mon = ((date >> 5) & 0x0F) - 1;
+    tm.tm_mday = date & 0x1F;
+    tm.tm_hour = time >> 11;
+    tm.tm_min = (time >> 5) & 0x3F;
+    tm.tm_sec = (time & 0x1F) * 2 + (tenth >= 100 && tenth < 200 ? 1 : 0);
+    tm.tm_isdst = -1;
+    if (tm.tm_mon < 0 || tm.tm_mon > 11 || tm.tm_mday == 0) {
+        return 0;
+    }
+    // glibc's mktime checks the zone file again (a stat of /etc/localtime)
+    // on every call: three system calls per stat of an entry, 15000 for a
+    // listing of 5000 files. A local time is t + offset(t); the offset that
+    // placed the last one is tried first and checked with localtime_r (no
+    // system call). A time in a DST gap fits no offset and goes to mktime;
+    // one in the repeated hour takes the offset of its neighbours.
+    const int64_t local = days_from_civil(1900 + tm.tm_year, static_cast<unsigned>(tm.tm_mon + 1),
+                                          static_cast<unsigned>(tm.tm_mday)) *
+                              86400 +
+                          tm.tm_hour * 3600 + tm.tm_min * 60 + tm.tm_sec;
+    long offset = g_last_offset.load(std::memory_order_relaxed);
+    std::tm check{};
+    if (offset == LONG_MIN) {
+        const auto guess = static_cast<std::time_t>(local);
+        offset = localtime_r(&guess, &check) != nullptr ? check.tm_gmtoff : 0;
+    }
+    for (int attempt = 0; attempt < 2; ++attempt) {
+        const auto t = static_cast<std::time_t>(local - offset);
+        if (localtime_r(&t, &check) == nullptr) {
+            break;
+        }
+        if (check.tm_gmtoff == offset) {
+            g_last_offset.store(offset, std::memory_order_relaxed);
+            return t;
+        }
+        offset = check.tm_gmtoff;
+    }
+    return mktime(&tm);
 }
 
 }  // namespace softblk::fat::detail
