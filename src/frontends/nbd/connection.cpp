@@ -476,9 +476,6 @@ void event_loop::maybe_free(connection& c)
             return;
         }
         std::erase(_conns, &c);
-        // The send list of this pass must not name a connection another
-        // loop owns from now on.
-        std::erase(_sends_now, &c);
         _srv.loop(c.handoff_to).adopt(&c);
         return;
     }
@@ -512,10 +509,6 @@ void event_loop::maybe_free(connection& c)
     ::close(c.fd);
     std::free(c.rbuf);
     std::erase(_conns, &c);
-    // A send posted and completed in the same pass (sqe() submits when the
-    // ring is full) leaves the connection on the pass's send list: it must
-    // not be read there after the delete (ASan: nbd_robust).
-    std::erase(_sends_now, &c);
     server_export* exp = c.counted ? c.exp : nullptr;
     delete &c;
     _srv.connection_count().fetch_sub(1);

@@ -39,12 +39,6 @@ inline constexpr uint32_t k_direct_recv = 32 * 1024;
 inline constexpr unsigned k_max_iov = 256;
 inline constexpr size_t k_tls_in_buffer = 64 * 1024;
 inline constexpr unsigned k_ring_entries = 1024;
-// A reply send at most this large on a socket whose peer reads is expected
-// to complete while it is submitted (see event_loop::run).
-inline constexpr size_t k_inline_send = 128 * 1024;
-// How long a wait that counts on such sends completing inline may last
-// before the loop looks again (in case one did not: the socket was full).
-inline constexpr long long k_inline_send_wait_ns = 1'000'000;
 
 // user_data tags in the low 3 bits of an 8-aligned pointer (a listener's
 // index shifted for accepts).
@@ -132,16 +126,15 @@ struct alignas(8) connection {
 
     // Output.
     std::vector<uint8_t> out_bytes;     // handshake replies, or TLS ciphertext
-    std::vector<uint8_t> out_inflight;  // what the posted send is sending
+    std::vector<uint8_t> out_inflight;  // what c.iov[0] sends (out_bytes taken)
     op_fifo replies;                    // ops whose reply waits to go out
     iovec iov[k_max_iov];
     nbd_op* iov_op[k_max_iov];  // op whose reply ends with this iovec
     unsigned iov_count = 0;
     unsigned iov_first = 0;
-    size_t send_bytes = 0;  // what the posted send carries
     msghdr msg{};
-    bool send_posted = false;
-    bool dirty = false;  // on the loop's flush list
+    bool send_posted = false;  // the rest of c.iov waits in the ring for room
+    bool dirty = false;        // on the loop's flush list
 
     // TLS.
     bool tls = false;
@@ -234,9 +227,10 @@ private:
     void pump_input(connection& c);
     void mark_dirty(connection& c);
     void flush(connection& c);
-    void wait_polling(unsigned wait_nr);
-    void submit_and_block(unsigned wait_nr);
-    static bool send_needs_no_wake(const connection& c);
+    void fill_iov(connection& c);
+    bool send_direct(connection& c);
+    void sent(connection& c, size_t n);
+    void wait_polling();
 
     // connection.cpp: accept, handshake, hand-off, timers, close/free.
     void on_accept(int listener, int fd);
@@ -314,8 +308,6 @@ private:
     uint64_t _coalesce_ns = 0;
     uint64_t _poll_ns = 0;
     bool _taskrun_flag = false;  // the ring sets IORING_SQ_TASKRUN
-    // Sends posted since the last wait (see run()).
-    std::vector<connection*> _sends_now;
     // The connection timer (an IORING_OP_TIMEOUT, see post_timer).
     __kernel_timespec _timer_ts{};
     bool _timer_posted = false;
