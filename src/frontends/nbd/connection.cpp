@@ -111,6 +111,7 @@ void event_loop::on_accept(int listener, int fd)
     }
     c->loop = this;
     c->fd = fd;
+    c->coalesce = coalesce_policy(_coalesce_ns);
     c->rbuf = static_cast<uint8_t*>(std::aligned_alloc(4096, k_recv_buffer));
     c->hs = std::make_unique<handshake>(_srv, _srv.config().tls);
     c->hs->greet(c->out_bytes);

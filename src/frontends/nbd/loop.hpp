@@ -3,7 +3,7 @@
 //   event_loop.cpp  the ring, the loop itself, socket receive/send, TLS records
 //   connection.cpp  accept, handshake, hand-off between loops, timers, close/free
 //   request.cpp     requests: parse -> device requests -> replies
-//   coalesce.cpp    the receive-coalescing policy
+//   coalesce.cpp    receive coalescing (the policy: coalesce.hpp)
 //   server.cpp      listeners, exports, starting and stopping the loops
 #pragma once
 
@@ -24,6 +24,7 @@
 #include <fmt/core.h>
 
 #include "codec.hpp"
+#include "coalesce.hpp"
 #include "request.hpp"
 #include "server.hpp"
 #include "tls.hpp"
@@ -77,11 +78,6 @@ inline void* make_user_data(void* p, token t)
 
 enum class phase : uint8_t { handshake, tls_handshake, transmission };
 
-// Receive coalescing of a connection: off (not pipelining), measuring the
-// request rate without (measure_plain) or with (measure_held) holding
-// receives back, or using the better of the two (exploit).
-enum class coalesce_phase : uint8_t { off, measure_plain, measure_held, exploit };
-
 struct alignas(8) connection {
     event_loop* loop = nullptr;
     int fd = -1;
@@ -108,18 +104,12 @@ struct alignas(8) connection {
     bool tcp = false;
 
     // Receive coalescing (server_config::coalesce_us, docs/nbd.md): for a
-    // connection that pipelines, the next receive may be held back for the
-    // window so that one wake-up takes several requests. The connection
-    // measures its request rate in epochs, without and then with holding
-    // back, and keeps the better for a while before measuring again.
-    coalesce_phase coalesce = coalesce_phase::off;
-    bool coalesce_wins = false;
+    // connection that pipelines, the next receive may be held back for a
+    // window so that one wake-up takes several requests; the policy
+    // measures which window, if any, serves the client.
+    coalesce_policy coalesce;
     bool recv_deferred = false;  // on the loop's deferred list
-    uint8_t exploit_left = 0;    // epochs before measuring again
     uint64_t recv_at_ns = 0;     // when the deferred receive is posted
-    uint64_t epoch_start_ns = 0;
-    uint64_t epoch_requests = 0;
-    uint64_t rate_plain = 0;     // requests per second without holding back
     uint64_t parsed = 0;         // requests parsed so far
     uint64_t parsed_before = 0;  // ... at the last coalesce_receive
     bool disc = false;
