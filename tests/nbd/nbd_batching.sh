@@ -2,7 +2,7 @@
 # How the server takes requests in and sends replies out in batches (see
 # "Sends" and "Receive coalescing" in docs/nbd.md), on a raw socket:
 #  - many requests in one send (more than a connection takes at once, and
-#    more than its receive buffer holds), answered once each, data intact;
+#    more than its 256 KiB receive buffer holds), answered once each, data intact;
 #  - requests split at every awkward place (inside the header, inside a
 #    write payload), one byte at a time;
 #  - a slow reader: replies that do not fit in the socket go out later

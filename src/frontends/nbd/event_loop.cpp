@@ -3,6 +3,7 @@
 // completions), receives and sends, and TLS records. See loop.hpp.
 #include "loop.hpp"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -66,9 +67,13 @@ void event_loop::post_recv(connection& c)
         len = c.payload_left;
         c.recv_direct = true;
     } else {
+        // Receives start at the buffer's start whenever what is left is
+        // at most a partial header (28 bytes to move), so that they keep
+        // to the same cache lines.
         if (c.rstart == c.rend) {
             c.rstart = c.rend = 0;
-        } else if (c.rstart > 0 && k_recv_buffer - c.rend < k_request_size * 4) {
+        } else if (c.rstart > 0 && (c.rend - c.rstart < k_request_size ||
+                                    k_recv_buffer - c.rend < k_request_size * 4)) {
             std::memmove(c.rbuf, c.rbuf + c.rstart, c.rend - c.rstart);
             c.rend -= c.rstart;
             c.rstart = 0;
@@ -77,7 +82,7 @@ void event_loop::post_recv(connection& c)
             return;  // full of unparsed bytes: parsing is blocked
         }
         dst = c.rbuf + c.rend;
-        len = k_recv_buffer - c.rend;
+        len = std::min(k_recv_buffer - c.rend, std::max(k_recv_chunk, size_t{4} * c.request_bytes));
         c.recv_direct = false;
     }
     io_uring_sqe* s = sqe();
