@@ -99,6 +99,7 @@ void level_chooser::end_epoch(uint64_t now, bool idle)
         } else {
             _phase = phase::exploit;
             _exploit_seen = 0;
+            _baseline_rate = 0;
             use(_best);
             _why = fmt::format("busy again: {} {} as chosen before", _cfg.levels[_best], _cfg.unit);
         }
@@ -117,14 +118,19 @@ void level_chooser::end_epoch(uint64_t now, bool idle)
         }
         return;
     }
-    // Exploiting the winner: watch its rate for a change of load.
+    // Exploiting the winner: watch its rate for a change of load, against
+    // what it gave in its first epochs here.
     ++_exploit_seen;
-    _recent_rate = _exploit_seen == 1 ? rate : _recent_rate + (rate - _recent_rate) / 8;
-    const double measured = _rates[_best];
-    if (_exploit_seen >= 8 && measured > 0 &&
-        std::abs(_recent_rate - measured) > _cfg.drift * measured) {
-        start_sweep();
-        return;
+    constexpr unsigned k_baseline_epochs = 8;
+    if (_exploit_seen <= k_baseline_epochs) {
+        _baseline_rate += (rate - _baseline_rate) / _exploit_seen;
+        _recent_rate = _baseline_rate;
+    } else {
+        _recent_rate += (rate - _recent_rate) / 8;
+        if (std::abs(_recent_rate - _baseline_rate) > _cfg.drift * _baseline_rate) {
+            start_sweep();
+            return;
+        }
     }
     if (_exploit_left > 0 && --_exploit_left == 0) {
         start_sweep();
@@ -154,10 +160,17 @@ void level_chooser::finish_sweep()
         _rates[i] = _measured[i] == 0 ? 0 : _rate_sum[i] / _measured[i];
         _spent_per_event[i] = _measured[i] == 0 ? 0 : _spent_sum[i] / _measured[i];
     }
+    // The cheapest level within `margin` of the best rate.
+    const double top = *std::max_element(_rates.begin(), _rates.end());
     unsigned best = 0;
-    for (unsigned i = 1; i < n; ++i) {
-        if (_rates[i] > _rates[best] * (1 + _cfg.margin)) {
-            best = i;
+    if (_cfg.cost == cheaper::lower) {
+        while (best + 1 < n && _rates[best] * (1 + _cfg.margin) < top) {
+            ++best;
+        }
+    } else {
+        best = static_cast<unsigned>(n - 1);
+        while (best > 0 && _rates[best] < top * (1 - _cfg.margin)) {
+            --best;
         }
     }
     _exploit_len = _sweeps > 0 && best == _best
@@ -168,27 +181,28 @@ void level_chooser::finish_sweep()
     _phase = phase::exploit;
     _exploit_left = _exploit_len;
     _exploit_seen = 0;
+    _baseline_rate = 0;
     use(best);
-    // The runner-up by rate, for the reason.
+    // Why, with the best rate measured and the runner-up (or the best,
+    // where the kept level is a cheaper one).
+    const auto top_index =
+        static_cast<unsigned>(std::max_element(_rates.begin(), _rates.end()) - _rates.begin());
     unsigned other = best == 0 ? 1 : 0;
     for (unsigned i = 0; i < n; ++i) {
         if (i != best && _rates[i] > _rates[other]) {
             other = i;
         }
     }
-    const std::string at_best = fmt::format("{} {}", _cfg.levels[best], _cfg.unit);
-    const std::string at_other = fmt::format("{} {}", _cfg.levels[other], _cfg.unit);
-    if (best == 0) {
-        _why = fmt::format("{}: no higher level gave {:.0f}% more ({} against {} at {})", at_best,
-                           _cfg.margin * 100, rate_text(_rates[0]), rate_text(_rates[other]),
-                           at_other);
-    } else if (other == 0) {
-        _why = fmt::format("{}: {} against {} at {}", at_best, rate_text(_rates[best]),
-                           rate_text(_rates[0]), at_other);
+    const auto at = [this](unsigned i) {
+        return fmt::format("{} at {} {}", rate_text(_rates[i]), _cfg.levels[i], _cfg.unit);
+    };
+    if (best == top_index) {
+        _why = fmt::format("{} {}: the most requests, {} against {}", _cfg.levels[best], _cfg.unit,
+                           at(best), at(other));
     } else {
-        _why = fmt::format("{}: {} against {} at {} {} and {} at {}", at_best,
-                           rate_text(_rates[best]), rate_text(_rates[0]), _cfg.levels[0], _cfg.unit,
-                           rate_text(_rates[other]), at_other);
+        _why =
+            fmt::format("{} {}: {}, within {:.0f}% of the most ({}) at less cost",
+                        _cfg.levels[best], _cfg.unit, at(best), _cfg.margin * 100, at(top_index));
     }
 }
 

@@ -12,13 +12,17 @@
 // - a sweep measures every level, each for two epochs (ascending, then
 //   descending, so that a load that drifts during the sweep is seen by
 //   every level alike); a level's rate is the mean of its two epochs;
-// - the lowest level wins unless a higher one beat it by `margin`; then
-//   that one is the level to beat, and so on up: a higher level (more CPU
-//   spent spinning, more latency added by holding) must earn its cost;
+// - the level kept is the cheapest whose rate is within `margin` of the
+//   best rate measured: the lowest one where higher levels cost more (a
+//   longer busy-poll spends more CPU: it must earn that), the highest one
+//   where they cost less (a longer receive hold saves system calls and
+//   wake-ups, as long as the client does not wait for it);
 // - the winner is used for `exploit_epochs`, doubled after each sweep that
 //   chose the same level (up to `exploit_max_epochs`), reset when the
 //   choice changed; a sweep comes early when the winner's rate moved by
-//   more than `drift` from what the sweep measured (the load changed);
+//   more than `drift` from what its first epochs after the sweep measured
+//   (the load changed; not from the sweep's figure, which the choice of
+//   the best of several noisy figures biases upwards);
 // - an epoch ends after `epoch_ns` and `epoch_events` events; one that
 //   took `idle_ns` without reaching `epoch_events` says the load sets the
 //   rate (an idle device, a client that paces itself): it is not measured,
@@ -44,9 +48,13 @@ namespace softblk {
 
 class level_chooser {
 public:
+    // Which way levels cost: lower (a busy-poll window) or higher.
+    enum class cheaper : uint8_t { lower, higher };
+
     struct config {
         std::vector<uint64_t> levels{0};  // ascending; the unit is the owner's
         std::string unit = "us";          // for describe()
+        cheaper cost = cheaper::lower;
         uint64_t epoch_ns = 10'000'000;
         uint64_t epoch_events = 32;
         uint64_t idle_ns = 100'000'000;
@@ -73,6 +81,8 @@ public:
     void start(uint64_t now);
 
     bool fixed() const { return _cfg.levels.size() == 1; }
+    // The last epoch was idle: the lowest level is used, nothing measured.
+    bool idle() const { return _phase == phase::idle; }
     unsigned sweeps() const { return _sweeps; }
     const config& settings() const { return _cfg; }
     // {"mode": "auto"|"given", "level": L, "why": "...", "sweeps": N,
@@ -111,6 +121,7 @@ private:
     unsigned _exploit_left = 0;
     unsigned _exploit_len = 0;
     unsigned _exploit_seen = 0;
+    double _baseline_rate = 0;  // the winner's mean over its first exploit epochs
     double _recent_rate = 0;
     std::string _why;
 };
