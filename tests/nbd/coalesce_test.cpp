@@ -12,6 +12,7 @@ using namespace softblk::nbd;
 namespace {
 
 constexpr uint64_t k_us = 1000;
+constexpr uint64_t k_ms = 1000 * k_us;
 constexpr uint64_t k_step_ns = 100 * k_us;  // one receive every 100 us
 
 // A client: requests per second when its receives are held back for
@@ -47,6 +48,11 @@ uint64_t helps_up_to_20us(uint64_t hold)
     return hold <= 20 * k_us ? 200'000 : 180'000;
 }
 
+uint64_t indifferent(uint64_t)
+{
+    return 200'000;
+}
+
 }  // namespace
 
 TEST(coalesce_policy, never_holds_one_request_at_a_time)
@@ -56,102 +62,79 @@ TEST(coalesce_policy, never_holds_one_request_at_a_time)
         s.now += 50 * k_us;
         EXPECT_EQ(s.policy.next_hold(1, s.now), 0u);
     }
-    EXPECT_EQ(s.policy.state(), coalesce_policy::phase::off);
+    EXPECT_FALSE(s.policy.pipelining());
 }
 
 TEST(coalesce_policy, zero_window_never_holds)
 {
     sim s(0);
-    s.run([](uint64_t) { return 200'000; }, 100'000'000);
+    s.run(indifferent, 1'000 * k_ms);
     EXPECT_EQ(s.held_receives, 0u);
+    EXPECT_TRUE(s.policy.describe().is_null());
 }
 
-TEST(coalesce_policy, measures_plain_then_held_at_the_longest_window)
+TEST(coalesce_policy, measures_every_window_up_to_the_longest)
 {
     sim s(50 * k_us);
-    EXPECT_EQ(s.policy.next_hold(2, s.now), 0u);  // pipelining: measure
-    EXPECT_EQ(s.policy.state(), coalesce_policy::phase::measure_plain);
-    s.run([](uint64_t) { return 200'000; }, coalesce_policy::k_epoch_ns);
-    EXPECT_EQ(s.policy.state(), coalesce_policy::phase::measure_held);
-    EXPECT_EQ(s.hold, 50 * k_us);
+    s.run(indifferent, 200 * k_ms);  // a sweep: 2 epochs of 10 ms per window
+    const auto d = s.policy.describe();
+    ASSERT_GE(d["sweeps"].get<unsigned>(), 1u) << d.dump();
+    for (const char* w : {"0", "5", "10", "20", "40", "50"}) {
+        EXPECT_TRUE(d["rates_per_s"].contains(w)) << w << " " << d.dump();
+    }
 }
 
-TEST(coalesce_policy, keeps_a_window_that_costs_no_requests)
+TEST(coalesce_policy, keeps_the_longest_window_where_holding_costs_no_requests)
 {
     sim s(50 * k_us);
-    s.policy.next_hold(2, s.now);
-    s.run([](uint64_t) { return 200'000; }, 2 * coalesce_policy::k_epoch_ns);
-    EXPECT_EQ(s.policy.state(), coalesce_policy::phase::exploit);
-    EXPECT_TRUE(s.policy.holding());
-    EXPECT_EQ(s.policy.window_ns(), 50 * k_us);
+    s.run(indifferent, 300 * k_ms);
+    EXPECT_TRUE(s.policy.pipelining());
+    EXPECT_EQ(s.policy.window_ns(), 50 * k_us) << s.policy.describe().dump();
 }
 
-TEST(coalesce_policy, halves_a_window_that_costs_requests_until_one_does_not)
+TEST(coalesce_policy, keeps_the_longest_window_that_costs_no_requests)
 {
     sim s(50 * k_us);
-    s.policy.next_hold(2, s.now);
-    // plain, held 50 us (loses), held 25 us (loses), held 12.5 us (wins).
-    s.run(helps_up_to_20us, 4 * coalesce_policy::k_epoch_ns);
-    EXPECT_EQ(s.policy.state(), coalesce_policy::phase::exploit);
-    EXPECT_TRUE(s.policy.holding());
-    EXPECT_EQ(s.policy.window_ns(), 12'500u);
-}
-
-TEST(coalesce_policy, tries_a_longer_window_after_a_win_and_settles)
-{
-    sim s(50 * k_us);
-    s.policy.next_hold(2, s.now);
-    s.run(helps_up_to_20us, 4 * coalesce_policy::k_epoch_ns);
-    ASSERT_EQ(s.policy.window_ns(), 12'500u);
-    // Ten more cycles: each tries 25 us, loses, and goes back to 12.5 us.
+    s.run(helps_up_to_20us, 300 * k_ms);
+    EXPECT_EQ(s.policy.window_ns(), 20 * k_us) << s.policy.describe().dump();
+    // Then most receives are held (all but those of later sweeps' 0 us).
     s.held_receives = s.receives = 0;
-    s.run(helps_up_to_20us, 10 * 19 * coalesce_policy::k_epoch_ns);
-    EXPECT_TRUE(s.policy.window_ns() == 12'500u || s.policy.window_ns() == 25'000u);
-    // Most receives are held (all but the plain and losing epochs).
-    EXPECT_GT(s.held_receives * 100, s.receives * 80);
+    s.run(helps_up_to_20us, 5'000 * k_ms);
+    EXPECT_GT(s.held_receives * 100, s.receives * 85);
 }
 
-TEST(coalesce_policy, stops_holding_when_no_window_helps)
+TEST(coalesce_policy, does_not_hold_where_every_window_costs_requests)
 {
     sim s(50 * k_us);
-    s.policy.next_hold(2, s.now);
     auto hurts = [](uint64_t hold) -> uint64_t { return hold != 0 ? 150'000 : 200'000; };
-    // plain, then 50, 25, 12.5, 6.25 us all lose: the window would go
-    // under k_min_window_ns, so it stops holding.
-    s.run(hurts, 5 * coalesce_policy::k_epoch_ns);
-    EXPECT_EQ(s.policy.state(), coalesce_policy::phase::exploit);
-    EXPECT_FALSE(s.policy.holding());
+    s.run(hurts, 300 * k_ms);
+    EXPECT_EQ(s.policy.window_ns(), 0u);
     s.held_receives = s.receives = 0;
-    s.run(hurts, (coalesce_policy::k_exploit_epochs - 1) * coalesce_policy::k_epoch_ns);
-    EXPECT_EQ(s.held_receives, 0u);
-    // The next measurement starts again from the longest window.
-    EXPECT_EQ(s.policy.window_ns(), 50 * k_us);
+    s.run(hurts, 5'000 * k_ms);
+    EXPECT_LT(s.held_receives * 100, s.receives * 10);  // only while sweeping
 }
 
 TEST(coalesce_policy, follows_a_client_that_changes)
 {
     sim s(50 * k_us);
-    s.policy.next_hold(2, s.now);
-    s.run(helps_up_to_20us, 4 * coalesce_policy::k_epoch_ns);
-    ASSERT_EQ(s.policy.window_ns(), 12'500u);
-    // Now any window helps: it grows back to the longest.
-    s.run([](uint64_t) { return 200'000; }, 4 * 19 * coalesce_policy::k_epoch_ns);
-    EXPECT_EQ(s.policy.window_ns(), 50 * k_us);
-    EXPECT_TRUE(s.policy.holding());
+    s.run(helps_up_to_20us, 300 * k_ms);
+    ASSERT_EQ(s.policy.window_ns(), 20 * k_us);
+    // Now any window helps: the next sweeps find the longest.
+    s.run(indifferent, 3'000 * k_ms);
+    EXPECT_EQ(s.policy.window_ns(), 50 * k_us) << s.policy.describe().dump();
 }
 
-TEST(coalesce_policy, goes_off_when_the_client_goes_idle)
+TEST(coalesce_policy, stops_when_the_client_goes_idle)
 {
     sim s(50 * k_us);
-    s.policy.next_hold(2, s.now);
-    s.run([](uint64_t) { return 200'000; }, 2 * coalesce_policy::k_epoch_ns);
-    ASSERT_TRUE(s.policy.holding());
+    s.run(indifferent, 300 * k_ms);
+    ASSERT_TRUE(s.policy.pipelining());
     // Nearly idle: a request now and then.
-    for (int i = 0; i < 40 && s.policy.state() != coalesce_policy::phase::off; ++i) {
-        s.now += coalesce_policy::k_epoch_ns;
+    for (int i = 0; i < 40 && s.policy.pipelining(); ++i) {
+        s.now += 10 * k_ms;
         s.policy.next_hold(0, s.now);
     }
-    EXPECT_EQ(s.policy.state(), coalesce_policy::phase::off);
+    EXPECT_FALSE(s.policy.pipelining());
     s.now += 100 * k_us;
     EXPECT_EQ(s.policy.next_hold(1, s.now), 0u);
 }

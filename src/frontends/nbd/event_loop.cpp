@@ -262,10 +262,8 @@ void event_loop::run()
                 io_uring_cqe* cqe = nullptr;
                 io_uring_submit_and_wait_timeout(&_ring, &cqe, 1, &ts, nullptr);
             }
-        } else if (_poll_max_ns != 0) {
-            wait_polling();
         } else {
-            io_uring_submit_and_wait(&_ring, 1);
+            wait_polling();
         }
         unsigned head;
         io_uring_cqe* cqe;
@@ -331,44 +329,41 @@ void event_loop::run()
 }
 
 // Submits what is queued and waits for a completion, first by polling the
-// completion ring for up to _poll_ns (which saves the sleep and the
-// wake-up, each several microseconds, when the next request is that
-// close), then by sleeping. The window adapts as QEMU's event loop does
-// (poll-max-ns): it grows while events come within _poll_max_ns of going
-// idle, shrinks when they come later. Polled time is CPU time of the loop
-// and shows in its utime.
+// completion ring for up to the measured window (which saves the sleep and
+// the wake-up, each several microseconds, when the next request is that
+// close), then by sleeping. Polled time is CPU time of the loop and shows
+// in its utime.
 void event_loop::wait_polling()
 {
-    if (!_taskrun_flag) {
+    const uint64_t served = _requests_parsed - _requests_counted;
+    _requests_counted = _requests_parsed;
+    const uint64_t window_ns = _poll.level() * 1'000;
+    if (!_taskrun_flag || window_ns == 0) {
+        if (served != 0 || !_poll.fixed()) {
+            _poll.served(monotonic_ns(), served);
+        }
         io_uring_submit_and_wait(&_ring, 1);
         return;
     }
     const uint64_t start = monotonic_ns();
-    if (_poll_ns != 0) {
-        io_uring_submit(&_ring);
-        uint64_t now = start;
-        do {
-            if (io_uring_cq_ready(&_ring) != 0) {
-                return;  // found by polling: keep the window
-            }
-            if ((IO_URING_READ_ONCE(*_ring.sq.kflags) & IORING_SQ_TASKRUN) != 0) {
-                io_uring_get_events(&_ring);  // runs the completions, does not sleep
-                continue;
-            }
-            cpu_relax();
-            now = monotonic_ns();
-        } while (now - start < _poll_ns);
-    }
-    io_uring_submit_and_wait(&_ring, 1);
-    const uint64_t idle = monotonic_ns() - start;
-    if (idle > _poll_max_ns) {
-        _poll_ns /= 2;  // the next event came late: polling would have been wasted
-        if (_poll_ns < 1000) {
-            _poll_ns = 0;
+    io_uring_submit(&_ring);
+    uint64_t now = start;
+    bool caught = false;
+    do {
+        if (io_uring_cq_ready(&_ring) != 0) {
+            caught = true;
+            break;
         }
-    } else if (_poll_ns < _poll_max_ns) {
-        _poll_ns = std::min(_poll_max_ns, _poll_ns == 0 ? std::max<uint64_t>(_poll_max_ns / 8, 1000)
-                                                        : _poll_ns * 2);
+        if ((IO_URING_READ_ONCE(*_ring.sq.kflags) & IORING_SQ_TASKRUN) != 0) {
+            io_uring_get_events(&_ring);  // runs the completions, does not sleep
+            continue;
+        }
+        cpu_relax();
+        now = monotonic_ns();
+    } while (now - start < window_ns);
+    _poll.served(now, served, now - start);
+    if (!caught) {
+        io_uring_submit_and_wait(&_ring, 1);
     }
 }
 

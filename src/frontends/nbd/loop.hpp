@@ -25,6 +25,8 @@
 
 #include "codec.hpp"
 #include "coalesce.hpp"
+
+#include <softblk/support/level_chooser.hpp>
 #include "request.hpp"
 #include "server.hpp"
 #include "tls.hpp"
@@ -167,11 +169,13 @@ public:
     event_loop(server& srv, unsigned index)
         : _srv(srv),
           _index(index),
-          _poll_max_ns(uint64_t{srv.config().poll_us} * 1000),
+          _poll(poll_window_config(srv.config().poll_us)),
           _coalesce_ns(uint64_t{srv.config().coalesce_us} * 1000),
           _idle_timeout_ns(uint64_t{srv.config().idle_timeout_ms} * 1'000'000)
     {
     }
+    // The loop's poll window and why (level_chooser::describe). Any thread.
+    nlohmann::json poll_choice() const { return _poll.describe(); }
     ~event_loop()
     {
         if (_wake_fd >= 0) {
@@ -302,11 +306,12 @@ private:
     std::vector<sockaddr_storage> _accept_addr;
     std::vector<socklen_t> _accept_len;
     bool _stopping = false;
-    // Adaptive polling before sleeping (server_config::poll_us): the current
-    // window and its bound, in ns; 0 bound = never poll.
-    uint64_t _poll_max_ns = 0;
+    // Polling before sleeping (server_config::poll_us): the window measured
+    // (or given), fed with the requests parsed since the last wait.
+    shared_level_chooser _poll;
+    uint64_t _requests_parsed = 0;
+    uint64_t _requests_counted = 0;
     uint64_t _coalesce_ns = 0;
-    uint64_t _poll_ns = 0;
     bool _taskrun_flag = false;  // the ring sets IORING_SQ_TASKRUN
     // The connection timer (an IORING_OP_TIMEOUT, see post_timer).
     __kernel_timespec _timer_ts{};

@@ -158,6 +158,7 @@ bool event_loop::parse_requests(connection& c)
         }
         c.rstart += k_request_size;
         ++c.parsed;
+        ++_requests_parsed;
         // The receive length follows it (post_recv); 7/8 of the old value
         // and 1/8 of this request's size.
         {
