@@ -173,6 +173,14 @@ void level_chooser::finish_sweep()
             --best;
         }
     }
+    // Hysteresis: the level in use stays while it is still within the
+    // margin of the best (noise moves the best among near-equal levels,
+    // and each change would cut the next exploitation short).
+    if (_sweeps > 0 && best != _best &&
+        (_cfg.cost == cheaper::lower ? _rates[_best] * (1 + _cfg.margin) >= top
+                                     : _rates[_best] >= top * (1 - _cfg.margin))) {
+        best = _best;
+    }
     _exploit_len = _sweeps > 0 && best == _best
                        ? std::min(_exploit_len * 2, _cfg.exploit_max_epochs)
                        : _cfg.exploit_epochs;

@@ -16,7 +16,8 @@
 //   best rate measured: the lowest one where higher levels cost more (a
 //   longer busy-poll spends more CPU: it must earn that), the highest one
 //   where they cost less (a longer receive hold saves system calls and
-//   wake-ups, as long as the client does not wait for it);
+//   wake-ups, as long as the client does not wait for it); a later sweep
+//   keeps the level in use while it is still within the margin;
 // - the winner is used for `exploit_epochs`, doubled after each sweep that
 //   chose the same level (up to `exploit_max_epochs`), reset when the
 //   choice changed; a sweep comes early when the winner's rate moved by
