@@ -18,6 +18,8 @@
 
 #include "protocol.hpp"
 
+#include <softblk/support/trusted_dir.hpp>
+
 namespace softblk::cli {
 
 namespace {
@@ -28,7 +30,7 @@ using clock = std::chrono::steady_clock;
 // through a link planted as the log).
 std::string log_tail(const std::string& path, size_t lines)
 {
-    auto fd = open_run_file(path, O_RDONLY);
+    auto fd = open_no_follow(path, O_RDONLY);
     if (!fd) {
         return "\n  " + fd.error().message;
     }
@@ -129,7 +131,7 @@ result<pid_t> start_daemon(const run_paths& paths, std::chrono::milliseconds tim
     }
     // The daemon's output goes to its log, opened here so that a link
     // planted as the log is reported, not followed.
-    auto log = open_run_file(paths.log, O_WRONLY | O_CREAT | O_APPEND, 0600);
+    auto log = open_no_follow(paths.log, O_WRONLY | O_CREAT | O_APPEND, 0600);
     if (!log) {
         return std::unexpected(log.error());
     }

@@ -16,6 +16,7 @@
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include <softblk/support/trusted_dir.hpp>
 #include <softblk/memory_store.hpp>
 
 namespace softblk::cli {
@@ -27,7 +28,7 @@ using clock = std::chrono::steady_clock;
 std::string read_pid_file(const std::string& path)
 {
     char buf[32] = {};
-    auto fd = open_run_file(path, O_RDONLY);
+    auto fd = open_no_follow(path, O_RDONLY);
     if (!fd) {
         return "?";
     }
@@ -41,7 +42,7 @@ std::string read_pid_file(const std::string& path)
 }
 
 // spdlog's file sinks open by name and follow links; this one writes to a
-// descriptor opened with open_run_file (O_NOFOLLOW), which it owns.
+// descriptor opened with open_no_follow (O_NOFOLLOW), which it owns.
 class fd_sink final : public spdlog::sinks::base_sink<std::mutex> {
 public:
     explicit fd_sink(int fd) : _fd(fd) {}
@@ -72,7 +73,7 @@ private:
 
 result<void> setup_logging(const run_paths& paths, bool to_stderr)
 {
-    auto fd = open_run_file(paths.log, O_WRONLY | O_CREAT | O_APPEND, 0600);
+    auto fd = open_no_follow(paths.log, O_WRONLY | O_CREAT | O_APPEND, 0600);
     if (!fd) {
         return std::unexpected(fd.error());
     }
@@ -485,7 +486,7 @@ int run_daemon(const run_paths& paths, const daemon_options& options)
         return 1;
     }
     // One daemon per run directory: the lock is held until the process ends.
-    auto lock = open_run_file(paths.lock, O_RDWR | O_CREAT, 0600);
+    auto lock = open_no_follow(paths.lock, O_RDWR | O_CREAT, 0600);
     if (!lock) {
         fmt::print(stderr, "softblk daemon: {}\n", lock.error().message);
         return 1;
@@ -520,7 +521,8 @@ int run_daemon(const run_paths& paths, const daemon_options& options)
     const int signal_fd = ::signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
     ::signal(SIGPIPE, SIG_IGN);
 
-    if (auto written = write_run_file(paths.pid, fmt::format("{}\n", ::getpid()), 0644, false);
+    if (auto written =
+            write_file_atomically(paths.pid, fmt::format("{}\n", ::getpid()), 0644, false);
         !written) {
         spdlog::error("{}", written.error().message);
         return 1;

@@ -14,6 +14,7 @@
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
+#include <softblk/support/trusted_dir.hpp>
 #include <softblk/memory_store.hpp>
 
 #include "device_work.hpp"
@@ -37,7 +38,7 @@ int64_t ms_since(std::chrono::steady_clock::time_point since)
 // Reads a whole (small) file; error when it is missing or too large.
 result<std::string> read_small_file(const std::string& path)
 {
-    auto opened = open_run_file(path, O_RDONLY);
+    auto opened = open_no_follow(path, O_RDONLY);
     if (!opened) {
         return std::unexpected(opened.error());
     }
@@ -140,7 +141,7 @@ result<void> device_host::write_state(const hosted_device& entry) const
         // uses "options".
         state["effective_options"] = entry.dev->options().to_args();
     }
-    return write_run_file(
+    return write_file_atomically(
         state_path(entry.name),
         state.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n", 0600, true);
 }

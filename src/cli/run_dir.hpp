@@ -59,15 +59,4 @@ result<void> prepare_run_dir(const run_paths& paths);
 // no one else. Returns an error naming it, its owner and its mode.
 result<void> check_private_directory(const std::string& path);
 
-// Opens `path` in the run directory with O_NOFOLLOW | O_CLOEXEC | `flags`
-// (created with `mode`). Returns the descriptor, or an error that names
-// the file and says when it is a symbolic link.
-result<int> open_run_file(const std::string& path, int flags, unsigned mode = 0600);
-
-// Writes `text` to `path` atomically: a fresh `path`.tmp (a leftover is
-// removed first, never followed), fsynced when `durable`, renamed over
-// `path`. Returns an error naming the file.
-result<void> write_run_file(const std::string& path, const std::string& text, unsigned mode,
-                            bool durable);
-
 }  // namespace softblk::cli

@@ -146,4 +146,64 @@ bool remove_if_same(int dir_fd, const std::string& name, const file_identity& id
     return ::unlinkat(dir_fd, name.c_str(), directory ? AT_REMOVEDIR : 0) == 0;
 }
 
+result<int> open_no_follow(const std::string& path, int flags, unsigned mode)
+{
+    const int fd = ::open(path.c_str(), flags | O_NOFOLLOW | O_CLOEXEC, mode);
+    if (fd >= 0) {
+        return fd;
+    }
+    const int e = errno;
+    struct stat st {};
+    if (e == ELOOP || (::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode))) {
+        return make_error(e, fmt::format("{} is a symbolic link, which softblk does not follow "
+                                         "here; remove it",
+                                         path));
+    }
+    return make_error(e, fmt::format("cannot open {}: {}", path, std::strerror(e)));
+}
+
+result<void> write_file_atomically(const std::string& path, const std::string& text, unsigned mode,
+                                   bool durable)
+{
+    const std::string tmp = path + ".tmp";
+    // A leftover of ours (an interrupted write) or something planted: gone
+    // either way, and O_EXCL makes sure we write a file of our own.
+    if (::unlink(tmp.c_str()) != 0 && errno != ENOENT) {
+        return make_error(errno, fmt::format("cannot remove {}: {}", tmp, std::strerror(errno)));
+    }
+    auto fd = open_no_follow(tmp, O_WRONLY | O_CREAT | O_EXCL, mode);
+    if (!fd) {
+        return std::unexpected(fd.error());
+    }
+    size_t done = 0;
+    while (done < text.size()) {
+        const ssize_t n = ::write(*fd, text.data() + done, text.size() - done);
+        if (n < 0 && errno == EINTR) {
+            continue;
+        }
+        if (n < 0) {
+            const int e = errno;
+            ::close(*fd);
+            ::unlink(tmp.c_str());
+            return make_error(e, fmt::format("cannot write {}: {}", tmp, std::strerror(e)));
+        }
+        done += static_cast<size_t>(n);
+    }
+    int e = durable && ::fsync(*fd) != 0 ? errno : 0;
+    if (::close(*fd) != 0 && e == 0) {
+        e = errno;
+    }
+    if (e != 0) {
+        ::unlink(tmp.c_str());
+        return make_error(e, fmt::format("cannot write {}: {}", tmp, std::strerror(e)));
+    }
+    if (::rename(tmp.c_str(), path.c_str()) != 0) {
+        const int e = errno;
+        ::unlink(tmp.c_str());
+        return make_error(e,
+                          fmt::format("cannot rename {} to {}: {}", tmp, path, std::strerror(e)));
+    }
+    return {};
+}
+
 }  // namespace softblk

@@ -59,6 +59,7 @@
 
 #include <softblk/device.hpp>
 #include <softblk/frontend.hpp>
+#include <softblk/support/trusted_dir.hpp>
 
 namespace {
 
@@ -383,15 +384,7 @@ void serve(device_table& table, int signal_fd, bool commands)
 // that a reader polling for the file never sees half of it.
 bool write_ready_file(const std::string& path, const std::string& text)
 {
-    const std::string tmp = path + ".tmp";
-    {
-        std::ofstream out(tmp, std::ios::trunc);
-        out << text;
-        if (!out.flush()) {
-            return false;
-        }
-    }
-    return std::rename(tmp.c_str(), path.c_str()) == 0;
+    return softblk::write_file_atomically(path, text, 0644, false).has_value();
 }
 
 struct arguments {

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <gtest/gtest.h>
+#include <iterator>
 #include <unistd.h>
 
 namespace softblk::ublk {
@@ -101,6 +102,30 @@ TEST(ublk_state, file_round_trip)
     auto bad = read_state(path);
     ASSERT_FALSE(bad);
     EXPECT_EQ(bad.error().code.value(), EINVAL);
+}
+
+// The state file is written through a fresh temporary file: a link planted
+// under the temporary name is replaced, never followed (docs/reliability.md,
+// "Run directory"), and the file is the daemon's alone (0600).
+TEST(ublk_state, a_planted_temporary_link_is_not_followed)
+{
+    temp_dir dir;
+    const std::string path = state_path(dir.path(), "d0");
+    std::filesystem::create_directories(dir.path() + "/ublk");
+    const std::string victim = dir.path() + "/victim";
+    std::ofstream(victim) << "keep me";
+    std::filesystem::create_symlink(victim, path + ".tmp");
+
+    ASSERT_TRUE(write_state(path, sample()));
+    std::ifstream in(victim);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_EQ(text, "keep me");
+    EXPECT_FALSE(std::filesystem::is_symlink(path));
+    auto back = read_state(path);
+    ASSERT_TRUE(back) << back.error().message;
+    const auto perms = std::filesystem::status(path).permissions();
+    EXPECT_EQ(perms & (std::filesystem::perms::group_all | std::filesystem::perms::others_all),
+              std::filesystem::perms::none);
 }
 
 // A device id is reused as soon as the device is deleted: before a daemon

@@ -70,4 +70,16 @@ file_identity identity_of(const struct stat& st);
 bool remove_if_same(int dir_fd, const std::string& name, const file_identity& id,
                     bool directory = false);
 
+// Opens `path` with O_NOFOLLOW | O_CLOEXEC | `flags` (created with `mode`):
+// for the files softblk names itself in a trusted directory. Returns the
+// descriptor, or an error that names the file and says when it is a
+// symbolic link.
+result<int> open_no_follow(const std::string& path, int flags, unsigned mode = 0600);
+
+// Writes `text` to `path` atomically: a fresh `path`.tmp (a leftover is
+// removed first, never followed; created with O_EXCL and `mode`), fsynced
+// when `durable`, renamed over `path`. Returns an error naming the file.
+result<void> write_file_atomically(const std::string& path, const std::string& text, unsigned mode,
+                                   bool durable);
+
 }  // namespace softblk

@@ -3,6 +3,7 @@
 #include "abi.hpp"
 
 #include <softblk/support/clock.hpp>
+#include <softblk/support/trusted_dir.hpp>
 
 #include <cerrno>
 #include <cstdio>
@@ -106,22 +107,9 @@ result<void> write_state(const std::string& path, const export_state& state)
                                                       dir, ec.message()));
         }
     }
-    const std::string tmp = path + ".tmp";
-    {
-        std::ofstream out(tmp, std::ios::trunc);
-        out << to_json(state).dump(2) << '\n';
-        out.flush();
-        if (!out) {
-            return make_error(EIO, fmt::format("{}: cannot write the ublk state file", tmp));
-        }
-    }
-    if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-        const int e = errno;
-        ::unlink(tmp.c_str());
-        return make_error(e,
-                          fmt::format("{}: cannot rename into place: {}", path, std::strerror(e)));
-    }
-    return {};
+    // In the run directory, as the daemon's other state files: never
+    // through a link planted there, replaced whole, durable.
+    return write_file_atomically(path, to_json(state).dump(2) + "\n", 0600, true);
 }
 
 result<export_state> read_state(const std::string& path)
