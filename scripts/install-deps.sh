@@ -17,6 +17,9 @@ packages=(
   # host tests and benchmarks
   fuse3 util-linux e2fsprogs xfsprogs dosfstools mtools fio procps kmod
   nbdkit libnbd-bin python3-libnbd qemu-utils qemu-system-common gnutls-bin jq
+  # the bench report generator (bench/report) and its tests: plots, and a
+  # headless browser's screenshot of the HTML report
+  python3-matplotlib python3-pil chromium
   # rbd target tests and benchmark: a single-node Ceph cluster and the
   # peer (qemu-storage-daemon's rbd driver)
   ceph-mon ceph-osd ceph-common qemu-block-extra
