@@ -53,7 +53,7 @@ static struct fio_option options[] = {
         .type = FIO_OPT_STR_STORE,
         .off1 = offsetof(struct softblk_fio_options, describe),
         .help = "at the end of the job, write the device's state and counters as JSON here "
-                "(with numjobs>1, each job's file is this name followed by .JOB)",
+                "(with several jobs, job N writes this name followed by .N)",
         .category = FIO_OPT_C_ENGINE,
         .group = FIO_OPT_G_INVALID,
     },
@@ -95,6 +95,14 @@ static int softblk_setup(struct thread_data* td)
         td->o.nr_files = td->o.nr_files ?: 1;
         td->o.open_files++;
     }
+    /* fio would lay several files over the one device, each from offset
+     * 0, and overwrite one file's blocks with another's. */
+    if (td->files_index > 1) {
+        log_err(
+            "fio: softblk: a job drives one device: nrfiles=1 and one filename (or "
+            "none), or one job per device\n");
+        return 1;
+    }
     d = open_device(td);
     if (d == NULL) {
         return 1;
@@ -132,8 +140,10 @@ static void softblk_cleanup(struct thread_data* td)
     if (job->device != NULL && o->describe != NULL && *o->describe != '\0') {
         char path[PATH_MAX];
         char error[512];
-        if (td->o.numjobs > 1) {
-            snprintf(path, sizeof(path), "%s.%u", o->describe, td->subjob_number);
+        /* Jobs do not share a device: with more than one, each writes
+         * its own file, numbered as fio numbers its jobs (from 0). */
+        if (thread_number > 1) {
+            snprintf(path, sizeof(path), "%s.%u", o->describe, td->thread_number - 1);
         } else {
             snprintf(path, sizeof(path), "%s", o->describe);
         }

@@ -20,6 +20,11 @@ if [ ! -f "$engine" ]; then
   exit 77
 fi
 
+if ! command -v jq >/dev/null; then
+  echo "SKIP: jq is not installed (scripts/install-deps.sh)"
+  exit 77
+fi
+
 work=$(mktemp -d /tmp/softblk-fio-engine.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 failures=0
@@ -73,9 +78,19 @@ expect_pass trimwrite-crc32c "${null_mem[@]}" --rw=randtrimwrite --bs=8k --iodep
 if ! grep -q "trim: IOPS" "$work/trimwrite-crc32c.out"; then
   fail "trimwrite-crc32c: fio shows no trims"
 fi
-# Two jobs in threads, each on a device of its own.
-expect_pass two-jobs "${null_mem[@]}" --thread --numjobs=2 --rw=randwrite --bs=4k \
-  --iodepth=8 --size=16m --verify=crc32c --do_verify=1 --verify_fatal=1
+# Two jobs, in threads and in processes, each on a device of its own (each
+# writes its own state file), with a queue as deep as iodepth.
+for mode in --thread --thread=0; do
+  rm -f "$work"/jobs.json*
+  expect_pass "two-jobs$mode" "${null_mem[@]}" "$mode" --numjobs=2 --rw=randwrite --bs=4k \
+    --iodepth=128 --size=16m --verify=crc32c --do_verify=1 --verify_fatal=1 \
+    "--softblk_describe=$work/jobs.json"
+  for n in 0 1; do
+    if [ "$(jq .queue_depth "$work/jobs.json.$n" 2>/dev/null)" != 128 ]; then
+      fail "two-jobs$mode: job $n's state file is missing or its queue is not 128 deep"
+    fi
+  done
+done
 # Another target type: the file target on a sparse image.
 expect_pass file-target --softblk_target=file \
   "--softblk_opts=path=$work/image size=64M create=1" --rw=randwrite --bs=16k --iodepth=32 \
@@ -88,21 +103,17 @@ expect_pass file-target --softblk_target=file \
 cache=(--softblk_target=null "--softblk_opts=memory_backed=1 size=64 cache_size=16" --rw=randwrite
   --bs=4k --size=8m --iodepth=4 --randrepeat=0 --norandommap=0)
 cache_state() { jq -c '.target.cache | [.bypassed, .unflushed_pages, .written_back_pages]' "$1"; }
-if ! command -v jq >/dev/null; then
-  fail "jq is missing for the flush and FUA checks (scripts/install-deps.sh)"
-else
-  expect_pass cache-plain "${cache[@]}" "--softblk_describe=$work/plain.json"
-  expect_pass cache-fua "${cache[@]}" --sync=1 "--softblk_describe=$work/fua.json"
-  expect_pass cache-flush "${cache[@]}" --end_fsync=1 "--softblk_describe=$work/flush.json"
-  # 8 MiB of 4 KiB writes: 2048 pages.
-  [ "$(cache_state "$work/plain.json")" = "[0,2048,0]" ] ||
-    fail "plain writes: cache [bypassed,unflushed,written back] is $(cache_state "$work/plain.json"), want [0,2048,0]"
-  [ "$(cache_state "$work/fua.json")" = "[2048,0,0]" ] ||
-    fail "sync=1 writes are not FUA: cache is $(cache_state "$work/fua.json"), want [2048,0,0]"
-  [ "$(cache_state "$work/flush.json")" = "[0,0,2048]" ] ||
-    fail "end_fsync=1 did not flush: cache is $(cache_state "$work/flush.json"), want [0,0,2048]"
-  echo "ok: flush and FUA counters"
-fi
+expect_pass cache-plain "${cache[@]}" "--softblk_describe=$work/plain.json"
+expect_pass cache-fua "${cache[@]}" --sync=1 "--softblk_describe=$work/fua.json"
+expect_pass cache-flush "${cache[@]}" --end_fsync=1 "--softblk_describe=$work/flush.json"
+# 8 MiB of 4 KiB writes: 2048 pages.
+[ "$(cache_state "$work/plain.json")" = "[0,2048,0]" ] ||
+  fail "plain writes: cache [bypassed,unflushed,written back] is $(cache_state "$work/plain.json"), want [0,2048,0]"
+[ "$(cache_state "$work/fua.json")" = "[2048,0,0]" ] ||
+  fail "sync=1 writes are not FUA: cache is $(cache_state "$work/fua.json"), want [2048,0,0]"
+[ "$(cache_state "$work/flush.json")" = "[0,0,2048]" ] ||
+  fail "end_fsync=1 did not flush: cache is $(cache_state "$work/flush.json"), want [0,0,2048]"
+echo "ok: flush and FUA counters"
 
 # The checks can fail. A null target without memory reads back zeros, so
 # fio's verify must fail on it.
@@ -124,6 +135,14 @@ elif ! grep -q "err=95" "$work/no-discard.out"; then
   cat "$work/no-discard.out"
 else
   echo "ok: trim without discard fails with EOPNOTSUPP"
+fi
+# Two files on one device would overwrite each other: refused.
+if run two-files "${null_mem[@]}" --nrfiles=2 --rw=randwrite --bs=4k --size=8m ||
+  ! grep -q "a job drives one device" "$work/two-files.out"; then
+  fail "two-files: nrfiles=2 was not refused"
+  cat "$work/two-files.out"
+else
+  echo "ok: nrfiles=2 refused"
 fi
 # An unknown target type and a zoned one are refused with the reason.
 if run bad-target --softblk_target=nosuch --rw=read --size=1m ||
