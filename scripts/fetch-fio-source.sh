@@ -63,8 +63,9 @@ if [ "$src_version" != "$fio_version" ]; then
   exit 1
 fi
 
-# Debian's configure line (debian/rules) without the GUI, which only adds
-# gfio: the structures an engine sees come out the same.
+# Debian's configure line (debian/rules) without --enable-gfio and
+# --enable-libnbd, which only add the GUI and the nbd engine (and need
+# their libraries): the structures an engine sees come out the same.
 (cd "$unpacked" && ./configure --disable-native --prefix=/usr >&2)
 rm -rf "$dest"
 mkdir -p "$cache"
