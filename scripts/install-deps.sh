@@ -14,6 +14,8 @@ packages=(
   libnbd-dev
   # optional rbd target (built only when librbd-dev is present)
   librbd-dev
+  # the fio engine (bench/fio): dpkg-source unpacks fio's source package
+  dpkg-dev
   # host tests and benchmarks
   fuse3 util-linux e2fsprogs xfsprogs dosfstools mtools fio procps kmod
   nbdkit libnbd-bin python3-libnbd qemu-utils qemu-system-common gnutls-bin jq
@@ -61,4 +63,13 @@ if ((${#missing[@]})); then
     apt-get install -y -qq --no-install-recommends "${missing[@]}"
 else
   echo "install-deps: all ${#packages[@]} packages present"
+fi
+
+# The fio engine (bench/fio, docs/fio.md) compiles against the installed
+# fio's own source: fetch it (apt-get source, into ~/.cache/softblk) and
+# configure it. Without network this fails; the build then leaves the
+# engine out and says why.
+if ! "$(dirname "$0")/fetch-fio-source.sh" >/dev/null; then
+  echo "install-deps: fio's source could not be fetched (above): the fio engine will not" \
+    "be built; run scripts/fetch-fio-source.sh later to add it" >&2
 fi

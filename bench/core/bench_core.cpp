@@ -15,10 +15,15 @@
 // them: the hot path must show 0.
 //
 // Usage: softblk-bench-core [--seconds S] [--only null|memory|ram]
+//        softblk-bench-core --seconds S --random read|write --depth N --opts "k=v ..."
+// The second form runs one workload, 4 KiB random I/O at queue depth N on a
+// null device made from the options, and prints `iops N`: the in-process
+// side of bench/fio/compare.sh.
 #include <softblk/device.hpp>
 
 #include "bench_support.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
@@ -330,23 +335,63 @@ void bench_ram()
         d->memory_bytes(), static_cast<double>(rss_bytes() - rss0) / (1 << 20));
 }
 
+// One workload on a device made from `opts` (blank-separated key=value).
+int bench_one(double seconds, const std::string& op, unsigned depth, const std::string& opts)
+{
+    std::vector<std::string> options;
+    size_t i = 0;
+    while (i < opts.size()) {
+        const size_t end = std::min(opts.find(' ', i), opts.size());
+        if (end > i) {
+            options.push_back(opts.substr(i, end - i));
+        }
+        i = end + 1;
+    }
+    auto d = create(options);
+    const io_op io = op == "write" ? io_op::write : io_op::read;
+    run_random(*d, io, depth, 0.2);  // warm up
+    const io_result r = run_random(*d, io, depth, seconds);
+    fmt::print("iops {:.0f} errors {} allocations {}\n",
+               static_cast<double>(r.ios) * 1e9 / static_cast<double>(r.ns), r.errors,
+               r.allocations);
+    return r.errors == 0 ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv)
 {
     double seconds = 2.0;
     std::string only;
+    std::string random_op;
+    unsigned depth = 32;
+    std::string opts;
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
         if (a == "--seconds" && i + 1 < argc) {
             seconds = std::atof(argv[++i]);
         } else if (a == "--only" && i + 1 < argc) {
             only = argv[++i];
+        } else if (a == "--random" && i + 1 < argc) {
+            random_op = argv[++i];
+        } else if (a == "--depth" && i + 1 < argc) {
+            depth = static_cast<unsigned>(std::atoi(argv[++i]));
+        } else if (a == "--opts" && i + 1 < argc) {
+            opts = argv[++i];
         } else {
             fmt::print(stderr,
-                       "usage: softblk-bench-core [--seconds S] [--only null|memory|ram]\n");
+                       "usage: softblk-bench-core [--seconds S] [--only null|memory|ram]\n"
+                       "       softblk-bench-core --seconds S --random read|write --depth N "
+                       "--opts \"k=v ...\"\n");
             return 2;
         }
+    }
+    if (!random_op.empty()) {
+        if ((random_op != "read" && random_op != "write") || depth == 0) {
+            fmt::print(stderr, "softblk-bench-core: --random read|write and --depth N > 0\n");
+            return 2;
+        }
+        return bench_one(seconds, random_op, depth, opts);
     }
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     fmt::print("softblk-bench-core: {} s per measurement, {} CPUs online\n", seconds, cpus);
