@@ -6,9 +6,9 @@
 //
 // Holding a receive back saves wake-ups and system calls, and lets one
 // sendmsg carry several replies, but a client that waits for its replies
-// may then idle. How long helps depends on the client and the machine (on
-// a quiet 2-CPU VM with fio at queue depth 32, 10-20 us raised the request
-// rate by a fifth and 50 us lowered it), so the window is chosen as the
+// may then idle. How long helps depends on the client and the machine
+// (docs/nbd.md, "Receive coalescing", has what fio at queue depth 32
+// measured on a 2-CPU VM), so the window is chosen as the
 // front ends' poll windows are (level_chooser): measured at 0, 5, 10, 20
 // ... us up to coalesce-us, and the longest window that keeps 98% of the
 // best request rate is kept (a longer hold costs less CPU per request).

@@ -41,9 +41,9 @@ inline constexpr size_t k_recv_buffer = 256 * 1024;
 // recent average size): small requests stay in the L1 cache with what
 // parsing copies out of them (with 256 KiB receives a QD 32 burst of 4 KiB
 // writes came in at once, and copying each payload into its request's
-// buffer read it back from further out: 8-12% more CPU per request), while
-// 64 KiB writes still come four to a receive (with 32 KiB receives each
-// took two, and cost 15% more).
+// buffer read it back from further out: more CPU per request, docs/nbd.md
+// "Copies"), while 64 KiB writes still come four to a receive (with 32 KiB
+// receives each took two, and cost more).
 inline constexpr size_t k_recv_chunk = 32 * 1024;
 // A write payload at least this large with nothing else buffered is
 // received straight into the request's buffer.

@@ -445,9 +445,9 @@ int serve_fuse(volume& v, const std::string& mountpoint, bool foreground, bool r
         // from the page cache) and cost the rest: the kernel hands each
         // request to the thread that has waited longest, so consecutive
         // requests bounce between threads, and a RELEASE served beside the
-        // next create's LOOKUP contends for the lock. Measured (docs/fat.md)
-        // with 8 threads: creates 27 us instead of 18, sequential reads
-        // through the page cache 1.4 GB/s instead of 1.05. The pool's
+        // next create's LOOKUP contends for the lock. Measured with 8
+        // threads (docs/fat.md has the figures): creates slower, sequential
+        // reads through the page cache faster. The pool's
         // threads are never ended (libfuse's default): with at most 2 idle,
         // as before, a thread was started and ended every third create.
         if (threads > 1) {
