@@ -47,7 +47,7 @@ public:
     // thread that every request behind it waits for, a cost the time of
     // the write itself does not show (in the VM lab the measured choice
     // sent 128 KiB zone writes at QD 32 copied, at 0.6 of the zero copy
-    // rate; docs/benchmarks.md); zero copy leaves the bytes to the file
+    // rate; docs/benchmarks.md at 46583e9); zero copy leaves the bytes to the file
     // ring's kernel side. Alone, a copy can be faster: the file ring
     // writes a lone append from the queue's thread at once
     // (file_ring::append), where zero copy needs the ring and a worker.

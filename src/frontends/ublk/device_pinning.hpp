@@ -8,7 +8,7 @@
 // queue with 2 queues, it lost 0.73 at 4 KiB QD 1). The device's rate
 // can. And the pinned way that paid with 2 queues on 2
 // CPUs was the whole daemon on one CPU (0.98-1.31 of free on the Intel
-// Xeon host, docs/benchmarks.md): the submitting programs then have the
+// Xeon host, docs/benchmarks.md at 46583e9): the submitting programs then have the
 // other CPU to themselves, and nobody takes turns with the daemon. (The
 // export measures devices of 1 or 2 queues only: a pinned try of more
 // queues' threads on one CPU would starve them.)

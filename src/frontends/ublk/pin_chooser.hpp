@@ -11,7 +11,7 @@
 // program submitting them then stays on the other CPU and the two stop
 // taking turns on one, each turn a switch of address space), and gave up
 // 0-4% elsewhere; on AMD EPYC guests the same pinning cost 128 KiB random
-// writes a third (docs/benchmarks.md). Which way wins is the machine's and
+// writes a third (docs/benchmarks.md at 46583e9). Which way wins is the machine's and
 // the load's, so the threads try both and keep the faster.
 //
 // The time per block is the load's own rate only while the device is

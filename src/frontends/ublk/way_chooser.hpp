@@ -16,7 +16,7 @@
 // ahead stayed ahead: in the VM lab 4 KiB writes at QD 1 stayed on zero
 // copy for a thousand writes at a third of the copied rate, because the
 // copies explored among them cost 0.65 ms against 0.2 ms in a run of
-// copies (docs/benchmarks.md). Runs compare the two ways as they cost
+// copies (docs/benchmarks.md at 46583e9). Runs compare the two ways as they cost
 // when taken, which is what the choice is for.
 //
 // `outlier_cap` > 0: a sample counts at most that many times its way's
@@ -30,7 +30,7 @@
 // tried 1/r² as often (at most `max_stretch` times less often). Each take
 // of it costs r - 1 favourite takes more, plus the switches; with 4 KiB
 // zone writes at QD 1 and zero copy three times dearer, runs of 4 in 128
-// took 5-10% off the rate (docs/benchmarks.md). Thinned by r², the price
+// took 5-10% off the rate (docs/benchmarks.md at 46583e9). Thinned by r², the price
 // of exploring stays under 1% whatever r is, and a way close behind is
 // still tried as often as before.
 #pragma once
