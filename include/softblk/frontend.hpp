@@ -61,6 +61,13 @@ public:
     // ones the user did not give, and starts without them if the device is
     // taken meanwhile. Control thread.
     virtual std::vector<std::string> restart_options() const { return {}; }
+
+    // The kernel block device this export yields, as named under
+    // /sys/block ("ublkb3", "loop5"); empty when it yields none (NBD,
+    // vhost-user-blk, a FUSE file without loop). start_export applies the
+    // device's queue choices to it (no_sched=1: the I/O scheduler "none").
+    // Any thread.
+    virtual std::string kernel_disk() const { return {}; }
 };
 
 // An export whose state outlives its process under a run directory (ublk's
@@ -126,7 +133,11 @@ struct export_type {
 // Starts `type` on `dev`: what every caller uses instead of calling
 // type.start directly, so that the checks every front end shares live in
 // one place (a zoned device only to a front end with a zoned model, named
-// in the error with the ones that have it). Control thread.
+// in the error with the ones that have it), and so that an export with a
+// kernel_disk() gets the device's scheduler choice (no_sched=1: "none"
+// written to /sys/block/DISK/queue/scheduler; its describe() then has
+// "scheduler", and "scheduler_error" with "warning" when the write failed,
+// the device being served all the same). Control thread.
 result<std::unique_ptr<device_export>> start_export(const export_type& type, device& dev,
                                                     const export_context& ctx,
                                                     std::span<const std::string> options);

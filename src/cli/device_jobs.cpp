@@ -165,6 +165,15 @@ result<void> device_host::start_entry_export(const export_context& ctx, hosted_d
         return std::unexpected(std::move(err));
     }
     entry.exp = std::move(*started);
+    if (!entry.exp->kernel_disk().empty()) {
+        // start_export's no_sched=1 on the kernel disk failed: the device
+        // is served all the same, `list` shows the warning.
+        const nlohmann::json d = entry.exp->describe();
+        if (d.contains("scheduler_error")) {
+            spdlog::warn("{}: no_sched=1 not applied to {}: {}", entry.name,
+                         entry.exp->kernel_disk(), d["scheduler_error"].get<std::string>());
+        }
+    }
     return {};
 }
 

@@ -94,6 +94,13 @@ constexpr option_def k_core_options[] = {
      .min = 1,
      .bits = 32,
      .update = option_update::live},
+    {.name = "no_sched",
+     .kind = option_kind::boolean,
+     .default_value = "0",
+     .unit = "",
+     .help = "no I/O scheduler on the kernel disk an export yields (ublk, FUSE with loop): "
+             "\"none\" is written to its queue/scheduler at every export start (null_blk's "
+             "no_sched); 0 leaves the kernel's default. softblk itself never reorders"},
     {.name = "power",
      .kind = option_kind::boolean,
      .default_value = "0",

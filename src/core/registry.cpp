@@ -2,6 +2,7 @@
 // initialisers in the target and front-end folders, read by the core and the
 // daemon.
 #include <softblk/frontend.hpp>
+#include <softblk/kernel_disk.hpp>
 #include <softblk/target.hpp>
 
 #include <algorithm>
@@ -132,7 +133,11 @@ result<std::unique_ptr<device_export>> start_export(const export_type& type, dev
                                     why, limit));
         }
     }
-    return type.start(dev, ctx, options);
+    auto started = type.start(dev, ctx, options);
+    if (!started) {
+        return started;
+    }
+    return apply_disk_choices(dev, std::move(*started));
 }
 
 result<void> target::apply_option(const option_def& def, const option_set&)

@@ -560,6 +560,11 @@ result<void> fuse_export::stop()
     return stop_impl(false);
 }
 
+std::string fuse_export::kernel_disk() const
+{
+    return _loop ? fmt::format("loop{}", _loop->number) : std::string();
+}
+
 std::string fuse_export::in_use() const
 {
     // What makes stop() refuse: a loop device held exclusively. The file

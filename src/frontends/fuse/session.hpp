@@ -157,6 +157,8 @@ public:
     nlohmann::json describe() const override;
     result<void> stop() override;
     std::string in_use() const override;
+    // loop=1: "loopN" while it is attached.
+    std::string kernel_disk() const override;
 
     // The ring was wanted (ring=auto) but could not start after mounting:
     // start() failed for that alone, and an export without it may be

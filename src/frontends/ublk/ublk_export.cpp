@@ -349,6 +349,10 @@ public:
         }
         return {fmt::format("id={}", _info.dev_id)};
     }
+    std::string kernel_disk() const override
+    {
+        return _added && !_stopped ? fmt::format("ublkb{}", _info.dev_id) : std::string();
+    }
 
 private:
     result<void> start_queues(unsigned nr_queues, unsigned depth, uint32_t buf_bytes,

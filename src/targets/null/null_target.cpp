@@ -118,11 +118,6 @@ constexpr option_def k_null_options[] = {
      .unit = "",
      .help = "one submission queue per NUMA node: submit_queues becomes the number of online nodes "
              "(as null_blk)"},
-    {.name = "no_sched",
-     .kind = option_kind::boolean,
-     .default_value = "0",
-     .unit = "",
-     .help = "ask kernel front ends for no I/O scheduler; softblk itself never reorders requests"},
     {.name = "queue_mode",
      .kind = option_kind::integer,
      .default_value = "2",
