@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <optional>
+#include <string_view>
 #include <chrono>
 #include <csignal>
 #include <cstring>
@@ -138,6 +139,27 @@ constexpr option_def k_export_options[] = {
 enum class queue_pinning : uint8_t { none, queue_cpus, one_cpu, measured };
 // queue_affinity=auto measures devices of at most this many queues.
 constexpr unsigned k_max_measured_queues = 2;
+
+// Why a device's poll_queues do not reach /dev/ublkbN: ublk_drv (Linux
+// 6.12, drivers/block/ublk_drv.c) gives its disk a single queue map,
+// ublk_add_tag_set leaving tag_set.nr_maps at 1 (HCTX_TYPE_DEFAULT only),
+// ublk_mq_ops has no .poll, and ADD_DEV's struct ublksrv_ctrl_dev_info
+// (include/uapi/linux/ublk_cmd.h) counts only nr_hw_queues. So the disk
+// has no poll queues (queue/io_poll 0, no BLK_FEAT_POLL), and polled I/O
+// on it (RWF_HIPRI, IORING_SETUP_IOPOLL) fails with EOPNOTSUPP on 6.12
+// (submit_bio_noacct). More default queues served by the device's poll
+// queues would take ordinary I/O by CPU, which poll queues never see.
+constexpr std::string_view k_no_poll_queues =
+    "ublk has no poll queues (Linux's ublk_drv makes one queue map and no .poll); "
+    "/dev/ublkbN gets the submit_queues only";
+
+// The device asked for poll queues (given, or more than the default one
+// through the daemon's module parameters): the export says it lacks them.
+bool poll_queues_asked(const device& dev)
+{
+    const unsigned poll = dev.info().queues.poll_queues;
+    return poll > 1 || (poll > 0 && dev.options().given("poll_queues"));
+}
 
 struct export_config {
     int64_t id = -1;
@@ -691,6 +713,10 @@ result<void> ublk_export::start_new()
         return r;
     }
     follow_capacity(p->basic.dev_sectors * 512);
+    if (poll_queues_asked(_dev)) {
+        spdlog::warn("{}: poll_queues={} not exported: {}", _dev.name(),
+                     _dev.info().queues.poll_queues, k_no_poll_queues);
+    }
     return {};
 }
 
@@ -832,6 +858,17 @@ nlohmann::json ublk_export::describe() const
     }
     if (_follower) {
         _follower->describe(out);
+    }
+    // The device's poll queues (null_blk's HCTX_TYPE_POLL) against the
+    // disk's: always 0 (k_no_poll_queues).
+    out["poll_queues"] = _dev.info().queues.poll_queues;
+    out["kernel_poll_queues"] = 0;
+    if (poll_queues_asked(_dev)) {
+        const std::string w = fmt::format("poll_queues={} not exported: {}",
+                                          _dev.info().queues.poll_queues, k_no_poll_queues);
+        out["warning"] = out.contains("warning") && out["warning"].is_string()
+                             ? out["warning"].get<std::string>() + "; " + w
+                             : w;
     }
     if (!_stopped) {
         std::lock_guard guard(_ctl->lock());
