@@ -25,13 +25,13 @@
 // is on it only after its leaf entry was cleared, so no reader sees it.
 //
 // Accounting: the store charges its budget for what it holds resident, where
-// it allocates: a 1 MiB chunk when it is mapped (the pool populates it
-// whole), a page returned to the kernel when it is reused, a page-table node
-// when it is created; pages returned to the kernel are released. A free page
-// kept resident stays charged, so reusing it charges nothing. So
-// memory_bytes() is the budget's use, and a charge happens once per chunk,
-// node or page taken back from the kernel (relaxed atomics, no lock of its
-// own; the pool's mutex is taken anyway).
+// it allocates: a chunk when it is mapped (page_pool.hpp: the pool
+// populates it whole), a page returned to the kernel when it is reused, a
+// page-table node when it is created; pages returned to the kernel are
+// released. A free page kept resident stays charged, so reusing it charges
+// nothing. So memory_bytes() is the budget's use, and a charge happens once
+// per chunk, node or page taken back from the kernel (relaxed atomics, no
+// lock of its own; the pool's mutex is taken anyway).
 #include <softblk/memory_store.hpp>
 
 #include "page_pool.hpp"
@@ -241,7 +241,7 @@ page_store::page_store(const config& cfg, memory_budget& parent)
       _block_shift(static_cast<unsigned>(__builtin_ctz(cfg.block_size))),
       _budget(cfg.limit_bytes, &parent),
       _stripes(new stripe[k_stripes]),
-      _pool(cfg.numa_node, _budget, _page_count * k_page_size)
+      _pool(cfg.numa_node, _budget, &parent, _page_count * k_page_size)
 {
     assert(_block_size >= 512 && _block_size <= k_page_size &&
            (_block_size & (_block_size - 1)) == 0);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -34,6 +35,21 @@ constexpr unsigned k_mpol_preferred = 1;  // <linux/mempolicy.h> MPOL_PREFERRED
 // The limits are read at each free, so a lowered limit applies at once
 // (the store's own limit through trim() too).
 constexpr uint64_t k_keep_ceiling = uint64_t{256} << 20;
+
+page_pool::page_pool(int numa_node, memory_budget& budget, const memory_budget* parent,
+                     uint64_t capacity_bytes)
+    : _numa_node(numa_node),
+      _budget(budget),
+      _parent(parent),
+      _capacity(capacity_bytes),
+      _chunk_bytes(capacity_bytes >= k_huge_chunk_bytes ? k_huge_chunk_bytes : k_small_chunk_bytes),
+      // The capacity in huge pages, within [one huge page, 1 GiB]: a small
+      // store reserves no more than it can use, a large one a slab at a time.
+      _slab_bytes(std::clamp<uint64_t>(
+          (capacity_bytes + k_huge_chunk_bytes - 1) & ~uint64_t{k_huge_chunk_bytes - 1},
+          k_huge_chunk_bytes, k_max_slab_bytes))
+{
+}
 
 page_pool::~page_pool()
 {
@@ -76,34 +92,32 @@ void* page_pool::allocate(int& error)
         return p;
     }
     if (_bump == _bump_end) {
-        // The whole chunk becomes resident (populated below).
-        if (!_budget.try_charge(k_chunk_bytes)) {
+        // The whole chunk becomes resident (populated by map_chunk), so it
+        // is charged whole. A huge-page-sized one where the budgets have
+        // room; 1 MiB where they have less, so that a store fills its limit
+        // as closely as before (a refused 2 MiB is retried as 1 MiB).
+        size_t bytes = _chunk_bytes;
+        if (bytes == k_huge_chunk_bytes && !room_for(bytes)) {
+            bytes = k_small_chunk_bytes;
+        }
+        bool charged = _budget.try_charge(bytes);
+        if (!charged && bytes == k_huge_chunk_bytes) {
+            bytes = k_small_chunk_bytes;
+            charged = _budget.try_charge(bytes);
+        }
+        if (!charged) {
             error = -ENOSPC;
             return nullptr;
         }
-        void* chunk = mmap(nullptr, k_chunk_bytes, PROT_READ | PROT_WRITE,
-                           MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-        if (chunk == MAP_FAILED) {
-            _budget.release(k_chunk_bytes);
+        char* chunk = map_chunk(bytes);
+        if (chunk == nullptr) {
+            _budget.release(bytes);
             error = -ENOMEM;
             return nullptr;
         }
-        if (_numa_node >= 0) {
-            unsigned long mask[16] = {};
-            if (_numa_node < static_cast<int>(sizeof(mask) * 8)) {
-                mask[_numa_node / 64] = 1ul << (_numa_node % 64);
-                // Best effort: a kernel without NUMA support fails with ENOSYS.
-                syscall(SYS_mbind, chunk, k_chunk_bytes, k_mpol_preferred, mask, sizeof(mask) * 8,
-                        0);
-            }
-        }
-        // Populate the whole chunk in one go: one page fault per chunk
-        // instead of one per page on the write path.
-        madvise(chunk, k_chunk_bytes, MADV_POPULATE_WRITE);
-        _chunks.push_back(chunk);
-        _bump = static_cast<char*>(chunk);
-        _bump_end = _bump + k_chunk_bytes;
-        _resident.fetch_add(k_chunk_bytes / k_page_size, std::memory_order_relaxed);
+        _bump = chunk;
+        _bump_end = chunk + bytes;
+        _resident.fetch_add(bytes / k_page_size, std::memory_order_relaxed);
     }
     // The rest of the newest chunk before returned pages: it is resident
     // and charged already.
@@ -177,16 +191,106 @@ void page_pool::flush_locked()
 void page_pool::release_all()
 {
     std::lock_guard guard(_lock);
-    for (void* c : _chunks) {
-        munmap(c, k_chunk_bytes);
+    for (const slab& s : _slabs) {
+        munmap(s.base, s.bytes);
     }
-    _chunks.clear();
+    _slabs.clear();
+    _carve = _carve_end = nullptr;
     _kept = nullptr;
     _kept_count.store(0, std::memory_order_relaxed);
     _returned_free.clear();
     _pending_count = 0;
     _bump = _bump_end = nullptr;
     _budget.release(_resident.exchange(0, std::memory_order_relaxed) * uint64_t{k_page_size});
+}
+
+bool page_pool::room_for(uint64_t bytes) const
+{
+    for (const memory_budget* b : {static_cast<const memory_budget*>(&_budget), _parent}) {
+        if (b != nullptr && b->limit() != 0 && b->used() + bytes > b->limit()) {
+            return false;
+        }
+    }
+    return true;
+}
+
+char* page_pool::map_chunk(size_t bytes)
+{
+    char* at = _carve + (-reinterpret_cast<uintptr_t>(_carve) & (bytes - 1));
+    if (_carve == nullptr || at + bytes > _carve_end) {
+        if (!reserve_slab()) {
+            return nullptr;
+        }
+        at = _carve;
+    }
+    // Commits the memory (PROT_NONE reserved none); the chunk joins the
+    // mapping of the chunks before it, which has the same protection and
+    // flags, so a store of any size is one or two mappings per slab (a
+    // mapping per chunk would run into vm.max_map_count on large stores).
+    if (mprotect(at, bytes, PROT_READ | PROT_WRITE) != 0) {
+        return nullptr;
+    }
+    _carve = at + bytes;
+    const bool huge = bytes == k_huge_chunk_bytes;
+    // A huge chunk is advised for a transparent huge page only while it is
+    // populated, and then no longer: its data then takes one TLB entry
+    // instead of 512 (random 4 KiB writes over a 1 GiB store spent about a
+    // sixth of their time on page walks), while khugepaged never collapses
+    // a chunk whose pages went back to the kernel into a huge page again,
+    // which would make memory resident that the store no longer charges.
+    // Without transparent huge pages (never, PR_SET_THP_DISABLE, a kernel
+    // without them: the advice fails or does nothing) the chunk is 512
+    // small pages, as a 1 MiB chunk is 256.
+    if (huge) {
+        madvise(at, bytes, MADV_HUGEPAGE);
+    }
+    // Populate the whole chunk in one go: one page fault per chunk
+    // instead of one per page on the write path. A kernel without
+    // MADV_POPULATE_WRITE (before 5.14) faults the pages in on first
+    // write instead; a touch here still gets the huge page.
+    if (madvise(at, bytes, MADV_POPULATE_WRITE) != 0) {
+        *static_cast<volatile char*>(at) = 0;
+    }
+    if (huge) {
+        madvise(at, bytes, MADV_NOHUGEPAGE);
+    }
+    return at;
+}
+
+bool page_pool::reserve_slab()
+{
+    // Address space only: PROT_NONE and MAP_NORESERVE take no memory and
+    // no commit charge until map_chunk makes a chunk of it writable.
+    // Aligned to the huge-page size, so that every 2 MiB chunk is one.
+    const size_t align = k_huge_chunk_bytes;
+    void* area = mmap(nullptr, _slab_bytes + align, PROT_NONE,
+                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (area == MAP_FAILED) {
+        return false;
+    }
+    char* raw = static_cast<char*>(area);
+    char* base = raw + (-reinterpret_cast<uintptr_t>(raw) & (align - 1));
+    if (base > raw) {
+        munmap(raw, static_cast<size_t>(base - raw));
+    }
+    if (char* end = base + _slab_bytes; end < raw + _slab_bytes + align) {
+        munmap(end, static_cast<size_t>(raw + _slab_bytes + align - end));
+    }
+    // Not a huge page but while map_chunk populates a chunk (see there).
+    madvise(base, _slab_bytes, MADV_NOHUGEPAGE);
+    if (_numa_node >= 0) {
+        unsigned long mask[16] = {};
+        if (_numa_node < static_cast<int>(sizeof(mask) * 8)) {
+            mask[_numa_node / 64] = 1ul << (_numa_node % 64);
+            // Best effort: a kernel without NUMA support fails with ENOSYS.
+            // Set on the whole slab: the chunks made of it keep the policy.
+            syscall(SYS_mbind, base, _slab_bytes, k_mpol_preferred, mask, sizeof(mask) * 8, 0);
+        }
+    }
+    _slabs.push_back({base, _slab_bytes});
+    _carve = base;
+    _carve_end = base + _slab_bytes;
+    return true;
 }
 
 }  // namespace softblk::core

@@ -13,7 +13,11 @@
 
 namespace softblk::core {
 
-// Pages come from 1 MiB chunks mapped (and populated) at once. A freed
+// Pages come from chunks mapped (and populated) at once: 2 MiB, a
+// transparent huge page where the kernel has one, or 1 MiB where the
+// store is smaller or its budgets have less room (map_chunk says why).
+// Chunks are carved in order from slabs of address space reserved ahead
+// (up to 1 GiB each), so that they make one mapping, not one each. A freed
 // page is kept resident on a free list threaded through the pages
 // themselves (no allocation, no system call) while the list holds fewer
 // than keep_pages(); beyond that it is queued and returned to the
@@ -23,10 +27,18 @@ class page_pool {
 public:
     static constexpr uint32_t k_page_size = memory_store::k_page_size;
 
-    page_pool(int numa_node, memory_budget& budget, uint64_t capacity_bytes)
-        : _numa_node(numa_node), _budget(budget), _capacity(capacity_bytes)
-    {
-    }
+    // Chunk sizes: one huge page; the smaller one near a limit or for a
+    // store smaller than a huge page.
+    static constexpr size_t k_huge_chunk_bytes = size_t{2} << 20;
+    static constexpr size_t k_small_chunk_bytes = size_t{1} << 20;
+    // The most address space reserved at a time.
+    static constexpr size_t k_max_slab_bytes = size_t{1} << 30;
+
+    // A pool for a store of `capacity_bytes` that charges `budget`;
+    // `parent` is the budget above it (only looked at, to choose the chunk
+    // size), or nullptr. Maps nothing yet.
+    page_pool(int numa_node, memory_budget& budget, const memory_budget* parent,
+              uint64_t capacity_bytes);
     ~page_pool();
     page_pool(const page_pool&) = delete;
     page_pool& operator=(const page_pool&) = delete;
@@ -49,19 +61,36 @@ public:
     uint64_t returned_pages() const { return _returned.load(std::memory_order_relaxed); }
 
 private:
-    static constexpr size_t k_chunk_bytes = size_t{1} << 20;
     // Pages returned per flush at most: 1 MiB, so that a store far
     // beyond its bound pays one madvise (and TLB shootdown) per run of
     // adjacent pages in a MiB, not per 64 pages.
     static constexpr size_t k_batch = 256;
     void queue_locked(void* page);
     void flush_locked();
+    // Whether `bytes` more fit under the budget's limit and its parent's.
+    bool room_for(uint64_t bytes) const;
+    // A chunk of `bytes` (one of the chunk sizes), writable and populated,
+    // or nullptr when the system refuses. Under _lock.
+    char* map_chunk(size_t bytes);
+    // A new slab of address space for map_chunk; false when the system
+    // refuses it. Under _lock.
+    bool reserve_slab();
+
+    struct slab {
+        char* base;
+        size_t bytes;
+    };
 
     int _numa_node;
     memory_budget& _budget;
+    const memory_budget* _parent;
     uint64_t _capacity;
+    size_t _chunk_bytes;  // the size wanted (room_for may make it smaller)
+    size_t _slab_bytes;
     mutable std::mutex _lock;
-    std::vector<void*> _chunks;
+    std::vector<slab> _slabs;
+    char* _carve = nullptr;  // the newest slab's address space not made a chunk yet
+    char* _carve_end = nullptr;
     void* _kept = nullptr;  // free list of resident pages, linked through their first word
     std::atomic<uint64_t> _kept_count{0};
     std::vector<void*> _returned_free;  // returned to the kernel, ready to reuse

@@ -571,9 +571,10 @@ TEST_F(zloop_test, ram_variant_keeps_the_zones_in_a_memory_store_with_its_limit)
     const uint64_t before = d->memory_bytes();
     ASSERT_EQ(run(*d, io_op::write, 4 * k_mib, 4096, w.data), 0);
     EXPECT_GE(d->memory_bytes(), before + 4096);
-    // The store takes memory in 1 MiB chunks: a second one is past the
-    // limit, and the write fails with ENOSPC; its write pointer had
-    // moved (zloop_rw), and comes back to what the store holds.
+    // The store takes memory in chunks, 1 MiB this close to its limit: a
+    // second one is past the limit, and the write fails with ENOSPC; its
+    // write pointer had moved (zloop_rw), and comes back to what the store
+    // holds.
     EXPECT_EQ(run(*d, io_op::write, 6 * k_mib, w.size, w.data), -ENOSPC);
     zone_descriptor z = zone_of(*d, 3);
     EXPECT_EQ(z.write_pointer, 6 * k_mib);

@@ -1,0 +1,248 @@
+// The memory store's page pool (src/core/page_pool.hpp) on its own: the
+// chunk sizes and what they charge, one mapping for many chunks, huge pages
+// where the kernel has them and the same behaviour where it has none.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <set>
+#include <string>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <vector>
+
+#include "core/page_pool.hpp"
+
+using softblk::k_mib;
+using softblk::memory_budget;
+using softblk::core::page_pool;
+
+namespace {
+
+constexpr uint64_t k_page = page_pool::k_page_size;
+constexpr uint64_t k_huge = page_pool::k_huge_chunk_bytes;
+
+// What /proc/self/smaps says of the mapping that holds `p`.
+struct mapping {
+    uintptr_t start = 0;
+    uintptr_t end = 0;
+    uint64_t rss_kib = 0;
+    uint64_t huge_kib = 0;  // AnonHugePages
+    std::string flags;      // VmFlags
+};
+
+mapping mapping_of(const void* p)
+{
+    const auto at = reinterpret_cast<uintptr_t>(p);
+    std::ifstream smaps("/proc/self/smaps");
+    std::string line;
+    mapping m;
+    bool in = false;
+    while (std::getline(smaps, line)) {
+        unsigned long start = 0;
+        unsigned long end = 0;
+        if (std::sscanf(line.c_str(), "%lx-%lx ", &start, &end) == 2 &&
+            line.find(':') > line.find(' ')) {
+            if (in) {
+                break;
+            }
+            in = start <= at && at < end;
+            if (in) {
+                m.start = start;
+                m.end = end;
+            }
+            continue;
+        }
+        if (!in) {
+            continue;
+        }
+        unsigned long kib = 0;
+        if (std::sscanf(line.c_str(), "Rss: %lu kB", &kib) == 1) {
+            m.rss_kib = kib;
+        } else if (std::sscanf(line.c_str(), "AnonHugePages: %lu kB", &kib) == 1) {
+            m.huge_kib = kib;
+        } else if (line.rfind("VmFlags:", 0) == 0) {
+            m.flags = line.substr(8);
+        }
+    }
+    return m;
+}
+
+bool has_flag(const mapping& m, const char* flag)
+{
+    return (" " + m.flags + " ").find(std::string(" ") + flag + " ") != std::string::npos;
+}
+
+// Whether the kernel gives this process a transparent huge page now: a
+// probe mapping advised as the pool advises its chunks.
+bool kernel_gives_huge_pages()
+{
+    void* area = mmap(nullptr, 2 * k_huge, PROT_READ | PROT_WRITE,
+                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (area == MAP_FAILED) {
+        return false;
+    }
+    char* aligned = static_cast<char*>(area) + (-reinterpret_cast<uintptr_t>(area) & (k_huge - 1));
+    madvise(aligned, k_huge, MADV_HUGEPAGE);
+    std::memset(aligned, 1, k_huge);
+    const bool huge = mapping_of(aligned).huge_kib >= k_huge / 1024;
+    munmap(area, 2 * k_huge);
+    return huge;
+}
+
+// `count` pages from `pool`, each written whole (all must be had).
+std::vector<char*> take(page_pool& pool, size_t count)
+{
+    std::vector<char*> pages;
+    for (size_t i = 0; i < count; ++i) {
+        int error = 0;
+        auto* p = static_cast<char*>(pool.allocate(error));
+        EXPECT_NE(p, nullptr) << "page " << i << ": " << error;
+        if (p == nullptr) {
+            break;
+        }
+        std::memset(p, static_cast<int>(i & 0xff), k_page);
+        pages.push_back(p);
+    }
+    return pages;
+}
+
+TEST(page_pool, chunks_are_a_huge_page_each_and_make_one_mapping)
+{
+    memory_budget budget;
+    page_pool pool(-1, budget, nullptr, 256 * k_mib);
+    EXPECT_EQ(budget.used(), 0u);  // nothing mapped before the first page
+    const std::vector<char*> pages = take(pool, 64 * k_mib / k_page);
+    ASSERT_EQ(pages.size(), 64 * k_mib / k_page);
+    // Charged a chunk at a time, 2 MiB each: exactly what was taken here.
+    EXPECT_EQ(pool.resident_pages(), pages.size());
+    EXPECT_EQ(budget.used(), 64 * k_mib);
+    EXPECT_EQ(std::set<char*>(pages.begin(), pages.end()).size(), pages.size());
+    for (size_t i = 0; i < pages.size(); ++i) {
+        ASSERT_EQ(reinterpret_cast<uintptr_t>(pages[i]) % k_page, 0u);
+        ASSERT_EQ(pages[i][k_page - 1], static_cast<char>(i & 0xff)) << i;
+    }
+    // 32 chunks, one mapping: a mapping per chunk would reach
+    // vm.max_map_count (65530) at 128 GiB of data.
+    const auto [low, high] = std::minmax_element(pages.begin(), pages.end());
+    const mapping m = mapping_of(*low);
+    EXPECT_LE(m.start, reinterpret_cast<uintptr_t>(*low));
+    EXPECT_GE(m.end, reinterpret_cast<uintptr_t>(*high) + k_page);
+    // Not advised for huge pages once populated: khugepaged must not
+    // collapse a chunk whose pages went back to the kernel.
+    EXPECT_TRUE(has_flag(m, "nh")) << m.flags;
+    EXPECT_FALSE(has_flag(m, "hg")) << m.flags;
+}
+
+TEST(page_pool, a_chunk_is_a_transparent_huge_page_where_the_kernel_has_one)
+{
+    if (!kernel_gives_huge_pages()) {
+        GTEST_SKIP() << "the kernel gave a probe mapping no transparent huge page (THP off in "
+                        "/sys/kernel/mm/transparent_hugepage/enabled, or memory fragmented)";
+    }
+    memory_budget budget;
+    page_pool pool(-1, budget, nullptr, 16 * k_mib);
+    const std::vector<char*> pages = take(pool, 4 * k_huge / k_page);
+    ASSERT_EQ(pages.size(), 4 * k_huge / k_page);
+    const mapping m = mapping_of(pages.front());
+    EXPECT_GE(m.huge_kib, k_huge / 1024) << "no chunk of 4 is a huge page";
+    // A page given back to the kernel leaves a huge chunk: its memory goes
+    // (the kernel splits the huge page's mapping), as from a small one.
+    const uint64_t rss_before = m.rss_kib;
+    for (char* p : pages) {
+        pool.free(p);  // 1/8 of 16 MiB is kept, the rest goes back
+    }
+    pool.flush();
+    EXPECT_EQ(pool.returned_pages(), pages.size() - pool.keep_pages());
+    EXPECT_EQ(budget.used(), pool.keep_pages() * k_page);
+    EXPECT_EQ(mapping_of(pages.front()).rss_kib, rss_before - pool.returned_pages() * 4);
+}
+
+TEST(page_pool, works_the_same_without_huge_pages)
+{
+    // PR_SET_THP_DISABLE: this process gets no transparent huge page, as on
+    // a machine with THP set to never; the advice then does nothing.
+    ASSERT_EQ(prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0), 0);
+    {
+        memory_budget budget;
+        page_pool pool(-1, budget, nullptr, 16 * k_mib);
+        std::vector<char*> pages = take(pool, 3 * k_huge / k_page);
+        ASSERT_EQ(pages.size(), 3 * k_huge / k_page);
+        EXPECT_EQ(budget.used(), 3 * k_huge);
+        const mapping m = mapping_of(pages.front());
+        EXPECT_EQ(m.huge_kib, 0u);
+        EXPECT_GE(m.end - m.start, 3 * k_huge);
+        for (size_t i = 0; i < pages.size(); ++i) {
+            ASSERT_EQ(pages[i][0], static_cast<char>(i & 0xff)) << i;
+        }
+        for (char* p : pages) {
+            pool.free(p);
+        }
+        pool.flush();
+        EXPECT_EQ(budget.used(), pool.keep_pages() * k_page);
+        // Returned pages come back (charged again) before a new chunk.
+        pages = take(pool, pages.size());
+        EXPECT_EQ(budget.used(), 3 * k_huge);
+        EXPECT_EQ(pool.resident_pages(), 3 * k_huge / k_page);
+    }
+    ASSERT_EQ(prctl(PR_SET_THP_DISABLE, 0, 0, 0, 0), 0);
+}
+
+TEST(page_pool, chunks_are_1_mib_near_a_limit_and_for_a_small_store)
+{
+    // A limit of 3 MiB, the store's own or its parent's: a 2 MiB chunk,
+    // then 1 MiB (2 more would not fit), then ENOSPC. Taking 1 MiB where
+    // 2 MiB does not fit is no refusal; only the write that fails is.
+    for (const bool own : {true, false}) {
+        memory_budget parent(own ? 0 : 3 * k_mib);
+        memory_budget budget(own ? 3 * k_mib : 0, &parent);
+        page_pool pool(-1, budget, &parent, 64 * k_mib);
+        EXPECT_EQ(take(pool, 3 * k_mib / k_page).size(), 3 * k_mib / k_page);
+        EXPECT_EQ(budget.used(), 3 * k_mib);
+        EXPECT_EQ(budget.refused() + parent.refused(), 0u);
+        int error = 0;
+        EXPECT_EQ(pool.allocate(error), nullptr);
+        EXPECT_EQ(error, -ENOSPC);
+        EXPECT_EQ(budget.refused() + parent.refused(), 1u);
+        EXPECT_EQ(budget.used(), 3 * k_mib);
+    }
+    // A store smaller than a huge page takes 1 MiB, as before.
+    memory_budget budget;
+    page_pool pool(-1, budget, nullptr, k_mib);
+    EXPECT_EQ(take(pool, 1).size(), 1u);
+    EXPECT_EQ(budget.used(), k_mib);
+    EXPECT_EQ(pool.resident_pages(), k_mib / k_page);
+}
+
+TEST(page_pool, chunks_go_on_in_a_new_slab_when_one_is_used_up)
+{
+    // The address space reserved at a time is the capacity (up to 1 GiB):
+    // 4 MiB here. Past it (pages freed and not yet reused do not count, so
+    // a pool may hold more) chunks come from a new slab; a 1 MiB chunk
+    // before a 2 MiB one leaves a gap, never an unaligned huge chunk.
+    memory_budget parent(5 * k_mib);
+    memory_budget budget(0, &parent);
+    page_pool pool(-1, budget, &parent, 4 * k_mib);
+    std::vector<char*> pages = take(pool, 5 * k_mib / k_page);  // 2 + 2 + 1 MiB
+    ASSERT_EQ(pages.size(), 5 * k_mib / k_page);
+    parent.set_limit(0);
+    std::vector<char*> more = take(pool, 2 * k_mib / k_page);  // 2 MiB, aligned
+    ASSERT_EQ(more.size(), 2 * k_mib / k_page);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(more.front()) % k_huge, 0u);
+    EXPECT_EQ(budget.used(), 7 * k_mib);
+    EXPECT_EQ(pool.resident_pages(), 7 * k_mib / k_page);
+    pages.insert(pages.end(), more.begin(), more.end());
+    EXPECT_EQ(std::set<char*>(pages.begin(), pages.end()).size(), pages.size());
+    for (size_t i = 0; i < pages.size(); ++i) {
+        ASSERT_EQ(pages[i][1], static_cast<char>(i & 0xff)) << i;
+    }
+    pool.release_all();
+    EXPECT_EQ(budget.used(), 0u);
+    EXPECT_EQ(take(pool, 1).size(), 1u);  // and maps again after
+    EXPECT_EQ(budget.used(), k_huge);
+}
+
+}  // namespace
