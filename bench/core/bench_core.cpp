@@ -5,9 +5,11 @@
 //      (deferred, null_blk's default).
 //   2. memory-backed 4 KiB random writes, QD 32: IOPS, and the ratio to this
 //      machine's single-core 4 KiB memcpy rate measured in the same run into
-//      a buffer of the same size as the device (and, for reference, into one
-//      hot 4 KiB buffer); on a 1 GiB device (memory-bound) and a 16 MiB one
-//      (mostly in cache, so the store's own cost shows).
+//      a buffer of the same size as the device, advised for huge pages as
+//      the store's chunks are (the line "transparent huge pages" says what
+//      each got), and, for reference, into one hot 4 KiB buffer; on a 1 GiB
+//      device (memory-bound) and a 16 MiB one (mostly in cache, so the
+//      store's own cost shows).
 //   3. memory use of a memory-backed device: bytes of RAM per GiB written and
 //      per GiB of capacity, from memory_bytes() and from the process RSS.
 //
@@ -39,6 +41,24 @@ namespace {
 using namespace softblk;
 using bench::now_ns;
 using bench::xorshift;
+
+// AnonHugePages of the process (transparent huge pages), in bytes.
+uint64_t anon_huge_bytes()
+{
+    FILE* f = std::fopen("/proc/self/smaps_rollup", "r");
+    if (f == nullptr) {
+        return 0;
+    }
+    char line[256];
+    unsigned long kib = 0;
+    while (std::fgets(line, sizeof(line), f) != nullptr) {
+        if (std::sscanf(line, "AnonHugePages: %lu kB", &kib) == 1) {
+            break;
+        }
+    }
+    std::fclose(f);
+    return uint64_t{kib} << 10;
+}
 
 uint64_t rss_bytes()
 {
@@ -209,6 +229,7 @@ void bench_memory(double seconds, uint64_t k_size_mib, bool two_queues)
     const uint64_t k_bytes = k_size_mib << 20;
     fmt::print("2. memory_backed=1, bs=4096, size={} MiB, 4 KiB random write, QD 32, one queue\n",
                k_size_mib);
+    const uint64_t huge_before = anon_huge_bytes();
     auto d = create({"memory_backed=1", "bs=4096", fmt::format("size={}", k_size_mib), "irqmode=0",
                      "submit_queues=1", "poll_queues=0"});
     const io_result cold = run_random(*d, io_op::write, 32, seconds);
@@ -220,6 +241,7 @@ void bench_memory(double seconds, uint64_t k_size_mib, bool two_queues)
             d->execute(io_op::write, off, static_cast<uint32_t>(chunk.size()), chunk.data());
         }
     }
+    const uint64_t device_huge = anon_huge_bytes() - huge_before;
     const io_result warm = run_random(*d, io_op::write, 32, seconds);
     print_io("every page allocated", warm);
     const io_result reads = run_random(*d, io_op::read, 32, seconds);
@@ -255,25 +277,37 @@ void bench_memory(double seconds, uint64_t k_size_mib, bool two_queues)
             100.0 * static_cast<double>(contended) / static_cast<double>(ios));
     }
 
-    // memcpy reference, same run: into a buffer the size of the device.
-    char* dst = static_cast<char*>(mmap(nullptr, k_bytes, PROT_READ | PROT_WRITE,
-                                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0));
-    if (dst == MAP_FAILED) {
+    // memcpy reference, same run: into a buffer the size of the device,
+    // with the page size the store's data has. The store advises its 2 MiB
+    // chunks for transparent huge pages (src/core/page_pool.cpp), so the
+    // buffer is aligned and advised alike: where the kernel gives huge
+    // pages both have them, where it does not neither has (on a machine
+    // with THP "always" a plain buffer would have them and chunks of small
+    // pages would not, a TLB difference rather than the store's cost).
+    const uint64_t align = uint64_t{2} << 20;
+    char* area = static_cast<char*>(
+        mmap(nullptr, k_bytes + align, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+    if (area == MAP_FAILED) {
         fmt::print(stderr, "softblk-bench-core: mmap of {} MiB failed\n", k_size_mib);
         std::exit(1);
     }
+    char* dst = area + (-reinterpret_cast<uintptr_t>(area) & (align - 1));
+    madvise(dst, k_bytes, MADV_HUGEPAGE);
+    const uint64_t huge_before_copy = anon_huge_bytes();
     // Touch every page first, as the prefill did for the device: in a VM the
-    // first write to guest memory can cost microseconds per page even after
-    // MAP_POPULATE.
+    // first write to guest memory can cost microseconds per page.
     std::memset(dst, 1, k_bytes);
+    const uint64_t copy_huge = anon_huge_bytes() - huge_before_copy;
     const double cold_copy = memcpy_rate(dst, k_bytes, seconds);
     const double hot_copy = memcpy_rate(dst, 4096, seconds);
-    munmap(dst, k_bytes);
+    munmap(area, k_bytes + align);
     const double warm_iops = static_cast<double>(warm.ios) * 1e9 / static_cast<double>(warm.ns);
     const double cold_iops = static_cast<double>(cold.ios) * 1e9 / static_cast<double>(cold.ns);
     fmt::print("  4 KiB memcpy to random slots of {} MiB      {:>8.2f} M/s\n", k_size_mib,
                cold_copy / 1e6);
     fmt::print("  4 KiB memcpy to one hot 4 KiB buffer         {:>8.2f} M/s\n", hot_copy / 1e6);
+    fmt::print("  transparent huge pages: device {} of {} MiB, memcpy buffer {} of {} MiB\n",
+               device_huge >> 20, k_size_mib, copy_huge >> 20, k_size_mib);
     fmt::print("  ratio, allocated device / memcpy same size   {:>8.2f}\n", warm_iops / cold_copy);
     fmt::print("  ratio, fresh device / memcpy same size       {:>8.2f}\n", cold_iops / cold_copy);
     fmt::print("  ratio, allocated device / hot memcpy         {:>8.2f}\n", warm_iops / hot_copy);
