@@ -217,6 +217,31 @@ TEST(page_pool, chunks_are_1_mib_near_a_limit_and_for_a_small_store)
     EXPECT_EQ(pool.resident_pages(), k_mib / k_page);
 }
 
+TEST(page_pool, a_numa_node_applies_to_the_chunks)
+{
+    // home_node: the policy is set on the reserved address space and the
+    // chunks made of it keep it (best effort: a kernel without NUMA
+    // ignores it, and the pool works the same).
+    memory_budget budget;
+    page_pool pool(0, budget, nullptr, 8 * k_mib);
+    const std::vector<char*> pages = take(pool, 2 * k_huge / k_page);
+    ASSERT_EQ(pages.size(), 2 * k_huge / k_page);
+    std::ifstream numa_maps("/proc/self/numa_maps");
+    if (!numa_maps) {
+        GTEST_SKIP() << "no /proc/self/numa_maps: a kernel without NUMA";
+    }
+    const mapping m = mapping_of(pages.front());
+    std::string line;
+    bool found = false;
+    while (std::getline(numa_maps, line)) {
+        if (std::stoul(line.substr(0, line.find(' ')), nullptr, 16) == m.start) {
+            found = true;
+            EXPECT_NE(line.find("prefer:0"), std::string::npos) << line;
+        }
+    }
+    EXPECT_TRUE(found);
+}
+
 TEST(page_pool, chunks_go_on_in_a_new_slab_when_one_is_used_up)
 {
     // The address space reserved at a time is the capacity (up to 1 GiB):
