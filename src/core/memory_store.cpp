@@ -272,7 +272,7 @@ page_store::page_store(const config& cfg, memory_budget& parent)
       _block_shift(static_cast<unsigned>(__builtin_ctz(cfg.block_size))),
       _budget(cfg.limit_bytes, &parent),
       _stripes(new stripe[k_stripes]),
-      _pool(cfg.numa_node, _budget, &parent, _page_count * k_page_size)
+      _pool(cfg.numa_node, _budget, _page_count * k_page_size)
 {
     assert(_block_size >= 512 && _block_size <= k_page_size &&
            (_block_size & (_block_size - 1)) == 0);

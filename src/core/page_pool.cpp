@@ -36,11 +36,9 @@ constexpr unsigned k_mpol_preferred = 1;  // <linux/mempolicy.h> MPOL_PREFERRED
 // (the store's own limit through trim() too).
 constexpr uint64_t k_keep_ceiling = uint64_t{256} << 20;
 
-page_pool::page_pool(int numa_node, memory_budget& budget, const memory_budget* parent,
-                     uint64_t capacity_bytes)
+page_pool::page_pool(int numa_node, memory_budget& budget, uint64_t capacity_bytes)
     : _numa_node(numa_node),
       _budget(budget),
-      _parent(parent),
       _capacity(capacity_bytes),
       _chunk_bytes(capacity_bytes >= k_huge_chunk_bytes ? k_huge_chunk_bytes : k_small_chunk_bytes),
       // The capacity in huge pages, within [one huge page, 1 GiB]: a small
@@ -206,8 +204,8 @@ void page_pool::release_all()
 
 bool page_pool::room_for(uint64_t bytes) const
 {
-    for (const memory_budget* b : {static_cast<const memory_budget*>(&_budget), _parent}) {
-        if (b != nullptr && b->limit() != 0 && b->used() + bytes > b->limit()) {
+    for (const memory_budget* b = &_budget; b != nullptr; b = b->parent()) {
+        if (b->limit() != 0 && b->used() + bytes > b->limit()) {
             return false;
         }
     }

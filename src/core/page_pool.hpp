@@ -34,11 +34,9 @@ public:
     // The most address space reserved at a time.
     static constexpr size_t k_max_slab_bytes = size_t{1} << 30;
 
-    // A pool for a store of `capacity_bytes` that charges `budget`;
-    // `parent` is the budget above it (only looked at, to choose the chunk
-    // size), or nullptr. Maps nothing yet.
-    page_pool(int numa_node, memory_budget& budget, const memory_budget* parent,
-              uint64_t capacity_bytes);
+    // A pool for a store of `capacity_bytes` that charges `budget` (and so
+    // its parents). Maps nothing yet.
+    page_pool(int numa_node, memory_budget& budget, uint64_t capacity_bytes);
     ~page_pool();
     page_pool(const page_pool&) = delete;
     page_pool& operator=(const page_pool&) = delete;
@@ -67,7 +65,7 @@ private:
     static constexpr size_t k_batch = 256;
     void queue_locked(void* page);
     void flush_locked();
-    // Whether `bytes` more fit under the budget's limit and its parent's.
+    // Whether `bytes` more fit under the budget's limit and every parent's.
     bool room_for(uint64_t bytes) const;
     // A chunk of `bytes` (one of the chunk sizes), writable and populated,
     // or nullptr when the system refuses. Under _lock.
@@ -83,7 +81,6 @@ private:
 
     int _numa_node;
     memory_budget& _budget;
-    const memory_budget* _parent;
     uint64_t _capacity;
     size_t _chunk_bytes;  // the size wanted (room_for may make it smaller)
     size_t _slab_bytes;

@@ -113,7 +113,7 @@ std::vector<char*> take(page_pool& pool, size_t count)
 TEST(page_pool, chunks_are_a_huge_page_each_and_make_one_mapping)
 {
     memory_budget budget;
-    page_pool pool(-1, budget, nullptr, 256 * k_mib);
+    page_pool pool(-1, budget, 256 * k_mib);
     EXPECT_EQ(budget.used(), 0u);  // nothing mapped before the first page
     const std::vector<char*> pages = take(pool, 64 * k_mib / k_page);
     ASSERT_EQ(pages.size(), 64 * k_mib / k_page);
@@ -144,7 +144,7 @@ TEST(page_pool, a_chunk_is_a_transparent_huge_page_where_the_kernel_has_one)
                         "/sys/kernel/mm/transparent_hugepage/enabled, or memory fragmented)";
     }
     memory_budget budget;
-    page_pool pool(-1, budget, nullptr, 16 * k_mib);
+    page_pool pool(-1, budget, 16 * k_mib);
     const std::vector<char*> pages = take(pool, 4 * k_huge / k_page);
     ASSERT_EQ(pages.size(), 4 * k_huge / k_page);
     const mapping m = mapping_of(pages.front());
@@ -168,7 +168,7 @@ TEST(page_pool, works_the_same_without_huge_pages)
     ASSERT_EQ(prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0), 0);
     {
         memory_budget budget;
-        page_pool pool(-1, budget, nullptr, 16 * k_mib);
+        page_pool pool(-1, budget, 16 * k_mib);
         std::vector<char*> pages = take(pool, 3 * k_huge / k_page);
         ASSERT_EQ(pages.size(), 3 * k_huge / k_page);
         EXPECT_EQ(budget.used(), 3 * k_huge);
@@ -193,25 +193,28 @@ TEST(page_pool, works_the_same_without_huge_pages)
 
 TEST(page_pool, chunks_are_1_mib_near_a_limit_and_for_a_small_store)
 {
-    // A limit of 3 MiB, the store's own or its parent's: a 2 MiB chunk,
-    // then 1 MiB (2 more would not fit), then ENOSPC. Taking 1 MiB where
-    // 2 MiB does not fit is no refusal; only the write that fails is.
-    for (const bool own : {true, false}) {
-        memory_budget parent(own ? 0 : 3 * k_mib);
-        memory_budget budget(own ? 3 * k_mib : 0, &parent);
-        page_pool pool(-1, budget, &parent, 64 * k_mib);
-        EXPECT_EQ(take(pool, 3 * k_mib / k_page).size(), 3 * k_mib / k_page);
+    // A limit of 3 MiB at any level (the store's own, its parent's as the
+    // daemon's budget, one above that): a 2 MiB chunk, then 1 MiB (2 more
+    // would not fit), then ENOSPC. Taking 1 MiB where 2 MiB does not fit is
+    // no refusal; only the allocation that fails is.
+    for (const unsigned level : {0u, 1u, 2u}) {
+        memory_budget top(level == 2 ? 3 * k_mib : 0);
+        memory_budget parent(level == 1 ? 3 * k_mib : 0, &top);
+        memory_budget budget(level == 0 ? 3 * k_mib : 0, &parent);
+        page_pool pool(-1, budget, 64 * k_mib);
+        EXPECT_EQ(take(pool, 3 * k_mib / k_page).size(), 3 * k_mib / k_page) << level;
         EXPECT_EQ(budget.used(), 3 * k_mib);
-        EXPECT_EQ(budget.refused() + parent.refused(), 0u);
+        auto refused = [&] { return budget.refused() + parent.refused() + top.refused(); };
+        EXPECT_EQ(refused(), 0u) << level;
         int error = 0;
         EXPECT_EQ(pool.allocate(error), nullptr);
         EXPECT_EQ(error, -ENOSPC);
-        EXPECT_EQ(budget.refused() + parent.refused(), 1u);
+        EXPECT_EQ(refused(), 1u) << level;
         EXPECT_EQ(budget.used(), 3 * k_mib);
     }
     // A store smaller than a huge page takes 1 MiB, as before.
     memory_budget budget;
-    page_pool pool(-1, budget, nullptr, k_mib);
+    page_pool pool(-1, budget, k_mib);
     EXPECT_EQ(take(pool, 1).size(), 1u);
     EXPECT_EQ(budget.used(), k_mib);
     EXPECT_EQ(pool.resident_pages(), k_mib / k_page);
@@ -223,7 +226,7 @@ TEST(page_pool, a_numa_node_applies_to_the_chunks)
     // chunks made of it keep it (best effort: a kernel without NUMA
     // ignores it, and the pool works the same).
     memory_budget budget;
-    page_pool pool(0, budget, nullptr, 8 * k_mib);
+    page_pool pool(0, budget, 8 * k_mib);
     const std::vector<char*> pages = take(pool, 2 * k_huge / k_page);
     ASSERT_EQ(pages.size(), 2 * k_huge / k_page);
     std::ifstream numa_maps("/proc/self/numa_maps");
@@ -250,7 +253,7 @@ TEST(page_pool, chunks_go_on_in_a_new_slab_when_one_is_used_up)
     // before a 2 MiB one leaves a gap, never an unaligned huge chunk.
     memory_budget parent(5 * k_mib);
     memory_budget budget(0, &parent);
-    page_pool pool(-1, budget, &parent, 4 * k_mib);
+    page_pool pool(-1, budget, 4 * k_mib);
     std::vector<char*> pages = take(pool, 5 * k_mib / k_page);  // 2 + 2 + 1 MiB
     ASSERT_EQ(pages.size(), 5 * k_mib / k_page);
     parent.set_limit(0);
