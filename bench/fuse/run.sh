@@ -3,7 +3,9 @@
 # file, served by softblk (null target, memory_backed=1), by
 # qemu-storage-daemon's FUSE export of a raw image in tmpfs (aio=threads
 # and aio=io_uring), and by nbdfuse over nbdkit's memory plugin, all in the
-# same run. fio: psync, direct=1, 4 KiB randread and randwrite, 1 and 2
+# same run; with --data null, devices without data: softblk's null target
+# (memory_backed=0), qemu-storage-daemon's null-co and nbdkit's null
+# plugin. The machine line (CPU, hypervisor, kernel) comes first. fio: psync, direct=1, 4 KiB randread and randwrite, 1 and 2
 # jobs, time based, over the same size (every device written in full
 # first). Prints the median IOPS per case over the rounds and the ratio of
 # softblk to each peer.
@@ -24,6 +26,7 @@
 #   --no-peers softblk's systems only (no qemu-storage-daemon, no nbdfuse)
 #   --cases    which cases, "RW JOBS,..." (default: "randread 1,randread 2,
 #              randwrite 1,randwrite 2")
+#   --data     memory (default) or null: devices that keep data, or none
 #   --enable-uring  switch /sys/module/fuse/parameters/enable_uring on while
 #              the softblk exports are set up (they keep FUSE over io_uring
 #              once they have it) and put back what it was right after: the
@@ -35,6 +38,7 @@ set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
+source "$root/bench/common/machine.sh"
 driver=""
 baseline=""
 runtime=5
@@ -44,6 +48,7 @@ variants=()
 cases=("randread 1" "randread 2" "randwrite 1" "randwrite 2")
 device_opts=""
 no_peers=0
+data=memory
 enable_uring=0
 uring_param=/sys/module/fuse/parameters/enable_uring
 uring_before=""
@@ -59,12 +64,14 @@ while [ $# -gt 0 ]; do
         --no-peers) no_peers=1; shift ;;
         --cases) IFS=, read -r -a cases <<<"$2"; shift 2 ;;
         --enable-uring) enable_uring=1; shift ;;
+        --data) data=$2; shift 2 ;;
         *) echo "usage: $0 [--driver PATH] [--runtime SECONDS] [--rounds N] [--size MIB] [--device-opts OPTS] [--variant OPTS]... [--no-peers] [--enable-uring] [--cases \"RW JOBS,...\"]" >&2; exit 2 ;;
     esac
 done
 if [ -z "$driver" ]; then
     driver=$(ls -t "$root"/build*/src/driver/softblk-driver 2>/dev/null | head -1 || true)
 fi
+[ "$data" = memory ] || [ "$data" = null ] || { echo "--data: memory or null" >&2; exit 2; }
 [ "$(id -u)" -eq 0 ] || { echo "needs root" >&2; exit 1; }
 [ -x "$driver" ] || { echo "softblk-driver not found; build it or pass --driver" >&2; exit 1; }
 tools=(fio losetup fusermount3)
@@ -135,13 +142,15 @@ start_driver() {
         read -r answer <&"$out"
         [ "$answer" = ready ] || { echo "$path: $answer $(cat "$work/$name.log")" >&2; exit 1; }
     fi
-    echo "add bench null size=$size_mib memory_backed=1 blocksize=4096 $device_opts -- loop=0" >&"$in"
+    echo "add bench null size=$size_mib $backed blocksize=4096 $device_opts -- loop=0" >&"$in"
     read -r answer <&"$out"
     case "$answer" in ok*) ;; *) echo "$path: $answer" >&2; exit 1 ;; esac
 }
 
+machine_line
+backed=$([ "$data" = memory ] && echo memory_backed=1 || echo memory_backed=0)
 [ "$enable_uring" = 0 ] || echo Y >"$uring_param"
-echo "== softblk (null memory_backed=1 $device_opts)" >&2
+echo "== softblk (null $backed $device_opts)" >&2
 mkfifo "$work/softblk-cmd" "$work/softblk-reply"
 ln -s softblk-cmd "$work/cmd"
 start_driver "$driver" softblk 7 8
@@ -157,7 +166,7 @@ fi
 softblk_systems=(softblk)
 for i in "${!variants[@]}"; do
     # Same driver process, one more device with other export options.
-    echo "add bench$i null size=$size_mib memory_backed=1 blocksize=4096 $device_opts -- loop=0 ${variants[$i]}" >&7
+    echo "add bench$i null size=$size_mib $backed blocksize=4096 $device_opts -- loop=0 ${variants[$i]}" >&7
     read -r answer <&8
     case "$answer" in ok*) ;; *) echo "softblk variant '${variants[$i]}': $answer" >&2; exit 1 ;; esac
     name="softblk[$(tr ' ' ',' <<<"${variants[$i]}")]"
@@ -171,32 +180,43 @@ if [ -n "$uring_before" ]; then
     uring_before=""
 fi
 
-for aio in $([ "$no_peers" = 1 ] || echo threads io_uring); do
-    echo "== qemu-storage-daemon (raw file on /dev/shm, aio=$aio, FUSE export)" >&2
-    img=/dev/shm/softblk-bench-qsd-$aio.img
-    truncate -s "$size" "$img"
-    touch "$work/qsd-$aio"
-    qemu-storage-daemon --blockdev "driver=file,node-name=n0,filename=$img,aio=$aio" \
-        --export "type=fuse,id=e0,node-name=n0,mountpoint=$work/qsd-$aio,writable=on" 2>"$work/qsd-$aio.log" &
+qsd_export() {  # qsd_export NAME BLOCKDEV: a FUSE export of qemu-storage-daemon
+    local name=$1 blockdev=$2
+    echo "== qemu-storage-daemon ($blockdev, FUSE export)" >&2
+    touch "$work/$name"
+    qemu-storage-daemon --blockdev "$blockdev" \
+        --export "type=fuse,id=e0,node-name=n0,mountpoint=$work/$name,writable=on" 2>"$work/$name.log" &
     pids+=($!)
-    server[qsd-$aio]=$!
-    for _ in $(seq 100); do grep -q " $work/qsd-$aio " /proc/self/mounts && break; sleep 0.1; done
-    device[qsd-$aio]=$(attach "$work/qsd-$aio")
-done
-
-peers=()
-[ "$no_peers" = 1 ] || {
-echo "== nbdfuse over nbdkit memory" >&2
-mkdir "$work/nbd"
-nbdkit -U "$work/nbdkit.sock" --pidfile "$work/nbdkit.pid" memory size="$size"
-for _ in $(seq 100); do [ -S "$work/nbdkit.sock" ] && break; sleep 0.1; done
-nbdfuse "$work/nbd/disk" --unix "$work/nbdkit.sock" &
-pids+=($!)
-server[nbdfuse]="$! $(cat "$work/nbdkit.pid")"
-for _ in $(seq 100); do [ -e "$work/nbd/disk" ] && break; sleep 0.1; done
-device[nbdfuse]=$(attach "$work/nbd/disk")
-peers=(qsd-threads qsd-io_uring nbdfuse)
+    server[$name]=$!
+    for _ in $(seq 100); do grep -q " $work/$name " /proc/self/mounts && break; sleep 0.1; done
+    device[$name]=$(attach "$work/$name")
 }
+peers=()
+if [ "$no_peers" = 0 ] && [ "$data" = memory ]; then
+    for aio in threads io_uring; do
+        img=/dev/shm/softblk-bench-qsd-$aio.img
+        truncate -s "$size" "$img"
+        qsd_export "qsd-$aio" "driver=file,node-name=n0,filename=$img,aio=$aio"
+    done
+    peers=(qsd-threads qsd-io_uring)
+elif [ "$no_peers" = 0 ]; then
+    qsd_export qsd-null "driver=null-co,node-name=n0,size=$size"
+    peers=(qsd-null)
+fi
+
+if [ "$no_peers" = 0 ]; then
+    plugin=$([ "$data" = memory ] && echo memory || echo null)
+    echo "== nbdfuse over nbdkit $plugin" >&2
+    mkdir "$work/nbd"
+    nbdkit -U "$work/nbdkit.sock" --pidfile "$work/nbdkit.pid" "$plugin" size="$size"
+    for _ in $(seq 100); do [ -S "$work/nbdkit.sock" ] && break; sleep 0.1; done
+    nbdfuse "$work/nbd/disk" --unix "$work/nbdkit.sock" &
+    pids+=($!)
+    server[nbdfuse]="$! $(cat "$work/nbdkit.pid")"
+    for _ in $(seq 100); do [ -e "$work/nbd/disk" ] && break; sleep 0.1; done
+    device[nbdfuse]=$(attach "$work/nbd/disk")
+    peers+=(nbdfuse)
+fi
 
 [ -z "$baseline" ] || peers=(baseline "${peers[@]}")
 systems=("${softblk_systems[@]}" "${peers[@]}")
@@ -259,4 +279,14 @@ for c in "${cases[@]}"; do
     for sys in "${systems[@]}"; do printf ' %*s' "${width[$sys]}" "${cpu_us["$sys $rw $jobs"]}"; done
     printf '\n'
 done
+# What softblk's exports chose (ring, poll window) and why.
+echo list >&7
+read -r answer <&8
+printf '\nsoftblk exports at the end\n'
+python3 - "${answer#ok }" <<'PY'
+import json, sys
+for name, e in sorted(json.loads(sys.argv[1])["exports"].items()):
+    p = e.get("poll", {})
+    print(f"  {name}: ring {e.get('ring', '?')}; poll_us {e.get('poll_us')} ({p.get('mode')}: {p.get('why')})")
+PY
 printf '\nload average at the end: %s\n' "$(cut -d' ' -f1-3 /proc/loadavg)"

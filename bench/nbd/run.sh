@@ -27,6 +27,7 @@ set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
+source "$repo/bench/common/machine.sh"
 driver=""
 baseline=""
 runtime=5
@@ -145,6 +146,8 @@ done
 
 client_rows=()
 baseline_rows=()
+machine_line
+echo
 echo "| job | softblk IOPS | nbdkit IOPS | qsd IOPS | softblk CPU ns/IO | nbdkit CPU ns/IO | qsd CPU ns/IO | IOPS vs best peer | CPU/IO vs that peer |"
 echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
 for j in "${jobs[@]}"; do

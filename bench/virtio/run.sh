@@ -3,7 +3,8 @@
 # one process) against five vhost-user-blk back ends, in the same run:
 #   softblk    the softblk daemon's vhost-user-blk export of a null device
 #              (no memory: completes at once, as null-co does; max_sectors=2048
-#              so that 128 KiB requests are not split, as null-co does not)
+#              so that 128 KiB requests are not split, as null-co does not),
+#              with the default options (poll-us=auto: the measured window)
 #   softblk-poll  the same with poll-us=50 (each ring polls 50 us before it
 #              sleeps, as qemu-storage-daemon's event loop polls)
 #   softblk-file  the daemon's export of a file device (target file) on a
@@ -11,7 +12,7 @@
 #   qsd-null   qemu-storage-daemon's export of a null-co node
 #   qsd-file   qemu-storage-daemon's export of a raw 1 GiB file in /dev/shm
 #              (aio=io_uring)
-# Jobs: 4 KiB random reads at QD 1 and QD 32, 4 KiB random writes at QD 32,
+# Jobs: 4 KiB random reads and writes at QD 1 and QD 32,
 # 128 KiB sequential reads at QD 8 (bandwidth); one queue. Each job runs
 # --repeat times, back ends interleaved; the table shows the median.
 #
@@ -28,6 +29,7 @@ set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
+source "$repo/bench/common/machine.sh"
 build=$repo/build
 seconds=5
 repeat=3
@@ -66,10 +68,10 @@ wait_socket() {
 
 export SOFTBLK_RUN_DIR=$work/run
 for b in softblk softblk-poll; do
-  poll=0
-  [ $b = softblk-poll ] && poll=50
+  poll=()
+  [ $b = softblk-poll ] && poll=(--export-opt poll-us=50)
   "$softblk" add null size=1024 max_sectors=2048 submit_queues=1 poll_queues=0 --name $b \
-    --export vhost-user-blk --export-opt socket="$work/$b.sock" --export-opt poll-us=$poll >/dev/null
+    --export vhost-user-blk --export-opt socket="$work/$b.sock" "${poll[@]}" >/dev/null
 done
 "$softblk" add file path="$work/softblk-disk.raw" size=1G create=1 submit_queues=1 \
   poll_queues=0 --name softblk-file --export vhost-user-blk --export-opt socket="$work/softblk-file.sock" >/dev/null
@@ -95,7 +97,8 @@ declare -A pid_of=([softblk]=$softblk_pid [softblk-poll]=$softblk_pid [softblk-f
 
 # name rw bs qd
 jobs=("4k-randread-qd1 randread 4096 1" "4k-randread-qd32 randread 4096 32"
-  "4k-randwrite-qd32 randwrite 4096 32" "128k-read-qd8 read 131072 8")
+  "4k-randwrite-qd1 randwrite 4096 1" "4k-randwrite-qd32 randwrite 4096 32"
+  "128k-read-qd8 read 131072 8")
 declare -A iops mibs ccpu bcpu
 for job in "${jobs[@]}"; do
   read -r name rw bs qd <<<"$job"
@@ -114,6 +117,7 @@ done
 median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{a[NR] = $1} END {printf "%.6g", a[int((NR + 1) / 2)]}'; }
 
 load=$(cut -d' ' -f1-3 /proc/loadavg)
+machine_line
 echo "virtio: softblk-bench-virtio (softblk's driver, one queue, interrupts) on each back end;"
 echo "$repeat runs of $seconds s per job, back ends interleaved, medians; $(nproc) CPUs, load average $load before the report."
 echo
@@ -128,7 +132,7 @@ for job in "${jobs[@]}"; do
   done
 done
 echo
-# The goal's figure: 4 KiB random reads and writes at QD 32, each softblk
+# The goal's figure: 4 KiB random reads and writes at QD 1 and 32, each softblk
 # back end against qemu-storage-daemon's on the same kind of storage.
 ratio() { # job softblk-backend qsd-backend
   local a b c d
@@ -137,7 +141,7 @@ ratio() { # job softblk-backend qsd-backend
   awk -v j="$1" -v s="$2" -v q="$3" -v a="$a" -v b="$b" -v c="$c" -v d="$d" 'BEGIN {
     printf "%s, %s vs %s: %.2fx the IOPS at %.2fx the back-end CPU per I/O\n", j, s, q, a / b, (d > 0 ? c / d : 0) }'
 }
-for q in 4k-randread-qd32 4k-randwrite-qd32; do
+for q in 4k-randread-qd1 4k-randread-qd32 4k-randwrite-qd1 4k-randwrite-qd32; do
   ratio $q softblk qsd-null
   ratio $q softblk-file qsd-file
 done

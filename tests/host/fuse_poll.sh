@@ -2,8 +2,11 @@
 # Busy polling of /dev/fuse (export option poll_us): at queue depth 1 a
 # worker polls for the next request and catches some; once the I/O stops the
 # window runs out and the daemon goes idle (no CPU kept spinning); del stops
-# a polling export cleanly and leaves no thread behind; by default one
-# worker polls (poll_us 50) and several do not (poll_us 0).
+# a polling export cleanly and leaves no thread behind; by default the
+# window is measured (poll_us=auto): under load at queue depth 1 the export
+# sweeps the windows, shows the rate of each and why it chose one, and the
+# choice follows its own rule (the lowest window within 5% of the best
+# rate).
 source "$(dirname "$0")/lib_fuse.sh"
 require_host losetup fio
 start_daemon
@@ -48,13 +51,35 @@ note "del took ${del_ms} ms"
 [ -z "$(leftovers)" ] || fail "left behind: $(leftovers)"
 [ "$(daemon_threads)" -le "$threads_before" ] || fail "threads: $threads_before before, $(daemon_threads) after del"
 
-# By default one worker polls for up to 50 us, several do not.
+# By default the window is measured: after 2 s of reads at queue depth 1
+# (a sweep is 14 epochs of 10 ms) list shows the rates and the choice.
 loop=$(sb_add q size=64 memory_backed=1 blocksize=4096)
+qd1_reads "$loop" 2
 sb list
-grep -q '"poll_us": *50[,}]' <<<"$REPLY_LINE" || fail "poll_us is not 50 by default with one worker: $REPLY_LINE"
+python3 - "$REPLY_LINE" <<'PY' || fail "the measured poll window: $REPLY_LINE"
+import json, sys
+d = json.loads(sys.argv[1])
+e = d["exports"]["q"] if isinstance(d, dict) else next(x["export"] for x in d if x["name"] == "q")
+p = e["poll"]
+print(f"== poll_us=auto after 2 s at queue depth 1: {p['level']} us, {p['why']}")
+assert p["mode"] == "auto", p
+assert p["sweeps"] >= 1, p
+rates = {int(k): v for k, v in p["rates_per_s"].items()}
+assert sorted(rates) == [0, 16, 32, 64, 128, 256, 512], rates
+top = max(rates.values())
+best = next(level for level in sorted(rates) if rates[level] * 1.05 >= top)
+# The last sweep's choice, unless the device went idle since (then 0).
+assert p["level"] == (best if p["phase"] != "idle" else 0) or p["phase"] == "sweep", p
+assert e["poll_us"] == p["level"], e
+PY
 sb del q
-loop=$(sb_add r size=64 memory_backed=1 blocksize=4096 submit_queues=2)
+# A value given is kept, never swept.
+loop=$(sb_add r size=64 memory_backed=1 blocksize=4096 -- poll_us=0)
+qd1_reads "$loop" 1
 sb list
-grep -q '"poll_us": *0[,}]' <<<"$REPLY_LINE" || fail "poll_us is not 0 by default with two workers: $REPLY_LINE"
+grep -q '"mode": *"given"' <<<"$REPLY_LINE" || fail "poll_us=0 is not kept as given: $REPLY_LINE"
+grep -q '"poll_us": *0[,}]' <<<"$REPLY_LINE" || fail "poll_us=0 did not stay 0: $REPLY_LINE"
+sb_try add s null size=64 -- poll_us=2000 && fail "poll_us=2000 was accepted"
+grep -q 'auto, or a window of 0 to 1000 us' <<<"$REPLY_LINE" || fail "poll_us=2000: $REPLY_LINE"
 sb del r
 echo PASS

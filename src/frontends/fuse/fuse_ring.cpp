@@ -266,27 +266,35 @@ bool ring_thread::work_waiting() const
 int ring_thread::wait_idle()
 {
     fuse_export& x = _owner;
-    if (x._poll_max_ns == 0) {
+    // What this thread served since its last wait counts towards the
+    // export's poll window (poll_us).
+    const uint64_t served = _requests.load(std::memory_order_relaxed) - _requests_counted;
+    _requests_counted += served;
+    const uint64_t window_ns = x._poll->level() * 1'000;
+    if (window_ns == 0) {
+        x._poll->served(monotonic_ns(), served);
         return io_uring_submit_and_wait(&_ring, 1);
     }
     // As a /dev/fuse worker does (fuse_export.cpp): one thread at a time
-    // busy-polls, on idle CPU time only, for the adaptive window; here it
+    // busy-polls, on idle CPU time only, for the measured window; here it
     // watches the ring, after the commits went out.
     const uint64_t start = monotonic_ns();
+    uint64_t polled_ns = 0;
     bool caught = false;
-    if (_w.poll_ns != 0 && !x._polling.exchange(true, std::memory_order_acquire)) {
+    if (!x._polling.exchange(true, std::memory_order_acquire)) {
         io_uring_submit_and_get_events(&_ring);
-        const uint64_t deadline = start + _w.poll_ns;
+        const uint64_t deadline = start + window_ns;
         while (!(caught = work_waiting()) && monotonic_ns() < deadline &&
                !_exit_requested.load(std::memory_order_relaxed)) {
             ::sched_yield();
         }
         x._polling.store(false, std::memory_order_release);
-        _w.poll_time_ns.fetch_add(monotonic_ns() - start, std::memory_order_relaxed);
+        polled_ns = monotonic_ns() - start;
+        _w.poll_time_ns.fetch_add(polled_ns, std::memory_order_relaxed);
     }
+    x._poll->served(start + polled_ns, served, polled_ns);
     const int r = io_uring_submit_and_wait(&_ring, 1);
     (caught ? _w.polled_requests : _w.slept_requests).fetch_add(1, std::memory_order_relaxed);
-    x.adapt_poll_window(_w, caught, monotonic_ns() - start);
     return r;
 }
 

@@ -161,6 +161,7 @@ private:
     fuse_buf _dev_fuse_buf{};  // libfuse's receive buffer (thread 0)
     std::atomic<bool> _exit_requested{false};
     std::atomic<uint64_t> _requests{0};
+    uint64_t _requests_counted = 0;  // of _requests, given to the poll chooser
 };
 
 }  // namespace softblk::fuse

@@ -15,6 +15,7 @@
 
 #include <softblk/device.hpp>
 #include <softblk/support/buffer_pool.hpp>
+#include <softblk/support/level_chooser.hpp>
 
 #include <atomic>
 #include <chrono>
@@ -82,8 +83,6 @@ struct worker {
     // The submit queue this worker drives alone, or nullptr when there are
     // more workers than submit queues (then device::execute shares them).
     io_queue* queue = nullptr;
-    // Current busy-poll window (ns), between 0 and the export's poll_us.
-    uint64_t poll_ns = 0;
     // Requests taken after a busy poll, after sleeping, and the time spent
     // polling (ns); read by describe() while the worker runs.
     std::atomic<uint64_t> polled_requests{0};
@@ -227,10 +226,6 @@ private:
     // Busy-polls /dev/fuse until a request is pending (true) or `deadline`
     // (monotonic ns) passes or the session ends (false). Worker thread.
     bool poll_for_request(uint64_t deadline) const;
-    // Adapts the worker's poll window to how long it waited for its last
-    // request (QEMU's rule): a wait the window did not cover but poll_us
-    // would have grows it, a longer wait resets it to 0. Worker thread.
-    void adapt_poll_window(worker& w, bool caught_by_poll, uint64_t waited_ns) const;
     // Async mode: sleeps until /dev/fuse has a request, the queue's event
     // descriptor fires or its next completion is due. False when it slept
     // and /dev/fuse has nothing to read. Worker thread.
@@ -283,10 +278,10 @@ private:
     bool _privileged = false;
     bool _want_loop = false;
     unsigned _thread_count = 0;
-    // Busy-poll limit (poll_us in ns; 0: never poll) and the token that lets
-    // one worker at a time poll: on a machine with few CPUs two spinning
-    // workers would take the CPUs the requests need.
-    uint64_t _poll_max_ns = 0;
+    // The busy-poll window (poll_us: auto, measured, or given) and the token
+    // that lets one worker at a time poll: on a machine with few CPUs two
+    // spinning workers would take the CPUs their clients need.
+    std::optional<shared_level_chooser> _poll;
     std::atomic<bool> _polling{false};
     uid_t _uid = 0;
     gid_t _gid = 0;

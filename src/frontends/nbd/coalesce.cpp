@@ -1,23 +1,13 @@
 // Receive coalescing of the NBD server (server_config::coalesce_us): the
-// policy that decides whether a pipelining connection's next receive is
-// held back. See "Receive coalescing" in docs/nbd.md and loop.hpp.
+// loop's side of it. The policy (coalesce.hpp) decides whether, and for
+// how long, a pipelining connection's next receive is held back; this
+// puts the connection on the loop's deferred list. See "Receive
+// coalescing" in docs/nbd.md and loop.hpp.
 #include "loop.hpp"
 
 #include <softblk/support/clock.hpp>
 
 namespace softblk::nbd {
-
-namespace {
-
-// Receive coalescing: a connection measures its request rate over epochs
-// this long, and keeps its choice for this many epochs.
-constexpr uint64_t k_coalesce_epoch_ns = 2'000'000;
-constexpr uint8_t k_coalesce_exploit_epochs = 16;
-// An epoch with fewer requests than this ends coalescing: the client has
-// (nearly) stopped.
-constexpr uint64_t k_coalesce_idle_requests = 4;
-
-}  // namespace
 
 bool event_loop::coalesce_receive(connection& c)
 {
@@ -33,50 +23,12 @@ bool event_loop::coalesce_receive(connection& c)
     const uint64_t got = c.parsed - c.parsed_before;
     c.parsed_before = c.parsed;
     const uint64_t now = monotonic_ns();
-    if (c.coalesce == coalesce_phase::off) {
-        if (got < 2) {
-            return false;  // one request at a time: nothing to gather
-        }
-        c.coalesce = coalesce_phase::measure_plain;
-        c.epoch_start_ns = now;
-        c.epoch_requests = 0;
-        return false;
-    }
-    c.epoch_requests += got;
-    if (now - c.epoch_start_ns >= k_coalesce_epoch_ns) {
-        const uint64_t rate = c.epoch_requests * 1'000'000'000u / (now - c.epoch_start_ns);
-        switch (c.coalesce) {
-        case coalesce_phase::measure_plain:
-            c.rate_plain = rate;
-            c.coalesce = coalesce_phase::measure_held;
-            break;
-        case coalesce_phase::measure_held:
-            // Holding back saves wake-ups (CPU); keep it unless it costs
-            // more than 2% of the requests.
-            c.coalesce_wins = rate * 100 >= c.rate_plain * 98;
-            c.coalesce = coalesce_phase::exploit;
-            c.exploit_left = k_coalesce_exploit_epochs;
-            break;
-        case coalesce_phase::exploit:
-        case coalesce_phase::off:
-            if (--c.exploit_left == 0) {
-                // Measure again, or stop if the client no longer pipelines.
-                c.coalesce = c.epoch_requests < k_coalesce_idle_requests
-                                 ? coalesce_phase::off
-                                 : coalesce_phase::measure_plain;
-            }
-            break;
-        }
-        c.epoch_start_ns = now;
-        c.epoch_requests = 0;
-    }
-    const bool hold = c.coalesce == coalesce_phase::measure_held ||
-                      (c.coalesce == coalesce_phase::exploit && c.coalesce_wins);
-    if (!hold) {
+    const uint64_t hold = c.coalesce.next_hold(got, now);
+    if (hold == 0) {
         return false;
     }
     c.recv_deferred = true;
-    c.recv_at_ns = now + _coalesce_ns;
+    c.recv_at_ns = now + hold;
     _deferred.push_back(&c);
     return true;
 }

@@ -111,6 +111,7 @@ void event_loop::on_accept(int listener, int fd)
     }
     c->loop = this;
     c->fd = fd;
+    c->coalesce = coalesce_policy(_coalesce_ns);
     c->rbuf = static_cast<uint8_t*>(std::aligned_alloc(4096, k_recv_buffer));
     c->hs = std::make_unique<handshake>(_srv, _srv.config().tls);
     c->hs->greet(c->out_bytes);
@@ -476,9 +477,6 @@ void event_loop::maybe_free(connection& c)
             return;
         }
         std::erase(_conns, &c);
-        // The send list of this pass must not name a connection another
-        // loop owns from now on.
-        std::erase(_sends_now, &c);
         _srv.loop(c.handoff_to).adopt(&c);
         return;
     }
@@ -512,10 +510,6 @@ void event_loop::maybe_free(connection& c)
     ::close(c.fd);
     std::free(c.rbuf);
     std::erase(_conns, &c);
-    // A send posted and completed in the same pass (sqe() submits when the
-    // ring is full) leaves the connection on the pass's send list: it must
-    // not be read there after the delete (ASan: nbd_robust).
-    std::erase(_sends_now, &c);
     server_export* exp = c.counted ? c.exp : nullptr;
     delete &c;
     _srv.connection_count().fetch_sub(1);

@@ -3,6 +3,7 @@
 // completions), receives and sends, and TLS records. See loop.hpp.
 #include "loop.hpp"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -66,9 +67,13 @@ void event_loop::post_recv(connection& c)
         len = c.payload_left;
         c.recv_direct = true;
     } else {
+        // Receives start at the buffer's start whenever what is left is
+        // at most a partial header (28 bytes to move), so that they keep
+        // to the same cache lines.
         if (c.rstart == c.rend) {
             c.rstart = c.rend = 0;
-        } else if (c.rstart > 0 && k_recv_buffer - c.rend < k_request_size * 4) {
+        } else if (c.rstart > 0 && (c.rend - c.rstart < k_request_size ||
+                                    k_recv_buffer - c.rend < k_request_size * 4)) {
             std::memmove(c.rbuf, c.rbuf + c.rstart, c.rend - c.rstart);
             c.rend -= c.rstart;
             c.rstart = 0;
@@ -77,7 +82,7 @@ void event_loop::post_recv(connection& c)
             return;  // full of unparsed bytes: parsing is blocked
         }
         dst = c.rbuf + c.rend;
-        len = k_recv_buffer - c.rend;
+        len = std::min(k_recv_buffer - c.rend, std::max(k_recv_chunk, size_t{4} * c.request_bytes));
         c.recv_direct = false;
     }
     io_uring_sqe* s = sqe();
@@ -235,30 +240,16 @@ void event_loop::run()
             maybe_free(*c);
         }
         sweep_bindings();
-        // A small reply's send on a socket completes while it is submitted,
-        // and its completion only gives buffers back: when nothing waits for
-        // it, wait for one event more than the sends posted, so that a round
-        // trip costs one io_uring_enter (submit the reply, sleep until the
-        // next request) instead of two. Should a send not complete inline
-        // (the peer does not read), the wait ends after
-        // k_inline_send_wait_ns anyway, so that no other event waits longer.
-        unsigned wait_nr = 1;
-        if (!_sends_now.empty()) {
-            bool quiet = true;
-            for (const connection* c : _sends_now) {
-                quiet = quiet && send_needs_no_wake(*c);
-            }
-            if (quiet) {
-                wait_nr += static_cast<unsigned>(_sends_now.size());
-            }
-            _sends_now.clear();
-        }
+        // Replies went out with direct sends in flush(): the loop waits for
+        // one event, with no timeout unless the device or a held receive
+        // asks for one (a timed wait arms and cancels a timer, which costs
+        // more than a request in a VM: see "Sends" in docs/nbd.md).
         if (device_fd) {
             // The target completes on its own descriptor, which this ring
             // does not watch: look again soon.
             __kernel_timespec ts{0, 20'000};
             io_uring_cqe* cqe = nullptr;
-            io_uring_submit_and_wait_timeout(&_ring, &cqe, wait_nr, &ts, nullptr);
+            io_uring_submit_and_wait_timeout(&_ring, &cqe, 1, &ts, nullptr);
         } else if (device_wake != UINT64_MAX) {
             // Sleep until the device's next event, or a socket event first.
             const uint64_t now = monotonic_ns();
@@ -269,12 +260,10 @@ void event_loop::run()
                 __kernel_timespec ts{static_cast<int64_t>(delta / 1'000'000'000u),
                                      static_cast<long long>(delta % 1'000'000'000u)};
                 io_uring_cqe* cqe = nullptr;
-                io_uring_submit_and_wait_timeout(&_ring, &cqe, wait_nr, &ts, nullptr);
+                io_uring_submit_and_wait_timeout(&_ring, &cqe, 1, &ts, nullptr);
             }
-        } else if (_poll_max_ns != 0) {
-            wait_polling(wait_nr);
         } else {
-            submit_and_block(wait_nr);
+            wait_polling();
         }
         unsigned head;
         io_uring_cqe* cqe;
@@ -339,56 +328,42 @@ void event_loop::run()
     }
 }
 
-// Submits what is queued and waits for `wait_nr` completions, first by
-// polling the completion ring for up to _poll_ns (which saves the sleep and
+// Submits what is queued and waits for a completion, first by polling the
+// completion ring for up to the measured window (which saves the sleep and
 // the wake-up, each several microseconds, when the next request is that
-// close), then by sleeping. The window adapts as QEMU's event loop does
-// (poll-max-ns): it grows while events come within _poll_max_ns of going
-// idle, shrinks when they come later. Polled time is CPU time of the loop
-// and shows in its utime.
-void event_loop::submit_and_block(unsigned wait_nr)
+// close), then by sleeping. Polled time is CPU time of the loop and shows
+// in its utime.
+void event_loop::wait_polling()
 {
-    if (wait_nr == 1) {
+    const uint64_t served = _requests_parsed - _requests_counted;
+    _requests_counted = _requests_parsed;
+    const uint64_t window_ns = _poll.level() * 1'000;
+    if (!_taskrun_flag || window_ns == 0) {
+        if (served != 0 || !_poll.fixed()) {
+            _poll.served(monotonic_ns(), served);
+        }
         io_uring_submit_and_wait(&_ring, 1);
         return;
     }
-    __kernel_timespec ts{0, k_inline_send_wait_ns};
-    io_uring_cqe* cqe = nullptr;
-    io_uring_submit_and_wait_timeout(&_ring, &cqe, wait_nr, &ts, nullptr);
-}
-
-void event_loop::wait_polling(unsigned wait_nr)
-{
-    if (!_taskrun_flag) {
-        submit_and_block(wait_nr);
-        return;
-    }
     const uint64_t start = monotonic_ns();
-    if (_poll_ns != 0) {
-        io_uring_submit(&_ring);
-        uint64_t now = start;
-        do {
-            if (io_uring_cq_ready(&_ring) >= wait_nr) {
-                return;  // found by polling: keep the window
-            }
-            if ((IO_URING_READ_ONCE(*_ring.sq.kflags) & IORING_SQ_TASKRUN) != 0) {
-                io_uring_get_events(&_ring);  // runs the completions, does not sleep
-                continue;
-            }
-            cpu_relax();
-            now = monotonic_ns();
-        } while (now - start < _poll_ns);
-    }
-    submit_and_block(wait_nr);
-    const uint64_t idle = monotonic_ns() - start;
-    if (idle > _poll_max_ns) {
-        _poll_ns /= 2;  // the next event came late: polling would have been wasted
-        if (_poll_ns < 1000) {
-            _poll_ns = 0;
+    io_uring_submit(&_ring);
+    uint64_t now = start;
+    bool caught = false;
+    do {
+        if (io_uring_cq_ready(&_ring) != 0) {
+            caught = true;
+            break;
         }
-    } else if (_poll_ns < _poll_max_ns) {
-        _poll_ns = std::min(_poll_max_ns, _poll_ns == 0 ? std::max<uint64_t>(_poll_max_ns / 8, 1000)
-                                                        : _poll_ns * 2);
+        if ((IO_URING_READ_ONCE(*_ring.sq.kflags) & IORING_SQ_TASKRUN) != 0) {
+            io_uring_get_events(&_ring);  // runs the completions, does not sleep
+            continue;
+        }
+        cpu_relax();
+        now = monotonic_ns();
+    } while (now - start < window_ns);
+    _poll.served(now, served, now - start);
+    if (!caught) {
+        io_uring_submit_and_wait(&_ring, 1);
     }
 }
 
@@ -552,40 +527,84 @@ void event_loop::flush(connection& c)
         c.out_bytes.insert(c.out_bytes.end(), c.pipe.out.begin(), c.pipe.out.end());
         c.pipe.out.clear();
     }
+    // Batches of up to k_max_iov iovecs, each sent at once while the socket
+    // takes them; the rest of one it does not take goes to the ring.
+    while (!c.closing) {
+        if (c.iov_first == c.iov_count) {
+            fill_iov(c);
+        }
+        if (c.iov_first == c.iov_count || !send_direct(c)) {
+            break;
+        }
+    }
+    if (!c.closing && !c.send_posted && c.close_after_send) {
+        begin_close(c);
+    }
+}
+
+// Takes the next batch into c.iov: pending bytes (handshake replies, TLS
+// records) or, in plain transmission, the replies that fit.
+void event_loop::fill_iov(connection& c)
+{
+    c.iov_first = 0;
+    c.iov_count = 0;
     if (!c.out_bytes.empty()) {
         c.out_inflight.swap(c.out_bytes);
         c.out_bytes.clear();
         c.iov[0] = {c.out_inflight.data(), c.out_inflight.size()};
         c.iov_op[0] = nullptr;
-        c.iov_first = 0;
         c.iov_count = 1;
-    } else if (!c.tls && c.iov_count == 0) {
-        unsigned n = 0;
-        while (!c.replies.empty() && n + 3 <= k_max_iov) {
-            nbd_op* o = c.replies.pop();
-            c.iov[n] = {o->hdr, o->hdr_len};
+        return;
+    }
+    if (c.tls) {
+        return;
+    }
+    unsigned n = 0;
+    while (!c.replies.empty() && n + 3 <= k_max_iov) {
+        nbd_op* o = c.replies.pop();
+        c.iov[n] = {o->hdr, o->hdr_len};
+        c.iov_op[n] = nullptr;
+        ++n;
+        if (o->data_len != 0) {
+            c.iov[n] = {o->buf, o->data_len};
             c.iov_op[n] = nullptr;
             ++n;
-            if (o->data_len != 0) {
-                c.iov[n] = {o->buf, o->data_len};
-                c.iov_op[n] = nullptr;
-                ++n;
-            }
-            if (!o->extra.empty()) {
-                c.iov[n] = {o->extra.data(), o->extra.size()};
-                c.iov_op[n] = nullptr;
-                ++n;
-            }
-            c.iov_op[n - 1] = o;
         }
-        c.iov_first = 0;
-        c.iov_count = n;
+        if (!o->extra.empty()) {
+            c.iov[n] = {o->extra.data(), o->extra.size()};
+            c.iov_op[n] = nullptr;
+            ++n;
+        }
+        c.iov_op[n - 1] = o;
     }
+    c.iov_count = n;
+}
+
+// Sends c.iov[iov_first, iov_count) with one sendmsg that does not wait,
+// which for a peer that reads takes all of it: no completion to wait for,
+// no timer. True when all of it went out; otherwise the rest is posted to
+// the ring (MSG_WAITALL, completed by on_send) or the connection is closing.
+bool event_loop::send_direct(connection& c)
+{
+    msghdr m{};
+    m.msg_iov = c.iov + c.iov_first;
+    m.msg_iovlen = c.iov_count - c.iov_first;
+    const ssize_t n = ::sendmsg(c.fd, &m, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
+            post_send(c);  // the socket is full: the ring waits for room
+            return false;
+        }
+        c.read_eof = true;  // nothing more can go out
+        begin_close(c);
+        return false;
+    }
+    sent(c, static_cast<size_t>(n));
     if (c.iov_first < c.iov_count) {
         post_send(c);
-    } else if (c.close_after_send) {
-        begin_close(c);
+        return false;
     }
+    return !c.closing;
 }
 
 void event_loop::post_send(connection& c)
@@ -593,28 +612,48 @@ void event_loop::post_send(connection& c)
     c.msg = {};
     c.msg.msg_iov = c.iov + c.iov_first;
     c.msg.msg_iovlen = c.iov_count - c.iov_first;
-    c.send_bytes = 0;
-    for (unsigned i = c.iov_first; i < c.iov_count; ++i) {
-        c.send_bytes += c.iov[i].iov_len;
-    }
     io_uring_sqe* s = sqe();
     // MSG_WAITALL: io_uring completes the send once all of it is out (it
     // waits for room itself), so a completion never leaves a tail to post.
     io_uring_prep_sendmsg(s, c.fd, &c.msg, MSG_NOSIGNAL | MSG_WAITALL);
     io_uring_sqe_set_data(s, make_user_data(&c, k_token_send));
     c.send_posted = true;
-    _sends_now.push_back(&c);
 }
 
-// True when the completion of `c`'s posted send only gives its buffers back:
-// nothing else (input blocked on it, a close, a hand-off, replies beyond what
-// one send takes) waits for it, and the connection's next request will wake
-// the loop through its posted recv.
-bool event_loop::send_needs_no_wake(const connection& c)
+// `n` bytes of c.iov went out: releases the ops whose replies are all
+// sent, and once the batch is done, what waited for it.
+void event_loop::sent(connection& c, size_t n)
 {
-    return c.ph == phase::transmission && !c.tls && c.send_bytes <= k_inline_send &&
-           c.recv_posted && !c.input_blocked && !c.close_after_send && !c.handoff && !c.disc &&
-           !c.closing && c.replies.empty() && c.out_bytes.empty();
+    ++c.progress;
+    size_t left = n;
+    while (c.iov_first < c.iov_count) {
+        iovec& v = c.iov[c.iov_first];
+        if (left < v.iov_len) {
+            v.iov_base = static_cast<uint8_t*>(v.iov_base) + left;
+            v.iov_len -= left;
+            break;
+        }
+        left -= v.iov_len;
+        if (c.iov_op[c.iov_first] != nullptr) {
+            release_op(*c.iov_op[c.iov_first]);
+            c.iov_op[c.iov_first] = nullptr;
+        }
+        ++c.iov_first;
+    }
+    if (c.iov_first < c.iov_count) {
+        return;
+    }
+    c.iov_first = c.iov_count = 0;
+    c.out_inflight.clear();
+    if (c.disc && c.ops_in_device == 0 && c.replies.empty() && c.out_bytes.empty() &&
+        c.free_ops.size() == k_max_ops) {
+        begin_close(c);
+    }
+    if (c.input_blocked && !c.closing) {
+        // Its replies went out: it may take requests again.
+        c.input_blocked = false;
+        pump_input(c);
+    }
 }
 
 void event_loop::on_send(connection& c, int res)
@@ -631,38 +670,11 @@ void event_loop::on_send(connection& c, int res)
         maybe_free(c);
         return;
     }
-    ++c.progress;
-    auto left = static_cast<size_t>(res);
-    while (c.iov_first < c.iov_count) {
-        iovec& v = c.iov[c.iov_first];
-        if (left < v.iov_len) {
-            v.iov_base = static_cast<uint8_t*>(v.iov_base) + left;
-            v.iov_len -= left;
-            break;
-        }
-        left -= v.iov_len;
-        if (c.iov_op[c.iov_first] != nullptr) {
-            release_op(*c.iov_op[c.iov_first]);
-            c.iov_op[c.iov_first] = nullptr;
-        }
-        ++c.iov_first;
-    }
-    if (c.iov_first == c.iov_count) {
-        c.iov_first = c.iov_count = 0;
-        c.out_inflight.clear();
-        if (c.disc && c.ops_in_device == 0 && c.replies.empty() && c.out_bytes.empty() &&
-            c.free_ops.size() == k_max_ops) {
-            begin_close(c);
-        }
-    }
+    sent(c, static_cast<size_t>(res));
     if (c.iov_first < c.iov_count) {
         post_send(c);
     } else {
-        mark_dirty(c);
-    }
-    if (c.input_blocked && !c.closing) {
-        c.input_blocked = false;
-        pump_input(c);
+        mark_dirty(c);  // what queued meanwhile goes out in the next flush
     }
     maybe_free(c);
 }

@@ -158,6 +158,15 @@ bool event_loop::parse_requests(connection& c)
         }
         c.rstart += k_request_size;
         ++c.parsed;
+        ++_requests_parsed;
+        // The receive length follows it (post_recv); 7/8 of the old value
+        // and 1/8 of this request's size.
+        {
+            const uint64_t bytes =
+                k_request_size + (h.type == k_cmd_write ? uint64_t{h.length} : 0);
+            c.request_bytes = static_cast<uint32_t>(
+                (uint64_t{c.request_bytes} * 7 + std::min<uint64_t>(bytes, k_recv_buffer)) / 8);
+        }
         switch (check.disposition) {
         case request_disposition::disconnect:
             if (h.type == k_cmd_disc) {

@@ -313,4 +313,13 @@ std::vector<std::shared_ptr<const export_details>> server::list() const
     return out;
 }
 
+nlohmann::json server::poll_choices() const
+{
+    nlohmann::json out = nlohmann::json::array();
+    for (const auto& l : _loops) {
+        out.push_back(l->poll_choice());
+    }
+    return out;
+}
+
 }  // namespace softblk::nbd

@@ -72,8 +72,9 @@ struct server_config {
     // loop threads to end (they are shut down first); then they fail.
     uint32_t stop_timeout_ms = 10'000;
     // Before a loop thread sleeps, it polls its completion ring for up to
-    // this long (adaptively, as QEMU's poll-max-ns). 0: never poll.
-    uint32_t poll_us = 0;
+    // this long (µs): auto, the window each loop measures to serve the most
+    // requests per second (level_chooser), or a number; 0: never poll.
+    std::string poll_us = "auto";
     // Receive coalescing window (us) for connections that pipeline
     // requests: see "Receive coalescing" in docs/nbd.md. 0: off.
     uint32_t coalesce_us = 50;
@@ -138,6 +139,8 @@ public:
     const tls_credentials* tls() const { return _tls.get(); }
     event_loop& loop(unsigned i) { return *_loops[i]; }
     unsigned loop_count() const { return static_cast<unsigned>(_loops.size()); }
+    // Each loop's poll window and why. Any thread.
+    nlohmann::json poll_choices() const;
     const std::vector<int>& listen_fds() const { return _listen_fds; }
     // A loop thread tells that a connection on `exp` was freed.
     void connection_closed(server_export& exp);

@@ -81,6 +81,14 @@ std::vector<unsigned> cpus_to_measure(const cpu_set_t& allowed)
 
 queue_runner::queue_runner(io_queue& dq, const queue_config& cfg) : _dq(dq), _cfg(cfg)
 {
+    const uint64_t max_us = std::max<uint64_t>(1, _cfg.idle_spin_max_ns / 1'000);
+    level_chooser::config spin =
+        poll_window_config(_cfg.idle_spin == idle_spin_mode::never    ? "0"
+                           : _cfg.idle_spin == idle_spin_mode::always ? std::to_string(max_us)
+                                                                      : "auto");
+    // Measured: the windows up to idle_spin_max.
+    std::erase_if(spin.levels, [max_us](uint64_t us) { return us > max_us; });
+    _spin.emplace(std::move(spin));
 }
 
 queue_runner::~queue_runner()
@@ -139,6 +147,7 @@ queue_counters queue_runner::counters() const
                           .linked_commits = _linked_commits.load(std::memory_order_relaxed),
                           .zero_copy_from = _zero_copy_from.load(std::memory_order_relaxed),
                           .idle_spinning = _idle_spinning.load(std::memory_order_relaxed),
+                          .idle_spin_us = _spin->level(),
                           .idle_waits = _idle_waits.load(std::memory_order_relaxed),
                           .idle_spins = _idle_spins.load(std::memory_order_relaxed),
                           .pin_switches = _pin_switches.load(std::memory_order_relaxed)};
@@ -756,11 +765,16 @@ int queue_runner::wait_idle()
         return wait();
     }
     _idle_waits.fetch_add(1, std::memory_order_relaxed);
-    if (_cfg.idle_spin == idle_spin_mode::never && !_measuring_pin) {
+    // What the queue served since its last wait counts towards the window.
+    const uint64_t served = _requests.load(std::memory_order_relaxed) - _requests_counted;
+    _requests_counted += served;
+    const uint64_t window_ns = _spin->level() * 1'000;
+    if (window_ns == 0 && !_measuring_pin) {
+        _spin->served(monotonic_ns(), served);
+        _idle_spinning.store(false, std::memory_order_relaxed);
         return wait();
     }
-    const bool spin = _cfg.idle_spin == idle_spin_mode::always ||
-                      (_cfg.idle_spin == idle_spin_mode::measured && _spin_chooser.take_second());
+    const bool spin = window_ns != 0;
     const uint64_t from = monotonic_ns();
     const uint64_t device_requests = _measuring_pin ? _cfg.pinning->requests() : 0;
     if (spin) {
@@ -768,22 +782,14 @@ int queue_runner::wait_idle()
     }
     // The wait ends at work: a CQE, task work (the ring's own wait runs
     // it), a device event.
-    const int r = spin && spin_until(from + _cfg.idle_spin_max_ns)
-                      ? io_uring_submit_and_get_events(&_ring)
-                      : wait();
+    const int r =
+        spin && spin_until(from + window_ns) ? io_uring_submit_and_get_events(&_ring) : wait();
     const uint64_t waited = monotonic_ns() - from;
     if (_measuring_pin) {
         _cfg.pinning->waited(waited, device_requests);
     }
-    if (_cfg.idle_spin == idle_spin_mode::measured) {
-        // Long gaps (an idle device) say nothing about the wake-up: both
-        // ways are cut at the same length.
-        const uint64_t gap = std::min(waited, 2 * _cfg.idle_spin_max_ns);
-        _spin_chooser.record(spin, gap);
-        _idle_spinning.store(_spin_chooser.second_ahead(), std::memory_order_relaxed);
-    } else {
-        _idle_spinning.store(spin, std::memory_order_relaxed);
-    }
+    _spin->served(from + waited, served, spin ? std::min(waited, window_ns) : 0);
+    _idle_spinning.store(spin, std::memory_order_relaxed);
     return r;
 }
 

@@ -19,11 +19,14 @@
 #include "device_pinning.hpp"
 #include "way_chooser.hpp"
 
+#include <softblk/support/level_chooser.hpp>
+
 #include <atomic>
 #include <cstdint>
 #include <future>
 #include <liburing.h>
 #include <memory>
+#include <optional>
 #include <sched.h>
 #include <span>
 #include <thread>
@@ -79,11 +82,11 @@ struct queue_config {
     // then unused.
     std::shared_ptr<device_pinning> pinning;
     // Whether the thread, finding nothing to do and none of its own file
-    // I/O in flight, spins up to idle_spin_max_ns watching for the next
-    // request before it sleeps: never, always, or where the queue measures
-    // that work reaches it sooner (the idle gap, from finding nothing to
-    // finding work) when it spins than when it sleeps. Waking a sleeping thread costs more on some machines
-    // (a vCPU under software emulation) than on others.
+    // I/O in flight, spins watching for the next request before it sleeps:
+    // never, always (for idle_spin_max_ns), or for the window up to
+    // idle_spin_max_ns that the queue measures to serve the most requests
+    // per second (level_chooser: waking a sleeping thread costs more on
+    // some machines, a vCPU under software emulation, than on others).
     idle_spin_mode idle_spin = idle_spin_mode::measured;
     uint64_t idle_spin_max_ns = 1'000'000;
 };
@@ -114,6 +117,7 @@ struct queue_counters {
     // The thread spins before it sleeps (idle_spin): its current choice,
     // and of the times it waited for a request, how often it spun.
     bool idle_spinning = false;
+    uint64_t idle_spin_us = 0;  // the window now
     uint64_t idle_waits = 0;
     uint64_t idle_spins = 0;
     // queue_affinity=auto: how often the thread went from one way to the
@@ -145,6 +149,8 @@ public:
     void join();
 
     queue_counters counters() const;
+    // The idle spin's choice and why (level_chooser::describe).
+    nlohmann::json idle_spin_choice() const { return _spin->describe(); }
     unsigned q_id() const { return _cfg.q_id; }
     // The CPUs the thread is pinned to now (empty: not pinned).
     std::vector<unsigned> pinned_cpus() const;
@@ -262,9 +268,10 @@ private:
     copy_chooser _chooser;
     uint32_t _timed_writes = 0;
     std::atomic<uint32_t> _zero_copy_from{0};
-    // Idle gaps, sleeping first way, spinning second: spinning must win by
-    // a tenth, as it costs a CPU while it lasts.
-    way_chooser _spin_chooser{{.margin = 0.9}};
+    // How long the thread spins before it sleeps (idle_spin): the window
+    // measured to serve the most requests per second, or the one given.
+    std::optional<shared_level_chooser> _spin;
+    uint64_t _requests_counted = 0;  // of _requests, given to _spin
     std::atomic<bool> _idle_spinning{false};
     std::atomic<uint64_t> _idle_waits{0}, _idle_spins{0};
     // The CPUs the thread was pinned to at start (empty: not pinned), or

@@ -17,7 +17,7 @@ struct export_settings {
     std::string socket_path;
     unsigned num_queues = 1;
     bool read_only = false;
-    uint32_t poll_us = 0;
+    std::string poll_us = "auto";  // the poll-us option: auto or a window in µs
     // GET_ID's answer: the device name, at most VIRTIO_BLK_ID_BYTES bytes.
     std::string serial;
 };

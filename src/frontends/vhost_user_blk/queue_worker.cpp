@@ -1,6 +1,7 @@
 #include "queue_worker.hpp"
 
 #include <algorithm>
+#include <utility>
 #include <cerrno>
 #include <cstring>
 #include <poll.h>
@@ -149,7 +150,6 @@ const char* queue_worker::start()
         return "eventfd failed";
     }
     _enabled.store(_cfg.enabled, std::memory_order_relaxed);
-    _poll_ns = uint64_t{_cfg.settings->poll_us} * 1000;
     _thread = std::thread([this] { run(); });
     return nullptr;
 }
@@ -273,7 +273,9 @@ void queue_worker::run()
     // This thread drives device queue i: control submissions (the daemon's
     // `softblk zone`) come through its inbox and wake the loop here.
     _queue.attach_owner([this] { signal(_wake_fd); });
+    shared_level_chooser& poll = *_cfg.counters->poll;
     uint64_t last_work = monotonic_ns();
+    uint64_t spun_ns = 0;  // spent polling since the chooser last heard of it
     for (;;) {
         const int cmd = _command.load(std::memory_order_acquire);
         if (cmd != k_none && (cmd == k_pause || idle())) {
@@ -289,8 +291,10 @@ void queue_worker::run()
         const bool accepting =
             cmd == k_none && !_broken && _enabled.load(std::memory_order_acquire);
         bool progress = false;
+        unsigned taken = 0;
         if (accepting) {
-            progress = take_requests();
+            taken = take_requests();
+            progress = taken != 0;
         }
         if (_queue.in_flight() > 0 && _queue.process() > 0) {
             progress = true;
@@ -298,15 +302,24 @@ void queue_worker::run()
         if (publish()) {
             progress = true;
         }
+        const uint64_t window_ns = poll.level() * 1'000;
         if (progress) {
-            if (_poll_ns != 0) {
-                last_work = monotonic_ns();
+            if (taken != 0 || window_ns != 0) {
+                const uint64_t now = monotonic_ns();
+                if (taken != 0) {
+                    poll.served(now, taken, std::exchange(spun_ns, 0));
+                }
+                last_work = now;
             }
             continue;
         }
-        if (accepting && _poll_ns != 0 && monotonic_ns() - last_work < _poll_ns) {
-            cpu_relax();
-            continue;
+        if (accepting && window_ns != 0) {
+            const uint64_t now = monotonic_ns();
+            if (now - last_work < window_ns) {
+                cpu_relax();
+                continue;
+            }
+            spun_ns += now - last_work;
         }
         sleep();
         last_work = monotonic_ns();
@@ -341,9 +354,9 @@ void queue_worker::resubmit_inflight()
     }
 }
 
-bool queue_worker::take_requests()
+unsigned queue_worker::take_requests()
 {
-    bool any = false;
+    unsigned taken = 0;
     for (uint32_t n = 0; n < _ring.num() && !_broken; ++n) {
         uint16_t head;
         const int r = _ring.pop(head);
@@ -355,9 +368,9 @@ bool queue_worker::take_requests()
             break;
         }
         start_request(head);
-        any = true;
+        ++taken;
     }
-    return any;
+    return taken;
 }
 
 void queue_worker::submit(request_slot& s, io_op op, uint64_t offset, uint64_t length, void* buffer,

@@ -29,6 +29,10 @@
 
 #include "blk_config.hpp"
 
+#include <softblk/support/level_chooser.hpp>
+
+#include <optional>
+
 namespace softblk::vhost_user_blk {
 
 // Counters of one ring, kept by the export across connections. Written by
@@ -51,6 +55,9 @@ struct ring_counters {
     std::atomic<uint64_t> bounced{0};       // data not contiguous in our mapping: copied
     std::atomic<uint64_t> wakeups{0};
     std::atomic<uint64_t> notifications{0};
+    // The ring's busy-poll window (poll-us: measured, or given), kept across
+    // connections like the counters.
+    std::optional<shared_level_chooser> poll;
 };
 
 struct worker_config {
@@ -130,7 +137,7 @@ private:
 
     void run();
     void resubmit_inflight();
-    bool take_requests();
+    unsigned take_requests();  // the requests taken off the available ring
     void start_request(uint16_t head);
     void submit(request_slot& s, io_op op, uint64_t offset, uint64_t length, void* buffer,
                 uint32_t flags);
@@ -155,7 +162,6 @@ private:
     int _wake_fd = -1;
     bool _broken = false;
     unsigned _log_budget = 20;
-    uint64_t _poll_ns = 0;
 
     std::atomic<bool> _enabled{false};
     std::atomic<int> _command{0};

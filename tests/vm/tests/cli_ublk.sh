@@ -18,6 +18,8 @@
 #    queue_affinity=auto goes between that CPU and all under fio and
 #    measures the time per 4 KiB both ways; queue_affinity=2 is refused
 #    with a clear error;
+#  - idle_spin=auto (the default) measures the spin windows at QD 1 and
+#    shows the rates and its choice;
 #  - idle_spin=1: at QD 1 the queue thread spins at each wait for a request
 #    (`idle_spins` = `idle_waits`), idle_spin=0 never, and idle_spin=2 is
 #    refused with a clear error;
@@ -225,6 +227,18 @@ grep -q 'idle_spin=2: one of auto, 0, 1' /tmp/add4.txt || { cat /tmp/add4.txt; v
 softblk del c2
 softblk del c3
 echo "ok: idle_spin=1 spins at each wait, 0 never, 2 refused"
+# The default (auto) measures the windows (a sweep is 14 epochs of 10 ms)
+# and says what it chose and why.
+add_null c5
+fio --name=qd1 --filename="$added" --direct=1 --ioengine=psync --rw=randread --bs=4k \
+  --time_based --runtime=3 --output=/dev/null || vm_fail "QD 1 reads on c5 failed"
+spin=$(softblk list --json | tr -d ' \n' | grep -o '"idle_spin":\[{[^]]*}\]' | tail -n1)
+echo "c5 (idle_spin=auto): $spin"
+grep -q '"mode":"auto"' <<<"$spin" || vm_fail "c5's idle spin is not measured: $spin"
+grep -q '"sweeps":[1-9]' <<<"$spin" || vm_fail "c5 measured no window in 3 s at QD 1: $spin"
+grep -q '"rates_per_s"' <<<"$spin" || vm_fail "c5 shows no rates: $spin"
+softblk del c5
+echo "ok: idle_spin=auto sweeps the windows and says why it chose one"
 
 vm_step "del and shutdown leave nothing"
 softblk del c0

@@ -1,0 +1,165 @@
+// A setting decided at run time from what it was measured to give: one of
+// a few ordered levels (a busy-poll window of 0, 16, 32 ... µs; receive
+// coalescing off or on), chosen by the rate of work the owner got done
+// (requests served per second) over short epochs at each level. The front
+// ends' polling and coalescing defaults use it, so that what won on the
+// machine the code was written on is not assumed to win on this one:
+// where waking a vCPU is expensive, spinning for the next request pays
+// (a FUSE export went from 14k to 41k requests/s at one job); where it is
+// cheap, spinning only burns a CPU that the client could have used.
+//
+// How it chooses:
+// - a sweep measures every level, each for two epochs (ascending, then
+//   descending, so that a load that drifts during the sweep is seen by
+//   every level alike); a level's rate is the mean of its two epochs;
+// - the level kept is the cheapest whose rate is within `margin` of the
+//   best rate measured: the lowest one where higher levels cost more (a
+//   longer busy-poll spends more CPU: it must earn that), the highest one
+//   where they cost less (a longer receive hold saves system calls and
+//   wake-ups, as long as the client does not wait for it); a later sweep
+//   keeps the level in use while it is still within the margin;
+// - the winner is used for `exploit_epochs`, doubled after each sweep that
+//   chose the same level (up to `exploit_max_epochs`), reset when the
+//   choice changed; a sweep comes early when the winner's rate moved by
+//   more than `drift` from what its first epochs after the sweep measured
+//   (the load changed; not from the sweep's figure, which the choice of
+//   the best of several noisy figures biases upwards);
+// - an epoch ends after `epoch_ns` and `epoch_events` events; one that
+//   took `idle_ns` without reaching `epoch_events` says the load sets the
+//   rate (an idle device, a client that paces itself): it is not measured,
+//   the lowest level is used until a busy epoch comes, and a sweep cut
+//   short by it starts again then.
+// A single level (a value the user gave) is never swept.
+//
+// level_chooser is one thread's; shared_level_chooser lets several
+// threads count into one and read its level. `describe()` says what was
+// chosen and why, for `softblk list --json`.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include <softblk/types.hpp>
+
+namespace softblk {
+
+class level_chooser {
+public:
+    // Which way levels cost: lower (a busy-poll window) or higher.
+    enum class cheaper : uint8_t { lower, higher };
+
+    struct config {
+        std::vector<uint64_t> levels{0};  // ascending; the unit is the owner's
+        std::string unit = "us";          // for describe()
+        cheaper cost = cheaper::lower;
+        uint64_t epoch_ns = 10'000'000;
+        uint64_t epoch_events = 32;
+        uint64_t idle_ns = 100'000'000;
+        double margin = 0.05;
+        unsigned exploit_epochs = 100;
+        unsigned exploit_max_epochs = 1'000;
+        double drift = 0.25;
+    };
+
+    level_chooser() : level_chooser(config{}) {}
+    explicit level_chooser(config c);
+
+    // The level to use now.
+    uint64_t level() const { return _cfg.levels[_current]; }
+    // `events` events (requests served) at time `now` (ns, monotonic),
+    // and `spent` ns the owner spent on the level's cost since the last
+    // call (time spinning; 0 where there is none to count). Ends the
+    // epoch when due. True when the level changed.
+    bool served(uint64_t now, uint64_t events = 1, uint64_t spent = 0);
+    // No event, but time passed (before a long sleep, or now and then):
+    // ends an idle epoch when due. True when the level changed.
+    bool tick(uint64_t now) { return served(now, 0, 0); }
+    // Starts measuring at `now` (the first served() does it otherwise).
+    void start(uint64_t now);
+
+    bool fixed() const { return _cfg.levels.size() == 1; }
+    // The last epoch was idle: the lowest level is used, nothing measured.
+    bool idle() const { return _phase == phase::idle; }
+    unsigned sweeps() const { return _sweeps; }
+    const config& settings() const { return _cfg; }
+    // {"mode": "auto"|"given", "level": L, "why": "...", "sweeps": N,
+    //  "rates": {"L": per second ...}, "spent_per_event_ns": {...}}
+    nlohmann::json describe() const;
+
+private:
+    enum class phase : uint8_t { sweep, exploit, idle };
+
+    void end_epoch(uint64_t now, bool idle);
+    void start_sweep();
+    void finish_sweep();
+    void use(unsigned index);
+    unsigned sweep_level(unsigned step) const;
+
+    config _cfg;
+    phase _phase = phase::sweep;
+    phase _before_idle = phase::sweep;
+    unsigned _current = 0;
+    bool _started = false;
+    uint64_t _epoch_start = 0;
+    uint64_t _events = 0;
+    uint64_t _spent = 0;
+    // Sweep: the step (0 .. 2 * levels - 1) and each level's summed rate,
+    // spent time per event and epochs measured.
+    unsigned _step = 0;
+    std::vector<double> _rate_sum;
+    std::vector<double> _spent_sum;
+    std::vector<unsigned> _measured;
+    // Last finished sweep.
+    std::vector<double> _rates;
+    std::vector<double> _spent_per_event;
+    unsigned _best = 0;
+    unsigned _sweeps = 0;
+    // Exploit: epochs left, the current length, the winner's recent rate.
+    unsigned _exploit_left = 0;
+    unsigned _exploit_len = 0;
+    unsigned _exploit_seen = 0;
+    double _baseline_rate = 0;  // the winner's mean over its first exploit epochs
+    double _recent_rate = 0;
+    std::string _why;
+};
+
+// One chooser fed by several threads: each counts what it served with a
+// relaxed atomic add and reads the level with a relaxed load; whichever
+// thread finds an epoch due runs the chooser, the others go on (a
+// try-lock, never a wait).
+class shared_level_chooser {
+public:
+    shared_level_chooser() = default;
+    explicit shared_level_chooser(level_chooser::config c);
+
+    uint64_t level() const { return _level.load(std::memory_order_relaxed); }
+    // Any thread: `events` served at `now`, `spent` ns of cost.
+    void served(uint64_t now, uint64_t events = 1, uint64_t spent = 0);
+    void tick(uint64_t now) { served(now, 0, 0); }
+    bool fixed() const { return _fixed; }
+    nlohmann::json describe() const;
+
+private:
+    level_chooser _chooser;
+    std::atomic<uint64_t> _events{0};
+    std::atomic<uint64_t> _spent{0};
+    std::atomic<uint64_t> _level{0};
+    std::atomic<uint64_t> _due{0};  // when the next epoch may end (ns)
+    mutable std::atomic_flag _busy = ATOMIC_FLAG_INIT;
+    bool _fixed = true;
+};
+
+// Busy-poll windows, the option front ends call poll_us (vhost-user-blk:
+// poll-us): "auto" (their default) or a window in µs, 0 (never poll) to
+// k_max_poll_us. check_poll_window is its option_def::check;
+// poll_window_config the chooser's config for a value: auto sweeps 0, 16,
+// 32 ... 512 µs, a number is that window, fixed.
+inline constexpr uint64_t k_max_poll_us = 1'000;
+result<void> check_poll_window(std::string_view text);
+level_chooser::config poll_window_config(std::string_view text);
+
+}  // namespace softblk

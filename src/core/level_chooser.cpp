@@ -1,0 +1,312 @@
+// level_chooser and shared_level_chooser (include/softblk/support/
+// level_chooser.hpp): the sweep, the choice and its reasons.
+#include <softblk/support/level_chooser.hpp>
+
+#include <softblk/options.hpp>
+#include <softblk/support/cpu_relax.hpp>
+
+#include <algorithm>
+#include <cassert>
+#include <cmath>
+
+#include <fmt/format.h>
+
+namespace softblk {
+
+namespace {
+
+std::string rate_text(double per_second)
+{
+    return per_second >= 10'000 ? fmt::format("{:.1f}k/s", per_second / 1'000)
+                                : fmt::format("{:.0f}/s", per_second);
+}
+
+}  // namespace
+
+level_chooser::level_chooser(config c) : _cfg(std::move(c))
+{
+    if (_cfg.levels.empty()) {
+        _cfg.levels.push_back(0);
+    }
+    assert(std::is_sorted(_cfg.levels.begin(), _cfg.levels.end()));
+    const size_t n = _cfg.levels.size();
+    _rate_sum.assign(n, 0);
+    _spent_sum.assign(n, 0);
+    _measured.assign(n, 0);
+    _rates.assign(n, 0);
+    _spent_per_event.assign(n, 0);
+    _exploit_len = _cfg.exploit_epochs;
+    if (fixed()) {
+        _phase = phase::exploit;
+        _why = "given";
+    } else {
+        _why = "measuring";
+    }
+}
+
+void level_chooser::start(uint64_t now)
+{
+    _started = true;
+    _epoch_start = now;
+    _events = 0;
+    _spent = 0;
+}
+
+bool level_chooser::served(uint64_t now, uint64_t events, uint64_t spent)
+{
+    if (fixed()) {
+        return false;
+    }
+    if (!_started) {
+        start(now);
+    }
+    _events += events;
+    _spent += spent;
+    const uint64_t elapsed = now - _epoch_start;
+    const unsigned before = _current;
+    if (elapsed >= _cfg.epoch_ns && _events >= _cfg.epoch_events) {
+        end_epoch(now, false);
+    } else if (elapsed >= _cfg.idle_ns) {
+        end_epoch(now, true);
+    }
+    return _current != before;
+}
+
+void level_chooser::end_epoch(uint64_t now, bool idle)
+{
+    const double seconds = static_cast<double>(now - _epoch_start) / 1e9;
+    const double rate = static_cast<double>(_events) / seconds;
+    const double spent_per_event =
+        _events == 0 ? 0 : static_cast<double>(_spent) / static_cast<double>(_events);
+    start(now);
+
+    if (idle) {
+        // The load sets the rate: nothing to learn, nothing to spend.
+        if (_phase != phase::idle) {
+            _before_idle = _phase;
+            _phase = phase::idle;
+            use(0);
+            _why = fmt::format("idle (fewer than {} events in {} ms): {} {}", _cfg.epoch_events,
+                               _cfg.idle_ns / 1'000'000, _cfg.levels[0], _cfg.unit);
+        }
+        return;
+    }
+    if (_phase == phase::idle) {
+        // Busy again (this epoch ran at the lowest level, whatever the
+        // choice: not a sample of it). A sweep cut short starts over.
+        if (_before_idle == phase::sweep || _sweeps == 0) {
+            start_sweep();
+        } else {
+            _phase = phase::exploit;
+            _exploit_seen = 0;
+            _baseline_rate = 0;
+            use(_best);
+            _why = fmt::format("busy again: {} {} as chosen before", _cfg.levels[_best], _cfg.unit);
+        }
+        return;
+    }
+    if (_phase == phase::sweep) {
+        const unsigned level = sweep_level(_step);
+        _rate_sum[level] += rate;
+        _spent_sum[level] += spent_per_event;
+        ++_measured[level];
+        ++_step;
+        if (_step == 2 * _cfg.levels.size()) {
+            finish_sweep();
+        } else {
+            use(sweep_level(_step));
+        }
+        return;
+    }
+    // Exploiting the winner: watch its rate for a change of load, against
+    // what it gave in its first epochs here.
+    ++_exploit_seen;
+    constexpr unsigned k_baseline_epochs = 8;
+    if (_exploit_seen <= k_baseline_epochs) {
+        _baseline_rate += (rate - _baseline_rate) / _exploit_seen;
+        _recent_rate = _baseline_rate;
+    } else {
+        _recent_rate += (rate - _recent_rate) / 8;
+        if (std::abs(_recent_rate - _baseline_rate) > _cfg.drift * _baseline_rate) {
+            start_sweep();
+            return;
+        }
+    }
+    if (_exploit_left > 0 && --_exploit_left == 0) {
+        start_sweep();
+    }
+}
+
+unsigned level_chooser::sweep_level(unsigned step) const
+{
+    const auto n = static_cast<unsigned>(_cfg.levels.size());
+    return step < n ? step : 2 * n - 1 - step;
+}
+
+void level_chooser::start_sweep()
+{
+    _phase = phase::sweep;
+    _step = 0;
+    std::fill(_rate_sum.begin(), _rate_sum.end(), 0);
+    std::fill(_spent_sum.begin(), _spent_sum.end(), 0);
+    std::fill(_measured.begin(), _measured.end(), 0);
+    use(sweep_level(0));
+}
+
+void level_chooser::finish_sweep()
+{
+    const size_t n = _cfg.levels.size();
+    for (size_t i = 0; i < n; ++i) {
+        _rates[i] = _measured[i] == 0 ? 0 : _rate_sum[i] / _measured[i];
+        _spent_per_event[i] = _measured[i] == 0 ? 0 : _spent_sum[i] / _measured[i];
+    }
+    // The cheapest level within `margin` of the best rate.
+    const double top = *std::max_element(_rates.begin(), _rates.end());
+    unsigned best = 0;
+    if (_cfg.cost == cheaper::lower) {
+        while (best + 1 < n && _rates[best] * (1 + _cfg.margin) < top) {
+            ++best;
+        }
+    } else {
+        best = static_cast<unsigned>(n - 1);
+        while (best > 0 && _rates[best] < top * (1 - _cfg.margin)) {
+            --best;
+        }
+    }
+    // Hysteresis: the level in use stays while it is still within the
+    // margin of the best (noise moves the best among near-equal levels,
+    // and each change would cut the next exploitation short).
+    if (_sweeps > 0 && best != _best &&
+        (_cfg.cost == cheaper::lower ? _rates[_best] * (1 + _cfg.margin) >= top
+                                     : _rates[_best] >= top * (1 - _cfg.margin))) {
+        best = _best;
+    }
+    _exploit_len = _sweeps > 0 && best == _best
+                       ? std::min(_exploit_len * 2, _cfg.exploit_max_epochs)
+                       : _cfg.exploit_epochs;
+    _best = best;
+    ++_sweeps;
+    _phase = phase::exploit;
+    _exploit_left = _exploit_len;
+    _exploit_seen = 0;
+    _baseline_rate = 0;
+    use(best);
+    // Why, with the best rate measured and the runner-up (or the best,
+    // where the kept level is a cheaper one).
+    const auto top_index =
+        static_cast<unsigned>(std::max_element(_rates.begin(), _rates.end()) - _rates.begin());
+    unsigned other = best == 0 ? 1 : 0;
+    for (unsigned i = 0; i < n; ++i) {
+        if (i != best && _rates[i] > _rates[other]) {
+            other = i;
+        }
+    }
+    const auto at = [this](unsigned i) {
+        return fmt::format("{} at {} {}", rate_text(_rates[i]), _cfg.levels[i], _cfg.unit);
+    };
+    if (best == top_index) {
+        _why = fmt::format("{} {}: the most requests, {} against {}", _cfg.levels[best], _cfg.unit,
+                           at(best), at(other));
+    } else {
+        _why =
+            fmt::format("{} {}: {}, within {:.0f}% of the most ({}) at less cost",
+                        _cfg.levels[best], _cfg.unit, at(best), _cfg.margin * 100, at(top_index));
+    }
+}
+
+void level_chooser::use(unsigned index)
+{
+    _current = index;
+}
+
+nlohmann::json level_chooser::describe() const
+{
+    nlohmann::json out{{"mode", fixed() ? "given" : "auto"},
+                       {"level", level()},
+                       {"unit", _cfg.unit},
+                       {"why", _why}};
+    if (fixed()) {
+        return out;
+    }
+    out["phase"] = _phase == phase::sweep ? "sweep" : _phase == phase::idle ? "idle" : "exploit";
+    out["sweeps"] = _sweeps;
+    if (_sweeps > 0) {
+        nlohmann::json rates = nlohmann::json::object();
+        nlohmann::json spent = nlohmann::json::object();
+        for (size_t i = 0; i < _cfg.levels.size(); ++i) {
+            const std::string key = std::to_string(_cfg.levels[i]);
+            rates[key] = std::lround(_rates[i]);
+            spent[key] = std::lround(_spent_per_event[i]);
+        }
+        out["rates_per_s"] = std::move(rates);
+        out["spent_per_event_ns"] = std::move(spent);
+    }
+    return out;
+}
+
+shared_level_chooser::shared_level_chooser(level_chooser::config c)
+    : _chooser(std::move(c)), _level(_chooser.level()), _fixed(_chooser.fixed())
+{
+}
+
+void shared_level_chooser::served(uint64_t now, uint64_t events, uint64_t spent)
+{
+    if (_fixed) {
+        return;
+    }
+    if (events != 0) {
+        _events.fetch_add(events, std::memory_order_relaxed);
+    }
+    if (spent != 0) {
+        _spent.fetch_add(spent, std::memory_order_relaxed);
+    }
+    if (now < _due.load(std::memory_order_relaxed) ||
+        _busy.test_and_set(std::memory_order_acquire)) {
+        return;
+    }
+    _chooser.served(now, _events.exchange(0, std::memory_order_relaxed),
+                    _spent.exchange(0, std::memory_order_relaxed));
+    _level.store(_chooser.level(), std::memory_order_relaxed);
+    // Nothing can end before a whole epoch has passed; after that, every
+    // call looks (an epoch needs its events too).
+    _due.store(now + std::min(_chooser.settings().epoch_ns, _chooser.settings().idle_ns) / 8,
+               std::memory_order_relaxed);
+    _busy.clear(std::memory_order_release);
+}
+
+nlohmann::json shared_level_chooser::describe() const
+{
+    while (_busy.test_and_set(std::memory_order_acquire)) {
+        cpu_relax();
+    }
+    nlohmann::json out = _chooser.describe();
+    _busy.clear(std::memory_order_release);
+    return out;
+}
+
+result<void> check_poll_window(std::string_view text)
+{
+    if (text == "auto") {
+        return {};
+    }
+    auto us = parse_kernel_unsigned(text, UINT64_MAX);
+    if (!us || *us > k_max_poll_us) {
+        return make_error(us ? ERANGE : EINVAL,
+                          fmt::format("auto, or a window of 0 to {} us", k_max_poll_us));
+    }
+    return {};
+}
+
+level_chooser::config poll_window_config(std::string_view text)
+{
+    level_chooser::config c;
+    c.unit = "us";
+    if (text == "auto" || text.empty()) {
+        c.levels = {0, 16, 32, 64, 128, 256, 512};
+    } else {
+        c.levels = {parse_kernel_unsigned(text, UINT64_MAX).value_or(0)};
+    }
+    return c;
+}
+
+}  // namespace softblk
