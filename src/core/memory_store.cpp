@@ -23,6 +23,10 @@
 // allocated or freed (under the page's stripe lock); its free list, linked
 // through the free pages' first word, is only touched under it, and a page
 // is on it only after its leaf entry was cleared, so no reader sees it.
+// When the pool has no page ready, the writer lets go of its stripe locks
+// and the pool populates a chunk holding no lock (page_pool.hpp), which may
+// take milliseconds; the writer then takes its locks again and looks at
+// the entries anew (another writer may have given the page one meanwhile).
 //
 // Accounting: the store charges its budget for what it holds resident, where
 // it allocates: a chunk when it is mapped (page_pool.hpp: the pool
@@ -155,6 +159,8 @@ public:
         _budget.set_limit(limit_bytes);
         _pool.trim();
     }
+    void set_huge_pages(huge_page_mode mode) override { _pool.set_mode(mode); }
+    void describe_chunks(nlohmann::json& out) const override { _pool.describe(out); }
     uint64_t capacity_bytes() const override { return _capacity; }
     uint32_t block_size() const override { return _block_size; }
 
@@ -272,7 +278,7 @@ page_store::page_store(const config& cfg, memory_budget& parent)
       _block_shift(static_cast<unsigned>(__builtin_ctz(cfg.block_size))),
       _budget(cfg.limit_bytes, &parent),
       _stripes(new stripe[k_stripes]),
-      _pool(cfg.numa_node, _budget, _page_count * k_page_size)
+      _pool(cfg.numa_node, _budget, _page_count * k_page_size, cfg.huge_pages)
 {
     assert(_block_size >= 512 && _block_size <= k_page_size &&
            (_block_size & (_block_size - 1)) == 0);
@@ -456,13 +462,26 @@ int page_store::write(uint64_t offset, const void* data, uint64_t length)
         uintptr_t v = e->load(std::memory_order_relaxed);
         if (v == 0) [[unlikely]] {
             int error = 0;
-            void* page = _pool.allocate(error);
-            if (page == nullptr) {
+            void* page = _pool.try_allocate(error);
+            if (page == nullptr && error == page_pool::k_must_populate) {
+                // A chunk must be populated: not under the stripe lock, which
+                // writers of other pages share.
                 unlock(index);
-                return error;
+                page = _pool.allocate(error);
+                lock(index);
+                v = e->load(std::memory_order_relaxed);
+                if (v != 0 && page != nullptr) {
+                    _pool.free(page);  // another writer gave it a page meanwhile
+                }
             }
-            v = reinterpret_cast<uintptr_t>(page);
-            _live_pages.fetch_add(1, std::memory_order_relaxed);
+            if (v == 0) {
+                if (page == nullptr) {
+                    unlock(index);
+                    return error;
+                }
+                v = reinterpret_cast<uintptr_t>(page);
+                _live_pages.fetch_add(1, std::memory_order_relaxed);
+            }
         }
         std::memcpy(reinterpret_cast<char*>(v & ~k_bits_mask) + in_page, src, n);
         e->store(v | block_mask(in_page, n), std::memory_order_release);
@@ -497,7 +516,7 @@ int page_store::write_from(uint64_t offset, const data_window& window, uint64_t 
             uintptr_t v = entries[held]->load(std::memory_order_relaxed);
             fresh[held] = v == 0;
             if (v == 0) {
-                void* page = _pool.allocate(error);
+                void* page = _pool.try_allocate(error);
                 if (page == nullptr) {
                     break;
                 }
@@ -513,6 +532,28 @@ int page_store::write_from(uint64_t offset, const data_window& window, uint64_t 
             if (got != static_cast<ssize_t>(r.bytes)) {
                 error = got < 0 ? -errno : -EIO;
             }
+        }
+        if (error == page_pool::k_must_populate) {
+            // A chunk must be populated: the pages taken go back, the locks
+            // are let go while the pool makes as many pages ready as the
+            // run needs (fewer would leave it here again), and the run
+            // starts again.
+            uint64_t need = 0;
+            for (unsigned i = 0; i < r.pages; ++i) {
+                if (i < held ? fresh[i] : entries[i]->load(std::memory_order_relaxed) == 0) {
+                    ++need;
+                }
+            }
+            for (unsigned i = 0; i < held; ++i) {
+                if (fresh[i]) {
+                    _pool.free(reinterpret_cast<void*>(values[i]));
+                }
+            }
+            unlock_run(r.first, r.pages);
+            if (error = _pool.refill(need); error != 0) {
+                return error;
+            }
+            continue;
         }
         bool freed = false;
         for (unsigned i = 0; i < held; ++i) {
@@ -712,6 +753,31 @@ void describe_memory_store(const memory_store& store, nlohmann::json& out)
     out["store_lock_contended"] = store.contended();
     out["memory_limit_bytes"] = store.budget().limit();
     out["memory_refused"] = store.budget().refused();
+    store.describe_chunks(out["chunks"]);
+}
+
+result<huge_page_mode> parse_huge_page_mode(std::string_view text)
+{
+    if (text == "auto") {
+        return huge_page_mode::automatic;
+    }
+    if (text == "0") {
+        return huge_page_mode::off;
+    }
+    if (text == "1") {
+        return huge_page_mode::on;
+    }
+    return make_error(EINVAL,
+                      "huge_pages takes auto (measured here: the default), 0 (small "
+                      "pages) or 1 (huge pages)");
+}
+
+result<void> check_huge_page_mode(std::string_view text)
+{
+    if (auto mode = parse_huge_page_mode(text); !mode) {
+        return std::unexpected(mode.error());
+    }
+    return {};
 }
 
 std::unique_ptr<memory_store> memory_store::create(const config& cfg)
