@@ -609,4 +609,25 @@ TEST_F(zloop_test, ram_variant_keeps_the_zones_in_a_memory_store_with_its_limit)
     EXPECT_EQ(zone_of(*d, 2).condition, zc::empty);
 }
 
+TEST_F(zloop_test, ram_variant_takes_huge_pages_and_shows_its_chunks)
+{
+    // huge_pages as the null target's: at creation and live, "chunks" in
+    // describe says what the store took; anything but auto, 0 or 1 is
+    // refused.
+    _type = "zloop-ram";
+    auto d = make({"huge_pages=0"});
+    ASSERT_TRUE(d);
+    aligned_buffer w(4096);
+    std::memset(w.data, 0x55, w.size);
+    ASSERT_EQ(run(*d, io_op::write, 4 * k_mib, w.size, w.data), 0);
+    nlohmann::json chunks = describe(*d)["target"]["chunks"];
+    EXPECT_EQ(chunks["huge_pages"], "0") << chunks;
+    EXPECT_EQ(chunks["kind"], "small") << chunks;
+    EXPECT_EQ(chunks["small_chunks"], 1u) << chunks;
+    ASSERT_TRUE(d->set_option("huge_pages", "auto"));
+    EXPECT_EQ(describe(*d)["target"]["chunks"]["huge_pages"], "auto");
+    EXPECT_FALSE(d->set_option("huge_pages", "yes"));
+    EXPECT_NE(refused({"huge_pages=2"}).find("auto"), std::string::npos);
+}
+
 }  // namespace
