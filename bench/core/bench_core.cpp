@@ -5,17 +5,26 @@
 //      (deferred, null_blk's default).
 //   2. memory-backed 4 KiB random writes, QD 32: IOPS, and the ratio to this
 //      machine's single-core 4 KiB memcpy rate measured in the same run into
-//      a buffer of the same size as the device (and, for reference, into one
-//      hot 4 KiB buffer); on a 1 GiB device (memory-bound) and a 16 MiB one
-//      (mostly in cache, so the store's own cost shows).
+//      a buffer of the same size as the device, advised for huge pages as
+//      the store's chunks are (the line "transparent huge pages" says what
+//      each got), and, for reference, into one hot 4 KiB buffer; on a 1 GiB
+//      device (memory-bound) and a 16 MiB one (mostly in cache, so the
+//      store's own cost shows).
+//      Before those, the time to write a fresh device of that size in full
+//      with 1 MiB writes in order (what mkfs or a first fio job meets: every
+//      chunk of the store is populated on the way), and the chunks its
+//      store took (huge_pages, docs/null.md).
 //   3. memory use of a memory-backed device: bytes of RAM per GiB written and
 //      per GiB of capacity, from memory_bytes() and from the process RSS.
 //
 // Every measured loop counts heap allocations (operator new) and prints
 // them: the hot path must show 0.
 //
-// Usage: softblk-bench-core [--seconds S] [--only null|memory|ram]
+// Usage: softblk-bench-core [--seconds S] [--only null|memory|fill|ram]
+//                           [--huge-pages auto|0|1]
 //        softblk-bench-core --seconds S --random read|write --depth N --opts "k=v ..."
+// (--huge-pages: the memory-backed devices' huge_pages; default: theirs.)
+// (--only fill: the 1 GiB fill of 2. alone, to repeat run after run.)
 // The second form runs one workload, 4 KiB random I/O at queue depth N on a
 // null device made from the options, and prints `iops N`: the in-process
 // side of bench/fio/compare.sh.
@@ -45,6 +54,24 @@ using namespace softblk;
 using bench::now_ns;
 using bench::xorshift;
 
+// AnonHugePages of the process (transparent huge pages), in bytes.
+uint64_t anon_huge_bytes()
+{
+    FILE* f = std::fopen("/proc/self/smaps_rollup", "r");
+    if (f == nullptr) {
+        return 0;
+    }
+    char line[256];
+    unsigned long kib = 0;
+    while (std::fgets(line, sizeof(line), f) != nullptr) {
+        if (std::sscanf(line, "AnonHugePages: %lu kB", &kib) == 1) {
+            break;
+        }
+    }
+    std::fclose(f);
+    return uint64_t{kib} << 10;
+}
+
 uint64_t rss_bytes()
 {
     FILE* f = std::fopen("/proc/self/statm", "r");
@@ -60,8 +87,15 @@ uint64_t rss_bytes()
     return uint64_t{resident} * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
 }
 
+// --huge-pages: huge_pages=... for every memory-backed device, or empty.
+std::string g_huge_pages;
+
 std::unique_ptr<device> create(std::vector<std::string> options)
 {
+    if (!g_huge_pages.empty() &&
+        std::find(options.begin(), options.end(), "memory_backed=1") != options.end()) {
+        options.push_back("huge_pages=" + g_huge_pages);
+    }
     auto d = device::create("bench", "null", options);
     if (!d) {
         fmt::print(stderr, "softblk-bench-core: {}\n", d.error().message);
@@ -209,11 +243,52 @@ void bench_null(double seconds)
     }
 }
 
+// The describe "chunks" of a memory-backed device: "{huge} huge and
+// {small} small chunks, {why}", or "" where the store has none to show.
+std::string chunks_text(const device& d)
+{
+    nlohmann::json j;
+    d.describe(j);
+    const nlohmann::json chunks = j["target"].value("chunks", nlohmann::json::object());
+    if (!chunks.contains("why")) {
+        return "";
+    }
+    return fmt::format("{} huge and {} small chunks; {}", chunks.value("huge_chunks", uint64_t{0}),
+                       chunks.value("small_chunks", uint64_t{0}),
+                       chunks.value("why", std::string()));
+}
+
+// A fresh device written in full with 1 MiB writes in order, timed.
+void bench_fill(uint64_t k_size_mib)
+{
+    auto d = create({"memory_backed=1", "bs=4096", fmt::format("size={}", k_size_mib), "irqmode=0",
+                     "submit_queues=1", "poll_queues=0"});
+    std::vector<char> chunk(1 << 20, 'f');
+    const uint64_t start = now_ns();
+    uint64_t errors = 0;
+    for (uint64_t off = 0; off < (k_size_mib << 20); off += chunk.size()) {
+        errors +=
+            d->execute(io_op::write, off, static_cast<uint32_t>(chunk.size()), chunk.data()) < 0
+                ? 1
+                : 0;
+    }
+    const double s = static_cast<double>(now_ns() - start) / 1e9;
+    fmt::print(
+        "  fill a fresh device, 1 MiB writes in order   {:>8.3f} s     {:>7.0f} MiB/s  ({} "
+        "errors)\n",
+        s, static_cast<double>(k_size_mib) / s, errors);
+    if (const std::string text = chunks_text(*d); !text.empty()) {
+        fmt::print("    {}\n", text);
+    }
+}
+
 void bench_memory(double seconds, uint64_t k_size_mib, bool two_queues)
 {
     const uint64_t k_bytes = k_size_mib << 20;
     fmt::print("2. memory_backed=1, bs=4096, size={} MiB, 4 KiB random write, QD 32, one queue\n",
                k_size_mib);
+    bench_fill(k_size_mib);
+    const uint64_t huge_before = anon_huge_bytes();
     auto d = create({"memory_backed=1", "bs=4096", fmt::format("size={}", k_size_mib), "irqmode=0",
                      "submit_queues=1", "poll_queues=0"});
     const io_result cold = run_random(*d, io_op::write, 32, seconds);
@@ -225,6 +300,8 @@ void bench_memory(double seconds, uint64_t k_size_mib, bool two_queues)
             d->execute(io_op::write, off, static_cast<uint32_t>(chunk.size()), chunk.data());
         }
     }
+    const uint64_t device_huge = anon_huge_bytes() - huge_before;
+    const std::string device_chunks = chunks_text(*d);
     const io_result warm = run_random(*d, io_op::write, 32, seconds);
     print_io("every page allocated", warm);
     const io_result reads = run_random(*d, io_op::read, 32, seconds);
@@ -260,25 +337,42 @@ void bench_memory(double seconds, uint64_t k_size_mib, bool two_queues)
             100.0 * static_cast<double>(contended) / static_cast<double>(ios));
     }
 
-    // memcpy reference, same run: into a buffer the size of the device.
-    char* dst = static_cast<char*>(mmap(nullptr, k_bytes, PROT_READ | PROT_WRITE,
-                                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0));
-    if (dst == MAP_FAILED) {
+    // memcpy reference, same run: into a buffer the size of the device,
+    // with the page size the store's data has. The store advises its huge
+    // chunks for transparent huge pages and the rest not
+    // (src/core/page_pool.cpp), so the buffer is aligned and advised as
+    // most of the device's data is: where it got huge pages the buffer
+    // does, where it did not (small chunks, or THP off) neither has (on a
+    // machine with THP "always" a plain buffer would have them and chunks
+    // of small pages would not, a TLB difference rather than the store's
+    // cost).
+    const uint64_t align = uint64_t{2} << 20;
+    char* area = static_cast<char*>(
+        mmap(nullptr, k_bytes + align, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+    if (area == MAP_FAILED) {
         fmt::print(stderr, "softblk-bench-core: mmap of {} MiB failed\n", k_size_mib);
         std::exit(1);
     }
+    char* dst = area + (-reinterpret_cast<uintptr_t>(area) & (align - 1));
+    madvise(dst, k_bytes, device_huge * 2 >= k_bytes ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
+    const uint64_t huge_before_copy = anon_huge_bytes();
     // Touch every page first, as the prefill did for the device: in a VM the
-    // first write to guest memory can cost microseconds per page even after
-    // MAP_POPULATE.
+    // first write to guest memory can cost microseconds per page.
     std::memset(dst, 1, k_bytes);
+    const uint64_t copy_huge = anon_huge_bytes() - huge_before_copy;
     const double cold_copy = memcpy_rate(dst, k_bytes, seconds);
     const double hot_copy = memcpy_rate(dst, 4096, seconds);
-    munmap(dst, k_bytes);
+    munmap(area, k_bytes + align);
     const double warm_iops = static_cast<double>(warm.ios) * 1e9 / static_cast<double>(warm.ns);
     const double cold_iops = static_cast<double>(cold.ios) * 1e9 / static_cast<double>(cold.ns);
     fmt::print("  4 KiB memcpy to random slots of {} MiB      {:>8.2f} M/s\n", k_size_mib,
                cold_copy / 1e6);
     fmt::print("  4 KiB memcpy to one hot 4 KiB buffer         {:>8.2f} M/s\n", hot_copy / 1e6);
+    fmt::print("  transparent huge pages: device {} of {} MiB, memcpy buffer {} of {} MiB\n",
+               device_huge >> 20, k_size_mib, copy_huge >> 20, k_size_mib);
+    if (!device_chunks.empty()) {
+        fmt::print("    device: {}\n", device_chunks);
+    }
     fmt::print("  ratio, allocated device / memcpy same size   {:>8.2f}\n", warm_iops / cold_copy);
     fmt::print("  ratio, fresh device / memcpy same size       {:>8.2f}\n", cold_iops / cold_copy);
     fmt::print("  ratio, allocated device / hot memcpy         {:>8.2f}\n", warm_iops / hot_copy);
@@ -378,9 +472,12 @@ int main(int argc, char** argv)
             depth = static_cast<unsigned>(std::atoi(argv[++i]));
         } else if (a == "--opts" && i + 1 < argc) {
             opts = argv[++i];
+        } else if (a == "--huge-pages" && i + 1 < argc) {
+            g_huge_pages = argv[++i];
         } else {
             fmt::print(stderr,
-                       "usage: softblk-bench-core [--seconds S] [--only null|memory|ram]\n"
+                       "usage: softblk-bench-core [--seconds S] [--only null|memory|fill|ram] "
+                       "[--huge-pages auto|0|1]\n"
                        "       softblk-bench-core --seconds S --random read|write --depth N "
                        "--opts \"k=v ...\"\n");
             return 2;
@@ -401,6 +498,12 @@ int main(int argc, char** argv)
     if (only.empty() || only == "memory") {
         bench_memory(seconds, 1024, true);
         bench_memory(seconds, 16, false);
+    }
+    if (only == "fill") {
+        // The fill alone (it is part of "memory"): quick to repeat, to
+        // compare builds or huge_pages settings run after run.
+        fmt::print("fill: memory_backed=1, bs=4096, size=1024 MiB\n");
+        bench_fill(1024);
     }
     if (only.empty() || only == "ram") {
         bench_ram();

@@ -194,6 +194,38 @@ inline constexpr option_def k_memory_limit_option = {
     .update = option_update::live,
 };
 
+// Whether a store's data is in transparent huge pages (the option
+// huge_pages; docs/null.md, "Huge pages"). Huge pages make random writes
+// over a large store faster; populating them can cost far more than small
+// pages (in a VM whose host takes free memory back), so by default the
+// store measures which costs less here.
+enum class huge_page_mode : uint8_t {
+    automatic,  // measured: huge pages while populating them costs at most 1.5x small ones
+    off,        // small pages
+    on,         // huge pages wherever the kernel gives them
+};
+
+// "auto", "0" or "1" (what huge_pages takes); EINVAL otherwise.
+result<huge_page_mode> parse_huge_page_mode(std::string_view text);
+result<void> check_huge_page_mode(std::string_view text);
+
+// The per-device option `huge_pages` of every target that keeps data in a
+// memory_store (as k_memory_limit_option). describe() shows what the store
+// chose and why under "chunks" (describe_memory_store).
+inline constexpr option_def k_huge_pages_option = {
+    .name = "huge_pages",
+    .kind = option_kind::text,
+    .default_value = "auto",
+    .unit = "auto|0|1",
+    .help =
+        "data in 2 MiB transparent huge pages (faster random I/O, slower first writes where "
+        "the host takes free memory back): auto measures what populating them costs here "
+        "against small pages and uses them while at most 1.5x; 0 never; 1 always (where "
+        "the kernel has THP); applies to chunks populated after; changes at any time",
+    .update = option_update::live,
+    .check = check_huge_page_mode,
+};
+
 class memory_store {
 public:
     static constexpr uint32_t k_page_size = 4096;
@@ -208,6 +240,7 @@ public:
         uint64_t limit_bytes = 0;
         // The budget above the store's; nullptr: process_memory_budget().
         memory_budget* parent = nullptr;
+        huge_page_mode huge_pages = huge_page_mode::automatic;
     };
 
     // A store for `cfg`; it charges its fixed part (lock stripes, root node)
@@ -318,6 +351,15 @@ public:
     // back to the kernel. Any thread.
     virtual void set_limit(uint64_t limit_bytes) = 0;
 
+    // Changes huge_pages for the chunks populated from now on (the
+    // kernel's THP setting is read again). Any thread.
+    virtual void set_huge_pages(huge_page_mode mode) = 0;
+    // The "chunks" object of describe: the kind of chunk the store takes
+    // now ("huge", "small" or "measuring"), why, what populating each kind
+    // costs here per MiB (the process's medians, microseconds) and how many
+    // chunks of each kind the store holds. Any thread.
+    virtual void describe_chunks(nlohmann::json& out) const = 0;
+
     virtual uint64_t capacity_bytes() const = 0;
     virtual uint32_t block_size() const = 0;
 };
@@ -326,8 +368,8 @@ public:
 // `store`, under the names every such target uses: data_page_bytes,
 // store_memory_bytes, store_free_page_bytes, store_free_page_limit_bytes,
 // store_returned_bytes, store_lock_contended, memory_limit_bytes (the
-// store's own limit: the convention of k_memory_limit_option) and
-// memory_refused. Any thread.
+// store's own limit: the convention of k_memory_limit_option),
+// memory_refused and chunks (memory_store::describe_chunks). Any thread.
 void describe_memory_store(const memory_store& store, nlohmann::json& out);
 
 }  // namespace softblk

@@ -563,6 +563,10 @@ nlohmann::json device_host::entry_json(const hosted_device& entry) const
             {"daemon_used_bytes", daemon.used()},
             {"daemon_limit_bytes", daemon.limit()},
         };
+        // The kind of chunk its store takes and why (huge_pages).
+        if (target.is_object() && target.contains("chunks")) {
+            d["memory"]["chunks"] = target["chunks"];
+        }
     } else {
         d["name"] = entry.name;
         d["type"] = entry.type;

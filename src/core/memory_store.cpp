@@ -23,28 +23,31 @@
 // allocated or freed (under the page's stripe lock); its free list, linked
 // through the free pages' first word, is only touched under it, and a page
 // is on it only after its leaf entry was cleared, so no reader sees it.
+// When the pool has no page ready, the writer lets go of its stripe locks
+// and the pool populates a chunk holding no lock (page_pool.hpp), which may
+// take milliseconds; the writer then takes its locks again and looks at
+// the entries anew (another writer may have given the page one meanwhile).
 //
 // Accounting: the store charges its budget for what it holds resident, where
-// it allocates: a 1 MiB chunk when it is mapped (the pool populates it
-// whole), a page returned to the kernel when it is reused, a page-table node
-// when it is created; pages returned to the kernel are released. A free page
-// kept resident stays charged, so reusing it charges nothing. So
-// memory_bytes() is the budget's use, and a charge happens once per chunk,
-// node or page taken back from the kernel (relaxed atomics, no lock of its
-// own; the pool's mutex is taken anyway).
+// it allocates: a chunk when it is mapped (page_pool.hpp: the pool
+// populates it whole), a page returned to the kernel when it is reused, a
+// page-table node when it is created; pages returned to the kernel are
+// released. A free page kept resident stays charged, so reusing it charges
+// nothing. So memory_bytes() is the budget's use, and a charge happens once
+// per chunk, node or page taken back from the kernel (relaxed atomics, no
+// lock of its own; the pool's mutex is taken anyway).
 #include <softblk/memory_store.hpp>
+
+#include "page_pool.hpp"
 
 #include <algorithm>
 #include <cassert>
 #include <cerrno>
 #include <cstring>
 #include <iterator>
-#include <mutex>
 #include <new>
 #include <utility>
 #include <sched.h>
-#include <sys/mman.h>
-#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -121,8 +124,6 @@ namespace core {
 
 namespace {
 
-constexpr unsigned k_mpol_preferred = 1;  // <linux/mempolicy.h> MPOL_PREFERRED
-
 class page_store final : public memory_store {
 public:
     page_store(const config& cfg, memory_budget& parent);
@@ -158,6 +159,8 @@ public:
         _budget.set_limit(limit_bytes);
         _pool.trim();
     }
+    void set_huge_pages(huge_page_mode mode) override { _pool.set_mode(mode); }
+    void describe_chunks(nlohmann::json& out) const override { _pool.describe(out); }
     uint64_t capacity_bytes() const override { return _capacity; }
     uint32_t block_size() const override { return _block_size; }
 
@@ -178,68 +181,43 @@ private:
         std::atomic<uint32_t> locked{0};
     };
 
-    // Pages come from 1 MiB chunks mapped (and populated) at once. A freed
-    // page is kept resident on a free list threaded through the pages
-    // themselves (no allocation, no system call) while the list holds fewer
-    // than keep_pages(); beyond that it is queued and returned to the
-    // kernel in batches (MADV_DONTNEED), and faults back in when reused.
-    // Every page counted in resident_pages() is charged to the budget.
-    class page_pool {
-    public:
-        page_pool(int numa_node, memory_budget& budget, uint64_t capacity_bytes)
-            : _numa_node(numa_node), _budget(budget), _capacity(capacity_bytes)
-        {
-        }
-        ~page_pool();
-        // A page (its contents undefined), or nullptr with `error` set to
-        // -ENOSPC (the budget refused) or -ENOMEM (the system did). Reuses
-        // a kept free page first, which charges nothing.
-        void* allocate(int& error);
-        // Takes `page` back: kept for reuse within keep_pages(), else
-        // queued; flush() returns queued pages' RAM.
-        void free(void* page);
-        void flush();
-        // Returns kept free pages beyond keep_pages() (a lowered limit).
-        void trim();
-        void release_all();
-        // How many free pages may be kept resident now (see the .cpp's
-        // k_keep_ceiling for why this bound).
-        uint64_t keep_pages() const;
-        uint64_t resident_pages() const { return _resident.load(std::memory_order_relaxed); }
-        uint64_t free_pages() const { return _kept_count.load(std::memory_order_relaxed); }
-        uint64_t returned_pages() const { return _returned.load(std::memory_order_relaxed); }
-
-    private:
-        static constexpr size_t k_chunk_bytes = size_t{1} << 20;
-        // Pages returned per flush at most: 1 MiB, so that a store far
-        // beyond its bound pays one madvise (and TLB shootdown) per run of
-        // adjacent pages in a MiB, not per 64 pages.
-        static constexpr size_t k_batch = 256;
-        void queue_locked(void* page);
-        void flush_locked();
-
-        int _numa_node;
-        memory_budget& _budget;
-        uint64_t _capacity;
-        mutable std::mutex _lock;
-        std::vector<void*> _chunks;
-        void* _kept = nullptr;  // free list of resident pages, linked through their first word
-        std::atomic<uint64_t> _kept_count{0};
-        std::vector<void*> _returned_free;  // returned to the kernel, ready to reuse
-        void* _pending[k_batch] = {};       // freed beyond the bound, not yet returned
-        size_t _pending_count = 0;
-        char* _bump = nullptr;  // unused rest of the newest chunk
-        char* _bump_end = nullptr;
-        std::atomic<uint64_t> _resident{0};
-        std::atomic<uint64_t> _returned{0};
-    };
-
     // The leaf entry of page `index`, creating missing nodes if `create`;
     // nullptr if absent (and !create), or when a node cannot be had (then
     // `error` is -ENOSPC or -ENOMEM).
-    std::atomic<uintptr_t>* leaf(uint64_t index, bool create, int* error = nullptr) const;
-    void lock(uint64_t page_index) const;
-    void unlock(uint64_t page_index) const;
+    std::atomic<uintptr_t>* leaf(uint64_t index, bool create, int* error = nullptr) const
+    {
+        // Inline, as the stripe lock's fast path below: between two 4 KiB
+        // copies every call, spill and saved register is one more store
+        // queued behind the copy's, and the in-process write path at 1 GiB
+        // was 4% faster without them. Creating nodes stays out of line.
+        node* n = _root;
+        for (unsigned level = 0; level + 1 < _levels; ++level) {
+            const unsigned shift = k_fanout_bits * (_levels - 1 - level);
+            const uintptr_t v =
+                n->slot[(index >> shift) & (k_fanout - 1)].load(std::memory_order_acquire);
+            if (v == 0) {
+                return create ? create_leaf(index, *error) : nullptr;
+            }
+            n = reinterpret_cast<node*>(v);
+        }
+        return &n->slot[index & (k_fanout - 1)];
+    }
+    // leaf()'s slow path: creates the missing nodes, charging each.
+    [[gnu::noinline]] std::atomic<uintptr_t>* create_leaf(uint64_t index, int& error) const;
+    void lock(uint64_t page_index) const
+    {
+        std::atomic<uint32_t>& l = _stripes[page_index % k_stripes].locked;
+        if (l.exchange(1, std::memory_order_acquire) != 0) [[unlikely]] {
+            wait_for(l);
+        }
+    }
+    // lock()'s slow path: counts the wait, spins, then yields until `l` is
+    // free, and takes it.
+    [[gnu::noinline]] void wait_for(std::atomic<uint32_t>& l) const;
+    void unlock(uint64_t page_index) const
+    {
+        _stripes[page_index % k_stripes].locked.store(0, std::memory_order_release);
+    }
     // The next run of write_from or read_to: up to k_run_pages pages from
     // `offset`, at most `length` bytes. Page `i` of it holds span(i).
     struct run {
@@ -291,183 +269,6 @@ private:
 
 }  // namespace
 
-// ---------------------------------------------------------------- page pool
-
-// The most free memory a store keeps resident for reuse. A zoned device
-// discards a whole zone at each reset and rewrites it next, and a file
-// system discards freed extents it will fill again: keeping those pages
-// mapped saves a madvise, its TLB shootdown (costly in a VM: most of the
-// zoned benchmark's time before) and a page fault per page rewritten.
-// Bounded so that a device that discards most of its data still gives
-// memory back (null_blk's memory_backed: discard frees memory):
-//  - 1/8 of the capacity: a full device that discards everything returns
-//    at least 7/8 of its data memory, and the kept memory never exceeds
-//    what a device of that size was expected to hold;
-//  - 1/8 of the smallest memory limit over the store (its memory_limit,
-//    the daemon's budget): free pages count against the budget, so one
-//    device's spare pages must not take a large share of what the others
-//    may allocate;
-//  - 256 MiB: the default zone size of null_blk and of zloop, the largest
-//    discard that zoned use repeats with default geometry; beyond it a
-//    sparse terabyte device would keep gigabytes nobody writes again.
-// The limits are read at each free, so a lowered limit applies at once
-// (the store's own limit through trim() too).
-constexpr uint64_t k_keep_ceiling = uint64_t{256} << 20;
-
-page_store::page_pool::~page_pool()
-{
-    release_all();
-}
-
-uint64_t page_store::page_pool::keep_pages() const
-{
-    uint64_t keep = std::min(_capacity / 8, k_keep_ceiling);
-    if (const uint64_t limit = _budget.smallest_limit(); limit != 0) {
-        keep = std::min(keep, limit / 8);
-    }
-    return keep / k_page_size;
-}
-
-void* page_store::page_pool::allocate(int& error)
-{
-    std::lock_guard guard(_lock);
-    if (_kept != nullptr) {
-        // Resident and charged already: nothing to do but unlink it.
-        void* p = _kept;
-        _kept = *static_cast<void**>(p);
-        _kept_count.fetch_sub(1, std::memory_order_relaxed);
-        return p;
-    }
-    if (_pending_count > 0) {
-        // Not returned yet: hand it straight back out, still resident.
-        return _pending[--_pending_count];
-    }
-    if (_bump == _bump_end && !_returned_free.empty()) {
-        // Returned pages fault back in (zeroed) on first touch: resident
-        // again, so charged again.
-        if (!_budget.try_charge(k_page_size)) {
-            error = -ENOSPC;
-            return nullptr;
-        }
-        void* p = _returned_free.back();
-        _returned_free.pop_back();
-        _resident.fetch_add(1, std::memory_order_relaxed);
-        return p;
-    }
-    if (_bump == _bump_end) {
-        // The whole chunk becomes resident (populated below).
-        if (!_budget.try_charge(k_chunk_bytes)) {
-            error = -ENOSPC;
-            return nullptr;
-        }
-        void* chunk = mmap(nullptr, k_chunk_bytes, PROT_READ | PROT_WRITE,
-                           MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-        if (chunk == MAP_FAILED) {
-            _budget.release(k_chunk_bytes);
-            error = -ENOMEM;
-            return nullptr;
-        }
-        if (_numa_node >= 0) {
-            unsigned long mask[16] = {};
-            if (_numa_node < static_cast<int>(sizeof(mask) * 8)) {
-                mask[_numa_node / 64] = 1ul << (_numa_node % 64);
-                // Best effort: a kernel without NUMA support fails with ENOSYS.
-                syscall(SYS_mbind, chunk, k_chunk_bytes, k_mpol_preferred, mask, sizeof(mask) * 8,
-                        0);
-            }
-        }
-        // Populate the whole chunk in one go: one page fault per chunk
-        // instead of one per page on the write path.
-        madvise(chunk, k_chunk_bytes, MADV_POPULATE_WRITE);
-        _chunks.push_back(chunk);
-        _bump = static_cast<char*>(chunk);
-        _bump_end = _bump + k_chunk_bytes;
-        _resident.fetch_add(k_chunk_bytes / k_page_size, std::memory_order_relaxed);
-    }
-    // The rest of the newest chunk before returned pages: it is resident
-    // and charged already.
-    void* p = _bump;
-    _bump += k_page_size;
-    return p;
-}
-
-void page_store::page_pool::free(void* page)
-{
-    std::lock_guard guard(_lock);
-    if (_kept_count.load(std::memory_order_relaxed) < keep_pages()) {
-        *static_cast<void**>(page) = _kept;
-        _kept = page;
-        _kept_count.fetch_add(1, std::memory_order_relaxed);
-        return;
-    }
-    queue_locked(page);
-}
-
-void page_store::page_pool::flush()
-{
-    std::lock_guard guard(_lock);
-    flush_locked();
-}
-
-void page_store::page_pool::trim()
-{
-    std::lock_guard guard(_lock);
-    const uint64_t keep = keep_pages();
-    while (_kept_count.load(std::memory_order_relaxed) > keep) {
-        void* p = _kept;
-        _kept = *static_cast<void**>(p);
-        _kept_count.fetch_sub(1, std::memory_order_relaxed);
-        queue_locked(p);
-    }
-    flush_locked();
-}
-
-void page_store::page_pool::queue_locked(void* page)
-{
-    _pending[_pending_count++] = page;
-    if (_pending_count == k_batch) {
-        flush_locked();
-    }
-}
-
-void page_store::page_pool::flush_locked()
-{
-    if (_pending_count == 0) {
-        return;
-    }
-    std::sort(_pending, _pending + _pending_count);
-    size_t i = 0;
-    while (i < _pending_count) {
-        size_t j = i + 1;
-        while (j < _pending_count && static_cast<char*>(_pending[j]) ==
-                                         static_cast<char*>(_pending[j - 1]) + k_page_size) {
-            ++j;
-        }
-        madvise(_pending[i], (j - i) * k_page_size, MADV_DONTNEED);
-        i = j;
-    }
-    _returned_free.insert(_returned_free.end(), _pending, _pending + _pending_count);
-    _resident.fetch_sub(_pending_count, std::memory_order_relaxed);
-    _returned.fetch_add(_pending_count, std::memory_order_relaxed);
-    _budget.release(_pending_count * uint64_t{k_page_size});
-    _pending_count = 0;
-}
-
-void page_store::page_pool::release_all()
-{
-    std::lock_guard guard(_lock);
-    for (void* c : _chunks) {
-        munmap(c, k_chunk_bytes);
-    }
-    _chunks.clear();
-    _kept = nullptr;
-    _kept_count.store(0, std::memory_order_relaxed);
-    _returned_free.clear();
-    _pending_count = 0;
-    _bump = _bump_end = nullptr;
-    _budget.release(_resident.exchange(0, std::memory_order_relaxed) * uint64_t{k_page_size});
-}
-
 // ---------------------------------------------------------------- store
 
 page_store::page_store(const config& cfg, memory_budget& parent)
@@ -477,7 +278,7 @@ page_store::page_store(const config& cfg, memory_budget& parent)
       _block_shift(static_cast<unsigned>(__builtin_ctz(cfg.block_size))),
       _budget(cfg.limit_bytes, &parent),
       _stripes(new stripe[k_stripes]),
-      _pool(cfg.numa_node, _budget, _page_count * k_page_size)
+      _pool(cfg.numa_node, _budget, _page_count * k_page_size, cfg.huge_pages)
 {
     assert(_block_size >= 512 && _block_size <= k_page_size &&
            (_block_size & (_block_size - 1)) == 0);
@@ -509,7 +310,7 @@ void page_store::free_subtree(node* n, unsigned level)
     delete n;
 }
 
-std::atomic<uintptr_t>* page_store::leaf(uint64_t index, bool create, int* error) const
+std::atomic<uintptr_t>* page_store::create_leaf(uint64_t index, int& error) const
 {
     node* n = _root;
     for (unsigned level = 0; level + 1 < _levels; ++level) {
@@ -517,17 +318,14 @@ std::atomic<uintptr_t>* page_store::leaf(uint64_t index, bool create, int* error
         std::atomic<uintptr_t>& s = n->slot[(index >> shift) & (k_fanout - 1)];
         uintptr_t v = s.load(std::memory_order_acquire);
         if (v == 0) {
-            if (!create) {
-                return nullptr;
-            }
             if (!_budget.try_charge(sizeof(node))) {
-                *error = -ENOSPC;
+                error = -ENOSPC;
                 return nullptr;
             }
             node* fresh = new (std::nothrow) node();
             if (fresh == nullptr) {
                 _budget.release(sizeof(node));
-                *error = -ENOMEM;
+                error = -ENOMEM;
                 return nullptr;
             }
             uintptr_t expected = 0;
@@ -546,12 +344,8 @@ std::atomic<uintptr_t>* page_store::leaf(uint64_t index, bool create, int* error
     return &n->slot[index & (k_fanout - 1)];
 }
 
-void page_store::lock(uint64_t page_index) const
+void page_store::wait_for(std::atomic<uint32_t>& l) const
 {
-    std::atomic<uint32_t>& l = _stripes[page_index % k_stripes].locked;
-    if (l.exchange(1, std::memory_order_acquire) == 0) {
-        return;
-    }
     _contended.fetch_add(1, std::memory_order_relaxed);
     unsigned spins = 0;
     for (;;) {
@@ -566,11 +360,6 @@ void page_store::lock(uint64_t page_index) const
             return;
         }
     }
-}
-
-void page_store::unlock(uint64_t page_index) const
-{
-    _stripes[page_index % k_stripes].locked.store(0, std::memory_order_release);
 }
 
 page_store::run page_store::next_run(uint64_t offset, uint64_t length)
@@ -662,21 +451,37 @@ int page_store::write(uint64_t offset, const void* data, uint64_t length)
         const uint64_t index = offset / k_page_size;
         const uint32_t in_page = static_cast<uint32_t>(offset % k_page_size);
         const uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(length, k_page_size - in_page));
-        int error = 0;
-        std::atomic<uintptr_t>* e = leaf(index, true, &error);
-        if (e == nullptr) {
-            return error;
+        std::atomic<uintptr_t>* e = leaf(index, false);
+        if (e == nullptr) [[unlikely]] {
+            int error = 0;
+            if (e = create_leaf(index, error); e == nullptr) {
+                return error;
+            }
         }
         lock(index);
         uintptr_t v = e->load(std::memory_order_relaxed);
-        if (v == 0) {
-            void* page = _pool.allocate(error);
-            if (page == nullptr) {
+        if (v == 0) [[unlikely]] {
+            int error = 0;
+            void* page = _pool.try_allocate(error);
+            if (page == nullptr && error == page_pool::k_must_populate) {
+                // A chunk must be populated: not under the stripe lock, which
+                // writers of other pages share.
                 unlock(index);
-                return error;
+                page = _pool.allocate(error);
+                lock(index);
+                v = e->load(std::memory_order_relaxed);
+                if (v != 0 && page != nullptr) {
+                    _pool.free(page);  // another writer gave it a page meanwhile
+                }
             }
-            v = reinterpret_cast<uintptr_t>(page);
-            _live_pages.fetch_add(1, std::memory_order_relaxed);
+            if (v == 0) {
+                if (page == nullptr) {
+                    unlock(index);
+                    return error;
+                }
+                v = reinterpret_cast<uintptr_t>(page);
+                _live_pages.fetch_add(1, std::memory_order_relaxed);
+            }
         }
         std::memcpy(reinterpret_cast<char*>(v & ~k_bits_mask) + in_page, src, n);
         e->store(v | block_mask(in_page, n), std::memory_order_release);
@@ -711,7 +516,7 @@ int page_store::write_from(uint64_t offset, const data_window& window, uint64_t 
             uintptr_t v = entries[held]->load(std::memory_order_relaxed);
             fresh[held] = v == 0;
             if (v == 0) {
-                void* page = _pool.allocate(error);
+                void* page = _pool.try_allocate(error);
                 if (page == nullptr) {
                     break;
                 }
@@ -727,6 +532,28 @@ int page_store::write_from(uint64_t offset, const data_window& window, uint64_t 
             if (got != static_cast<ssize_t>(r.bytes)) {
                 error = got < 0 ? -errno : -EIO;
             }
+        }
+        if (error == page_pool::k_must_populate) {
+            // A chunk must be populated: the pages taken go back, the locks
+            // are let go while the pool makes as many pages ready as the
+            // run needs (fewer would leave it here again), and the run
+            // starts again.
+            uint64_t need = 0;
+            for (unsigned i = 0; i < r.pages; ++i) {
+                if (i < held ? fresh[i] : entries[i]->load(std::memory_order_relaxed) == 0) {
+                    ++need;
+                }
+            }
+            for (unsigned i = 0; i < held; ++i) {
+                if (fresh[i]) {
+                    _pool.free(reinterpret_cast<void*>(values[i]));
+                }
+            }
+            unlock_run(r.first, r.pages);
+            if (error = _pool.refill(need); error != 0) {
+                return error;
+            }
+            continue;
         }
         bool freed = false;
         for (unsigned i = 0; i < held; ++i) {
@@ -926,6 +753,31 @@ void describe_memory_store(const memory_store& store, nlohmann::json& out)
     out["store_lock_contended"] = store.contended();
     out["memory_limit_bytes"] = store.budget().limit();
     out["memory_refused"] = store.budget().refused();
+    store.describe_chunks(out["chunks"]);
+}
+
+result<huge_page_mode> parse_huge_page_mode(std::string_view text)
+{
+    if (text == "auto") {
+        return huge_page_mode::automatic;
+    }
+    if (text == "0") {
+        return huge_page_mode::off;
+    }
+    if (text == "1") {
+        return huge_page_mode::on;
+    }
+    return make_error(EINVAL,
+                      "huge_pages takes auto (measured here: the default), 0 (small "
+                      "pages) or 1 (huge pages)");
+}
+
+result<void> check_huge_page_mode(std::string_view text)
+{
+    if (auto mode = parse_huge_page_mode(text); !mode) {
+        return std::unexpected(mode.error());
+    }
+    return {};
 }
 
 std::unique_ptr<memory_store> memory_store::create(const config& cfg)

@@ -64,6 +64,12 @@ daemon_limit=$(jq -r '.[0].memory.daemon_limit_bytes' <<<"$json")
 [ "$daemon_limit" -eq $((64 * mib)) ] || fail "daemon_limit_bytes is $daemon_limit"
 [ "$daemon_used" -le "$daemon_limit" ] || fail "the daemon uses $daemon_used of $daemon_limit"
 "$softblk" list | grep -q "of 64.0 MiB" || fail "the list table does not show the budget"
+# What the store's chunks are (huge_pages) and why.
+chunks=$(jq -c '.[] | select(.name == "big") | .memory.chunks' <<<"$json")
+case "$(jq -r .kind <<<"$chunks")" in huge | small | measuring) ;; *)
+  fail "list --json has no memory.chunks.kind for big: $chunks" ;;
+esac
+[ -n "$(jq -r '.why // empty' <<<"$chunks")" ] || fail "memory.chunks says no why: $chunks"
 [ "$("$softblk" status --json | jq .memory.used_bytes)" -eq "$daemon_used" ] ||
   fail "status and list disagree on the memory used"
 

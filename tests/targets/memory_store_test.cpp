@@ -4,13 +4,17 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <thread>
 #include <vector>
 
 #include <softblk/memory_store.hpp>
 
+#include "core/chunk_policy.hpp"
 #include "test_util.hpp"
 
 using softblk::data_window;
@@ -28,10 +32,14 @@ constexpr uint64_t k_tib = uint64_t{1} << 40;
 std::unique_ptr<memory_store> make(uint64_t capacity, uint32_t block_size, uint64_t limit = 0,
                                    memory_budget* parent = nullptr)
 {
+    // huge_pages=1, not the default auto: these tests count the memory
+    // of whole chunks, whose kind auto takes from what the process measured
+    // so far (1 MiB chunks where the kernel has no THP, as before).
     return memory_store::create({.capacity_bytes = capacity,
                                  .block_size = block_size,
                                  .limit_bytes = limit,
-                                 .parent = parent});
+                                 .parent = parent,
+                                 .huge_pages = softblk::huge_page_mode::on});
 }
 
 TEST(memory_store, an_empty_terabyte_costs_almost_nothing)
@@ -583,6 +591,145 @@ TEST(memory_store, concurrent_writers_share_the_budget_exactly)
     EXPECT_EQ(daemon.used(), store->memory_bytes());
     store.reset();
     EXPECT_EQ(daemon.used(), 0u);
+}
+
+// ---------------------------------------------------------------- populating
+
+// The process's chunk policy with a clock whose first reading after
+// `g_slow` is set sleeps 300 ms: the chunk populated then takes that long,
+// as a host's faults can make it. Restores the clock when it goes.
+std::atomic<bool> g_slow{false};
+std::atomic<bool> g_in_population{false};
+uint64_t slow_once()
+{
+    if (g_slow.exchange(false)) {
+        g_in_population = true;
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    }
+    return static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+}
+
+struct slow_population {
+    slow_population() { softblk::core::chunk_policy::process().set_clock(slow_once); }
+    ~slow_population()
+    {
+        g_slow = false;
+        softblk::core::chunk_policy::process().set_clock(nullptr);
+    }
+    // Runs `work` in a thread that populates the next chunk; returns once
+    // the population has begun.
+    std::thread start(std::function<void()> work)
+    {
+        g_in_population = false;
+        g_slow = true;
+        std::thread t(std::move(work));
+        while (!g_in_population) {
+            std::this_thread::yield();
+        }
+        return t;
+    }
+};
+
+std::unique_ptr<memory_store> make_small_chunks(uint64_t capacity)
+{
+    return memory_store::create({.capacity_bytes = capacity,
+                                 .block_size = 4096,
+                                 .huge_pages = softblk::huge_page_mode::off});
+}
+
+TEST(memory_store, a_slow_population_stalls_no_writer_of_a_page_it_has)
+{
+    // Page 0 and the page that needs a new chunk share stripe 0 (pages 256
+    // apart): with the population under the stripe lock, writing page 0
+    // would wait for it.
+    slow_population slow;
+    auto store = make_small_chunks(16 * k_mib);
+    memory_store& s = *store;
+    const auto chunk = pattern(k_mib, 1);
+    ASSERT_EQ(s.write(0, chunk.data(), k_mib), 0);  // the first chunk, used up
+    const auto data = pattern(256 << 10, 2);
+    const window_file file(data, 0);
+    for (const bool from_window : {false, true}) {
+        const uint64_t at = from_window ? 2 * k_mib : k_mib;  // stripe 0
+        std::thread writer = slow.start([&] {
+            EXPECT_EQ(from_window
+                          ? s.write_from(at, data_window{.fd = file.fd, .offset = 0}, data.size())
+                          : s.write(at, data.data(), data.size()),
+                      0);
+        });
+        const auto start = std::chrono::steady_clock::now();
+        ASSERT_EQ(s.write(0, chunk.data(), 4096), 0);
+        std::vector<char> back(4096);
+        s.read(0, back.data(), back.size());
+        EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(150))
+            << (from_window ? "write_from" : "write")
+            << ": a writer of another page waited for the population";
+        writer.join();
+        std::vector<char> stored(data.size());
+        s.read(at, stored.data(), stored.size());
+        EXPECT_EQ(stored, data);
+        // Use the new chunk up, so that the next write populates again.
+        const auto rest = pattern(k_mib - data.size(), 3);
+        ASSERT_EQ(s.write(at + data.size(), rest.data(), rest.size()), 0);
+    }
+}
+
+TEST(memory_store, write_from_a_run_past_the_end_of_a_chunk)
+{
+    // 253 pages of the first small chunk used: a write_from run of 64 pages
+    // takes the last 3, needs a new chunk for the 4th, lets go of its locks
+    // and starts again. Making one page ready was not enough (the run took
+    // the same 3 pages and stopped at the 4th again, for ever): the pool
+    // makes ready as many as the run needs. A watchdog turns a hang into a
+    // failure.
+    auto store = make_small_chunks(16 * k_mib);
+    memory_store& s = *store;
+    const auto first = pattern(253 * 4096, 1);
+    ASSERT_EQ(s.write(0, first.data(), first.size()), 0);
+    const auto data = pattern(64 * 4096, 2);
+    const window_file file(data, 0);
+    std::atomic<bool> done{false};
+    std::thread watchdog([&] {
+        for (int i = 0; i < 200 && !done; ++i) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        }
+        if (!done) {
+            ADD_FAILURE() << "write_from did not finish in 10 s";
+            std::abort();
+        }
+    });
+    const int written =
+        s.write_from(4 * k_mib, data_window{.fd = file.fd, .offset = 0}, data.size());
+    done = true;
+    watchdog.join();
+    ASSERT_EQ(written, 0);
+    std::vector<char> back(data.size());
+    s.read(4 * k_mib, back.data(), back.size());
+    EXPECT_EQ(back, data);
+    // 253 + 64 pages live: the second chunk holds the run's other 61.
+    EXPECT_EQ(s.data_page_bytes(), (253u + 64u) * 4096u);
+}
+
+TEST(memory_store, two_writers_of_a_page_waiting_for_a_chunk_keep_one_page)
+{
+    // Both let go of the page's stripe while the chunk is populated; the
+    // second to take it again finds the first one's page and gives its own
+    // back to the pool.
+    slow_population slow;
+    auto store = make_small_chunks(16 * k_mib);
+    memory_store& s = *store;
+    const auto chunk = pattern(k_mib, 1);
+    ASSERT_EQ(s.write(0, chunk.data(), k_mib), 0);
+    const std::vector<char> a(4096, 'a');
+    const std::vector<char> b(4096, 'b');
+    std::thread first = slow.start([&] { EXPECT_EQ(s.write(k_mib, a.data(), 4096), 0); });
+    EXPECT_EQ(s.write(k_mib, b.data(), 4096), 0);
+    first.join();
+    EXPECT_EQ(s.data_page_bytes(), k_mib + 4096);
+    EXPECT_EQ(s.free_page_bytes(), 4096u);
+    std::vector<char> back(4096);
+    s.read(k_mib, back.data(), back.size());
+    EXPECT_TRUE(back == a || back == b);
 }
 
 }  // namespace

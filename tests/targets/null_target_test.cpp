@@ -3,6 +3,8 @@
 // option errors. (The decorators' attributes: decorators_test.cpp.)
 #include "test_util.hpp"
 
+#include "core/chunk_policy.hpp"
+
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
@@ -355,6 +357,48 @@ TEST(null_target, memory_limit_fails_writes_with_enospc_and_discard_gives_room)
     EXPECT_EQ(d->execute(io_op::write, 0, 1 << 20, data.data()), 1 << 20);
     ASSERT_EQ(d->execute(io_op::discard, 0, stored << 20, nullptr), 0);
     EXPECT_EQ(d->execute(io_op::write, uint64_t{32} << 20, 1 << 20, data.data()), 1 << 20);
+}
+
+TEST(null_target, huge_pages_chooses_the_chunks_and_describe_says_why)
+{
+    // The default measures (auto); 0 and 1 decide, at creation and while
+    // the device runs. describe shows the kind and why under "chunks".
+    auto d = make_null({"size=64", "bs=4096", "memory_backed=1", "huge_pages=0"});
+    ASSERT_TRUE(d);
+    auto data = pattern(4 << 20, 6);
+    ASSERT_EQ(d->execute(io_op::write, 0, 4 << 20, data.data()), 4 << 20);
+    nlohmann::json chunks = describe(*d)["target"]["chunks"];
+    EXPECT_EQ(chunks["kind"], "small") << chunks;
+    EXPECT_EQ(chunks["huge_pages"], "0");
+    EXPECT_EQ(chunks["small_chunks"], 4u);
+    EXPECT_EQ(chunks["huge_chunks"], 0u);
+    ASSERT_TRUE(d->set_option("huge_pages", "1\n"));
+    ASSERT_EQ(d->execute(io_op::write, 4 << 20, 4 << 20, data.data()), 4 << 20);
+    chunks = describe(*d)["target"]["chunks"];
+    EXPECT_EQ(chunks["huge_pages"], "1");
+    std::string no_thp;
+    if (softblk::core::chunk_policy::thp_usable_here(no_thp)) {
+        EXPECT_EQ(chunks["kind"], "huge") << chunks;
+        EXPECT_EQ(chunks["huge_chunks"], 2u);
+    } else {
+        EXPECT_EQ(chunks["kind"], "small") << chunks;  // and why: THP is off
+        EXPECT_NE(chunks["why"].get<std::string>().find(no_thp), std::string::npos) << chunks;
+    }
+    ASSERT_TRUE(d->set_option("huge_pages", "auto"));
+    chunks = describe(*d)["target"]["chunks"];
+    EXPECT_EQ(chunks["huge_pages"], "auto");
+    EXPECT_FALSE(chunks["why"].get<std::string>().empty());
+    // Anything else is refused, naming what it takes.
+    const auto bad = d->set_option("huge_pages", "2");
+    ASSERT_FALSE(bad);
+    EXPECT_EQ(bad.error().code.value(), EINVAL);
+    EXPECT_NE(bad.error().message.find("huge_pages=2"), std::string::npos) << bad.error().message;
+    EXPECT_NE(bad.error().message.find("auto"), std::string::npos) << bad.error().message;
+    // Without memory there are no chunks: a note says it does nothing.
+    auto plain = make_null({"huge_pages=1"});
+    ASSERT_TRUE(plain);
+    ASSERT_FALSE(plain->notes().empty());
+    EXPECT_NE(plain->notes().back().find("huge_pages=1 ignored"), std::string::npos);
 }
 
 TEST(null_target, memory_limit_without_memory_is_refused)

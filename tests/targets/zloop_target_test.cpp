@@ -571,9 +571,10 @@ TEST_F(zloop_test, ram_variant_keeps_the_zones_in_a_memory_store_with_its_limit)
     const uint64_t before = d->memory_bytes();
     ASSERT_EQ(run(*d, io_op::write, 4 * k_mib, 4096, w.data), 0);
     EXPECT_GE(d->memory_bytes(), before + 4096);
-    // The store takes memory in 1 MiB chunks: a second one is past the
-    // limit, and the write fails with ENOSPC; its write pointer had
-    // moved (zloop_rw), and comes back to what the store holds.
+    // The store takes memory in chunks, 1 MiB this close to its limit: a
+    // second one is past the limit, and the write fails with ENOSPC; its
+    // write pointer had moved (zloop_rw), and comes back to what the store
+    // holds.
     EXPECT_EQ(run(*d, io_op::write, 6 * k_mib, w.size, w.data), -ENOSPC);
     zone_descriptor z = zone_of(*d, 3);
     EXPECT_EQ(z.write_pointer, 6 * k_mib);
@@ -606,6 +607,27 @@ TEST_F(zloop_test, ram_variant_keeps_the_zones_in_a_memory_store_with_its_limit)
     d = make();
     ASSERT_TRUE(d);
     EXPECT_EQ(zone_of(*d, 2).condition, zc::empty);
+}
+
+TEST_F(zloop_test, ram_variant_takes_huge_pages_and_shows_its_chunks)
+{
+    // huge_pages as the null target's: at creation and live, "chunks" in
+    // describe says what the store took; anything but auto, 0 or 1 is
+    // refused.
+    _type = "zloop-ram";
+    auto d = make({"huge_pages=0"});
+    ASSERT_TRUE(d);
+    aligned_buffer w(4096);
+    std::memset(w.data, 0x55, w.size);
+    ASSERT_EQ(run(*d, io_op::write, 4 * k_mib, w.size, w.data), 0);
+    nlohmann::json chunks = describe(*d)["target"]["chunks"];
+    EXPECT_EQ(chunks["huge_pages"], "0") << chunks;
+    EXPECT_EQ(chunks["kind"], "small") << chunks;
+    EXPECT_EQ(chunks["small_chunks"], 1u) << chunks;
+    ASSERT_TRUE(d->set_option("huge_pages", "auto"));
+    EXPECT_EQ(describe(*d)["target"]["chunks"]["huge_pages"], "auto");
+    EXPECT_FALSE(d->set_option("huge_pages", "yes"));
+    EXPECT_NE(refused({"huge_pages=2"}).find("auto"), std::string::npos);
 }
 
 }  // namespace

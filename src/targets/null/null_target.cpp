@@ -89,6 +89,7 @@ constexpr option_def k_null_options[] = {
      .help = "keep written data in RAM (sparse: RAM grows with the data written; kept across "
              "power cycles)"},
     k_memory_limit_option,
+    k_huge_pages_option,
     {.name = "discard",
      .kind = option_kind::boolean,
      .default_value = "0",
@@ -359,6 +360,14 @@ public:
                 return make_error(EINVAL, fmt::format("memory_limit={}: memory_limit needs "
                                                       "memory_backed=1",
                                                       options.u64("memory_limit")));
+            }
+            return {};
+        }
+        if (def.name == "huge_pages") {
+            // Without memory_backed=1 there is no store: the value waits
+            // for a power on with memory (power_on_null notes it).
+            if (_store != nullptr) {
+                _store->set_huge_pages(*parse_huge_page_mode(options.text("huge_pages")));
             }
             return {};
         }
@@ -705,19 +714,21 @@ result<void> move_data(const memory_store& from, memory_store& to)
 // changes). A store larger than the device keeps the data past its end, as
 // null_blk does when `size` shrinks. Control thread.
 result<void> prepare_store(null_data& data, uint64_t capacity, uint32_t granularity, int node,
-                           uint64_t limit_bytes)
+                           uint64_t limit_bytes, huge_page_mode huge_pages)
 {
     memory_store* old = data.store.get();
     if (old != nullptr && old->block_size() == granularity && old->capacity_bytes() >= capacity &&
         data.numa_node == node) {
         old->set_limit(limit_bytes);
+        old->set_huge_pages(huge_pages);
         return {};
     }
     auto fresh = memory_store::create(
         {.capacity_bytes = old != nullptr ? std::max(capacity, old->capacity_bytes()) : capacity,
          .block_size = granularity,
          .numa_node = node,
-         .limit_bytes = limit_bytes});
+         .limit_bytes = limit_bytes,
+         .huge_pages = huge_pages});
     if (old != nullptr) {
         if (auto r = move_data(*old, *fresh); !r) {
             return r;
@@ -838,10 +849,16 @@ result<std::unique_ptr<target>> power_on_null(option_set& o, std::shared_ptr<tar
     if (memory_backed) {
         const uint32_t granularity = static_cast<uint32_t>(std::min<uint64_t>(bs, 4096));
         if (auto r = prepare_store(*data, size_mib * k_mib, granularity, home_node,
-                                   memory_limit_mib * k_mib);
+                                   memory_limit_mib * k_mib,
+                                   *parse_huge_page_mode(o.text("huge_pages")));
             !r) {
             return std::unexpected(r.error());
         }
+    } else if (o.given("huge_pages")) {
+        notes.push_back(
+            fmt::format("huge_pages={} ignored: without memory_backed=1 the device "
+                        "keeps no data",
+                        o.text("huge_pages")));
     }
 
     const int index = indexes().take();

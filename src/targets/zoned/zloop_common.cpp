@@ -123,7 +123,7 @@ constexpr option_def k_file_only_options[] = {
              "tried at open"},
 };
 
-constexpr option_def k_ram_only_options[] = {k_memory_limit_option};
+constexpr option_def k_ram_only_options[] = {k_memory_limit_option, k_huge_pages_option};
 
 template <size_t A, size_t B>
 constexpr std::array<option_def, A + B> join(const option_def (&a)[A], const option_def (&b)[B])

@@ -129,6 +129,10 @@ public:
 
     result<void> apply_option(const option_def& def, const option_set& options) override
     {
+        if (def.name == "huge_pages") {
+            _store->set_huge_pages(*parse_huge_page_mode(options.text("huge_pages")));
+            return {};
+        }
         if (def.name == "memory_limit") {
             _store->set_limit(options.u64("memory_limit") << 20);
             return {};
@@ -191,7 +195,8 @@ result<std::unique_ptr<target>> create_zloop_ram(const option_set& o)
     auto store = memory_store::create(
         {.capacity_bytes = uint64_t{settings->geo.nr_zones} * settings->geo.zone_size,
          .block_size = k_block_size,
-         .limit_bytes = o.u64("memory_limit") << 20});
+         .limit_bytes = o.u64("memory_limit") << 20,
+         .huge_pages = *parse_huge_page_mode(o.text("huge_pages"))});
     auto t = std::make_unique<zloop_ram_target>(*settings, std::move(store));
     if (auto r = t->init(); !r) {
         return std::unexpected(r.error());
