@@ -13,6 +13,7 @@
 #include "queue.hpp"
 
 #include "device_impl.hpp"
+#include "op_properties.hpp"
 
 #include <cassert>
 #include <cerrno>
@@ -41,14 +42,18 @@ void* zero_buffer()
     return zeros;
 }
 
-bool moves_data(io_op op)
+// The op's row of k_op_table; for an op outside the enum (which plan()
+// refuses), a row with none of the properties.
+const op_properties& row(io_op op)
 {
-    return op == io_op::read || op == io_op::write;
+    static constexpr op_properties k_none{};
+    const op_properties* p = properties_of(op);
+    return p != nullptr ? *p : k_none;
 }
 
 bool is_report(io_op op)
 {
-    return op == io_op::report_zones || op == io_op::report_extents;
+    return row(op).result == op_result::entries;
 }
 
 // A piece is still to go out: none yet, or bytes left and no error.
@@ -81,46 +86,31 @@ int queue_impl::plan(bio& b) const
     b.transferred = 0;
     b.result_offset = 0;
 
-    auto check_range = [&] { return check_block_range(lim, b.offset, b.length); };
+    const op_properties* p = properties_of(b.op);
+    if (p == nullptr) {
+        return -EOPNOTSUPP;
+    }
     // Anything that would change a read-only device is refused first, as
     // the block layer does (bio_check_ro), whatever the target offers.
-    switch (b.op) {
-    case io_op::write:
-    case io_op::discard:
-    case io_op::write_zeroes:
-    case io_op::zone_open:
-    case io_op::zone_close:
-    case io_op::zone_finish:
-    case io_op::zone_reset:
-    case io_op::zone_reset_all:
-    case io_op::zone_append:
-        if (lim.read_only) {
-            return -EPERM;
-        }
-        break;
-    default:
-        break;
+    if (p->changes_media && lim.read_only) {
+        return -EPERM;
     }
-    const uint32_t transfer_max = piece_limit(
-        lim.max_transfer_bytes != 0 ? lim.max_transfer_bytes : uint64_t{UINT32_MAX}, block);
-
-    switch (b.op) {
-    case io_op::read:
-    case io_op::write:
-        if (b.length == 0 || b.buffer == nullptr) {
+    auto check_range = [&] { return check_block_range(lim, b.offset, b.length); };
+    switch (p->split) {
+    case op_split::pieces: {
+        if (p->payload == op_payload::data && (b.length == 0 || b.buffer == nullptr)) {
             return -EINVAL;
         }
-        s.piece_max = transfer_max;
-        return check_range();
-    case io_op::discard:
-        if (lim.max_discard_bytes == 0) {
+        const uint32_t limit = lim.*(p->length_limit);
+        // max_transfer_bytes 0: no limit but an io_request's 32 bits.
+        const uint32_t transfer_max = piece_limit(
+            lim.max_transfer_bytes != 0 ? lim.max_transfer_bytes : uint64_t{UINT32_MAX}, block);
+        if (!p->limit_is_capability) {
+            s.piece_max = transfer_max;
+        } else if (limit != 0) {
+            s.piece_max = piece_limit(limit, block);
+        } else if (!p->zero_fill_fallback) {
             return -EOPNOTSUPP;
-        }
-        s.piece_max = piece_limit(lim.max_discard_bytes, block);
-        return check_range();
-    case io_op::write_zeroes:
-        if (lim.max_write_zeroes_bytes != 0) {
-            s.piece_max = piece_limit(lim.max_write_zeroes_bytes, block);
         } else if ((b.flags & k_io_fast_zero) != 0) {
             return -EOPNOTSUPP;  // zeroing would mean writing zero buffers: not fast
         } else {
@@ -131,7 +121,8 @@ int queue_impl::plan(bio& b) const
             s.piece_max = std::min(transfer_max, k_zero_buffer_bytes - k_zero_buffer_bytes % block);
         }
         return check_range();
-    case io_op::report_extents:
+    }
+    case op_split::one_piece:
         // One piece; a range beyond 32 bits is answered in part, which the
         // operation allows (the caller asks again from where it ended).
         if (b.length == 0 || b.buffer == nullptr || b.report_capacity == 0) {
@@ -142,18 +133,12 @@ int queue_impl::plan(bio& b) const
         }
         s.left = piece_limit(b.length, block);
         return 0;
-    case io_op::zone_append:
+    case op_split::never:
         if (b.length > UINT32_MAX) {
             return -EINVAL;  // never split: the pieces could land apart
         }
         return 0;
-    case io_op::flush:
-    case io_op::zone_open:
-    case io_op::zone_close:
-    case io_op::zone_finish:
-    case io_op::zone_reset:
-    case io_op::zone_reset_all:
-    case io_op::report_zones:
+    case op_split::no_length:
         // One request of length 0; the queue validates the rest.
         s.left = 0;
         return 0;
@@ -183,7 +168,8 @@ void queue_impl::fill_piece(bio& b, io_request& r)
     r.report_capacity = b.report_capacity;
     if (s.emulated_zeroes) {
         r.buffer = zero_buffer();
-    } else if (moves_data(s.op)) {
+    } else if (row(s.op).payload == op_payload::data && row(s.op).split == op_split::pieces) {
+        // Each piece of split data has its part of the buffer.
         r.buffer = static_cast<char*>(b.buffer) + (s.next_offset - b.offset);
     } else {
         r.buffer = b.buffer;
@@ -276,7 +262,7 @@ void queue_impl::piece_done(io_request& r, int result)
         }
     } else if (is_report(r.op)) {
         b.transferred = static_cast<uint64_t>(result);
-    } else if (r.op == io_op::zone_append) {
+    } else if (row(r.op).returns_offset) {
         b.result_offset = r.result_offset;
     }
     if (s.submitting) {
@@ -306,10 +292,7 @@ void queue_impl::finish(bio& b)
     const bio::split_state& s = b.split;
     if (!is_report(b.op)) {
         if (s.status == 0) {
-            b.transferred = moves_data(b.op) || b.op == io_op::discard ||
-                                    b.op == io_op::write_zeroes || b.op == io_op::zone_append
-                                ? b.length
-                                : 0;
+            b.transferred = row(b.op).result == op_result::length ? b.length : 0;
         } else {
             b.transferred = s.failed_at > b.offset ? s.failed_at - b.offset : 0;
         }

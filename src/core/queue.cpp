@@ -1,6 +1,7 @@
 #include "queue.hpp"
 
 #include "device_impl.hpp"
+#include "op_properties.hpp"
 
 #include <cassert>
 #include <cerrno>
@@ -190,6 +191,10 @@ int queue_impl::validate(const io_request& r) const
     if (!_dev.powered()) {
         return -ENODEV;
     }
+    const op_properties* p = properties_of(r.op);
+    if (p == nullptr) {
+        return -EOPNOTSUPP;
+    }
     const block_limits& lim = _dev.info().limits;
     // A request's data is in a buffer, or in the kernel (kernel_buffer:
     // writes only) or in a data_window where the target takes those, and
@@ -204,110 +209,55 @@ int queue_impl::validate(const io_request& r) const
         }
         return r.buffer != nullptr;
     };
-    auto check_range = [&]() -> int {
-        if (const int rc = check_block_range(lim, r.offset, r.length); rc != 0) {
-            return rc;
+    // What a request of this op must carry: its data, or room for a report.
+    auto malformed = [&]() {
+        switch (p->payload) {
+        case op_payload::data:
+            return !has_data();
+        case op_payload::report:
+            return r.buffer == nullptr || r.report_capacity == 0;
+        case op_payload::none:
+            break;
         }
-        // A data request stays inside one zone (the block layer splits
-        // bios on chunk_sectors; a single request cannot be split).
-        if (lim.zoned && lim.zone_size_bytes != 0 && r.length != 0 &&
-            r.op != io_op::report_extents &&
-            r.offset / lim.zone_size_bytes != (r.offset + r.length - 1) / lim.zone_size_bytes) {
-            return -EINVAL;
-        }
-        return 0;
+        return false;
     };
-    // Zone operations name a zone by its first byte: blkdev_zone_mgmt
-    // refuses another sector with -EINVAL, blk_check_zone_append with
-    // BLK_STS_IOERR.
-    auto zone_start = [&]() {
-        return lim.zone_size_bytes == 0 || r.offset % lim.zone_size_bytes == 0;
-    };
-    switch (r.op) {
-    case io_op::read:
-    case io_op::write:
-        if (r.length == 0 || !has_data()) {
-            return -EINVAL;
-        }
-        if (r.op == io_op::write && lim.read_only) {
-            return -EPERM;
-        }
-        if (lim.max_transfer_bytes != 0 && r.length > lim.max_transfer_bytes) {
-            return -EINVAL;
-        }
-        return check_range();
-    case io_op::flush:
-        return 0;
-    case io_op::discard:
-        if (lim.max_discard_bytes == 0) {
-            return -EOPNOTSUPP;
-        }
-        if (lim.read_only) {
-            return -EPERM;
-        }
-        if (r.length == 0 || r.length > lim.max_discard_bytes) {
-            return -EINVAL;
-        }
-        return check_range();
-    case io_op::write_zeroes:
-        if (lim.max_write_zeroes_bytes == 0) {
-            return -EOPNOTSUPP;
-        }
-        if (lim.read_only) {
-            return -EPERM;
-        }
-        if (r.length == 0 || r.length > lim.max_write_zeroes_bytes) {
-            return -EINVAL;
-        }
-        return check_range();
-    case io_op::report_extents:
-        if (r.buffer == nullptr || r.report_capacity == 0 || r.length == 0) {
-            return -EINVAL;
-        }
-        return check_range();
-    case io_op::zone_open:
-    case io_op::zone_close:
-    case io_op::zone_finish:
-    case io_op::zone_reset:
-    case io_op::zone_reset_all:
-    case io_op::zone_append:
-    case io_op::report_zones:
-        if (!lim.zoned) {
-            return -EOPNOTSUPP;
-        }
-        if (r.op == io_op::report_zones) {
-            if (r.buffer == nullptr || r.report_capacity == 0) {
-                return -EINVAL;
-            }
-            return r.offset < current_capacity(lim) ? 0 : -EIO;
-        }
-        if (r.op == io_op::zone_append) {
-            if (lim.max_zone_append_bytes == 0) {
-                return -EOPNOTSUPP;
-            }
-            if (lim.read_only) {
-                return -EPERM;
-            }
-            if (!has_data() || r.length == 0 || r.length > lim.max_zone_append_bytes) {
-                return -EINVAL;
-            }
-            if (const int rc = check_range(); rc != 0) {
-                return rc;
-            }
-            return zone_start() ? 0 : -EIO;
-        }
-        if (r.offset >= current_capacity(lim)) {
-            return -EIO;
-        }
-        if (r.op == io_op::zone_reset_all) {
-            return 0;
-        }
-        if (const int rc = check_range(); rc != 0) {
-            return rc;
-        }
-        return zone_start() ? 0 : -EINVAL;
+    if (p->zone_op && !lim.zoned) {
+        return -EOPNOTSUPP;
     }
-    return -EOPNOTSUPP;
+    const uint32_t limit = p->length_limit != nullptr ? lim.*(p->length_limit) : 0;
+    if (p->limit_is_capability && limit == 0) {
+        return -EOPNOTSUPP;
+    }
+    if (p->data_checked_before_read_only && (r.length == 0 || malformed())) {
+        return -EINVAL;
+    }
+    if (p->queue_checks_read_only && lim.read_only) {
+        return -EPERM;
+    }
+    if ((p->needs_length && r.length == 0) || malformed() || (limit != 0 && r.length > limit)) {
+        return -EINVAL;
+    }
+    if (p->offset_in_capacity && r.offset >= current_capacity(lim)) {
+        return -EIO;
+    }
+    if (!p->checks_range) {
+        return 0;
+    }
+    if (const int rc = check_block_range(lim, r.offset, r.length); rc != 0) {
+        return rc;
+    }
+    // A data request stays inside one zone (the block layer splits bios on
+    // chunk_sectors; a single request cannot be split).
+    if (lim.zoned && lim.zone_size_bytes != 0 && r.length != 0 && !p->may_cross_zones &&
+        r.offset / lim.zone_size_bytes != (r.offset + r.length - 1) / lim.zone_size_bytes) {
+        return -EINVAL;
+    }
+    // Zone operations name a zone by its first byte.
+    if (p->zone_start_error != 0 && lim.zone_size_bytes != 0 &&
+        r.offset % lim.zone_size_bytes != 0) {
+        return -p->zone_start_error;
+    }
+    return 0;
 }
 
 void queue_impl::submit(io_request& r)

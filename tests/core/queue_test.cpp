@@ -52,9 +52,10 @@ private:
 
 class test_target final : public target {
 public:
-    explicit test_target(bool kernel_buffers = false)
+    explicit test_target(bool kernel_buffers = false, bool read_only = false)
     {
         _limits.kernel_buffers = kernel_buffers;
+        _limits.read_only = read_only;
         _limits.capacity_bytes = 1 << 20;
         _limits.logical_block_size = 512;
         _limits.physical_block_size = 512;
@@ -89,6 +90,17 @@ const bool k_registered_kernel_buffers = register_target_type(target_type{
     .options = {},
     .create = [](const option_set&) -> result<std::unique_ptr<target>> {
         return std::make_unique<test_target>(true);
+    },
+    .submit_queues = {},
+});
+
+// The same, read-only.
+const bool k_registered_read_only = register_target_type(target_type{
+    .name = "core_test_read_only",
+    .description = "read-only test target of the core's unit tests",
+    .options = {},
+    .create = [](const option_set&) -> result<std::unique_ptr<target>> {
+        return std::make_unique<test_target>(false, true);
     },
     .submit_queues = {},
 });
@@ -315,6 +327,55 @@ TEST(queue, validation_errors)
         EXPECT_EQ(c.last, tc.expect) << to_string(tc.op) << " " << tc.off << " " << tc.len;
     }
     EXPECT_EQ(q.stats().errors, 7u);
+}
+
+// Which error a request gets when several apply depends on the op (the
+// checks read src/core/op_properties.hpp): a request straight to a queue
+// is checked for its data before the device's read-only state when it is
+// a read or write, after it for discard and write zeroes; a bio meets the
+// block layer's read-only check before anything else.
+TEST(queue, read_only_errors_in_the_order_of_each_op)
+{
+    auto dev = make({"irqmode=0"}, "ro0", "core_test_read_only");
+    ASSERT_TRUE(dev);
+    io_queue& q = dev->queue(0);
+    std::vector<char> buf(4096);
+    struct {
+        io_op op;
+        uint32_t len;
+        int expect;
+    } requests[] = {
+        {io_op::read, 4096, 4096},           {io_op::write, 4096, -EPERM},
+        {io_op::write, 0, -EINVAL},           // data before read-only
+        {io_op::discard, 4096, -EOPNOTSUPP},  // the target has none
+        {io_op::write_zeroes, 0, -EPERM},     // read-only before length
+        {io_op::write_zeroes, 4096, -EPERM}, {io_op::zone_reset, 0, -EOPNOTSUPP},  // not zoned
+        {io_op::report_extents, 0, -EINVAL}, {io_op::flush, 0, 0},
+    };
+    for (const auto& tc : requests) {
+        counter c;
+        q.submit(*prepare(q, c, tc.op, 0, tc.len, buf.data()));
+        EXPECT_EQ(c.calls, 1);
+        EXPECT_EQ(c.last, tc.expect) << "request " << to_string(tc.op) << " " << tc.len;
+    }
+    const struct {
+        io_op op;
+        uint64_t len;
+        int expect;
+    } bios[] = {
+        {io_op::read, 4096, 0},
+        {io_op::write, 0, -EPERM},       // read-only before anything
+        {io_op::discard, 4096, -EPERM},  // before "no discard"
+        {io_op::zone_reset, 0, -EPERM},  // before "not zoned"
+        {io_op::write_zeroes, 0, -EPERM},
+        {io_op::report_zones, 0, -EOPNOTSUPP},
+        {io_op::flush, 0, 0},
+    };
+    for (const auto& tc : bios) {
+        bio b = make_bio(tc.op, 0, tc.len, buf.data());
+        b.report_capacity = 4;
+        EXPECT_EQ(dev->execute(b), tc.expect) << "bio " << to_string(tc.op) << " " << tc.len;
+    }
 }
 
 TEST(queue, kernel_data_only_for_writes_on_devices_that_take_it)

@@ -90,37 +90,28 @@ public:
         if (_waiting.remove(r)) {
             return true;
         }
-        for (unsigned i = 0; i < _pool.count(); ++i) {
-            auto& e = _pool.at(i);
-            if (e.extra.original == &r) {
-                if (!_inner->timed_out(e.request)) {
-                    return false;
-                }
-                e.extra.original = nullptr;
-                _pool.give_back(e);
-                return true;
-            }
-        }
-        return _inner->timed_out(r);
+        return time_out_through(_pool, *_inner, r, [&](auto& e) {
+            e.extra.original = nullptr;
+            _pool.give_back(e);
+        });
     }
 
     // From the inner queue.
     void complete(io_request& r, int result) override
     {
-        if (!_pool.owns(r)) {
-            _sink.complete(r, result);
+        auto* e = route_completion(_pool, _sink, r, result);
+        if (e == nullptr) {
             return;
         }
-        auto& e = _pool.of(r);
-        io_request* original = e.extra.original;
-        e.extra.original = nullptr;
-        _pool.give_back(e);
+        io_request* original = e->extra.original;
+        e->extra.original = nullptr;
+        _pool.give_back(*e);
         if (original == nullptr) {
             return;  // timed out meanwhile
         }
+        // The blocks before the bad one are done; the request still fails.
         original->transferred = result >= 0 ? r.length : 0;
-        original->result_offset = r.result_offset;
-        _sink.complete(*original, -EIO);
+        complete_original(_sink, *original, r, -EIO);
     }
 
 private:

@@ -104,6 +104,61 @@ private:
     std::vector<unsigned> _free;
 };
 
+// ---------------------------------------------------------------- routing
+
+// How a decorator with requests of its own (a request_pool whose Extra
+// has `io_request* original`: the consumer request an entry works for, or
+// nullptr) routes what the inner queue completes to it, its
+// completion_sink. The decorators without a pool (fault injection,
+// throttle) give the inner queue the consumer's sink instead: nothing of
+// theirs to route.
+
+// From the inner queue: a consumer request the decorator passed through
+// goes on to `sink` as the target ended it (nullptr returned); one of the
+// decorator's own requests is returned as its pool entry, for the
+// decorator to finish.
+template <class Extra>
+typename request_pool<Extra>::entry* route_completion(request_pool<Extra>& pool,
+                                                      completion_sink& sink, io_request& r,
+                                                      int result)
+{
+    if (!pool.owns(r)) {
+        sink.complete(r, result);
+        return nullptr;
+    }
+    return &pool.of(r);
+}
+
+// Ends `original` with `result` once `proxy`, the decorator's request for
+// it, is done: with where the proxy wrote (a zone append's sector).
+inline void complete_original(completion_sink& sink, io_request& original, const io_request& proxy,
+                              int result)
+{
+    original.result_offset = proxy.result_offset;
+    sink.complete(original, result);
+}
+
+// The core timed out consumer request `r`. When a pool entry works for
+// it, the inner target must let that entry's request go (else false), and
+// release(entry) frees the entry; otherwise the inner target is asked
+// about `r` itself.
+template <class Extra, class Release>
+bool time_out_through(request_pool<Extra>& pool, target_queue& inner, io_request& r,
+                      Release&& release)
+{
+    for (unsigned i = 0; i < pool.count(); ++i) {
+        auto& e = pool.at(i);
+        if (e.extra.original == &r) {
+            if (!inner.timed_out(e.request)) {
+                return false;
+            }
+            release(e);
+            return true;
+        }
+    }
+    return inner.timed_out(r);
+}
+
 // ---------------------------------------------------------------- faults
 
 // The kernel's fault_attr (lib/fault-inject.c) with the fields of its

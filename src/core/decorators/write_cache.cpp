@@ -433,41 +433,30 @@ public:
         if (_blocked.remove(r)) {
             return true;
         }
-        for (unsigned i = 0; i < _pool.count(); ++i) {
-            auto& e = _pool.at(i);
-            if (e.extra.kind == internal_kind::read && e.extra.original == &r) {
-                if (!_inner->timed_out(e.request)) {
-                    return false;
-                }
-                finish_read(e);
-                return true;
-            }
-        }
-        return _inner->timed_out(r);
+        // Only read proxies have an original (write-backs' is nullptr).
+        return time_out_through(_pool, *_inner, r, [&](entry& e) { finish_read(e); });
     }
 
     // From the inner queue: our own requests, or consumer requests we
     // passed through.
     void complete(io_request& r, int result) override
     {
-        if (!_pool.owns(r)) {
-            _sink.complete(r, result);
+        entry* e = route_completion(_pool, _sink, r, result);
+        if (e == nullptr) {
             return;
         }
-        auto& e = _pool.of(r);
-        if (e.extra.kind == internal_kind::writeback) {
-            writeback_done(e, result);
+        if (e->extra.kind == internal_kind::writeback) {
+            writeback_done(*e, result);
             return;
         }
-        io_request* original = e.extra.original;
+        io_request* original = e->extra.original;
         if (original != nullptr && result >= 0) {
             std::lock_guard guard(_st.lock);
             overlay(*original);
         }
-        finish_read(e);
+        finish_read(*e);
         if (original != nullptr) {
-            original->result_offset = r.result_offset;
-            _sink.complete(*original, result);
+            complete_original(_sink, *original, r, result);
         }
     }
 
