@@ -18,7 +18,8 @@
 # so each test runs once, in the strictest build it can run in.
 #   tsan     build-tsan/ (-fsanitize=thread, -O1, warnings as errors): the
 #            programs of target tsan_tests; the tests labelled tsan (the
-#            core's queues, the targets and decorators with threads)
+#            core's queues, the targets and decorators with threads, the
+#            ublk export's kernel-free unit tests)
 # CTest runs as many tests at a time as there are CPUs in the release stage
 # (the VM tests keep a CPU busy each) and one more in the sanitizer stages
 # (their tests wait for a third of their time: clusters, timeouts, sockets),

@@ -1,6 +1,9 @@
 // How front ends (FUSE single-file export, NBD, ublk ...) plug into the
 // daemon: each registers an export type; `softblk add ... --export NAME`
-// starts one on a device. The daemon knows no front end by name.
+// starts one on a device. The daemon reaches them through this table only,
+// but for two places that still name some: the default export when `add`
+// names none (src/cli/features.cpp: ublk, then fuse) and `add`'s output
+// for a ublk export (src/cli/main.cpp).
 #pragma once
 
 #include <cstdint>

@@ -99,6 +99,22 @@ std::string default_export_type()
     return "none";
 }
 
+// What `add` needs for a zoned device: the default export when it carries
+// zones, else the first available export that does ("none" when none is).
+std::string zoned_export_type()
+{
+    const std::string fallback = default_export_type();
+    if (const export_type* type = find_export_type(fallback); type != nullptr && type->zoned) {
+        return fallback;
+    }
+    for (const export_type* e : export_types()) {
+        if (e->zoned && export_available(*e)) {
+            return std::string(e->name);
+        }
+    }
+    return "none";
+}
+
 result<nlohmann::json> features_json(std::string_view type)
 {
     std::vector<const target_type*> types;
@@ -141,13 +157,16 @@ result<nlohmann::json> features_json(std::string_view type)
         out["exports"].push_back({{"name", e->name},
                                   {"description", e->description},
                                   {"available", export_available(*e)},
+                                  {"zoned", e->zoned},
                                   {"options", std::move(options)}});
     }
     out["exports"].push_back({{"name", "none"},
                               {"description", "no export: the device lives in the daemon only"},
                               {"available", true},
+                              {"zoned", true},
                               {"options", nlohmann::json::array()}});
     out["default_export"] = default_export_type();
+    out["zoned_export"] = zoned_export_type();
     return out;
 }
 

@@ -1,6 +1,8 @@
 // `softblk`: creates, lists and removes softblk devices through the daemon
 // that hosts them (started on demand), and runs that daemon. The CLI edge:
 // the only place where exceptions (CLI11's) are caught.
+#include <algorithm>
+#include <array>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -95,6 +97,8 @@ std::string dump(const json& value)
 // fail(), and with --json also the error as the daemon gave it on stdout,
 // {"error": {"errno": N, "name": "EBUSY", "message": ...}}, so that a script
 // sees the errno a configfs write of the same attribute would give.
+// With --json the error goes once, as JSON on stdout where the result
+// would have gone (a script reads one stream); without, as text on stderr.
 int fail_json(const softblk::error& err, bool json_output)
 {
     if (json_output) {
@@ -104,6 +108,7 @@ int fail_json(const softblk::error& err, bool json_output)
                                       {{"errno", code},
                                        {"name", name != nullptr ? name : ""},
                                        {"message", err.message}}}}));
+        return k_exit_failure;
     }
     return fail(err);
 }
@@ -274,8 +279,18 @@ int run_get(const std::string& name, const std::vector<std::string>& keys, bool 
         fmt::print("{}", values.value(keys[0], std::string()));
         return 0;
     }
-    for (const auto& [key, value] : values.items()) {
-        std::string text = value.get<std::string>();
+    // In the order asked (the reply's object is sorted); all keys: sorted.
+    std::vector<std::string> order = keys;
+    if (order.empty()) {
+        for (const auto& [key, value] : values.items()) {
+            order.push_back(key);
+        }
+    }
+    for (const std::string& key : order) {
+        if (!values.contains(key)) {
+            continue;
+        }
+        std::string text = values[key].get<std::string>();
         if (!text.empty() && text.back() == '\n') {
             text.pop_back();
         }
@@ -458,11 +473,13 @@ int run_list(bool json_output)
 
 // ------------------------------------------------------------------ features
 
-// The OPTION / DEFAULT / UNIT / RANGE / MEANING table of option_json()s.
+// The OPTION / DEFAULT / UNIT / RANGE / MEANING table of option_json()s,
+// each column as wide as its longest cell (names such as
+// timeout_inject/verbose_ratelimit_interval_ms would shift a fixed one).
 void print_option_table(const json& options)
 {
-    fmt::print("  {:<22} {:>10} {:<18} {:<24} {:<14} {}\n", "OPTION", "DEFAULT", "UNIT", "RANGE",
-               "CHANGES", "MEANING");
+    std::vector<std::array<std::string, 6>> rows = {
+        {"OPTION", "DEFAULT", "UNIT", "RANGE", "CHANGES", "MEANING"}};
     for (const json& o : options) {
         std::string range;
         if (o.contains("min")) {
@@ -480,9 +497,18 @@ void print_option_table(const json& options)
         if (o.value("repeatable", false)) {
             range += ", repeatable";
         }
-        fmt::print("  {:<22} {:>10} {:<18} {:<24} {:<14} {}\n", name,
-                   o["default"].get<std::string>(), o["unit"].get<std::string>(), range,
-                   o.value("changes", std::string("-")), o["help"].get<std::string>());
+        rows.push_back({name, o["default"].get<std::string>(), o["unit"].get<std::string>(), range,
+                        o.value("changes", std::string("-")), o["help"].get<std::string>()});
+    }
+    std::array<size_t, 5> width{};
+    for (const auto& row : rows) {
+        for (size_t i = 0; i < width.size(); ++i) {
+            width[i] = std::max(width[i], row[i].size());
+        }
+    }
+    for (const auto& row : rows) {
+        fmt::print("  {:<{}} {:>{}} {:<{}} {:<{}} {:<{}} {}\n", row[0], width[0], row[1], width[1],
+                   row[2], width[2], row[3], width[3], row[4], width[4], row[5]);
     }
 }
 
@@ -511,11 +537,19 @@ int run_features(const std::string& type, bool json_output)
     for (const json& n : features->value("not_built", json::array())) {
         fmt::print("target type {} (not built)\n\n", n.get<std::string>());
     }
-    fmt::print("export types (default: {}):\n", (*features)["default_export"].get<std::string>());
+    const std::string fallback = (*features)["default_export"].get<std::string>();
+    const std::string zoned = (*features)["zoned_export"].get<std::string>();
+    fmt::print("export types (default: {}{}):\n", fallback,
+               zoned == fallback ? "" : fmt::format("; a zoned device needs --export {}", zoned));
+    size_t name_width = 0;
     for (const json& e : (*features)["exports"]) {
-        fmt::print("  {:<6} {:<14} {}\n", e["name"].get<std::string>(),
+        name_width = std::max(name_width, e["name"].get<std::string>().size());
+    }
+    for (const json& e : (*features)["exports"]) {
+        fmt::print("  {:<{}} {:<13} {}{}\n", e["name"].get<std::string>(), name_width,
                    e["available"].get<bool>() ? "available" : "not available",
-                   e["description"].get<std::string>());
+                   e["description"].get<std::string>(),
+                   e.value("zoned", false) ? " (zoned devices too)" : "");
         if (!e.value("options", json::array()).empty()) {
             print_option_table(e["options"]);
         }

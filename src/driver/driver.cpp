@@ -2,8 +2,8 @@
 // export type, for tests and benchmarks that must not depend on the daemon.
 // A thin host around the consumer API (device::create, start_export) and
 // the export type's hooks (cleanup_stale, saved_exports, host_features): it
-// knows no front end by name, so every export type linked in (fuse, nbd,
-// ublk, ...) is served the same way.
+// names no front end in its code, so every export type linked in (fuse,
+// nbd, ublk, ...) is served the same way.
 //
 //   softblk-driver --export TYPE [--run-dir DIR] [-o KEY=VALUE]...
 //                  [--ready-file FILE] [--commands] [--recover NAME]...

@@ -10,8 +10,10 @@
 // (tests/core/zone_engine_test.cpp).
 #include "test_util.hpp"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <string_view>
 #include <vector>
 
 #include <softblk/device.hpp>
@@ -104,11 +106,25 @@ TEST(null_zoned, defaults_and_clamps_as_null_blk)
     EXPECT_EQ(*d->get_option("zone_max_open"), "0\n");
     EXPECT_EQ(*d->get_option("zone_capacity"), "256\n");
     EXPECT_EQ(*d->get_option("zone_append_max_sectors"), "1001\n");
+    // Each clamp says so, as every other clamped value does (docs/null.md).
+    const auto has_note = [](const auto& dev, std::string_view text) {
+        return std::ranges::any_of(
+            dev->notes(), [&](const std::string& n) { return n.find(text) != std::string::npos; });
+    };
+    EXPECT_TRUE(has_note(d, "zone_nr_conv=10 clamped to 3"));
+    EXPECT_TRUE(has_note(d, "zone_max_active=4 clamped to 0"));
+    EXPECT_TRUE(has_note(d, "zone_max_open=9 clamped to 0"));
+    auto open_limit = make_null({"zoned=1", "size=1024", "zone_size=64", "zone_max_open=100"});
+    ASSERT_TRUE(open_limit);
+    EXPECT_EQ(*open_limit->get_option("zone_max_open"), "0\n");
+    EXPECT_TRUE(has_note(open_limit, "zone_max_open=100 clamped to 0"));
     auto e = make_null({"zoned=1", "size=64", "zone_size=4", "zone_max_open=9", "zone_max_active=4",
                         "bs=4096", "zone_append_max_sectors=15"});
     ASSERT_TRUE(e);
     EXPECT_EQ(e->limits().max_open_zones, 4u);
     EXPECT_EQ(e->limits().max_zone_append_bytes, 8u * 512);  // whole 4 KiB blocks
+    EXPECT_TRUE(has_note(e, "zone_max_open=9 clamped to 4"));
+    EXPECT_TRUE(has_note(e, "zone_append_max_sectors=15 clamped to 8"));
     auto none = make_null({"zoned=1", "size=64", "zone_size=4", "zone_append_max_sectors=0"});
     ASSERT_TRUE(none);
     EXPECT_EQ(none->limits().max_zone_append_bytes, 0u);

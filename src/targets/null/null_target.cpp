@@ -604,8 +604,10 @@ void null_queue::submit(io_request& r)
 }
 
 // null_init_zoned_dev (Linux 6.12): the checks, clamps and limits of a
-// zoned null device.
-result<void> make_zoned(null_target& t, option_set& o, uint64_t size_mib, uint64_t bs)
+// zoned null device. Each clamp adds a line to `notes`, as null_blk logs
+// one (docs/null.md promises a note for every clamped value).
+result<void> make_zoned(null_target& t, option_set& o, uint64_t size_mib, uint64_t bs,
+                        std::vector<std::string>& notes)
 {
     const uint64_t zone_mib = o.u64("zone_size");
     if (zone_mib == 0 || (zone_mib & (zone_mib - 1)) != 0) {
@@ -635,7 +637,11 @@ result<void> make_zoned(null_target& t, option_set& o, uint64_t size_mib, uint64
     }
     const uint64_t nr_zones = (size_mib + zone_mib - 1) / zone_mib;
     if (o.u64("zone_nr_conv") >= nr_zones) {
-        o.set_u64("zone_nr_conv", nr_zones - 1);  // "changed the number of conventional zones"
+        notes.push_back(
+            fmt::format("zone_nr_conv={} clamped to {} (the device has {} zones, one "
+                        "of them at least sequential, as null_blk)",
+                        o.u64("zone_nr_conv"), nr_zones - 1, nr_zones));
+        o.set_u64("zone_nr_conv", nr_zones - 1);
     }
     const uint64_t nr_conv = o.u64("zone_nr_conv");
     // zone_append_max_sectors: whole blocks, at most the zone capacity.
@@ -643,17 +649,41 @@ result<void> make_zoned(null_target& t, option_set& o, uint64_t size_mib, uint64
     uint64_t append_sectors = o.u64("zone_append_max_sectors");
     append_sectors -= append_sectors % block_sectors;
     append_sectors = std::min(append_sectors, cap_mib * k_mib / 512);
+    // The default (UINT_MAX-like) is always cut down: a note only for a
+    // value the user gave.
+    if (o.given("zone_append_max_sectors") && append_sectors != o.u64("zone_append_max_sectors")) {
+        notes.push_back(
+            fmt::format("zone_append_max_sectors={} clamped to {} (whole blocks of {} "
+                        "bytes, at most the zone capacity)",
+                        o.u64("zone_append_max_sectors"), append_sectors, bs));
+    }
     o.set_u64("zone_append_max_sectors", append_sectors);
     // The open and active limits: at most the sequential zones (else none),
     // open at most active.
     const uint64_t sequential = nr_zones - nr_conv;
     if (o.u64("zone_max_active") >= sequential) {
+        if (o.u64("zone_max_active") != 0) {
+            notes.push_back(
+                fmt::format("zone_max_active={} clamped to 0 (no limit): at or above "
+                            "the {} sequential zones, as null_blk",
+                            o.u64("zone_max_active"), sequential));
+        }
         o.set_u64("zone_max_active", 0);
     }
     const uint64_t max_active = o.u64("zone_max_active");
     if (max_active != 0 && o.u64("zone_max_open") > max_active) {
+        notes.push_back(
+            fmt::format("zone_max_open={} clamped to {} (at most zone_max_active, as "
+                        "null_blk)",
+                        o.u64("zone_max_open"), max_active));
         o.set_u64("zone_max_open", max_active);
     } else if (o.u64("zone_max_open") >= sequential) {
+        if (o.u64("zone_max_open") != 0) {
+            notes.push_back(
+                fmt::format("zone_max_open={} clamped to 0 (no limit): at or above "
+                            "the {} sequential zones, as null_blk",
+                            o.u64("zone_max_open"), sequential));
+        }
         o.set_u64("zone_max_open", 0);
     }
     zone_engine_config c;
@@ -890,7 +920,7 @@ result<std::unique_ptr<target>> power_on_null(option_set& o, std::shared_ptr<tar
     auto t = std::make_unique<null_target>(lim, memory_backed ? data : nullptr, discard, home_node,
                                            index, o.flag("no_sched"), o.flag("use_per_node_hctx"));
     if (o.flag("zoned")) {
-        if (auto r = make_zoned(*t, o, size_mib, bs); !r) {
+        if (auto r = make_zoned(*t, o, size_mib, bs, notes); !r) {
             return std::unexpected(r.error());
         }
     } else {

@@ -123,7 +123,21 @@ constexpr option_def k_file_only_options[] = {
              "tried at open"},
 };
 
+<<<<<<< HEAD
 constexpr option_def k_ram_only_options[] = {k_memory_limit_option, k_huge_pages_option};
+=======
+// The shared memory_limit, without the null target's "with memory_backed=1":
+// zloop-ram always keeps its data in memory.
+constexpr option_def k_ram_memory_limit = [] {
+    option_def def = k_memory_limit_option;
+    def.help =
+        "most RAM the zones' data may take; writes that need more fail with ENOSPC, a zone reset "
+        "gives memory back; 0: only the daemon's budget limits it; changes at any time";
+    return def;
+}();
+
+constexpr option_def k_ram_only_options[] = {k_ram_memory_limit};
+>>>>>>> house-docs
 
 template <size_t A, size_t B>
 constexpr std::array<option_def, A + B> join(const option_def (&a)[A], const option_def (&b)[B])
