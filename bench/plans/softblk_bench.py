@@ -41,13 +41,13 @@ def parse_args(argv):
     ap = argparse.ArgumentParser(prog="softblk bench", description="run a benchmark plan",
                                  epilog="plans:\n" + plans.listing(),
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("plan", nargs="?", help="the plan to run (--list shows them)")
+    ap.add_argument("plan", nargs="?", metavar="PLAN", help="the plan to run (--list shows them)")
     size = ap.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="a representative subset, shorter runs")
     size.add_argument("--full", action="store_true", help="every case of the plan, longer runs")
-    ap.add_argument("--runtime", type=float, help="seconds per measured run")
-    ap.add_argument("--rounds", type=int, help="rounds (every case and system once per round)")
-    ap.add_argument("--out", default="bench-results",
+    ap.add_argument("--runtime", type=float, metavar="S", help="seconds per measured run")
+    ap.add_argument("--rounds", type=int, metavar="N", help="rounds (every case and system once per round)")
+    ap.add_argument("--out", default="bench-results", metavar="DIR",
                     help="where the results folder goes (default ./bench-results)")
     ap.add_argument("--list", action="store_true", help="list the plans")
     return ap.parse_args(argv)
@@ -179,9 +179,13 @@ def report(res_dir, out=sys.stderr):
 
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    if args.list or not args.plan:
+    if args.list:
         print("plans:\n" + plans.listing())
-        return 0 if args.list else 2
+        return 0
+    if not args.plan:
+        print("usage: softblk bench PLAN [--quick|--full] [--runtime S] [--rounds N] [--out DIR]\n"
+              "plans:\n" + plans.listing(), file=sys.stderr)
+        return 2
     if args.plan in plans.NOT_IMPLEMENTED:
         print(f"softblk bench {args.plan}: not implemented yet: use {plans.NOT_IMPLEMENTED[args.plan]}",
               file=sys.stderr)
