@@ -25,9 +25,13 @@ std::filesystem::path self_path()
     return ec ? std::filesystem::path{} : p;
 }
 
+// Whether `path` (a resolved path) lies under `dir` (which may go through
+// symbolic links).
 bool inside(const std::filesystem::path& path, const std::filesystem::path& dir)
 {
-    auto rel = path.lexically_relative(dir);
+    std::error_code ec;
+    auto real_dir = std::filesystem::weakly_canonical(dir, ec);
+    auto rel = path.lexically_relative(ec ? dir : real_dir);
     return !rel.empty() && *rel.begin() != "..";
 }
 
