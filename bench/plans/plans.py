@@ -6,15 +6,15 @@ import plan_core
 import plan_exports
 import plan_fat
 import plan_file
+import plan_rnull
 
-IMPLEMENTED = {p.NAME: p for p in (plan_core, plan_exports, plan_file, plan_fat)}
+IMPLEMENTED = {p.NAME: p for p in (plan_core, plan_exports, plan_file, plan_fat, plan_rnull.RNULL,
+                                   plan_rnull.NULLBLK_4K)}
 
 SMOKE_DESCRIPTION = "every implemented plan's code path with tiny sizes and 1 s runs (CI)"
 
 # Plans that run in the VM lab; not implemented in the driver yet.
 NOT_IMPLEMENTED = {
-    "rnull": "bench/ublk/rnull-compare",
-    "nullblk-4k": "bench/ublk/rnull-compare (its 4 KiB randread cell)",
     "zloop": "bench/zoned/vm.sh",
 }
 
@@ -38,5 +38,5 @@ def listing():
 def modules(plan):
     """The plan modules a plan runs (smoke: every implemented one)."""
     if plan == "smoke":
-        return [IMPLEMENTED[n] for n in ("core", "exports", "file", "fat")]
+        return [IMPLEMENTED[n] for n in ("core", "exports", "file", "fat", "rnull")]
     return [IMPLEMENTED[plan]]

@@ -67,7 +67,8 @@ def find_tools():
     names = {"softblk": ("softblk", "src/cli/softblk"),
              "bench-core": ("softblk-bench-core", "bench/core/softblk-bench-core"),
              "bench-fat": ("softblk-bench-fat", "bench/fat/softblk-bench-fat"),
-             "bench-virtio": ("softblk-bench-virtio", "bench/virtio/softblk-bench-virtio")}
+             "bench-virtio": ("softblk-bench-virtio", "bench/virtio/softblk-bench-virtio"),
+             "driver": ("softblk-driver", "src/driver/softblk-driver")}
     build = os.environ.get("SOFTBLK_BENCH_BUILD_DIR")
     builds = [build] if build else []
     root = repo_root()
@@ -80,6 +81,7 @@ def find_tools():
         candidates.append(os.path.join(HERE, program))
         candidates += [os.path.join(b, in_build) for b in builds]
         tools[key] = next((c for c in candidates if os.access(c, os.X_OK) and os.path.isfile(c)), None)
+    tools["source"] = root  # the VM lab (tests/vm) lives there
     return tools
 
 

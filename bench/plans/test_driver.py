@@ -17,6 +17,7 @@ sys.path.insert(0, HERE)
 import fio  # noqa: E402
 import plan_core  # noqa: E402
 import plan_fat  # noqa: E402
+import plan_rnull  # noqa: E402
 import smoke_check  # noqa: E402
 import softblk_bench  # noqa: E402
 from results import Progress, Results  # noqa: E402
@@ -89,6 +90,26 @@ class ProgramOutputTest(unittest.TestCase):
         self.assertEqual(r[1]["error"], "3 I/O errors")
         with self.assertRaises(Exception):
             plan_core.parse("no json here\n")
+
+
+class RnullTest(unittest.TestCase):
+    def test_cells_of_a_recorded_boot(self):
+        vm, records = plan_rnull.parse(data("rnull-compare.out"))
+        self.assertEqual(vm, {"kernel": "6.12.118+deb12-amd64", "cpus": 2})
+        self.assertEqual([r["system"] for r in records], ["null_blk", "softblk"])
+        self.assertEqual(records[0]["case"], {"workload": "randread", "bs": 4096, "jobs": 1, "qd": 1,
+                                              "engine": "psync"})
+        self.assertEqual(records[0]["iops"], 40080.0)
+        self.assertAlmostEqual(records[1]["mib_s"], 1233 * 4096 / 1048576.0)
+        self.assertNotIn("status", records[0])
+        _, bad = plan_rnull.parse("CELL psync write 1m 2 ublk 0 812 5\n")
+        self.assertEqual((bad[0]["status"], bad[0]["error"]), ("failed", "fio error 5"))
+        self.assertEqual(bad[0]["case"]["bs"], 1 << 20)
+
+    def test_full_is_the_cover_letters_432_cells(self):
+        w, b, j = plan_rnull.matrix("rnull", "full")
+        self.assertEqual(len(w) * len(b) * len(j), 432)
+        self.assertEqual(plan_rnull.matrix("nullblk-4k", "full"), (["randread"], ["4k"], [1]))
 
 
 class ResultsTest(unittest.TestCase):
@@ -176,6 +197,18 @@ class SmokeCheckTest(unittest.TestCase):
         self.rewrite(fail_one)
         self.assertTrue(any("fio exited with 1" in p for p in smoke_check.check(self.results)))
 
+    def test_vm_lab_skipped_passes_but_failed_does_not(self):
+        def lab(status):
+            def edit(ss):
+                ss = [s for s in ss if s["plan"] != "rnull"]
+                ss.append(dict(ss[0], plan="rnull", case={}, status=status, error="VM lab: no QEMU"))
+                return ss
+            return edit
+        self.rewrite(lab("skipped"))
+        self.assertEqual(smoke_check.check(self.results), [])
+        self.rewrite(lab("failed"))
+        self.assertTrue(any("VM lab" in p for p in smoke_check.check(self.results)))
+
     def test_implausible_number_fails(self):
         def zero(ss):
             ss[3]["iops"] = 0.0
@@ -199,17 +232,16 @@ class CommandLineTest(unittest.TestCase):
         for name in ("rnull", "zloop", "exports", "smoke"):
             self.assertIn(name, text)
 
-    def test_vm_plans_say_what_to_use(self):
-        code, text = self.run_main("rnull")
-        self.assertEqual(code, 2)
-        self.assertIn("not implemented yet: use bench/ublk/rnull-compare", text)
+    def test_zloop_says_what_to_use(self):
         code, text = self.run_main("zloop")
-        self.assertIn("bench/zoned/vm.sh", text)
+        self.assertEqual(code, 2)
+        self.assertIn("not implemented yet: use bench/zoned/vm.sh", text)
 
     def test_list(self):
         code, text = self.run_main("--list")
         self.assertEqual(code, 0)
-        self.assertIn("rnull       not implemented yet", text)
+        self.assertIn("zloop       not implemented yet", text)
+        self.assertIn("rnull       VM lab", text)
 
     def test_settings(self):
         args = softblk_bench.parse_args(["exports", "--quick", "--rounds", "4"])

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `softblk bench`: the driver is found from the build tree and lists the
-# plans; an unknown plan is refused with the list; the VM plans say which
-# script to use (exit 2); a SOFTBLK_BENCH_DRIVER that is not there is an
+# plans; an unknown plan is refused with the list; zloop (not implemented
+# yet) says which script to use (exit 2); a SOFTBLK_BENCH_DRIVER that is not there is an
 # error, not a silent fallback.
 set -euo pipefail
 softblk=${1:?usage: bench_cli.sh SOFTBLK}
@@ -13,15 +13,15 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 for plan in rnull nullblk-4k zloop fat exports file core smoke; do
   grep -q "^  $plan " "$out/list" || fail "--list lacks $plan: $(cat "$out/list")"
 done
-grep -q "^  rnull .*not implemented yet: use bench/ublk/rnull-compare" "$out/list" ||
-  fail "--list does not say rnull is not implemented"
+grep -q "^  zloop .*not implemented yet: use bench/zoned/vm.sh" "$out/list" ||
+  fail "--list does not say zloop is not implemented"
 
 rc=0; "$softblk" bench no-such-plan 2>"$out/err" || rc=$?
 [ "$rc" = 2 ] || fail "unknown plan: exit $rc, not 2"
 grep -q "unknown plan 'no-such-plan'" "$out/err" && grep -q "^  exports " "$out/err" ||
   fail "unknown plan: $(cat "$out/err")"
 
-for plan in rnull nullblk-4k zloop; do
+for plan in zloop; do
   rc=0; "$softblk" bench "$plan" --out "$out/results" 2>"$out/err" || rc=$?
   [ "$rc" = 2 ] || fail "$plan: exit $rc, not 2"
   grep -q "not implemented yet: use bench/" "$out/err" || fail "$plan: $(cat "$out/err")"
