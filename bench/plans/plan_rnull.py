@@ -11,7 +11,7 @@ x 1-6); nullblk-4k: the C driver's single 4 KiB random-read figure."""
 import os
 import re
 
-from runner import Failed, Skip, Unit
+from runner import Failed, Skip, Unit, keep_log
 
 WORKLOADS = ["randread", "randrw", "randwrite", "read", "readwrite", "write"]
 ALL_BS = ["4k", "8k", "16k", "32k", "64k", "128k", "256k", "512k", "1m", "2m", "4m", "8m"]
@@ -95,6 +95,7 @@ class Plan:
 
         def measure(ctx):
             p = ctx.run(cmd, timeout=timeout + 120, check=False)
+            keep_log(ctx, plan, p)
             if p.returncode == 77:
                 why = next((x for x in p.stdout.splitlines() + p.stderr.splitlines() if "SKIP" in x),
                            "the VM lab cannot run here")

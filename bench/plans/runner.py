@@ -24,9 +24,11 @@ class Failed(Exception):
 class Unit:
     """One measured run per round: `measure(ctx)` returns a sample's fields
     (iops, mib_s, ...), or a list of {"case", "system", ...fields} when one
-    program run measures several cases; raises Skip or Failed."""
+    program run measures several cases (and with `once`, a "round" each);
+    raises Skip or Failed."""
 
-    def __init__(self, plan, case, system, measure, seconds=None):
+    def __init__(self, plan, case, system, measure, seconds=None, once=False):
+        self.once = once  # one run measures every round (rounds inside a VM boot)
         self.plan = plan
         self.case = case
         self.system = system
@@ -117,6 +119,17 @@ class Context:
                 fn()
             except Exception as e:  # noqa: BLE001 - cleanup goes on whatever fails
                 print(f"softblk bench: cleanup: {e}", file=os.sys.stderr)
+
+
+def keep_log(ctx, plan, p):
+    """A VM boot's output beside the samples (RESULTS/vm-PLAN-N.log)."""
+    n = 1
+    while os.path.exists(os.path.join(ctx.results.dir, f"vm-{plan}-{n}.log")):
+        n += 1
+    with open(os.path.join(ctx.results.dir, f"vm-{plan}-{n}.log"), "w") as f:
+        f.write(p.stdout)
+        if p.stderr:
+            f.write("\n--- stderr\n" + p.stderr)
 
 
 def stop_process(p, timeout=5.0):

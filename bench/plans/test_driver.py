@@ -18,6 +18,7 @@ import fio  # noqa: E402
 import plan_core  # noqa: E402
 import plan_fat  # noqa: E402
 import plan_rnull  # noqa: E402
+import plan_zloop  # noqa: E402
 import smoke_check  # noqa: E402
 import softblk_bench  # noqa: E402
 from results import Progress, Results  # noqa: E402
@@ -110,6 +111,31 @@ class RnullTest(unittest.TestCase):
         w, b, j = plan_rnull.matrix("rnull", "full")
         self.assertEqual(len(w) * len(b) * len(j), 432)
         self.assertEqual(plan_rnull.matrix("nullblk-4k", "full"), (["randread"], ["4k"], [1]))
+
+
+class ZloopTest(unittest.TestCase):
+    OUT = """softblk-vm: init started at 4.1 s, kernel 6.12.118+deb12-amd64, 4 cpus
+no zloop module in 6.12.118+deb12-amd64: the kernel's zloop is left out
+round 1 q1 nullb randwrite 4k qd1 x1: 7545 IOPS 29.5 MiB/s
+round 1 q1 sbnull randwrite 4k qd1 x1: 1789 IOPS 7.0 MiB/s
+round 1 q1 sbzloop randwrite 4k qd1 x1: 788 IOPS 3.1 MiB/s
+FAILED: round 2 q4 sbzlcopy write 128k qd32 x1 (left out of the medians)
+queues 1: | job | null_blk IOPS (MiB/s) |
+"""
+
+    def test_guest_lines(self):
+        vm, records, no_kzloop = plan_zloop.parse(self.OUT)
+        self.assertEqual(vm, {"kernel": "6.12.118+deb12-amd64", "cpus": 4})
+        self.assertTrue(no_kzloop)
+        self.assertEqual([(r["system"], r["case"]["target"]) for r in records],
+                         [("null_blk", "null"), ("softblk", "null"), ("softblk", "zloop"),
+                          ("softblk", "zloop")])
+        self.assertEqual(records[0]["case"], {"target": "null", "queues": 1, "workload": "randwrite",
+                                              "bs": 4096, "qd": 1, "jobs": 1})
+        self.assertEqual((records[0]["iops"], records[0]["mib_s"]), (7545.0, 29.5))
+        last = records[-1]
+        self.assertEqual((last["status"], last["round"], last["case"]["zero_copy"], last["case"]["bs"]),
+                         ("failed", 2, 0, 131072))
 
 
 class ResultsTest(unittest.TestCase):
@@ -232,16 +258,11 @@ class CommandLineTest(unittest.TestCase):
         for name in ("rnull", "zloop", "exports", "smoke"):
             self.assertIn(name, text)
 
-    def test_zloop_says_what_to_use(self):
-        code, text = self.run_main("zloop")
-        self.assertEqual(code, 2)
-        self.assertIn("not implemented yet: use bench/zoned/vm.sh", text)
-
     def test_list(self):
         code, text = self.run_main("--list")
         self.assertEqual(code, 0)
-        self.assertIn("zloop       not implemented yet", text)
         self.assertIn("rnull       VM lab", text)
+        self.assertIn("zloop       VM lab", text)
 
     def test_settings(self):
         args = softblk_bench.parse_args(["exports", "--quick", "--rounds", "4"])
