@@ -90,19 +90,20 @@ class Results:
 class Progress:
     """One line on stderr per measured run: plan, case, system, round i/N
     and the time left, estimated from the runs so far (or from the
-    configured run time before the first)."""
+    configured run time or the plan's estimate before the first)."""
 
-    def __init__(self, plan, total_runs, runtime_s, stream=None):
+    def __init__(self, plan, total_runs, runtime_s, stream=None, estimate_s=None):
         self.plan = plan
         self.total = max(total_runs, 1)
         self.runtime_s = runtime_s
+        self.estimate_s = estimate_s  # the plan's own estimate of the whole run
         self.done = 0
         self.start = time.monotonic()
         self.stream = stream or sys.stderr
 
     def left_s(self):
         if self.done == 0:
-            return self.total * (self.runtime_s + 1)
+            return self.estimate_s if self.estimate_s else self.total * (self.runtime_s + 1)
         per_run = (time.monotonic() - self.start) / self.done
         return per_run * (self.total - self.done)
 

@@ -129,7 +129,9 @@ def run_plan(args, tools, out=sys.stderr):
                 print(f"softblk bench: {module.NAME}: {status}: {e}", file=out)
         rounds = settings["rounds"]
         runs = sum(1 if u.once else rounds for u in units)
-        progress = Progress(args.plan, runs, settings["runtime_s"], out)
+        estimate = sum((u.seconds if u.seconds is not None else settings["runtime_s"] + 1)
+                       * (1 if u.once else rounds) for u in units)
+        progress = Progress(args.plan, runs, settings["runtime_s"], out, estimate)
         for round_ in range(1, rounds + 1):
             for unit in units:
                 if unit.once and round_ > 1:

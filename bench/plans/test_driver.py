@@ -184,6 +184,9 @@ class ResultsTest(unittest.TestCase):
         text = out.getvalue()
         self.assertIn("[core] workload=randread | softblk | round 1/2 | run 1/4", text)
         self.assertIn("0m24s left", text)  # 4 runs of 5 s + 1 s each
+        out = io.StringIO()
+        Progress("rnull", 2, 2, out, estimate_s=300).show({"cells": 24}, "null_blk+softblk", 1, 2)
+        self.assertIn("5m00s left", out.getvalue())  # the plan's estimate (VM boots)
 
 
 class SmokeCheckTest(unittest.TestCase):
