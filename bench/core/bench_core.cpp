@@ -21,10 +21,14 @@
 // them: the hot path must show 0.
 //
 // Usage: softblk-bench-core [--seconds S] [--only null|memory|fill|ram]
-//                           [--huge-pages auto|0|1]
+//                           [--huge-pages auto|0|1] [--memory-mib N] [--json]
 //        softblk-bench-core --seconds S --random read|write --depth N --opts "k=v ..."
-// (--huge-pages: the memory-backed devices' huge_pages; default: theirs.)
-// (--only fill: the 1 GiB fill of 2. alone, to repeat run after run.)
+//   --huge-pages    the memory-backed devices' huge_pages (default: theirs)
+//   --only fill     the 1 GiB fill of 2. alone, to repeat run after run
+//   --memory-mib N  part 2 on one device of N MiB (default: 1024 and 16)
+//   --json          one JSON object per measurement on stdout ({"case",
+//                   "system", "iops", "extra"}), for `softblk bench core`;
+//                   the text goes to stderr
 // The second form runs one workload, 4 KiB random I/O at queue depth N on a
 // null device made from the options, and prints `iops N`: the in-process
 // side of bench/fio/compare.sh.
@@ -70,6 +74,18 @@ uint64_t anon_huge_bytes()
     }
     std::fclose(f);
     return uint64_t{kib} << 10;
+}
+
+// Where the text goes: stdout, or stderr when stdout carries JSON lines.
+FILE* g_text = stdout;
+bool g_json = false;
+
+void emit(const nlohmann::json& record)
+{
+    if (g_json) {
+        fmt::print("{}\n", record.dump());
+        std::fflush(stdout);
+    }
 }
 
 uint64_t rss_bytes()
@@ -197,10 +213,22 @@ io_result run_random(device& d, io_op op, unsigned depth, double seconds, unsign
     return io_result{done, stop_at - start, ctx.errors, alloc_after - alloc_before};
 }
 
-void print_io(const char* what, const io_result& r)
+void print_io(const char* what, const io_result& r, nlohmann::json c)
 {
     const double iops = static_cast<double>(r.ios) * 1e9 / static_cast<double>(r.ns);
-    fmt::print("  {:<44} {:>8.2f} M IOPS  {:>7.1f} ns/IO  ({} I/Os, {} errors, {} allocations)\n",
+    c["bs"] = 4096;
+    c["qd"] = 32;
+    emit({{"case", c},
+          {"system", "softblk"},
+          {"iops", iops},
+          {"mib_s", iops * 4096 / (1 << 20)},
+          {"extra",
+           {{"ns_per_io", static_cast<double>(r.ns) / static_cast<double>(r.ios)},
+            {"ios", r.ios},
+            {"errors", r.errors},
+            {"allocations", r.allocations}}}});
+    fmt::print(g_text,
+               "  {:<44} {:>8.2f} M IOPS  {:>7.1f} ns/IO  ({} I/Os, {} errors, {} allocations)\n",
                what, iops / 1e6, static_cast<double>(r.ns) / static_cast<double>(r.ios), r.ios,
                r.errors, r.allocations);
 }
@@ -231,6 +259,7 @@ double memcpy_rate(char* dst, uint64_t bytes, double seconds)
 void bench_null(double seconds)
 {
     fmt::print(
+        g_text,
         "1. null target, memory_backed=0, 4 KiB random read, QD 32, one queue, one thread\n");
     for (const char* mode : {"0", "1"}) {
         auto d = create({"irqmode=" + std::string(mode), "submit_queues=1", "poll_queues=0"});
@@ -239,7 +268,11 @@ void bench_null(double seconds)
         print_io(
             fmt::format("irqmode={} ({})", mode, mode[0] == '0' ? "inline" : "deferred, default")
                 .c_str(),
-            r);
+            r,
+            {{"test", "null"},
+             {"workload", "randread"},
+             {"irqmode", std::atoi(mode)},
+             {"queues", 1}});
     }
 }
 
@@ -273,26 +306,39 @@ void bench_fill(uint64_t k_size_mib)
                 : 0;
     }
     const double s = static_cast<double>(now_ns() - start) / 1e9;
-    fmt::print(
-        "  fill a fresh device, 1 MiB writes in order   {:>8.3f} s     {:>7.0f} MiB/s  ({} "
-        "errors)\n",
-        s, static_cast<double>(k_size_mib) / s, errors);
+    emit({{"case", {{"test", "memory"}, {"size_mib", k_size_mib}, {"workload", "fill"}}},
+          {"system", "softblk"},
+          {"iops", static_cast<double>(k_size_mib) / s},
+          {"mib_s", static_cast<double>(k_size_mib) / s},
+          {"extra", {{"seconds", s}, {"errors", errors}, {"chunks", chunks_text(*d)}}}});
+    fmt::print(g_text,
+               "  fill a fresh device, 1 MiB writes in order   {:>8.3f} s     {:>7.0f} MiB/s  ({} "
+               "errors)\n",
+               s, static_cast<double>(k_size_mib) / s, errors);
     if (const std::string text = chunks_text(*d); !text.empty()) {
-        fmt::print("    {}\n", text);
+        fmt::print(g_text, "    {}\n", text);
     }
 }
 
 void bench_memory(double seconds, uint64_t k_size_mib, bool two_queues)
 {
     const uint64_t k_bytes = k_size_mib << 20;
-    fmt::print("2. memory_backed=1, bs=4096, size={} MiB, 4 KiB random write, QD 32, one queue\n",
+    fmt::print(g_text,
+               "2. memory_backed=1, bs=4096, size={} MiB, 4 KiB random write, QD 32, one queue\n",
                k_size_mib);
     bench_fill(k_size_mib);
     const uint64_t huge_before = anon_huge_bytes();
     auto d = create({"memory_backed=1", "bs=4096", fmt::format("size={}", k_size_mib), "irqmode=0",
                      "submit_queues=1", "poll_queues=0"});
     const io_result cold = run_random(*d, io_op::write, 32, seconds);
-    print_io("fresh device (pages allocated as written)", cold);
+    const nlohmann::json mem_case = {{"test", "memory"}, {"size_mib", k_size_mib}, {"queues", 1}};
+    auto with = [&](const char* workload, const char* state) {
+        nlohmann::json c = mem_case;
+        c["workload"] = workload;
+        c["state"] = state;
+        return c;
+    };
+    print_io("fresh device (pages allocated as written)", cold, with("randwrite", "fresh"));
     // Fill every page so the next run measures the store, not allocation.
     {
         std::vector<char> chunk(1 << 20, 'f');
@@ -303,9 +349,9 @@ void bench_memory(double seconds, uint64_t k_size_mib, bool two_queues)
     const uint64_t device_huge = anon_huge_bytes() - huge_before;
     const std::string device_chunks = chunks_text(*d);
     const io_result warm = run_random(*d, io_op::write, 32, seconds);
-    print_io("every page allocated", warm);
+    print_io("every page allocated", warm, with("randwrite", "allocated"));
     const io_result reads = run_random(*d, io_op::read, 32, seconds);
-    print_io("random read, same device", reads);
+    print_io("random read, same device", reads, with("randread", "allocated"));
 
     // Two queues driven by two threads on the same store: the lock stripes'
     // contention.
@@ -329,7 +375,20 @@ void bench_memory(double seconds, uint64_t k_size_mib, bool two_queues)
         const uint64_t ios = mine.ios + other.ios;
         const double iops = static_cast<double>(mine.ios) * 1e9 / static_cast<double>(mine.ns) +
                             static_cast<double>(other.ios) * 1e9 / static_cast<double>(other.ns);
+        emit({{"case",
+               {{"test", "memory"},
+                {"size_mib", k_size_mib},
+                {"queues", 2},
+                {"workload", "randwrite"},
+                {"state", "allocated"},
+                {"bs", 4096},
+                {"qd", 32}}},
+              {"system", "softblk"},
+              {"iops", iops},
+              {"mib_s", iops * 4096 / (1 << 20)},
+              {"extra", {{"ios", ios}, {"lock_waits", contended}}}});
         fmt::print(
+            g_text,
             "  two queues, two threads, random write       {:>8.2f} M IOPS  lock waits {} of {} "
             "I/Os "
             "({:.4f}%)\n",
@@ -365,29 +424,48 @@ void bench_memory(double seconds, uint64_t k_size_mib, bool two_queues)
     munmap(area, k_bytes + align);
     const double warm_iops = static_cast<double>(warm.ios) * 1e9 / static_cast<double>(warm.ns);
     const double cold_iops = static_cast<double>(cold.ios) * 1e9 / static_cast<double>(cold.ns);
-    fmt::print("  4 KiB memcpy to random slots of {} MiB      {:>8.2f} M/s\n", k_size_mib,
+    const std::pair<const char*, double> copies[] = {
+        {"random slots of the device's size", cold_copy}, {"one hot buffer", hot_copy}};
+    for (const auto& [where, rate] : copies) {
+        nlohmann::json c = {
+            {"test", "memory"}, {"size_mib", k_size_mib}, {"workload", "memcpy"}, {"bs", 4096}};
+        c["into"] = where;
+        emit({{"case", c},
+              {"system", "memcpy"},
+              {"iops", rate},
+              {"mib_s", rate * 4096 / (1 << 20)},
+              {"extra", nlohmann::json::object()}});
+    }
+    fmt::print(g_text, "  4 KiB memcpy to random slots of {} MiB      {:>8.2f} M/s\n", k_size_mib,
                cold_copy / 1e6);
-    fmt::print("  4 KiB memcpy to one hot 4 KiB buffer         {:>8.2f} M/s\n", hot_copy / 1e6);
-    fmt::print("  transparent huge pages: device {} of {} MiB, memcpy buffer {} of {} MiB\n",
+    fmt::print(g_text, "  4 KiB memcpy to one hot 4 KiB buffer         {:>8.2f} M/s\n",
+               hot_copy / 1e6);
+    fmt::print(g_text,
+               "  transparent huge pages: device {} of {} MiB, memcpy buffer {} of {} MiB\n",
                device_huge >> 20, k_size_mib, copy_huge >> 20, k_size_mib);
     if (!device_chunks.empty()) {
-        fmt::print("    device: {}\n", device_chunks);
+        fmt::print(g_text, "    device: {}\n", device_chunks);
     }
-    fmt::print("  ratio, allocated device / memcpy same size   {:>8.2f}\n", warm_iops / cold_copy);
-    fmt::print("  ratio, fresh device / memcpy same size       {:>8.2f}\n", cold_iops / cold_copy);
-    fmt::print("  ratio, allocated device / hot memcpy         {:>8.2f}\n", warm_iops / hot_copy);
+    fmt::print(g_text, "  ratio, allocated device / memcpy same size   {:>8.2f}\n",
+               warm_iops / cold_copy);
+    fmt::print(g_text, "  ratio, fresh device / memcpy same size       {:>8.2f}\n",
+               cold_iops / cold_copy);
+    fmt::print(g_text, "  ratio, allocated device / hot memcpy         {:>8.2f}\n",
+               warm_iops / hot_copy);
 }
 
 void bench_ram()
 {
     constexpr uint64_t k_tib = uint64_t{1} << 40;
     constexpr uint64_t k_gib = uint64_t{1} << 30;
-    fmt::print("3. memory use of a memory_backed=1 device of 1 TiB (size=1048576), bs=4096\n");
+    fmt::print(g_text,
+               "3. memory use of a memory_backed=1 device of 1 TiB (size=1048576), bs=4096\n");
     const uint64_t rss0 = rss_bytes();
     auto d = create({"memory_backed=1", "bs=4096", "size=1048576", "discard=1", "irqmode=0"});
     const uint64_t empty = d->memory_bytes();
     const uint64_t rss_empty = rss_bytes() - rss0;
-    fmt::print("  empty: memory_bytes {} B = {:.1f} B per GiB of capacity (RSS grew {} KiB)\n",
+    fmt::print(g_text,
+               "  empty: memory_bytes {} B = {:.1f} B per GiB of capacity (RSS grew {} KiB)\n",
                empty, static_cast<double>(empty) / 1024.0, rss_empty >> 10);
 
     // 1 GiB written sequentially at the start.
@@ -398,6 +476,7 @@ void bench_ram()
     const uint64_t seq = d->memory_bytes();
     const uint64_t rss_seq = rss_bytes() - rss0;
     fmt::print(
+        g_text,
         "  1 GiB written sequentially: {:.4f} GiB of RAM per GiB written ({} B; RSS {:.4f} GiB), "
         "{:.1f} B per GiB of capacity\n",
         static_cast<double>(seq) / k_gib, seq, static_cast<double>(rss_seq) / k_gib,
@@ -413,6 +492,7 @@ void bench_ram()
     const uint64_t mixed = d->memory_bytes();
     const double written = static_cast<double>(k_gib + (256u << 20));
     fmt::print(
+        g_text,
         "  + 256 MiB of 4 KiB writes scattered over 1 TiB: {:.4f} GiB of RAM per GiB written "
         "({} B; RSS {:.4f} GiB)\n",
         static_cast<double>(mixed) / written, mixed,
@@ -423,10 +503,19 @@ void bench_ram()
     for (uint64_t off = 0; off < k_tib; off += uint64_t{1} << 31) {
         d->execute(io_op::discard, off, 1u << 31, nullptr);
     }
-    fmt::print(
-        "  after discarding all: memory_bytes {} B (page-table nodes and kept free pages "
-        "stay), RSS {:.1f} MiB above start\n",
-        d->memory_bytes(), static_cast<double>(rss_bytes() - rss0) / (1 << 20));
+    emit({{"case", {{"test", "ram"}, {"workload", "memory-use"}, {"size_mib", 1048576}}},
+          {"system", "softblk"},
+          {"iops", nullptr},
+          {"mib_s", nullptr},
+          {"extra",
+           {{"empty_bytes_per_gib", static_cast<double>(empty) / 1024.0},
+            {"ram_per_gib_written_sequential", static_cast<double>(seq) / k_gib},
+            {"ram_per_gib_written_scattered", static_cast<double>(mixed) / written},
+            {"after_discard_bytes", d->memory_bytes()}}}});
+    fmt::print(g_text,
+               "  after discarding all: memory_bytes {} B (page-table nodes and kept free pages "
+               "stay), RSS {:.1f} MiB above start\n",
+               d->memory_bytes(), static_cast<double>(rss_bytes() - rss0) / (1 << 20));
 }
 
 // One workload on a device made from `opts` (blank-separated key=value).
@@ -460,6 +549,7 @@ int main(int argc, char** argv)
     std::string random_op;
     unsigned depth = 32;
     std::string opts;
+    uint64_t memory_mib = 0;
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
         if (a == "--seconds" && i + 1 < argc) {
@@ -474,10 +564,15 @@ int main(int argc, char** argv)
             opts = argv[++i];
         } else if (a == "--huge-pages" && i + 1 < argc) {
             g_huge_pages = argv[++i];
+        } else if (a == "--memory-mib" && i + 1 < argc) {
+            memory_mib = std::strtoull(argv[++i], nullptr, 10);
+        } else if (a == "--json") {
+            g_json = true;
+            g_text = stderr;
         } else {
             fmt::print(stderr,
                        "usage: softblk-bench-core [--seconds S] [--only null|memory|fill|ram] "
-                       "[--huge-pages auto|0|1]\n"
+                       "[--huge-pages auto|0|1] [--memory-mib N] [--json]\n"
                        "       softblk-bench-core --seconds S --random read|write --depth N "
                        "--opts \"k=v ...\"\n");
             return 2;
@@ -491,18 +586,22 @@ int main(int argc, char** argv)
         return bench_one(seconds, random_op, depth, opts);
     }
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    fmt::print("softblk-bench-core: {} s per measurement, {} CPUs online\n", seconds, cpus);
+    fmt::print(g_text, "softblk-bench-core: {} s per measurement, {} CPUs online\n", seconds, cpus);
     if (only.empty() || only == "null") {
         bench_null(seconds);
     }
     if (only.empty() || only == "memory") {
-        bench_memory(seconds, 1024, true);
-        bench_memory(seconds, 16, false);
+        if (memory_mib > 0) {
+            bench_memory(seconds, memory_mib, true);
+        } else {
+            bench_memory(seconds, 1024, true);
+            bench_memory(seconds, 16, false);
+        }
     }
     if (only == "fill") {
         // The fill alone (it is part of "memory"): quick to repeat, to
         // compare builds or huge_pages settings run after run.
-        fmt::print("fill: memory_backed=1, bs=4096, size=1024 MiB\n");
+        fmt::print(g_text, "fill: memory_backed=1, bs=4096, size=1024 MiB\n");
         bench_fill(1024);
     }
     if (only.empty() || only == "ram") {

@@ -6,7 +6,9 @@
 //
 // Usage: softblk-bench-fat [--volume-mib N] [--file-mib N] [--files N]
 //                          [--random-ops N] [--no-fuse] [--no-mtools]
-//                          [--device TYPE:KEY=VALUE,...]
+//                          [--device TYPE:KEY=VALUE,...] [--before]
+// --before adds the reference's "before" configuration (one sector per
+// request, the smallest caches, no read-ahead: one_sector_device.hpp).
 // --device runs the library on another softblk device type (e.g.
 // virtio:path=SOCKET,poll_queues=0: through softblk's virtio-blk driver to
 // a vhost-user-blk back end) instead of the memory-backed null device.
@@ -41,6 +43,7 @@
 #endif
 
 #include "fuse_mount.hpp"
+#include "one_sector_device.hpp"
 
 using namespace softblk::fat;
 using clock_type = std::chrono::steady_clock;
@@ -62,6 +65,7 @@ struct settings {
     bool fuse = true;
     bool mtools = true;
     std::string device;  // TYPE:KEY=VALUE,... (empty: null, memory_backed=1)
+    bool before = false;
 };
 
 struct figures {
@@ -137,8 +141,11 @@ public:
 
 class library_backend final : public backend {
 public:
-    explicit library_backend(block_device& dev, mount_options options = {})
-        : _dev(dev), _options(options)
+    // `counted`: the device whose counters and queues the figures read
+    // (default `dev`; the device under a one_sector_device).
+    explicit library_backend(block_device& dev, mount_options options = {},
+                             block_device* counted = nullptr)
+        : _dev(dev), _options(options), _counted(counted != nullptr ? counted : &dev)
     {
         mount();
     }
@@ -190,7 +197,7 @@ public:
         (void)_vol->unmount();
         _vol.reset();
     }
-    block_device* device() override { return &_dev; }
+    block_device* device() override { return _counted; }
     std::string describe()
     {
         auto st = _vol->statfs();
@@ -202,6 +209,7 @@ public:
 private:
     block_device& _dev;
     mount_options _options;
+    block_device* _counted;
     std::unique_ptr<volume> _vol;
     std::vector<file> _files;
 };
@@ -629,10 +637,12 @@ int main(int argc, char** argv)
             s.mtools = false;
         } else if (a == "--device" && i + 1 < argc) {
             s.device = argv[++i];
+        } else if (a == "--before") {
+            s.before = true;
         } else {
             fmt::print(stderr,
                        "usage: {} [--volume-mib N] [--file-mib N] [--files N] [--random-ops N] "
-                       "[--no-fuse] [--no-mtools] [--device TYPE:KEY=VALUE,...]\n",
+                       "[--no-fuse] [--no-mtools] [--device TYPE:KEY=VALUE,...] [--before]\n",
                        argv[0]);
             return 2;
         }
@@ -663,6 +673,17 @@ int main(int argc, char** argv)
         rows.push_back(run_suite(b, "library, 1 MiB write-behind", s));
         b.unmount();
         fsck_device(*dev, "library, 1 MiB write-behind");
+    }
+    if (s.before) {
+        std::string label;
+        auto dev = make_device(s, label);
+        format_or_die(*dev);
+        one_sector_device one(*dev);
+        library_backend b(one, before_options(), dev.get());
+        rows.push_back(
+            run_suite(b, "library, before (one sector per request, smallest caches)", s));
+        b.unmount();
+        fsck_device(*dev, "library, before");
     }
     if (lib_label != "fat::memory_block_device") {
         memory_block_device dev(s.volume_mib << 20);

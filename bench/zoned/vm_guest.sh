@@ -10,7 +10,8 @@
 #   kzloop  the kernel's zloop (where the kernel has it: run-vm --module
 #           zloop on the backports kernel), the same options, its zone
 #           files on the same file system (direct I/O, its default)
-# with 1 and 2 queues (submit_queues / nr_queues). Jobs (fio, io_uring,
+# with 1 and 2 queues (submit_queues / nr_queues; QUEUE_COUNTS="1 4" says
+# which). Jobs (fio, io_uring,
 # direct, --zonemode=zbd, time based): 4 KiB random write QD 1 x 1 job,
 # 4 KiB random write QD 32 x 8 jobs, 128 KiB random write QD 32 x 1 job,
 # 128 KiB sequential write QD 32 x 1 job. Each job runs on each device in
@@ -29,6 +30,8 @@ modprobe ublk_drv || vm_skip "no ublk_drv in this kernel"
 vm_wait_for /dev/ublk-control
 runtime=${RUNTIME:-5}
 rounds=${ROUNDS:-3}
+# The queue counts to measure (softblk bench zloop: 1 and the guest's CPUs).
+queue_counts=${QUEUE_COUNTS:-1 2}
 systems="nullb sbnull sbzloop"
 if modprobe zloop 2>/dev/null; then
   vm_wait_for /dev/zloop-control
@@ -41,7 +44,7 @@ export SOFTBLK_RUN_DIR=/tmp/softblk-run
 cleanup() {
   softblk del --all >/dev/null 2>&1 || true
   softblk shutdown >/dev/null 2>&1 || true
-  for q in 1 2; do
+  for q in $queue_counts; do
     [ -d /sys/kernel/config/nullb/nullbz$q ] && vm_null_blk_remove nullbz$q
     [ -b /dev/zloop$((10 + q)) ] && echo "remove id=$((10 + q))" >/dev/zloop-control
   done
@@ -53,6 +56,8 @@ vm_bench_zone_fs "$fs"
 echo "zone files on $fs"
 
 jobs=("randwrite 4k 1 1" "randwrite 4k 32 8" "randwrite 128k 32 1" "write 128k 32 1")
+# JOBS="RW BS QD NJ,...": other jobs (softblk bench zloop's smoke run takes one).
+[ -z "${JOBS:-}" ] || IFS=, read -r -a jobs <<<"$JOBS"
 # The median (of an even count: the mean of the middle two).
 median() {
   tr ' ' '\n' <<<"$1" | grep . | sort -g |
@@ -80,7 +85,7 @@ round_ratio() {
 # A failed fio run is reported and left out; the program goes on so that
 # the other runs' figures are not lost, and fails at the end.
 failed=()
-for q in 1 2; do
+for q in $queue_counts; do
   vm_step "queues $q"
   # max_sectors=1024 on both null devices: with null_blk's default (255,
   # i.e. 124 KiB with 4 KiB blocks) every 128 KiB write needs a split,

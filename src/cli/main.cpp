@@ -19,6 +19,7 @@
 #include <softblk/device.hpp>
 
 #include "add_flags.hpp"
+#include "bench_command.hpp"
 #include "client.hpp"
 #include "daemon.hpp"
 #include "device_host.hpp"
@@ -736,6 +737,9 @@ int main(int argc, char** argv)
         fat_daemon_directory daemon;
         return softblk::fat::cli_main(argc - 1, argv + 1, &daemon);
     }
+    if (argc >= 2 && std::strcmp(argv[1], "bench") == 0) {
+        return softblk::cli::run_bench(argc - 1, argv + 1);
+    }
 
     CLI::App app{
         "softblk: userspace block devices (null_blk-compatible options), hosted by a daemon that "
@@ -744,7 +748,8 @@ int main(int argc, char** argv)
     app.require_subcommand(1);
     app.footer(
         "Run directory: /run/softblk (root), $XDG_RUNTIME_DIR/softblk, or $SOFTBLK_RUN_DIR.\n"
-        "`softblk fat ...` works on FAT file systems on softblk devices and images.");
+        "`softblk fat ...` works on FAT file systems on softblk devices and images.\n"
+        "`softblk bench PLAN` runs a benchmark plan (`softblk bench --list`).");
 
     add_command add;
     CLI::App* add_cmd =
