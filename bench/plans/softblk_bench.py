@@ -8,7 +8,7 @@ usage: softblk bench PLAN [--quick|--full] [--runtime S] [--rounds N] [--out DIR
 
 Rounds are interleaved: round 1 of every case and system, then round 2...
 The medians and spread are the report's job; the load average is recorded
-before and after. `softblk` execs this driver (docs/bench-command.md).
+before and after. `softblk` execs this driver (docs/bench.md).
 """
 
 import argparse
