@@ -123,9 +123,6 @@ constexpr option_def k_file_only_options[] = {
              "tried at open"},
 };
 
-<<<<<<< HEAD
-constexpr option_def k_ram_only_options[] = {k_memory_limit_option, k_huge_pages_option};
-=======
 // The shared memory_limit, without the null target's "with memory_backed=1":
 // zloop-ram always keeps its data in memory.
 constexpr option_def k_ram_memory_limit = [] {
@@ -136,8 +133,7 @@ constexpr option_def k_ram_memory_limit = [] {
     return def;
 }();
 
-constexpr option_def k_ram_only_options[] = {k_ram_memory_limit};
->>>>>>> house-docs
+constexpr option_def k_ram_only_options[] = {k_ram_memory_limit, k_huge_pages_option};
 
 template <size_t A, size_t B>
 constexpr std::array<option_def, A + B> join(const option_def (&a)[A], const option_def (&b)[B])
