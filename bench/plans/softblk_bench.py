@@ -177,7 +177,10 @@ def report(res_dir, out=sys.stderr):
         print("report generator not found (bench/report/softblk_report.py); the results folder "
               f"stays: {res_dir}", file=out)
         return None
-    p = subprocess.run([sys.executable, gen, res_dir])
+    # By its own first line (Debian's /usr/bin/python3, which has
+    # python3-matplotlib), not by this driver's interpreter: a python3
+    # earlier on PATH (pyenv, a venv) need not have matplotlib.
+    p = subprocess.run([gen, res_dir] if os.access(gen, os.X_OK) else [sys.executable, gen, res_dir])
     if p.returncode != 0:
         print(f"the report generator exited with {p.returncode}; the results folder stays: {res_dir}",
               file=out)
