@@ -13,6 +13,9 @@
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
+#include <softblk/options.hpp>
+#include <softblk/support/level_chooser.hpp>
+
 #include "server.hpp"
 
 namespace softblk::nbd {
