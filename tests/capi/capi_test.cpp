@@ -301,6 +301,31 @@ TEST(capi, submission_errors_submit_nothing)
     EXPECT_EQ(n, 3u);
 }
 
+TEST(capi, queue_slots_follow_the_depth_after_a_power_cycle)
+{
+    // The queue handles are made anew at each power on, with as many slots
+    // as the new hw_queue_depth (even where a new queue lands at the
+    // address of the old one).
+    device_guard g;
+    softblk_device* dev =
+        make(g, "null", "size=16 hw_queue_depth=2 irqmode=2 completion_nsec=1000000");
+    ASSERT_NE(dev, nullptr);
+    for (const char* depth : {"4", "3"}) {
+        ASSERT_EQ(softblk_stop(dev), 0) << last_message();
+        ASSERT_EQ(softblk_set_option(dev, "hw_queue_depth", depth), 0) << last_message();
+        ASSERT_EQ(softblk_start(dev), 0) << last_message();
+        softblk_queue* q = queue_of(dev);
+        ASSERT_NE(q, nullptr);
+        const unsigned n = static_cast<unsigned>(std::stoul(depth));
+        for (unsigned i = 0; i < n; ++i) {
+            ASSERT_EQ(softblk_queue_flush(q, nullptr, 0), 0) << last_message();
+        }
+        EXPECT_EQ(softblk_queue_flush(q, nullptr, 0), -EAGAIN);
+        std::vector<softblk_completion> c(n);
+        EXPECT_EQ(softblk_queue_do_io(q, c.data(), n, n, -1), static_cast<int>(n));
+    }
+}
+
 TEST(capi, destroy_finishes_requests_in_flight)
 {
     // Writes submitted and never reaped are finished by softblk_destroy,
