@@ -17,7 +17,9 @@
  *  - Handles are opaque. A device handle is used by one control thread at
  *    a time; each queue by one thread at a time (its submissions and
  *    softblk_queue_do_io); different queues may run on different threads.
- *  - No function throws, allocates per request, or logs.
+ *  - No function throws. Submitting and reaping allocate and log nothing
+ *    (docs/capi.md says which rare events some targets and front ends
+ *    write to stderr).
  *
  * ABI: libsoftblk.so.0, every symbol in the version node SOFTBLK_0. Within
  * soname 0 functions are only added; the structures below keep their size
