@@ -216,6 +216,23 @@ def test_fat_peers(script, tmp):
             check(got == want, f"fat {label} {measure} {name}: {got}, want {want}")
 
 
+def test_core_memcpy(script, tmp):
+    """A recorded `softblk bench core` run: the memory store's rows are put
+    against the memcpy of the same size measured in the same run (issue
+    45's bound), with the ratio of the medians."""
+    folder = copy(tmp, "core-20261206-091131")
+    md, _ = generate(script, folder)
+    check("### core: memory store / memcpy of the same size" in md, "core: no memcpy table")
+    memcpy = median_iops(folder, "memcpy", workload="memcpy", size_mib=1024,
+                         into="random slots of the device's size")
+    for workload, state in (("randwrite", "allocated"), ("randread", "allocated")):
+        mine = median_iops(folder, "softblk", workload=workload, size_mib=1024, state=state,
+                           queues=1)
+        row = table_row(md, f"{workload} bs=4k qd=32 queues=1 size_mib=1024 state={state}")
+        want = fmt_ratio(mine / memcpy)
+        check(row[3].split(" ")[0] == want, f"core {workload}: {row[3]}, want {want}")
+
+
 def fmt_ratio(v):
     return f"{v:.2f}"
 
@@ -275,7 +292,7 @@ def main():
     script = sys.argv[1]
     with tempfile.TemporaryDirectory(prefix="softblk-report-test.") as tmp:
         for test in (test_rnull, test_exports, test_zloop, test_fat, test_fat_peers,
-                     test_machines, test_bad_input):
+                     test_core_memcpy, test_machines, test_bad_input):
             print(f"--- {test.__name__}")
             test(script, tmp)
     if failures:

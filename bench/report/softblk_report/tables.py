@@ -373,7 +373,37 @@ def peer_tables(plan):
                   header, rows, note)]
 
 
+# ---- core: the memory store against a memcpy of the same size ----
+
+def core_tables(plan):
+    """softblk-bench-core's memory rows against the memcpy it measures in
+    the same run into random 4 KiB slots of a buffer of the device's size
+    (issue 45's bound for the memory store), besides the plain table."""
+    tables = peer_tables(plan)
+    rows = []
+    for case in plan.cases.values():
+        if case.get("test") != "memory" or case.get("workload") not in ("randwrite", "randread"):
+            continue
+        mine = plan.cell(case, "softblk")
+        if mine.empty:
+            continue
+        bound = next((c for c in plan.cases.values() if c.get("workload") == "memcpy"
+                      and c.get("size_mib") == case.get("size_mib")
+                      and str(c.get("into", "")).startswith("random")), None)
+        theirs = plan.cell(bound, "memcpy") if bound else None
+        rows.append([[case_label(case, skip=("test",))], iops_cell(mine),
+                     iops_cell(theirs) if theirs else ["missing"],
+                     ratio_cell(mine, theirs, "memcpy") if theirs else ["missing"]])
+    if rows:
+        header = ["case", "softblk", "memcpy, random 4k slots of the same size", "softblk / memcpy"]
+        note = ("The memory store's 4 KiB I/O against the memcpy softblk-bench-core measures in "
+                "the same run (4 KiB copies to random slots of a buffer as large as the device); "
+                "medians over rounds, the ratio's min-max over the rounds both ran in.")
+        tables.append(Table("core: memory store / memcpy of the same size", header, rows, note))
+    return tables
+
+
 def plan_tables(plan):
-    builder = {"rnull": rnull_tables, "zloop": zloop_tables, "fat": fat_tables}.get(plan.name,
-                                                                                       peer_tables)
+    builder = {"rnull": rnull_tables, "zloop": zloop_tables, "fat": fat_tables,
+               "core": core_tables}.get(plan.name, peer_tables)
     return builder(plan)
