@@ -28,9 +28,7 @@
 #include "run_dir.hpp"
 #include "zone_control.hpp"
 
-#ifdef SOFTBLK_HAVE_UBLK
-#include <softblk/ublk/ublk.hpp>
-#endif
+#include <softblk/frontend.hpp>
 #include <softblk/fat/cli.hpp>
 
 namespace {
@@ -49,7 +47,7 @@ int fail(const softblk::error& err)
     return k_exit_failure;
 }
 
-// The string fields of an export's description ("file", "loop", "uri" ...).
+// The string fields of an export's description (paths, URIs, sockets).
 std::vector<std::pair<std::string, std::string>> export_paths(const json& exp)
 {
     std::vector<std::pair<std::string, std::string>> out;
@@ -68,19 +66,14 @@ std::string export_summary(const json& exp)
 {
     std::string type = exp.is_object() ? exp.value("type", std::string("none")) : "none";
     std::string summary = type;
-    if (type == "ublk" && exp.contains("block")) {
-        // The kernel's view of the ublk device and the daemon that serves it.
-        summary = fmt::format("ublk {} {} pid {} queues {} depth {}",
-                              exp.value("block", std::string("?")),
-                              exp.value("state", std::string("?")), exp.value("daemon_pid", -1),
-                              exp.value("queues", 0u), exp.value("depth", 0u));
-    } else {
-        for (const char* key : {"loop", "device", "uri", "file", "socket"}) {
-            if (exp.contains(key) && exp[key].is_string()) {
-                summary = fmt::format("{} {}", type, exp[key].get<std::string>());
-                break;
-            }
-        }
+    // The front end's own line (ublk: the kernel's view of the device and
+    // the daemon that serves it), else the first path it describes.
+    const softblk::export_type* et = softblk::find_export_type(type);
+    const std::string own = et != nullptr && et->summary ? et->summary(exp) : std::string();
+    if (!own.empty()) {
+        summary = fmt::format("{} {}", type, own);
+    } else if (std::string where = softblk::export_location(exp); !where.empty()) {
+        summary = fmt::format("{} {}", type, where);
     }
     // What the export wants a person to know (an NBD listener without TLS,
     // a ublk disk that kept its size).
@@ -538,10 +531,15 @@ int run_features(const std::string& type, bool json_output)
     for (const json& n : features->value("not_built", json::array())) {
         fmt::print("target type {} (not built)\n\n", n.get<std::string>());
     }
+    // The default is chosen per device: the first available front end
+    // (by its default_rank) that can carry it.
     const std::string fallback = (*features)["default_export"].get<std::string>();
     const std::string zoned = (*features)["zoned_export"].get<std::string>();
     fmt::print("export types (default: {}{}):\n", fallback,
-               zoned == fallback ? "" : fmt::format("; a zoned device needs --export {}", zoned));
+               zoned == fallback ? ""
+               : zoned == "none"
+                   ? std::string("; none carries a zoned device here: give it --export none")
+                   : fmt::format("; for a zoned device: {}", zoned));
     size_t name_width = 0;
     for (const json& e : (*features)["exports"]) {
         name_width = std::max(name_width, e["name"].get<std::string>().size());
@@ -555,24 +553,21 @@ int run_features(const std::string& type, bool json_output)
             print_option_table(e["options"]);
         }
     }
-#ifdef SOFTBLK_HAVE_UBLK
-    // Every feature bit the running kernel's ublk driver reports, unknown
-    // ones as "bit N".
-    if (auto k = softblk::ublk::query_kernel_features()) {
-        if (k->bits) {
-            fmt::print("\nublk kernel features (0x{:x}):", *k->bits);
-            for (const std::string& n : k->names) {
-                fmt::print(" {}", n);
-            }
-            fmt::print("\n");
-        } else {
-            fmt::print(
-                "\nublk kernel features: not reported (kernel before 6.5, no GET_FEATURES)\n");
+    // What each front end reports of this machine (ublk: every feature bit
+    // the running kernel's driver has, unknown ones as "bit N").
+    for (const softblk::export_type* e : softblk::export_types()) {
+        if (!e->host_features) {
+            continue;
         }
-    } else {
-        fmt::print("\nublk kernel features: unavailable ({})\n", k.error().message);
+        if (auto f = e->host_features()) {
+            fmt::print("\n{} {}\n", e->name,
+                       f->is_object() && f->contains("text") && (*f)["text"].is_string()
+                           ? (*f)["text"].get<std::string>()
+                           : f->dump());
+        } else {
+            fmt::print("\n{} features: unavailable ({})\n", e->name, f.error().message);
+        }
     }
-#endif
     return 0;
 }
 
@@ -760,8 +755,8 @@ int main(int argc, char** argv)
     add_cmd->add_option("options", add.options, "null_blk-style options: key=value ...");
     add_cmd->add_option("--name", add.name, "device name (default: TYPE + the lowest free number)");
     add_cmd->add_option("--export", add.export_type,
-                        "export type: ublk, fuse, nbd, vhost-user-blk or none (default: the first "
-                        "available of ublk, fuse)");
+                        "export type (`softblk features` lists them) or none (default: the "
+                        "first available that can carry the device, as `features` says)");
     add_cmd->add_option("--export-opt", add.export_options, "export option key=value (repeatable)")
         ->allow_extra_args(false);
     add_cmd->add_option("--size", add.flags.size,

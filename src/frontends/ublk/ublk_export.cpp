@@ -1100,9 +1100,16 @@ result<nlohmann::json> host_features()
     if (!f) {
         return std::unexpected(f.error());
     }
+    // "text": the line `softblk features` prints.
+    std::string text =
+        f->bits ? fmt::format("kernel features (0x{:x}): {}", *f->bits, fmt::join(f->names, " "))
+                : std::string(
+                      "kernel features: not reported (kernel before 6.5, "
+                      "no GET_FEATURES)");
     return nlohmann::json{{"bits", f->bits ? nlohmann::json(*f->bits) : nlohmann::json(nullptr)},
                           {"names", f->names},
-                          {"ioctl_encode", f->ioctl_encode}};
+                          {"ioctl_encode", f->ioctl_encode},
+                          {"text", std::move(text)}};
 }
 
 }  // namespace softblk::ublk
