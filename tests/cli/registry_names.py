@@ -25,8 +25,6 @@ EXCEPTIONS = {
         "null_blk's configfs tree (`softblk nullb`) makes null devices by definition",
     ("src/cli/daemon", "null"):
         "null_blk's module parameters (`softblk daemon nr_devices=N ...`) make null devices",
-    ("src/cli/main.cpp", "null"):
-        "null_blk's module parameters (`softblk daemon nr_devices=N ...`) make null devices",
     ("src/core/zone", "zloop"):
         "the zone model the core emulates for any target is named after the zloop driver's",
 }
