@@ -26,6 +26,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <softblk/target.hpp>
@@ -370,6 +371,45 @@ private:
     io_uring* _borrowed = nullptr;
     uint64_t _borrower = 0;
     unsigned _own_buffer_slots = 0;
+};
+
+// The target_queue half of a target whose queue runs its I/O on one
+// file_ring (the file and zloop targets): waiting, ring sharing and
+// timeouts are the ring's. `Base` is target_queue or a queue type derived
+// from it; a template rather than a common base class because the zloop
+// queue must also be a zloop_queue (whose submit() is final: the zone
+// model's steps, then the data through virtual hooks): a plain base beside
+// it would make target_queue a base twice (a diamond, needing virtual
+// inheritance on the hot path), while the template puts the ring's answers
+// on top of whichever queue type the target already is, one chain, no
+// extra indirection. The derived queue sets ring() before I/O and
+// implements submit() (or Base's hooks).
+template <typename Base>
+class file_ring_queue : public Base {
+public:
+    using Base::Base;
+
+    unsigned poll() override { return _ring->poll(); }
+    bool busy() const override { return _ring->in_flight() != 0; }
+    int wait_fd() const override { return _ring->event_fd(); }
+    uint64_t next_wakeup_ns() const override { return _ring->next_wakeup_ns(); }
+    bool share_ring(io_uring* ring) override { return _ring->borrow_ring(ring); }
+    bool ends_with_ring_write() const override { return true; }
+    void ring_completion(uint64_t user_data, int result) override
+    {
+        _ring->on_completion(user_data, result);
+    }
+    // The kernel holds the request and may still write its buffer: it
+    // cannot be let go before its completion arrives.
+    bool timed_out(io_request&) override { return false; }
+
+    void set_ring(std::unique_ptr<file_ring> ring) { _ring = std::move(ring); }
+
+protected:
+    file_ring& ring() { return *_ring; }
+
+private:
+    std::unique_ptr<file_ring> _ring;
 };
 
 // Shared helpers of the engine.

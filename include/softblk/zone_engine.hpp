@@ -8,7 +8,9 @@
 // returns the errors the kernel's drivers return. A target only moves the
 // data, between begin_write and end_write (or begin_read and end_read).
 //
-// Two models (zone_flavor), each exactly as its kernel driver behaves:
+// Two models (zone_flavor), each exactly as its kernel driver behaves, each
+// a type of its own behind this interface (src/core/zone_models.hpp;
+// create() picks one):
 //   null_blk  drivers/block/null_blk/zoned.c (Linux 6.12, with the partial
 //             writes of Linux 6.14+ for bad blocks): separate open and
 //             active limits with ZBC/ZNS resource management; the implicitly
@@ -148,7 +150,7 @@ public:
     // `backend` (optional) must outlive the engine. Control thread.
     static result<std::unique_ptr<zone_engine>> create(const zone_engine_config& config,
                                                        zone_backend* backend = nullptr);
-    ~zone_engine();
+    virtual ~zone_engine();
     zone_engine(const zone_engine&) = delete;
     zone_engine& operator=(const zone_engine&) = delete;
 
@@ -227,40 +229,43 @@ public:
     // Open/closed counts (scanned) and the stats, for describe(). Any thread.
     void describe(nlohmann::json& out) const;
 
-private:
+protected:
+    // The zone descriptor and the two models are private to the core
+    // (src/core/zone_models.hpp): a target sees only this interface.
     struct zone;
     explicit zone_engine(const zone_engine_config& config, zone_backend* backend);
 
     void lock_zone(zone& z) const;
     std::unique_lock<std::mutex> resources() const;
-    int refresh(uint32_t index);
-    int refresh_if_failed(uint32_t index);
     void fill(uint32_t index, zone_descriptor& d) const;
 
-    // null_blk flavour.
-    int null_check_active() const;
-    int null_check_open();
-    int null_check_resources(zone_condition cond);
-    void null_close_implicit_open();
-    int null_open(uint32_t index);
-    int null_close(uint32_t index);
-    int null_finish(uint32_t index);
-    int null_reset(uint32_t index);
-    int null_manage(io_op op, uint32_t index);
-
-    // zloop flavour.
-    bool zloop_can_open() const;
-    bool zloop_close_implicit_open();
-    bool zloop_open(uint32_t index, bool explicit_open, int& error);
-    void zloop_lru_remove(uint32_t index);
-    void zloop_lru_push(uint32_t index);
-    void zloop_lru_rotate(uint32_t index);
-    void zloop_mark_full(uint32_t index);
-    void zloop_mark_empty(uint32_t index);
-    int zloop_manage(io_op op, uint32_t index);
-    int zloop_reset(uint32_t index);
-    int zloop_finish(uint32_t index);
-    int zloop_close(uint32_t index);
+    // What the two models do differently, each as its kernel driver does.
+    // The write pointer a full (or conventional) zone reports, its end
+    // being `end` (null_blk: the end; zloop: none).
+    virtual uint64_t full_write_pointer(uint64_t end) const = 0;
+    // begin_write of sequential zone `index` (`z`, locked): the model's
+    // write-pointer, capacity and resource checks and the implicit open.
+    // 0 (h.offset set for a zone append) or -errno.
+    virtual int begin_zone_write(zone& z, uint32_t index, const io_request& r, zone_hold& h,
+                                 uint64_t zone_end) = 0;
+    // end_write after the write pointer moved: the condition and counters
+    // (`full`: it reached the capacity). Unlocks `z`.
+    virtual void end_zone_write(zone& z, const zone_hold& h, bool full) = 0;
+    // begin_read after `h` was filled: the model's checks, the lock
+    // (lock_reads) and the readable length.
+    virtual int begin_zone_read(zone& z, uint32_t index, const io_request& r, zone_hold& h) = 0;
+    // manage() of zone `index` (locked, within the device): open, close,
+    // finish or reset; 0 or -errno.
+    virtual int manage_zone(io_op op, uint32_t index) = 0;
+    // Reset all's step for sequential zone `index` (locked): non-zero
+    // stops the reset all with that result.
+    virtual int reset_one_of_all(uint32_t index) = 0;
+    // report(): zone `index` (locked) is about to be described.
+    virtual void before_report(uint32_t index) { (void)index; }
+    // set_condition of a valid read_only/offline `condition`; `attr` names
+    // the attribute for messages.
+    virtual result<void> change_condition(uint64_t offset, zone_condition condition,
+                                          const char* attr) = 0;
 
     zone_engine_config _cfg;
     zone_backend* _backend;
@@ -271,15 +276,10 @@ private:
     memory_charge _charge;  // for _zones; released after them
     std::unique_ptr<zone[]> _zones;
 
-    // Under _res_lock (when _need_res_mgmt).
+    // Under _res_lock (when _need_res_mgmt); each model keeps its other
+    // counters next to it.
     mutable std::mutex _res_lock;
-    uint32_t _nr_imp_open = 0;
-    uint32_t _nr_exp_open = 0;
     uint32_t _nr_closed = 0;
-    uint32_t _imp_close_zone_no = 0;  // null_blk: where the round robin goes on
-    uint32_t _nr_open = 0;            // zloop: open zones (implicit + explicit)
-    uint32_t _lru_head = UINT32_MAX;  // zloop: least recently used open zone
-    uint32_t _lru_tail = UINT32_MAX;
 
     mutable std::atomic<uint64_t> _implicit_closes{0};
     mutable std::atomic<uint64_t> _open_refused{0};

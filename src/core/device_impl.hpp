@@ -17,6 +17,10 @@
 
 namespace softblk::core {
 
+// null_blk's g_poll_queues for devices of `type`: the poll_queues module
+// parameter (set_option_defaults), 1 by default.
+uint64_t poll_queue_limit(std::string_view type);
+
 class device_impl final : public device {
 public:
     // A powered-off device with attributes `options` (parsed, not checked

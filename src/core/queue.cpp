@@ -524,7 +524,7 @@ unsigned queue_impl::wait(unsigned min_completions, int64_t timeout_ns)
             ppoll(&p, 1, &ts, nullptr);
             continue;
         }
-        if (delta < 20'000) {
+        if (delta < k_spin_wait_ns) {
             // Shorter than a sleep's wake-up latency: spin.
             while (monotonic_ns() < wake) {
                 cpu_relax();

@@ -3,6 +3,7 @@
 #include <softblk/support/clock.hpp>
 
 #include <algorithm>
+#include <bit>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -20,64 +21,14 @@ namespace softblk::ublk {
 
 namespace {
 
-// While device requests are in flight the thread sleeps in the ring until
-// the device queue's next event (next_event_ns(): a completion timer, a
-// throttle, the timeout scan) or its event_fd(); waits shorter than this
-// are spun, as the core's wait() does.
-constexpr uint64_t k_spin_ns = 20'000;
-
 // Entries for `requests` requests at once (a command each, plus the wake
-// read and the event poll).
+// read and the event poll), at least 8, a power of two.
 unsigned ring_entries(unsigned requests)
 {
-    unsigned n = 8;
-    while (n < requests + 2) {
-        n <<= 1;
-    }
-    return n;
-}
-
-cpu_set_t cpu_set_of(std::span<const unsigned> cpus)
-{
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    for (const unsigned cpu : cpus) {
-        CPU_SET(cpu, &set);
-    }
-    return set;
+    return std::bit_ceil(std::max(8u, requests + 2));
 }
 
 }  // namespace
-
-std::vector<unsigned> cpus_to_pin(std::span<const unsigned> queue_cpus, const cpu_set_t& allowed,
-                                  bool one_cpu)
-{
-    std::vector<unsigned> chosen;
-    for (const unsigned cpu : queue_cpus) {
-        if (cpu < CPU_SETSIZE && CPU_ISSET(cpu, &allowed)) {
-            chosen.push_back(cpu);
-        }
-    }
-    if (one_cpu) {
-        chosen.resize(std::min<size_t>(chosen.size(), 1));
-    } else if (static_cast<int>(chosen.size()) == CPU_COUNT(&allowed)) {
-        chosen.clear();
-    }
-    return chosen;
-}
-
-std::vector<unsigned> cpus_to_measure(const cpu_set_t& allowed)
-{
-    if (CPU_COUNT(&allowed) < 2) {
-        return {};
-    }
-    for (unsigned cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
-        if (CPU_ISSET(cpu, &allowed)) {
-            return {cpu};
-        }
-    }
-    return {};
-}
 
 queue_runner::queue_runner(io_queue& dq, const queue_config& cfg) : _dq(dq), _cfg(cfg)
 {
@@ -151,90 +102,6 @@ queue_counters queue_runner::counters() const
                           .idle_waits = _idle_waits.load(std::memory_order_relaxed),
                           .idle_spins = _idle_spins.load(std::memory_order_relaxed),
                           .pin_switches = _pin_switches.load(std::memory_order_relaxed)};
-}
-
-std::vector<unsigned> queue_runner::pinned_cpus() const
-{
-    if (_measuring_pin && !_pinned_now.load(std::memory_order_relaxed)) {
-        return {};
-    }
-    return _pinned_cpus;
-}
-
-// With queue_affinity=1 a queue's thread runs on the CPUs whose requests the
-// kernel sends to that queue, as ublk servers commonly do: each request
-// reaches the thread as task work queued from the submitting CPU, and its
-// data is warm in that CPU's cache. (Off by default: under emulation it
-// measured mixed, docs/ublk.md.) Where the queue serves every CPU the daemon may use there is nothing to
-// choose; where it serves none of them (a narrower cpuset) the thread stays
-// unpinned. queue_affinity=one keeps the thread on the first of those CPUs
-// alone, as the kernel's kublk does: a thread that never moves is not
-// where the submitting program wakes, so the two do not take turns on one
-// CPU (under emulation each turn empties the software TLB).
-// queue_affinity=auto: the device measures both, every queue's thread free
-// and all of them on the first CPU the daemon may use (device_pinning),
-// and starts free.
-void queue_runner::pin_thread()
-{
-    cpu_set_t allowed;
-    if (::sched_getaffinity(0, sizeof(allowed), &allowed) != 0) {
-        return;
-    }
-    if (_cfg.pinning) {
-        if (auto one = cpus_to_measure(allowed); !one.empty()) {
-            _pinned_cpus = std::move(one);
-            _free_cpus = allowed;
-            _measuring_pin = true;
-        }
-        return;
-    }
-    std::vector<unsigned> chosen = cpus_to_pin(_cfg.cpus, allowed, _cfg.one_cpu);
-    if (chosen.empty()) {
-        return;
-    }
-    const cpu_set_t want = cpu_set_of(chosen);
-    if (::sched_setaffinity(0, sizeof(want), &want) == 0) {
-        _pinned_cpus = std::move(chosen);
-    }
-}
-
-// The io-wq workers this thread's blocking file I/O goes to (an append to
-// a zone file on ext4, for one) belong to the thread, whichever ring the
-// I/O came through, and keep to the same CPUs. Their set can only be given
-// once the thread has an io_uring context, i.e. after setup(); kernels
-// before 5.14 lack the call and leave the workers where io-wq puts them.
-void queue_runner::pin_io_workers()
-{
-    if (_pinned_cpus.empty() || _measuring_pin) {
-        return;
-    }
-    const cpu_set_t set = cpu_set_of(_pinned_cpus);
-    (void)io_uring_register_iowq_aff(&_ring, sizeof(set), &set);
-}
-
-void queue_runner::follow_device_pinning()
-{
-    device_pinning& device = *_cfg.pinning;
-    if (device.due()) {
-        device.update(monotonic_ns());
-    }
-    const bool pin = device.pinned();
-    if (pin == _pinned_now.load(std::memory_order_relaxed)) {
-        return;
-    }
-    const cpu_set_t set = pin ? cpu_set_of(_pinned_cpus) : _free_cpus;
-    if (::sched_setaffinity(0, sizeof(set), &set) != 0) {
-        // A cpuset changed under the daemon: leave the thread where it is.
-        _pin_stuck = true;
-        return;
-    }
-    if (pin) {
-        (void)io_uring_register_iowq_aff(&_ring, sizeof(set), &set);
-    } else {
-        (void)io_uring_unregister_iowq_aff(&_ring);
-    }
-    _pinned_now.store(pin, std::memory_order_relaxed);
-    _pin_switches.fetch_add(1, std::memory_order_relaxed);
 }
 
 result<void> queue_runner::setup()
@@ -699,6 +566,10 @@ void queue_runner::retry_backlog()
     }
 }
 
+// While device requests are in flight the thread sleeps in the ring until
+// the device queue's next event (next_event_ns(): a completion timer, a
+// throttle, the timeout scan) or its event_fd(); shorter waits are spun,
+// as the core's wait() does.
 int queue_runner::wait_with_device()
 {
     if (!_event_poll_armed && _dq.event_fd() >= 0) {
@@ -712,7 +583,7 @@ int queue_runner::wait_with_device()
     if (wake <= now || io_uring_cq_ready(&_ring) != 0) {
         return io_uring_submit(&_ring);
     }
-    if (wake - now < k_spin_ns) {
+    if (wake - now < k_spin_wait_ns) {
         // Shorter than a sleep's wake-up latency: spin, watching the ring.
         const int r = io_uring_submit(&_ring);
         while (monotonic_ns() < wake && io_uring_cq_ready(&_ring) == 0) {

@@ -107,30 +107,17 @@ result<uint64_t> parse_size_option(const std::string& text, uint64_t block_size)
 }
 
 // Per-queue half: one ring, driven by the queue's thread.
-class file_queue final : public target_queue {
+class file_queue final : public file_ring_queue<target_queue> {
 public:
-    file_queue(target& file, std::unique_ptr<file_ring> ring) : _file(file), _ring(std::move(ring))
+    file_queue(target& file, std::unique_ptr<file_ring> ring) : _file(file)
     {
+        set_ring(std::move(ring));
     }
 
     void submit(io_request& r) override;
-    unsigned poll() override { return _ring->poll(); }
-    bool busy() const override { return _ring->in_flight() != 0; }
-    int wait_fd() const override { return _ring->event_fd(); }
-    uint64_t next_wakeup_ns() const override { return _ring->next_wakeup_ns(); }
-    bool share_ring(io_uring* ring) override { return _ring->borrow_ring(ring); }
-    bool ends_with_ring_write() const override { return true; }
-    void ring_completion(uint64_t user_data, int result) override
-    {
-        _ring->on_completion(user_data, result);
-    }
-    // The kernel holds the request and may still write its buffer: it
-    // cannot be let go before its completion arrives.
-    bool timed_out(io_request&) override { return false; }
 
 private:
     target& _file;
-    std::unique_ptr<file_ring> _ring;
 };
 
 class file_target final : public target {
@@ -287,31 +274,31 @@ void file_queue::submit(io_request& r)
 {
     switch (r.op) {
     case io_op::read:
-        _ring->read(r, 0, r.offset);
+        ring().read(r, 0, r.offset);
         return;
     case io_op::write:
-        _ring->write(r, 0, r.offset, (r.flags & k_io_fua) != 0);
+        ring().write(r, 0, r.offset, (r.flags & k_io_fua) != 0);
         return;
     case io_op::flush:
-        _ring->flush(r, 0);
+        ring().flush(r, 0);
         return;
     case io_op::discard:
-        _ring->discard(r, 0, r.offset, r.length);
+        ring().discard(r, 0, r.offset, r.length);
         return;
     case io_op::write_zeroes:
-        _ring->write_zeroes(r, 0, r.offset, r.length, (r.flags & k_io_no_unmap) == 0,
+        ring().write_zeroes(r, 0, r.offset, r.length, (r.flags & k_io_no_unmap) == 0,
                             (r.flags & k_io_fast_zero) != 0);
         return;
     case io_op::report_extents:
         // SEEK_DATA/SEEK_HOLE on the queue's thread: a few system calls.
-        _ring->complete_now(r, answer_report_extents(_file, r));
+        ring().complete_now(r, answer_report_extents(_file, r));
         return;
     default:
         break;
     }
     // Zone operations: the core refuses them for a device that is not
     // zoned; here for a caller that skips its validation.
-    _ring->complete_now(r, -EOPNOTSUPP);
+    ring().complete_now(r, -EOPNOTSUPP);
 }
 
 result<std::unique_ptr<target>> create_file(const option_set& o)

@@ -33,23 +33,9 @@ class zloop_target;
 // Per-queue half: the shared zone logic (zloop_common.hpp) over one ring
 // on every zone file, driven by the queue's thread. It is the ring's
 // completion sink, to see failed writes first.
-class zloop_file_queue final : public zloop::zloop_queue, public completion_sink {
+class zloop_file_queue final : public file_ring_queue<zloop::zloop_queue>, public completion_sink {
 public:
     zloop_file_queue(zloop_target& t, completion_sink& sink);
-    void set_ring(std::unique_ptr<file_ring> ring) { _ring = std::move(ring); }
-
-    unsigned poll() override { return _ring->poll(); }
-    bool busy() const override { return _ring->in_flight() != 0; }
-    int wait_fd() const override { return _ring->event_fd(); }
-    uint64_t next_wakeup_ns() const override { return _ring->next_wakeup_ns(); }
-    bool share_ring(io_uring* ring) override { return _ring->borrow_ring(ring); }
-    bool ends_with_ring_write() const override { return true; }
-    void ring_completion(uint64_t user_data, int result) override
-    {
-        _ring->on_completion(user_data, result);
-    }
-    // The kernel holds the request and may still write its buffer.
-    bool timed_out(io_request&) override { return false; }
 
     // completion_sink: a write that did not land makes the engine re-read
     // the zone's file before its next use.
@@ -63,18 +49,17 @@ private:
     // Past the write pointer a zone file ends: the ring reads zeros.
     void read_data(io_request& r, uint32_t zone, uint64_t zone_offset) override
     {
-        _ring->read(r, zone, zone_offset);
+        ring().read(r, zone, zone_offset);
     }
     // A sequential zone's write starts at its write pointer, its file's
     // end: an append (file_ring::append says what that changes).
     void write_data(io_request& r, uint32_t zone, uint64_t zone_offset) override;
-    void complete_now(io_request& r, int result) override { _ring->complete_now(r, result); }
+    void complete_now(io_request& r, int result) override { ring().complete_now(r, result); }
     int flush() override;
     void zone_written(uint32_t zone) override;
 
     zloop_target& _t;
     completion_sink& _sink;
-    std::unique_ptr<file_ring> _ring;
 };
 
 class zloop_target final : public target, public zone_backend {
@@ -308,7 +293,7 @@ private:
 };
 
 zloop_file_queue::zloop_file_queue(zloop_target& t, completion_sink& sink)
-    : zloop_queue(t.zones()), _t(t), _sink(sink)
+    : file_ring_queue(t.zones()), _t(t), _sink(sink)
 {
 }
 
@@ -325,10 +310,10 @@ void zloop_file_queue::zone_written(uint32_t zone)
 void zloop_file_queue::write_data(io_request& r, uint32_t zone, uint64_t zone_offset)
 {
     if (_t.zones().conventional(zone)) {
-        _ring->write(r, zone, zone_offset, false);
+        ring().write(r, zone, zone_offset, false);
     } else {
         _t.preallocate(zone, zone_offset);
-        _ring->append(r, zone, zone_offset, false);
+        ring().append(r, zone, zone_offset, false);
     }
 }
 
