@@ -26,6 +26,7 @@
 #include "memory_limit.hpp"
 #include "nullb_fs.hpp"
 #include "run_dir.hpp"
+#include "version.hpp"
 #include "zone_control.hpp"
 
 #ifdef SOFTBLK_HAVE_UBLK
@@ -746,6 +747,7 @@ int main(int argc, char** argv)
         "the "
         "first command starts"};
     app.require_subcommand(1);
+    app.set_version_flag("--version", std::string("softblk ") + softblk::version_string());
     app.footer(
         "Run directory: /run/softblk (root), $XDG_RUNTIME_DIR/softblk, or $SOFTBLK_RUN_DIR.\n"
         "`softblk fat ...` works on FAT file systems on softblk devices and images.\n"
@@ -917,8 +919,7 @@ int main(int argc, char** argv)
     } catch (const CLI::CallForAllHelp& e) {
         return app.exit(e);
     } catch (const CLI::ParseError& e) {
-        app.exit(e);
-        return k_exit_usage;
+        return app.exit(e) == 0 ? 0 : k_exit_usage;  // 0: --version
     }
 
     if (add_cmd->parsed()) {
