@@ -32,6 +32,8 @@ def shell_case(function, comment, table):
     """A function that prints the words of table[key] for key $1."""
     lines = [f"# {comment}", f"{function}() {{", "  case $1 in"]
     for key, words in table.items():
+        if not words:
+            continue  # prints nothing, as a key not listed
         lines.append(f"  {shell_quote(key)}) echo {shell_quote(' '.join(words))} ;;")
     lines += ["  esac", "}", ""]
     return lines
