@@ -17,7 +17,9 @@
  *  - Handles are opaque. A device handle is used by one control thread at
  *    a time; each queue by one thread at a time (its submissions and
  *    softblk_queue_do_io); different queues may run on different threads.
- *  - No function throws, allocates per request, or logs.
+ *  - No function throws. Submitting and reaping allocate and log nothing
+ *    (docs/capi.md says which rare events some targets and front ends
+ *    write to stderr).
  *
  * ABI: libsoftblk.so.0, every symbol in the version node SOFTBLK_0. Within
  * soname 0 functions are only added; the structures below keep their size
@@ -57,7 +59,7 @@ struct softblk_export; /* a running export of a device */
 SOFTBLK_API uint32_t softblk_version(void);
 
 /* The calling thread's message for the last call that failed, e.g.
- * "sizee=1: unknown attribute ...". Never NULL; "" before any error. Valid
+ * "sizee: unknown option ...". Never NULL; "" before any error. Valid
  * until the thread's next failing call. */
 SOFTBLK_API const char* softblk_get_error_msg(void);
 
@@ -106,10 +108,13 @@ SOFTBLK_API int softblk_set_option(struct softblk_device* dev, const char* key, 
 SOFTBLK_API int softblk_get_option(struct softblk_device* dev, const char* key, char* buf,
                                    size_t size);
 
-/* Device properties, as last powered on (before the first power on: zero).
+/* Device properties, as last powered on (a device made with power=0 has
+ * none yet: zero or defaults until its first softblk_start).
  * uint64: "capacity" (bytes), "logical_block_size", "physical_block_size",
- *   "max_transfer", "max_discard", "max_write_zeroes", "max_zone_append"
- *   (bytes; 0: not supported or no limit as docs/capi.md says),
+ *   "max_transfer" (the largest piece the device takes; longer requests
+ *   are split), "max_discard" (0: no discard), "max_write_zeroes" (0: the
+ *   library writes zero buffers instead, or fails SOFTBLK_REQ_FAST_ZERO),
+ *   "max_zone_append" (0: no zone append), all bytes;
  *   "zone_size", "zone_capacity" (bytes), "nr_zones", "conventional_zones",
  *   "max_open_zones", "max_active_zones" (0: no limit), "num_queues",
  *   "num_submit_queues", "num_poll_queues", "queue_depth", "memory_bytes".

@@ -3,7 +3,8 @@
 # (`./scripts/test.sh`, as root or as any user; .ci/run calls it). It
 # installs the Debian packages (through sudo when not root, only if some are
 # missing) and runs these stages, each on its own, in this order:
-#   format   scripts/format.sh --check: the whole tree as .clang-format says
+#   format   scripts/format.sh --check: the whole tree as .clang-format says;
+#            scripts/tidy.sh: clang-tidy's checks (.clang-tidy) on src/
 #   release  build/ (Release, warnings as errors): every program and
 #            benchmark, of the GoogleTest programs those with nosan cases;
 #            the VM tests (their programs run in a guest), the
@@ -210,6 +211,15 @@ if want format; then
     echo "$out"
     note "stage format FAILED: $(head -1 <<<"$out")"
     failed_stages+=(format)
+  fi
+  t0=$SECONDS
+  if out=$("$repo/scripts/tidy.sh" 2>&1); then
+    echo "$out"
+    note "stage format (tidy): $((SECONDS - t0)) s: ${out#tidy: }"
+  else
+    echo "$out"
+    note "stage format (tidy) FAILED: $(tail -1 <<<"$out")"
+    [[ " ${failed_stages[*]-} " == *" format "* ]] || failed_stages+=(format)
   fi
 fi
 all_targets=()

@@ -13,13 +13,23 @@
 # CPU (fio runs one thread; the machine may have few CPUs).
 #
 #   bench/nbd/run.sh [--driver PATH] [--baseline PATH] [--runtime SECONDS] [--size MiB]
-#                    [--threads N] [--export-opt KEY=VALUE]...
+#                    [--threads N] [--export-opt KEY=VALUE]... [--rounds N]
+#                    [--jobs NAME,NAME...] [--variant NAME:KEY=VALUE[,KEY=VALUE]]...
 #
 # --threads N gives the device N submit queues and the server N loop
 # threads. --baseline PATH also serves the same device with another build
 # (its softblk-driver, or the softblk-nbd of builds before softblk-driver
 # replaced it), run job by job beside the others, and adds a table of
 # softblk against it: a change's cost measured under the same load.
+# --variant NAME:OPTS serves the device once more with the same driver and
+# these export options on top of --export-opt (e.g. poll0:poll-us=0), also
+# job by job beside the others, in the baseline table.
+#
+# --rounds N (default 1) runs every job N times, each round going through
+# all servers job by job (interleaved, so a load that changes during the
+# run hits all alike); the tables give each figure's median and, with
+# N > 1, the spread (min-max) of the ratios. --jobs picks jobs by name
+# (default: all; e.g. --jobs randread-4k-qd1,randwrite-4k-qd32).
 #
 # --driver defaults to the newest build*/src/driver/softblk-driver under the
 # repository. Prints a table (markdown) on stdout.
@@ -33,7 +43,10 @@ baseline=""
 runtime=5
 size_mib=256
 threads=1
+rounds=1
+job_filter=""
 export_opts=()
+variants=()
 while (($#)); do
   case "$1" in
     --driver) driver=$2; shift 2 ;;
@@ -42,7 +55,11 @@ while (($#)); do
     --size) size_mib=$2; shift 2 ;;
     --threads) threads=$2; shift 2 ;;
     --export-opt) export_opts+=(-o "$2"); shift 2 ;;  # e.g. coalesce-us=20, passed to the server
-    *) echo "usage: $0 [--driver PATH] [--baseline PATH] [--runtime S] [--size MiB] [--threads N] [--export-opt K=V]..." >&2
+    --rounds) rounds=$2; shift 2 ;;
+    --jobs) job_filter=$2; shift 2 ;;
+    --variant) variants+=("$2"); shift 2 ;;
+    *) echo "usage: $0 [--driver PATH] [--baseline PATH] [--runtime S] [--size MiB] [--threads N]" \
+            "[--export-opt K=V]... [--rounds N] [--jobs NAME,...] [--variant NAME:K=V[,K=V]]..." >&2
        exit 2 ;;
   esac
 done
@@ -53,6 +70,11 @@ grep -qw nbd <<<"$(fio --enghelp 2>/dev/null)" || { echo "SKIP: this fio has no 
 [ -n "$driver" ] || driver=$(ls -t "$repo"/build*/src/driver/softblk-driver 2>/dev/null | head -1 || true)
 [ -x "$driver" ] || { echo "softblk-driver not found (build it, or --driver PATH)" >&2; exit 2; }
 [ -z "$baseline" ] || [ -x "$baseline" ] || { echo "--baseline $baseline: not an executable" >&2; exit 2; }
+[[ "$rounds" =~ ^[1-9][0-9]*$ ]] || { echo "--rounds $rounds: a count of 1 or more" >&2; exit 2; }
+for v in "${variants[@]}"; do
+  [[ "$v" =~ ^[a-z0-9_-]+:[a-z0-9_-]+=[^,]*(,[a-z0-9_-]+=[^,]*)*$ ]] ||
+    { echo "--variant $v: NAME:KEY=VALUE[,KEY=VALUE] (NAME in a-z0-9_-)" >&2; exit 2; }
+done
 
 work=$(mktemp -d /dev/shm/softblk-nbd-bench.XXXXXX)
 pids=()
@@ -68,15 +90,16 @@ wait_socket() {
   echo "server did not create $1" >&2; exit 1
 }
 
-# serve_softblk PROGRAM RUN_DIR SOCKET: the device d0 over NBD, in this
-# (background) subshell's place so that $! is the server. The softblk-nbd
+# serve_softblk PROGRAM RUN_DIR SOCKET [-o K=V]...: the device d0 over NBD, in
+# this (background) subshell's place so that $! is the server. The softblk-nbd
 # of older builds (for --baseline) takes the same arguments without --export.
 serve_softblk() {
   local program=$1 run_dir=$2 socket=$3 how=(--export nbd) queues=()
+  shift 3
   [ "$(basename "$program")" != softblk-nbd ] || how=()
   [ "$threads" = 0 ] || queues=(submit_queues="$threads")
   exec "$program" "${how[@]}" --run-dir "$run_dir" -o socket="$socket" -o threads="$threads" \
-    "${export_opts[@]}" d0 null memory_backed=1 size=1024 "${queues[@]}"
+    "${export_opts[@]}" "$@" d0 null memory_backed=1 size=1024 "${queues[@]}"
 }
 
 # A capacity of 1 GiB for all three; jobs touch the first $size_mib MiB.
@@ -102,6 +125,19 @@ if [ -n "$baseline" ]; then
   wait_socket "$work/baseline.sock"
   servers+=(baseline)
 fi
+compared=()  # servers in the baseline table: the baseline, the variants
+[ -z "$baseline" ] || compared+=(baseline)
+for v in "${variants[@]}"; do
+  name=${v%%:*} opts=()
+  IFS=, read -r -a kvs <<<"${v#*:}"
+  for kv in "${kvs[@]}"; do opts+=(-o "$kv"); done
+  mkdir -p "$work/$name"
+  serve_softblk "$driver" "$work/$name" "$work/$name.sock" "${opts[@]}" >"$work/$name.log" 2>&1 &
+  pid_of[$name]=$!; pids+=("${pid_of[$name]}")
+  wait_socket "$work/$name.sock"
+  servers+=("$name")
+  compared+=("$name")
+done
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 hz=$(getconf CLK_TCK)
 
@@ -144,48 +180,74 @@ for s in "${servers[@]}"; do
       --iodepth=8 --size="${size_mib}M" >/dev/null 2>&1
 done
 
-client_rows=()
-baseline_rows=()
+results="$work/results.tsv"  # round job server iops cpu_ns fio_cpu_ns fio_percent
+: >"$results"
+for ((round = 1; round <= rounds; round++)); do
+  for j in "${jobs[@]}"; do
+    read -r name rw bs qd <<<"$j"
+    if [ -n "$job_filter" ] && [[ ",$job_filter," != *",$name,"* ]]; then continue; fi
+    for s in "${servers[@]}"; do
+      printf '%s\t%s\t%s\t%s\n' "$round" "$name" "$s" \
+        "$(run_fio "$s" "$name" "$rw" "$bs" "$qd" | tr ' ' '\t')" >>"$results"
+    done
+  done
+done
+
 machine_line
 echo
-echo "| job | softblk IOPS | nbdkit IOPS | qsd IOPS | softblk CPU ns/IO | nbdkit CPU ns/IO | qsd CPU ns/IO | IOPS vs best peer | CPU/IO vs that peer |"
-echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
-for j in "${jobs[@]}"; do
-  read -r name rw bs qd <<<"$j"
-  declare -A iops=() cpu=() fcpu=() futil=()
-  for s in "${servers[@]}"; do
-    read -r iops[$s] cpu[$s] fcpu[$s] futil[$s] < <(run_fio "$s" "$name" "$rw" "$bs" "$qd")
-  done
-  if [ -n "$baseline" ]; then
-    baseline_rows+=("$(python3 -c 'import sys
-n, si, bi, sc, bc = sys.argv[1], *map(float, sys.argv[2:])
-print(f"| {n} | {si:.0f} | {bi:.0f} | {si / bi:.3f}x | {sc:.0f} | {bc:.0f} | {sc / bc:.3f}x |")' \
-      "$name" "${iops[softblk]}" "${iops[baseline]}" "${cpu[softblk]}" "${cpu[baseline]}")")
-  fi
-  client_rows+=("| $name | ${fcpu[softblk]} (${futil[softblk]}%) | ${fcpu[nbdkit]} (${futil[nbdkit]}%) | ${fcpu[qsd]} (${futil[qsd]}%) |")
-  best=nbdkit
-  if ((${iops[qsd]} > ${iops[nbdkit]})); then best=qsd; fi
-  python3 - "$name" "${iops[softblk]}" "${iops[nbdkit]}" "${iops[qsd]}" "${cpu[softblk]}" "${cpu[nbdkit]}" \
-      "${cpu[qsd]}" "$best" <<'PY'
-import sys
-name, si, ni, qi, sc, nc, qc, best = sys.argv[1:]
-si, ni, qi, sc, nc, qc = map(float, (si, ni, qi, sc, nc, qc))
-bi, bc = (ni, nc) if best == "nbdkit" else (qi, qc)
-print(f"| {name} | {si:.0f} | {ni:.0f} | {qi:.0f} | {sc:.0f} | {nc:.0f} | {qc:.0f} | "
-      f"{si / bi:.2f}x ({best}) | {sc / bc if bc else float('nan'):.2f}x |")
+echo "$rounds round(s) of ${runtime} s per job and server, interleaved; medians, and with several rounds the spread (min-max) of the per-round ratios."
+python3 - "$results" "$rounds" "$driver" "$baseline" "${compared[@]}" <<'PY'
+import statistics, sys
+from collections import defaultdict
+path, rounds, driver, baseline, *compared = sys.argv[1:]
+rounds = int(rounds)
+rows = defaultdict(dict)  # (job) -> {(server, round): (iops, cpu, fcpu, fpct)}
+order = []
+for line in open(path):
+    r, job, server, iops, cpu, fcpu, fpct = line.split("\t")
+    if job not in order:
+        order.append(job)
+    rows[job][(server, int(r))] = tuple(map(float, (iops, cpu, fcpu, fpct)))
+
+def med(job, server, k):
+    return statistics.median(v[k] for (s, _), v in rows[job].items() if s == server)
+
+def spread(job, a, b, k):
+    ratios = [rows[job][(a, r)][k] / rows[job][(b, r)][k] for r in range(1, rounds + 1)
+              if (a, r) in rows[job] and (b, r) in rows[job] and rows[job][(b, r)][k]]
+    return f" ({min(ratios):.2f}-{max(ratios):.2f})" if rounds > 1 and ratios else ""
+
+print()
+print("| job | softblk IOPS | nbdkit IOPS | qsd IOPS | softblk CPU ns/IO | nbdkit CPU ns/IO | qsd CPU ns/IO | IOPS vs best peer | CPU/IO vs that peer |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+for job in order:
+    si, ni, qi = (med(job, s, 0) for s in ("softblk", "nbdkit", "qsd"))
+    sc, nc, qc = (med(job, s, 1) for s in ("softblk", "nbdkit", "qsd"))
+    best = "qsd" if qi > ni else "nbdkit"
+    bi, bc = (ni, nc) if best == "nbdkit" else (qi, qc)
+    print(f"| {job} | {si:.0f} | {ni:.0f} | {qi:.0f} | {sc:.0f} | {nc:.0f} | {qc:.0f} | "
+          f"{si / bi:.2f}x ({best}){spread(job, 'softblk', best, 0)} | "
+          f"{sc / bc if bc else float('nan'):.2f}x{spread(job, 'softblk', best, 1)} |")
+print()
+print("fio's own CPU time per I/O (ns) and, in brackets, the share of one CPU it used:")
+print()
+print("| job | fio vs softblk | fio vs nbdkit | fio vs qsd |")
+print("|---|---:|---:|---:|")
+for job in order:
+    cells = [f"{med(job, s, 2):.0f} ({med(job, s, 3):.0f}%)" for s in ("softblk", "nbdkit", "qsd")]
+    print(f"| {job} | " + " | ".join(cells) + " |")
+for other in compared:
+    what = f"the baseline ({baseline})" if other == "baseline" else f"the variant {other}"
+    print()
+    print(f"softblk ({driver}) against {what}, job by job in the same run:")
+    print()
+    print(f"| job | softblk IOPS | {other} IOPS | IOPS ratio | softblk CPU ns/IO | {other} CPU ns/IO | CPU ratio |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for job in order:
+        si, oi = med(job, "softblk", 0), med(job, other, 0)
+        sc, oc = med(job, "softblk", 1), med(job, other, 1)
+        print(f"| {job} | {si:.0f} | {oi:.0f} | {si / oi:.3f}x{spread(job, 'softblk', other, 0)} | "
+              f"{sc:.0f} | {oc:.0f} | {sc / oc:.3f}x{spread(job, 'softblk', other, 1)} |")
 PY
-done
 echo
-echo "fio's own CPU time per I/O (ns) and, in brackets, the share of one CPU it used:"
-echo
-echo "| job | fio vs softblk | fio vs nbdkit | fio vs qsd |"
-echo "|---|---:|---:|---:|"
-printf '%s\n' "${client_rows[@]}"
-if [ -n "$baseline" ]; then
-  echo
-  echo "softblk ($driver) against the baseline ($baseline), job by job in the same run:"
-  echo
-  echo "| job | softblk IOPS | baseline IOPS | IOPS ratio | softblk CPU ns/IO | baseline CPU ns/IO | CPU ratio |"
-  echo "|---|---:|---:|---:|---:|---:|---:|"
-  printf '%s\n' "${baseline_rows[@]}"
-fi
+echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"

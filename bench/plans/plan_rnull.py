@@ -60,6 +60,25 @@ def parse(text):
     return vm, records
 
 
+def guest_settings(name, mode, runtime):
+    """What rnull_compare.sh runs for a plan in a mode: {"args" (the
+    script's), "cpus", "mem" (MiB), "cells", "size", "region" (MiB)}."""
+    workloads, bss, jobs = matrix(name, mode)
+    size, region = (4096, 1024) if mode == "full" else (64, 16) if mode == "smoke" else (1024, 256)
+    args = ["--engines", "psync", "--workloads", " ".join(workloads), "--bs", " ".join(bss),
+            "--jobs", " ".join(str(j) for j in jobs), "--runtime", runtime, "--size", size,
+            "--region", region]
+    return {"args": args, "cpus": max(2, max(jobs)), "mem": 2 * region + 1024,
+            "cells": len(workloads) * len(bss) * len(jobs), "size": size, "region": region}
+
+
+def vm_skip_reason(p):
+    """run-vm's exit 77: the SKIP line it or the guest printed."""
+    why = next((x for x in p.stdout.splitlines() + p.stderr.splitlines() if "SKIP" in x),
+               "the VM lab cannot run here")
+    return f"VM lab: {why.strip()}"
+
+
 class Plan:
     NEEDS_ROOT = False
 
@@ -76,30 +95,22 @@ class Plan:
         if not driver:
             raise Skip("softblk-driver is not built (ninja softblk-driver)")
         mode = ctx.settings["mode"]
-        workloads, bss, jobs = matrix(self.NAME, mode)
-        size, region = (4096, 1024) if mode == "full" else (256, 64) if mode == "smoke" else (1024, 256)
-        cpus = max(2, max(jobs))
-        mem = 2 * region + 1024
         runtime = ctx.settings["runtime_s"]
-        cells = len(workloads) * len(bss) * len(jobs)
+        g = guest_settings(self.NAME, mode, runtime)
+        cpus, mem, cells = g["cpus"], g["mem"], g["cells"]
         timeout = int(cells * 2 * (runtime + 1) + 240)
         cmd = [run_vm, os.path.join(root, "tests", "vm", "tests", "rnull_compare.sh"), "--cpus", cpus,
-               "--mem", mem, "--timeout", timeout, "--bin", driver, "--", "--engines", "psync",
-               "--workloads", " ".join(workloads), "--bs", " ".join(bss),
-               "--jobs", " ".join(str(j) for j in jobs), "--runtime", runtime, "--size", size,
-               "--region", region]
+               "--mem", mem, "--timeout", timeout, "--bin", driver, "--", *g["args"]]
         ctx.results.machine["vm"] = {"accel": "tcg", "kernel": None, "cpus": cpus, "mem_mib": mem}
         ctx.results.machine.setdefault("plan_settings", {})[self.NAME] = {
-            "size_mib": size, "region_mib": region, "engine": "psync", "cells": cells}
+            "size_mib": g["size"], "region_mib": g["region"], "engine": "psync", "cells": cells}
         plan = self.NAME
 
         def measure(ctx):
             p = ctx.run(cmd, timeout=timeout + 120, check=False)
             keep_log(ctx, plan, p)
             if p.returncode == 77:
-                why = next((x for x in p.stdout.splitlines() + p.stderr.splitlines() if "SKIP" in x),
-                           "the VM lab cannot run here")
-                raise Skip(f"VM lab: {why.strip()}")
+                raise Skip(vm_skip_reason(p))
             vm, records = parse(p.stdout)
             if vm:
                 ctx.results.machine["vm"].update(vm)

@@ -55,6 +55,31 @@ def parse(text):
     return vm, records, "no zloop module in" in text
 
 
+def guest_env(mode, runtime, rounds, cpus):
+    """vm_guest.sh's environment (run-vm --env NAME=VALUE) for a mode: the
+    smoke run measures one job with one queue on small devices (the code
+    path, not the table)."""
+    env = [f"RUNTIME={runtime}", f"ROUNDS={rounds}"]
+    if mode == "smoke":
+        return env + ["QUEUE_COUNTS=1", "JOBS=randwrite 4k 1 1", "SIZE_MIB=64", "ZONE_FS_MIB=160"]
+    return env + [f"QUEUE_COUNTS=1 {cpus}"]
+
+
+def records(text, command):
+    """The samples of vm_guest.sh's output (the kernel's zloop "skipped"
+    where the guest kernel has none): (vm info, records)."""
+    vm, records, no_kzloop = parse(text)
+    for r in records:
+        r["command"] = command
+    if no_kzloop:
+        for case in {tuple(sorted(r["case"].items())) for r in records
+                     if r["extra"]["device"] == "sbzloop"}:
+            records.append({"case": dict(case), "system": "kernel-zloop", "status": "skipped",
+                            "error": f"no zloop module in the guest's kernel ({vm.get('kernel')})",
+                            "command": command})
+    return vm, records
+
+
 def setup(ctx):
     root = ctx.tools.get("source")
     run_vm = os.path.join(root, "tests", "vm", "run-vm") if root else None
@@ -69,11 +94,9 @@ def setup(ctx):
     rounds = ctx.settings["rounds"]
     cmd = [run_vm, os.path.join(root, "bench", "zoned", "vm_guest.sh"), "--bin", ctx.tools["softblk"],
            "--mem", 3072, "--cpus", cpus, "--timeout", int(rounds * 2 * 4 * 5 * (runtime + 3) + 600),
-           *kernel, "--env", f"RUNTIME={runtime}", "--env", f"ROUNDS={rounds}",
-           "--env", f"QUEUE_COUNTS=1 {cpus}"]
-    if mode == "smoke":  # one job, one queue count: the code path, not the table
-        cmd[cmd.index(f"QUEUE_COUNTS=1 {cpus}")] = "QUEUE_COUNTS=1"
-        cmd += ["--env", "JOBS=randwrite 4k 1 1"]
+           *kernel]
+    for e in guest_env(mode, runtime, rounds, cpus):
+        cmd += ["--env", e]
     ctx.results.machine["vm"] = {"accel": "tcg", "kernel": None, "cpus": cpus, "mem_mib": 3072}
 
     def measure(ctx):
@@ -82,22 +105,13 @@ def setup(ctx):
         if p.returncode == 77:
             raise Skip("VM lab: " + next((x.strip() for x in p.stdout.splitlines() if "SKIP" in x),
                                          "it cannot run here"))
-        vm, records, no_kzloop = parse(p.stdout)
+        vm, recs = records(p.stdout, " ".join(str(c) for c in cmd))
         if vm:
             ctx.results.machine["vm"].update(vm)
-        if not records:
+        if not recs:
             tail = (p.stdout.strip() + "\n" + p.stderr.strip()).strip()[-400:]
             raise Failed(f"run-vm exited with {p.returncode} and no measurement: {tail}")
-        text = " ".join(str(c) for c in cmd)
-        for r in records:
-            r["command"] = text
-        if no_kzloop:
-            for case in {tuple(sorted(r["case"].items())) for r in records
-                         if r["extra"]["device"] == "sbzloop"}:
-                records.append({"case": dict(case), "system": "kernel-zloop", "status": "skipped",
-                                "error": f"no zloop module in the guest's kernel ({vm.get('kernel')})",
-                                "command": text})
-        return records
+        return recs
 
     return [Unit(NAME, {"boot": "all cases, rounds inside"}, "all", measure,
                  seconds=rounds * 2 * 4 * 4 * (runtime + 2) + 60, once=True)]

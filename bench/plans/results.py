@@ -8,6 +8,7 @@ import json
 import os
 import shlex
 import sys
+import threading
 import time
 
 import machine
@@ -43,18 +44,22 @@ class Results:
         self._samples = open(os.path.join(self.dir, "samples.jsonl"), "a")
         self._commands = open(os.path.join(self.dir, "commands.txt"), "a")
         self.counts = {"ok": 0, "failed": 0, "skipped": 0}
+        # smoke's VM boot runs in a thread beside the host plans (Unit.background).
+        self._lock = threading.RLock()
         self.write_machine()
 
     def write_machine(self):
         path = os.path.join(self.dir, "machine.json")
-        with open(path + ".tmp", "w") as f:
-            json.dump(self.machine, f, indent=2)
-            f.write("\n")
-        os.replace(path + ".tmp", path)
+        with self._lock:
+            with open(path + ".tmp", "w") as f:
+                json.dump(self.machine, f, indent=2)
+                f.write("\n")
+            os.replace(path + ".tmp", path)
 
     def command(self, cmd):
-        self._commands.write(command_text(cmd) + "\n")
-        self._commands.flush()
+        with self._lock:
+            self._commands.write(command_text(cmd) + "\n")
+            self._commands.flush()
 
     def sample(self, plan, case, system, round_, status, fields=None, error=None, started=None):
         s = {
@@ -75,9 +80,10 @@ class Results:
             s.update(fields)
         if status != "ok":
             s["error"] = error or "unknown error"
-        self.counts[status] = self.counts.get(status, 0) + 1
-        self._samples.write(json.dumps(s, sort_keys=False) + "\n")
-        self._samples.flush()
+        with self._lock:
+            self.counts[status] = self.counts.get(status, 0) + 1
+            self._samples.write(json.dumps(s, sort_keys=False) + "\n")
+            self._samples.flush()
         return s
 
     def close(self):

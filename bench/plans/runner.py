@@ -27,8 +27,11 @@ class Unit:
     program run measures several cases (and with `once`, a "round" each);
     raises Skip or Failed."""
 
-    def __init__(self, plan, case, system, measure, seconds=None, once=False):
+    def __init__(self, plan, case, system, measure, seconds=None, once=False, background=False):
         self.once = once  # one run measures every round (rounds inside a VM boot)
+        # Runs in a thread from the start, beside the other units (smoke's
+        # VM boot: a code path, not a measurement); implies once.
+        self.background = background
         self.plan = plan
         self.case = case
         self.system = system
@@ -72,6 +75,25 @@ class Context:
             tail = (p.stderr.strip() or p.stdout.strip())[-600:]
             raise Failed(f"{os.path.basename(str(cmd[0]))} exited with {p.returncode}: {tail}")
         return p
+
+    def run_group(self, cmd, timeout):
+        """Runs CMD in its own process group (a VM boot: run-vm and its
+        QEMU), stopped as a group by the cleanup when the run is
+        interrupted; its output as ctx.run's, never checked."""
+        self.results.command(cmd)
+        try:
+            p = subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+                                 start_new_session=True)
+        except OSError as e:
+            raise Failed(f"{cmd[0]}: {e.strerror}") from None
+        self.on_cleanup(lambda: stop_group(p))
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            stop_group(p)
+            raise Failed(f"{results.command_text(cmd)}: no answer in {timeout} s") from None
+        return subprocess.CompletedProcess(p.args, p.returncode, out, err)
 
     def spawn(self, name, cmd, env=None):
         """Starts a peer in its own session (Ctrl-C reaches the driver, which
@@ -143,6 +165,21 @@ def stop_process(p, timeout=5.0):
         p.wait()
     except ProcessLookupError:
         pass
+
+
+def stop_group(p, timeout=10.0):
+    """SIGTERM to P's process group (P leads it), SIGKILL after TIMEOUT."""
+    if p.poll() is not None:
+        return
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(p.pid, sig)
+            p.wait(timeout)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+        except ProcessLookupError:
+            return
 
 
 def cpu_ticks(pids):

@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 
 HERE = os.path.dirname(os.path.realpath(__file__))
 sys.path.insert(0, HERE)
@@ -118,11 +119,20 @@ def run_plan(args, tools, out=sys.stderr):
     work = tempfile.mkdtemp(prefix="softblk-bench-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
     ctx = Context(settings, res, tools, work)
     interrupted = False
+    background = []
     try:
         units = []
         for module in plans.modules(args.plan):
             try:
-                units += module.setup(ctx)
+                got = module.setup(ctx)
+                units += got
+                for unit in got:  # started at once, while the other plans set up
+                    if unit.background:
+                        print(f"[{args.plan}] {Progress.case_text(unit.case)} | {unit.system}: "
+                              "started in the background, beside the other runs", file=out)
+                        t = threading.Thread(target=measure, args=(ctx, unit, 1), daemon=True)
+                        t.start()
+                        background.append((unit, t))
             except Exception as e:  # noqa: BLE001 - a plan that cannot start is recorded, the run goes on
                 status = "skipped" if isinstance(e, Skip) else "failed"
                 res.sample(module.NAME, {}, "softblk", 0, status, error=f"{module.NAME}: {e}")
@@ -134,16 +144,25 @@ def run_plan(args, tools, out=sys.stderr):
         progress = Progress(args.plan, runs, settings["runtime_s"], out, estimate)
         for round_ in range(1, rounds + 1):
             for unit in units:
-                if unit.once and round_ > 1:
+                if unit.background or unit.once and round_ > 1:
                     continue
                 progress.show(unit.case, unit.system, round_, rounds)
                 measure(ctx, unit, round_)
                 progress.step()
+        for unit, t in background:
+            if t.is_alive():
+                print(f"[{args.plan}] waiting for {Progress.case_text(unit.case)} | {unit.system}",
+                      file=out)
+            while t.is_alive():
+                t.join(0.5)  # in steps: Ctrl-C and SIGTERM still reach this thread
+            progress.step()
     except KeyboardInterrupt:
         interrupted = True
         print("softblk bench: interrupted; cleaning up (the samples so far are kept)", file=out)
     finally:
-        ctx.cleanup()
+        ctx.cleanup()  # stops a background unit's processes: its thread then ends
+        for _unit, t in background:
+            t.join(30)
         shutil.rmtree(work, ignore_errors=True)
         res.close()
     return res, interrupted
@@ -168,7 +187,8 @@ def measure(ctx, unit, round_):
         case, system = r.pop("case"), r.pop("system")
         status = r.pop("status", "ok") or "ok"
         error = r.pop("error", None)
-        res.sample(unit.plan, case, system, round_, status, fields=r, error=error, started=started)
+        plan = r.pop("plan", unit.plan)  # a unit that measures several plans (smoke's VM boot)
+        res.sample(plan, case, system, round_, status, fields=r, error=error, started=started)
 
 
 def report(res_dir, out=sys.stderr):

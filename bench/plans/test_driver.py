@@ -18,6 +18,9 @@ import fio  # noqa: E402
 import plan_core  # noqa: E402
 import plan_fat  # noqa: E402
 import plan_rnull  # noqa: E402
+import plan_vm_smoke  # noqa: E402
+import plans  # noqa: E402
+import runner  # noqa: E402
 import plan_zloop  # noqa: E402
 import smoke_check  # noqa: E402
 import softblk_bench  # noqa: E402
@@ -136,6 +139,85 @@ queues 1: | job | null_blk IOPS (MiB/s) |
         last = records[-1]
         self.assertEqual((last["status"], last["round"], last["case"]["zero_copy"], last["case"]["bs"]),
                          ("failed", 2, 0, 131072))
+
+
+class VmSmokeTest(unittest.TestCase):
+    """smoke's one VM boot for rnull and zloop (plan_vm_smoke)."""
+
+    def test_parts_of_a_recorded_boot(self):
+        found = plan_vm_smoke.parts(data("vm-smoke.out"))
+        self.assertEqual({k: v[0] for k, v in found.items()}, {"rnull": 0, "zloop": 0})
+        rnull = plan_vm_smoke.part_records("rnull", *found["rnull"], "cmd")
+        self.assertEqual([(r["plan"], r["system"], r["iops"]) for r in rnull],
+                         [("rnull", "null_blk", 9087.0), ("rnull", "softblk", 489.0)])
+        zloop = plan_vm_smoke.part_records("zloop", *found["zloop"], "cmd")
+        self.assertEqual({r["plan"] for r in zloop}, {"zloop"})
+        self.assertEqual(sorted((r["system"], r["case"]["target"], r.get("status", "ok")) for r in zloop),
+                         [("kernel-zloop", "zloop", "skipped"), ("null_blk", "null", "ok"),
+                          ("softblk", "null", "ok"), ("softblk", "zloop", "ok")])
+        self.assertEqual({r["command"] for r in rnull + zloop}, {"cmd"})
+
+    def test_a_part_that_skips_or_fails_is_its_plans(self):
+        text = ("SMOKE-PART-BEGIN rnull\nSKIP: no ublk_drv in this kernel\nSMOKE-PART-END rnull 77\n"
+                "SMOKE-PART-BEGIN zloop\nround 1 q1 nullb randwrite 4k qd1 x1: 10 IOPS 0.1 MiB/s\n"
+                "FAIL: no ublk devices\nSMOKE-PART-END zloop 1\n")
+        found = plan_vm_smoke.parts(text)
+        (skip,) = plan_vm_smoke.part_records("rnull", *found["rnull"], "cmd")
+        self.assertEqual((skip["plan"], skip["status"]), ("rnull", "skipped"))
+        self.assertIn("no ublk_drv", skip["error"])
+        recs = plan_vm_smoke.part_records("zloop", *found["zloop"], "cmd")
+        self.assertEqual([(r["plan"], r.get("status", "ok")) for r in recs],
+                         [("zloop", "ok"), ("zloop", "failed")])
+        self.assertIn("exited with 1 after 1 measurements", recs[-1]["error"])
+
+    def test_smoke_boots_once_for_both_vm_plans(self):
+        names = [m.NAME for m in plans.modules("smoke")]
+        self.assertEqual(names, ["vm-lab", "core", "exports", "file", "fat"])
+        self.assertEqual(plan_zloop.guest_env("smoke", 1, 1, 2)[2:4],
+                         ["QUEUE_COUNTS=1", "JOBS=randwrite 4k 1 1"])
+        self.assertEqual(plan_rnull.guest_settings("rnull", "smoke", 1)["cells"], 1)
+
+    def test_background_unit_runs_beside_the_others(self):
+        """A background unit starts at its setup and ends before the results
+        close; each of its records goes under its own plan."""
+        import threading
+        started, release = threading.Event(), threading.Event()
+
+        def slow(ctx):
+            started.set()
+            release.wait(10)
+            return [{"plan": "rnull", "case": {"workload": "randread"}, "system": "null_blk",
+                     "iops": 1.0}, {"plan": "zloop", "case": {"queues": 1}, "system": "softblk",
+                                    "status": "failed", "error": "boom"}]
+
+        def quick(ctx):
+            self.assertTrue(started.wait(10))  # the background unit runs already
+            release.set()
+            return {"iops": 2.0}
+
+        class Fake:
+            NAME, NEEDS_ROOT = "fake", False
+
+            @staticmethod
+            def setup(ctx):
+                return [runner.Unit("vm-lab", {"boot": "x"}, "all", slow, once=True, background=True),
+                        runner.Unit("core", {"test": "null"}, "softblk", quick)]
+
+        out = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, out)
+        args = softblk_bench.parse_args(["smoke", "--out", out])
+        real = plans.modules
+        plans.modules = lambda plan: [Fake]
+        try:
+            res, interrupted = softblk_bench.run_plan(args, {"source": None}, out=io.StringIO())
+        finally:
+            plans.modules = real
+        self.assertFalse(interrupted)
+        with open(os.path.join(res.dir, "samples.jsonl")) as f:
+            got = [json.loads(line) for line in f]
+        self.assertEqual(sorted((s["plan"], s["system"], s["status"]) for s in got),
+                         [("core", "softblk", "ok"), ("rnull", "null_blk", "ok"),
+                          ("zloop", "softblk", "failed")])
 
 
 class ResultsTest(unittest.TestCase):

@@ -1,6 +1,6 @@
 #!/bin/bash
 # Guest half of a profile (run with tests/vm/run-vm ... --tool perf, as the
-# command in docs/benchmarks.md shows): the kernel's zloop and softblk's
+# command in docs/benchmarks.md at 46583e9 shows): the kernel's zloop and softblk's
 # zloop over ublk, 2 queues each, 512 MiB in 16 MiB zones, zone files on
 # ext4 on a brd RAM disk. JOB (rw,bs,iodepth,numjobs; default 128 KiB
 # random writes at QD 32) runs 7 s on each device twice, in turn, with

@@ -1,6 +1,6 @@
 #!/bin/bash
 # Guest half of a queue-count comparison (run with tests/vm/run-vm, as the
-# command in docs/benchmarks.md shows): the kernel's zloop and softblk's
+# command in docs/benchmarks.md at 46583e9 shows): the kernel's zloop and softblk's
 # zloop over ublk, each with 1 queue and with 2 (k1 k2 s1 s2), 512 MiB in
 # 16 MiB zones, zone files on ext4 on a brd RAM disk. Each job of JOBS
 # (rw,bs,iodepth,numjobs; default: 128 KiB random writes QD 32 and 4 KiB

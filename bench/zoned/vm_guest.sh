@@ -1,6 +1,6 @@
 #!/bin/bash
 # Guest half of bench/zoned/vm.sh (runs inside tests/vm/run-vm). Devices of
-# 512 MiB in 16 MiB zones, 4 KiB blocks, no conventional zones, no limits:
+# SIZE_MIB (default 512) MiB in 16 MiB zones, 4 KiB blocks, no conventional zones, no limits:
 #   nullb   the kernel's null_blk, zoned, memory_backed=1
 #   sbnull  softblk's null target with zoned=1 memory_backed=1, over ublk
 #   sbzloop softblk's zloop target over ublk, zone files on FS (ext4, the
@@ -29,6 +29,9 @@ vm_require_tool softblk fio blkzone
 modprobe ublk_drv || vm_skip "no ublk_drv in this kernel"
 vm_wait_for /dev/ublk-control
 runtime=${RUNTIME:-5}
+# Smaller devices and RAM disk (ZONE_FS_MIB, vm_bench_zone_fs) for softblk
+# bench smoke, where the RAM disk's filling dominated the boot.
+size_mib=${SIZE_MIB:-512}
 rounds=${ROUNDS:-3}
 # The queue counts to measure (softblk bench zloop: 1 and the guest's CPUs).
 queue_counts=${QUEUE_COUNTS:-1 2}
@@ -95,13 +98,13 @@ for q in $queue_counts; do
   # and fail with EIO before any driver sees them (seen three times here,
   # on softblk's device; blktests' zbd/012 uses libaio at QD > 1 for
   # this reason).
-  vm_null_blk_create nullbz$q zoned=1 size=512 zone_size=16 zone_nr_conv=0 blocksize=4096 \
+  vm_null_blk_create nullbz$q zoned=1 size=$size_mib zone_size=16 zone_nr_conv=0 blocksize=4096 \
     memory_backed=1 submit_queues=$q hw_queue_depth=128 irqmode=0 max_sectors=1024
-  softblk add null --name sbnull$q zoned=1 size=512 zone_size=16 zone_nr_conv=0 bs=4096 \
+  softblk add null --name sbnull$q zoned=1 size=$size_mib zone_size=16 zone_nr_conv=0 bs=4096 \
     memory_backed=1 --queues $q --depth 128 irqmode=0 max_sectors=1024 >/tmp/add1.txt
   sbnull=$(grep -o '/dev/ublkb[0-9]*' /tmp/add1.txt | head -n1)
   rm -rf /mnt/zl/$q && mkdir -p /mnt/zl/$q
-  softblk add zloop --name sbzl$q base_dir=/mnt/zl id=$q capacity_mb=512 zone_size_mb=16 \
+  softblk add zloop --name sbzl$q base_dir=/mnt/zl id=$q capacity_mb=$size_mib zone_size_mb=16 \
     conv_zones=0 nr_queues=$q queue_depth=128 >/tmp/add2.txt
   sbzl=$(grep -o '/dev/ublkb[0-9]*' /tmp/add2.txt | head -n1)
   [ -b "$sbnull" ] && [ -b "$sbzl" ] || vm_fail "no ublk devices: $(cat /tmp/add1.txt /tmp/add2.txt)"
@@ -111,7 +114,7 @@ for q in $queue_counts; do
   # (pipefail) when the list is longer than one write.
   if grep -q '"zero_copy": true' <<<"$(softblk list --json)"; then
     rm -rf /mnt/zl/$((20 + q)) && mkdir -p /mnt/zl/$((20 + q))
-    softblk add zloop --name sbzlc$q base_dir=/mnt/zl id=$((20 + q)) capacity_mb=512 zone_size_mb=16 \
+    softblk add zloop --name sbzlc$q base_dir=/mnt/zl id=$((20 + q)) capacity_mb=$size_mib zone_size_mb=16 \
       conv_zones=0 nr_queues=$q queue_depth=128 --export-opt zero_copy=0 >/tmp/add3.txt
     sbzlc=$(grep -o '/dev/ublkb[0-9]*' /tmp/add3.txt | head -n1)
     [ -b "$sbzlc" ] || vm_fail "no ublk device: $(cat /tmp/add3.txt)"
@@ -120,7 +123,7 @@ for q in $queue_counts; do
   kzl=/dev/zloop$((10 + q))
   if [[ $systems == *kzloop* ]]; then
     rm -rf /mnt/zl/$((10 + q)) && mkdir -p /mnt/zl/$((10 + q))
-    echo "add id=$((10 + q)),capacity_mb=512,zone_size_mb=16,conv_zones=0,base_dir=/mnt/zl,nr_queues=$q,queue_depth=128" \
+    echo "add id=$((10 + q)),capacity_mb=$size_mib,zone_size_mb=16,conv_zones=0,base_dir=/mnt/zl,nr_queues=$q,queue_depth=128" \
       >/dev/zloop-control
     vm_wait_for $kzl
   fi

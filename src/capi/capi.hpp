@@ -91,8 +91,10 @@ namespace softblk::capi {
 
 // Makes the queue handles match the device's queues after a control call
 // that may have re-made them: handles of queues that are gone end, new
-// ones get fresh slots. Control thread.
-void sync_queues(struct softblk_device& dev);
+// ones get fresh slots. `remade`: the call re-made the queues (a power
+// change, a `reconfigure` option), so every handle is new even where a
+// new queue has the address of an old one. Control thread.
+void sync_queues(struct softblk_device& dev, bool remade = false);
 
 // Requests of the device's queue handles not yet returned by do_io.
 unsigned requests_in_flight(const struct softblk_device& dev);

@@ -57,10 +57,10 @@ void drain_queues(struct softblk_device& dev)
     }
 }
 
-void sync_queues(struct softblk_device& dev)
+void sync_queues(struct softblk_device& dev, bool remade)
 {
     const unsigned count = dev.device->powered() ? dev.device->queue_count() : 0;
-    bool same = dev.queues.size() == count;
+    bool same = !remade && dev.queues.size() == count;
     for (unsigned i = 0; same && i < count; ++i) {
         same = dev.queues[i]->queue == &dev.device->queue(i);
     }
@@ -143,8 +143,9 @@ int set_power(struct softblk_device* dev, bool on, const char* function)
         return fail(EBUSY, "%s: %s: %u requests not reaped; reap them with softblk_queue_do_io",
                     function, dev->device->name().c_str(), n);
     }
+    const bool was_on = dev->device->powered();
     auto r = dev->device->set_power(on);
-    sync_queues(*dev);
+    sync_queues(*dev, dev->device->powered() != was_on);
     return r ? 0 : fail(r.error());
 }
 
@@ -350,7 +351,8 @@ int softblk_set_option(struct softblk_device* dev, const char* key, const char* 
         if (key == nullptr || value == nullptr) {
             return fail(EINVAL, "softblk_set_option: key and value are required");
         }
-        if (dev->device->releases_queues(key)) {
+        const bool releases = dev->device->releases_queues(key);
+        if (releases) {
             if (!dev->exports.empty()) {
                 return fail(EBUSY, "%s=%s: re-makes the queues an export drives; stop it first",
                             key, value);
@@ -363,7 +365,7 @@ int softblk_set_option(struct softblk_device* dev, const char* key, const char* 
             }
         }
         auto r = dev->device->set_option(key, value);
-        softblk::capi::sync_queues(*dev);
+        softblk::capi::sync_queues(*dev, releases && r.has_value());
         return r ? 0 : fail(r.error());
     });
 }

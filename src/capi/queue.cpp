@@ -207,7 +207,10 @@ int do_io(softblk_queue* q, softblk_completion* out, unsigned min, unsigned max,
                     min, q->submitted + q->done);
     }
     using clock = std::chrono::steady_clock;
-    const auto deadline = clock::now() + std::chrono::nanoseconds(timeout_ns < 0 ? 0 : timeout_ns);
+    // The clock is read only for a timeout: a loop that reaps with no
+    // limit (-1) pays for no clock_gettime.
+    const auto deadline =
+        timeout_ns < 0 ? clock::time_point{} : clock::now() + std::chrono::nanoseconds(timeout_ns);
     q->queue->process();
     unsigned n = reap(*q, out, max);
     while (n < min) {

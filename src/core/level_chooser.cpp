@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cassert>
 #include <cmath>
+#include <ctime>
 
 #include <fmt/format.h>
 
@@ -21,6 +22,13 @@ std::string rate_text(double per_second)
                                 : fmt::format("{:.0f}/s", per_second);
 }
 
+uint64_t thread_cpu_ns()
+{
+    timespec ts{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000u + static_cast<uint64_t>(ts.tv_nsec);
+}
+
 }  // namespace
 
 level_chooser::level_chooser(config c) : _cfg(std::move(c))
@@ -32,9 +40,15 @@ level_chooser::level_chooser(config c) : _cfg(std::move(c))
     const size_t n = _cfg.levels.size();
     _rate_sum.assign(n, 0);
     _spent_sum.assign(n, 0);
+    _cpu_sum.assign(n, 0);
     _measured.assign(n, 0);
     _rates.assign(n, 0);
     _spent_per_event.assign(n, 0);
+    _cpu_per_event.assign(n, 0);
+    _scores.assign(n, 0);
+    if (_cfg.goal == objective::rate_per_cpu && _cfg.cpu_clock == nullptr) {
+        _cfg.cpu_clock = thread_cpu_ns;
+    }
     _exploit_len = _cfg.exploit_epochs;
     if (fixed()) {
         _phase = phase::exploit;
@@ -50,6 +64,22 @@ void level_chooser::start(uint64_t now)
     _epoch_start = now;
     _events = 0;
     _spent = 0;
+    _epoch_cpu = read_cpu();
+}
+
+uint64_t level_chooser::read_cpu() const
+{
+    return _cfg.goal == objective::rate_per_cpu ? _cfg.cpu_clock() : 0;
+}
+
+double level_chooser::score(unsigned i) const
+{
+    if (_cfg.goal == objective::rate) {
+        return _rates[i];
+    }
+    // Rate per CPU ns per event; a level measured to cost nothing (a clock
+    // too coarse for the epoch) counts as costing 1 ns.
+    return _rates[i] / std::max(_cpu_per_event[i], 1.0);
 }
 
 bool level_chooser::served(uint64_t now, uint64_t events, uint64_t spent)
@@ -78,7 +108,12 @@ void level_chooser::end_epoch(uint64_t now, bool idle)
     const double rate = static_cast<double>(_events) / seconds;
     const double spent_per_event =
         _events == 0 ? 0 : static_cast<double>(_spent) / static_cast<double>(_events);
+    const uint64_t cpu_before = _epoch_cpu;
+    const uint64_t events = _events;
     start(now);
+    const double cpu_per_event =
+        events == 0 ? 0
+                    : static_cast<double>(_epoch_cpu - cpu_before) / static_cast<double>(events);
 
     if (idle) {
         // The load sets the rate: nothing to learn, nothing to spend.
@@ -109,6 +144,7 @@ void level_chooser::end_epoch(uint64_t now, bool idle)
         const unsigned level = sweep_level(_step);
         _rate_sum[level] += rate;
         _spent_sum[level] += spent_per_event;
+        _cpu_sum[level] += cpu_per_event;
         ++_measured[level];
         ++_step;
         if (_step == 2 * _cfg.levels.size()) {
@@ -149,6 +185,7 @@ void level_chooser::start_sweep()
     _step = 0;
     std::fill(_rate_sum.begin(), _rate_sum.end(), 0);
     std::fill(_spent_sum.begin(), _spent_sum.end(), 0);
+    std::fill(_cpu_sum.begin(), _cpu_sum.end(), 0);
     std::fill(_measured.begin(), _measured.end(), 0);
     use(sweep_level(0));
 }
@@ -159,17 +196,21 @@ void level_chooser::finish_sweep()
     for (size_t i = 0; i < n; ++i) {
         _rates[i] = _measured[i] == 0 ? 0 : _rate_sum[i] / _measured[i];
         _spent_per_event[i] = _measured[i] == 0 ? 0 : _spent_sum[i] / _measured[i];
+        _cpu_per_event[i] = _measured[i] == 0 ? 0 : _cpu_sum[i] / _measured[i];
     }
-    // The cheapest level within `margin` of the best rate.
-    const double top = *std::max_element(_rates.begin(), _rates.end());
+    for (unsigned i = 0; i < n; ++i) {
+        _scores[i] = score(i);
+    }
+    // The cheapest level within `margin` of the best score.
+    const double top = *std::max_element(_scores.begin(), _scores.end());
     unsigned best = 0;
     if (_cfg.cost == cheaper::lower) {
-        while (best + 1 < n && _rates[best] * (1 + _cfg.margin) < top) {
+        while (best + 1 < n && _scores[best] * (1 + _cfg.margin) < top) {
             ++best;
         }
     } else {
         best = static_cast<unsigned>(n - 1);
-        while (best > 0 && _rates[best] < top * (1 - _cfg.margin)) {
+        while (best > 0 && _scores[best] < top * (1 - _cfg.margin)) {
             --best;
         }
     }
@@ -177,8 +218,8 @@ void level_chooser::finish_sweep()
     // margin of the best (noise moves the best among near-equal levels,
     // and each change would cut the next exploitation short).
     if (_sweeps > 0 && best != _best &&
-        (_cfg.cost == cheaper::lower ? _rates[_best] * (1 + _cfg.margin) >= top
-                                     : _rates[_best] >= top * (1 - _cfg.margin))) {
+        (_cfg.cost == cheaper::lower ? _scores[_best] * (1 + _cfg.margin) >= top
+                                     : _scores[_best] >= top * (1 - _cfg.margin))) {
         best = _best;
     }
     _exploit_len = _sweeps > 0 && best == _best
@@ -191,26 +232,31 @@ void level_chooser::finish_sweep()
     _exploit_seen = 0;
     _baseline_rate = 0;
     use(best);
-    // Why, with the best rate measured and the runner-up (or the best,
+    // Why, with the best score measured and the runner-up (or the best,
     // where the kept level is a cheaper one).
     const auto top_index =
-        static_cast<unsigned>(std::max_element(_rates.begin(), _rates.end()) - _rates.begin());
+        static_cast<unsigned>(std::max_element(_scores.begin(), _scores.end()) - _scores.begin());
     unsigned other = best == 0 ? 1 : 0;
     for (unsigned i = 0; i < n; ++i) {
-        if (i != best && _rates[i] > _rates[other]) {
+        if (i != best && _scores[i] > _scores[other]) {
             other = i;
         }
     }
-    const auto at = [this](unsigned i) {
+    const bool per_cpu = _cfg.goal == objective::rate_per_cpu;
+    const auto at = [this, per_cpu](unsigned i) {
+        if (per_cpu) {
+            return fmt::format("{} at {:.1f} us CPU each at {} {}", rate_text(_rates[i]),
+                               _cpu_per_event[i] / 1'000, _cfg.levels[i], _cfg.unit);
+        }
         return fmt::format("{} at {} {}", rate_text(_rates[i]), _cfg.levels[i], _cfg.unit);
     };
+    const char* most = per_cpu ? "the most requests per CPU time" : "the most requests";
     if (best == top_index) {
-        _why = fmt::format("{} {}: the most requests, {} against {}", _cfg.levels[best], _cfg.unit,
-                           at(best), at(other));
+        _why = fmt::format("{} {}: {}, {} against {}", _cfg.levels[best], _cfg.unit, most, at(best),
+                           at(other));
     } else {
-        _why =
-            fmt::format("{} {}: {}, within {:.0f}% of the most ({}) at less cost",
-                        _cfg.levels[best], _cfg.unit, at(best), _cfg.margin * 100, at(top_index));
+        _why = fmt::format("{} {}: {}, within {:.0f}% of {} ({}) at less cost", _cfg.levels[best],
+                           _cfg.unit, at(best), _cfg.margin * 100, most, at(top_index));
     }
 }
 
@@ -228,6 +274,9 @@ nlohmann::json level_chooser::describe() const
     if (fixed()) {
         return out;
     }
+    if (_cfg.goal == objective::rate_per_cpu) {
+        out["objective"] = "rate_per_cpu";
+    }
     out["phase"] = _phase == phase::sweep ? "sweep" : _phase == phase::idle ? "idle" : "exploit";
     out["sweeps"] = _sweeps;
     if (_sweeps > 0) {
@@ -240,6 +289,13 @@ nlohmann::json level_chooser::describe() const
         }
         out["rates_per_s"] = std::move(rates);
         out["spent_per_event_ns"] = std::move(spent);
+        if (_cfg.goal == objective::rate_per_cpu) {
+            nlohmann::json cpu = nlohmann::json::object();
+            for (size_t i = 0; i < _cfg.levels.size(); ++i) {
+                cpu[std::to_string(_cfg.levels[i])] = std::lround(_cpu_per_event[i]);
+            }
+            out["cpu_per_event_ns"] = std::move(cpu);
+        }
     }
     return out;
 }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdint>
 #include <sys/mman.h>
 #include <sys/syscall.h>
@@ -452,7 +453,7 @@ void page_pool::describe(nlohmann::json& out) const
         if (ns == 0) {
             return nullptr;  // not measured yet
         }
-        return static_cast<double>(ns / 100) / 10.0;  // 0.1 us
+        return std::round(static_cast<double>(ns) / 100.0) / 10.0;  // in us, to 0.1 us
     };
     std::string kind;
     std::string why;

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `softblk bench smoke`: every implemented plan's code path (core, exports,
-# file, fat) with tiny sizes and 1 s runs; the results folder must hold
-# every expected case with status ok and plausible figures
+# file, fat, and rnull and zloop in one VM boot) with tiny sizes and 1 s
+# runs; the results folder must hold every expected case with status ok
+# and plausible figures
 # (bench/plans/smoke_check.py), and nothing may stay mounted or attached,
 # also after a run interrupted (SIGINT) while its peers are up.
 set -euo pipefail
@@ -19,11 +20,18 @@ grep -qw nbd <<<"$(fio --enghelp 2>/dev/null)" || skip "this fio has no nbd engi
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 rc=0
+t0=$SECONDS
 "$softblk" bench smoke --out "$out" || rc=$?
+took=$((SECONDS - t0))
 dir=$(ls -d "$out"/smoke-* 2>/dev/null | head -1)
 [ -n "$dir" ] || { echo "FAIL: no results folder (exit $rc)" >&2; exit 1; }
 python3 "$check" "$dir" || { echo "FAIL: $dir is not complete" >&2; exit 1; }
 [ "$rc" = 0 ] || { echo "FAIL: softblk bench smoke exited with $rc" >&2; exit 1; }
+# rnull's and zloop's code paths share one VM boot (a boot under TCG is
+# most of the run's time): one guest log, or none where the lab skipped.
+boots=$(find "$dir" -maxdepth 1 -name 'vm-*.log' | wc -l)
+[ "$boots" -le 1 ] || { echo "FAIL: $boots VM boots, not one: $(ls "$dir")" >&2; exit 1; }
+echo "bench_smoke: softblk bench smoke took $took s (load average $(cut -d' ' -f1-3 /proc/loadavg))"
 
 # Interrupted once its peers run and fio measures: exit 130, cleaned up.
 "$softblk" bench exports --quick --runtime 1 --out "$out/int" 2>"$out/int.log" &

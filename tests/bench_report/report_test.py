@@ -183,6 +183,60 @@ def test_fat(script, tmp):
     check_plots(folder, ["fat-bars"])
 
 
+def fat_median(folder, system, config, workload, field):
+    v = [s[field] if field in ("iops", "mib_s") else s["extra"][field] for s in samples(folder)
+         if s["system"] == system and s["case"].get("config") == config
+         and s["case"]["workload"] == workload]
+    return statistics.median(v)
+
+
+def test_fat_peers(script, tmp):
+    """A recorded run of the real plan: mtools' rows carry their own
+    configuration ("mcopy, image in /dev/shm"), and softblk's library and
+    FUSE mount are each put against them (issue 45: the mount against
+    mtools on sequential write, read and create latency)."""
+    folder = copy(tmp, "fat-20261206-081030")
+    md, _ = generate(script, folder)
+    header = table_row(md, "case", "measure")
+    lib, mount, mtools = "after", "FUSE mount, writeback cache", "mcopy, image in /dev/shm"
+    for name in (f"softblk {lib} / mtools", f"softblk {mount} / mtools"):
+        check(name in header, f"fat: no column {name!r} in {header}")
+    for workload, bs, measure, field in (("seq-write", "bs=16k", "MiB/s", "mib_s"),
+                                         ("seq-read", "bs=64k", "MiB/s", "mib_s"),
+                                         ("create", None, "create_us", "create_us")):
+        label = f"{workload} {bs}" if bs else workload
+        row = table_row(md, label, measure)
+        theirs = fat_median(folder, "mtools", mtools, workload, field)
+        for config in (lib, mount):
+            name = f"softblk {config} / mtools"
+            if name not in header:
+                continue
+            want = fmt_ratio(fat_median(folder, "softblk", config, workload, field) / theirs)
+            got = row[header.index(name)]
+            check(got == want, f"fat {label} {measure} {name}: {got}, want {want}")
+
+
+def test_core_memcpy(script, tmp):
+    """A recorded `softblk bench core` run: the memory store's rows are put
+    against the memcpy of the same size measured in the same run (issue
+    45's bound), with the ratio of the medians."""
+    folder = copy(tmp, "core-20261206-091131")
+    md, _ = generate(script, folder)
+    check("### core: memory store / memcpy of the same size" in md, "core: no memcpy table")
+    memcpy = median_iops(folder, "memcpy", workload="memcpy", size_mib=1024,
+                         into="random slots of the device's size")
+    for workload, state in (("randwrite", "allocated"), ("randread", "allocated")):
+        mine = median_iops(folder, "softblk", workload=workload, size_mib=1024, state=state,
+                           queues=1)
+        row = table_row(md, f"{workload} bs=4k qd=32 queues=1 size_mib=1024 state={state}")
+        want = fmt_ratio(mine / memcpy)
+        check(row[3].split(" ")[0] == want, f"core {workload}: {row[3]}, want {want}")
+
+
+def fmt_ratio(v):
+    return f"{v:.2f}"
+
+
 def test_machines(script, tmp):
     a = copy(tmp, "nullblk-4k-20261206-050000")
     b = copy(tmp, "nullblk-4k-20261206-060000")
@@ -237,7 +291,8 @@ def main():
         return 77
     script = sys.argv[1]
     with tempfile.TemporaryDirectory(prefix="softblk-report-test.") as tmp:
-        for test in (test_rnull, test_exports, test_zloop, test_fat, test_machines, test_bad_input):
+        for test in (test_rnull, test_exports, test_zloop, test_fat, test_fat_peers,
+                     test_core_memcpy, test_machines, test_bad_input):
             print(f"--- {test.__name__}")
             test(script, tmp)
     if failures:

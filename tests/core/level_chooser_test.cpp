@@ -3,6 +3,7 @@
 // level the test sets (and changes).
 #include <softblk/support/level_chooser.hpp>
 
+#include <chrono>
 #include <functional>
 #include <map>
 #include <random>
@@ -237,6 +238,122 @@ TEST(level_chooser, where_higher_levels_cost_less_the_highest_close_to_the_best_
     };
     m.run(200);
     EXPECT_EQ(c.level(), 20u) << c.describe().dump();
+}
+
+// objective::rate_per_cpu: a model machine whose owner spends cpu(level)
+// ns of CPU per event, on a fake clock the chooser reads at epoch ends.
+uint64_t g_fake_cpu_ns = 0;
+uint64_t fake_cpu()
+{
+    return g_fake_cpu_ns;
+}
+
+// Runs `c` on the model machine (rate and CPU per event by level) for `ms`.
+void run_with_cpu(model& m, const std::function<double(uint64_t)>& cpu, uint64_t ms)
+{
+    const auto rate = m.rate;
+    // Each step's events cost cpu(level) each: charge them as the model
+    // serves them (the rate function is called once per step).
+    m.rate = [rate, cpu](uint64_t level) {
+        const double r = rate(level);
+        g_fake_cpu_ns += static_cast<uint64_t>(r / 10'000 * cpu(level));
+        return r;
+    };
+    m.run(ms);
+    m.rate = rate;
+}
+
+level_chooser::config per_cpu_levels()
+{
+    level_chooser::config cfg = window_levels();
+    cfg.goal = level_chooser::objective::rate_per_cpu;
+    cfg.cpu_clock = fake_cpu;
+    return cfg;
+}
+
+// A loaded machine: a 64 us poll brings 40% more requests per second but
+// spins through the gap each time, 3x the CPU per request. By rate the
+// poll wins; by rate per CPU it does not pay for itself.
+TEST(level_chooser, per_cpu_a_poll_that_buys_rate_with_more_cpu_is_not_kept)
+{
+    const auto rate = [](uint64_t w) { return w >= 64 ? 28'000.0 : 20'000.0; };
+    const auto cpu = [](uint64_t w) { return w >= 64 ? 30'000.0 + w : 10'000.0; };
+    level_chooser by_rate(window_levels());
+    model a(by_rate);
+    a.rate = rate;
+    run_with_cpu(a, cpu, 200);
+    EXPECT_EQ(by_rate.level(), 64u) << by_rate.describe().dump();
+
+    level_chooser c(per_cpu_levels());
+    model m(c);
+    m.rate = rate;
+    run_with_cpu(m, cpu, 200);
+    EXPECT_EQ(c.level(), 0u) << c.describe().dump();
+    const auto d = c.describe();
+    EXPECT_EQ(d["objective"], "rate_per_cpu");
+    EXPECT_NEAR(d["cpu_per_event_ns"]["0"].get<double>(), 10'000, 500) << d.dump();
+    EXPECT_NEAR(d["cpu_per_event_ns"]["64"].get<double>(), 30'064, 1'500) << d.dump();
+    EXPECT_NE(d["why"].get<std::string>().find("0 us: the most requests per CPU time"),
+              std::string::npos)
+        << d.dump();
+    m.clear();
+    run_with_cpu(m, cpu, 5'000);
+    EXPECT_GT(m.share(0), 0.85);
+}
+
+// A slow-wake guest: a wake-up costs more CPU than spinning through the
+// gap, so the window that catches the next request wins on both counts.
+TEST(level_chooser, per_cpu_a_poll_that_saves_wake_ups_is_kept)
+{
+    level_chooser c(per_cpu_levels());
+    model m(c);
+    m.rate = long_round_trip;
+    const auto cpu = [](uint64_t w) { return w >= 128 ? 24'000.0 + w : 38'000.0; };
+    run_with_cpu(m, cpu, 200);
+    EXPECT_EQ(c.level(), 128u) << c.describe().dump();
+}
+
+// Where a longer poll both raises the rate and the CPU per request in
+// proportion, the cheaper level (within the margin) is kept.
+TEST(level_chooser, per_cpu_rate_bought_at_its_price_keeps_the_cheaper_level)
+{
+    level_chooser c(per_cpu_levels());
+    model m(c);
+    m.rate = [](uint64_t w) { return w >= 32 ? 20'000.0 : 10'000.0; };
+    const auto cpu = [](uint64_t w) { return w >= 32 ? 20'000.0 : 10'000.0; };
+    run_with_cpu(m, cpu, 200);
+    EXPECT_EQ(c.level(), 0u) << c.describe().dump();
+}
+
+// Without a cpu_clock the chooser reads the calling thread's CPU time: a
+// level at which the thread burns CPU per event shows it, and loses.
+TEST(level_chooser, per_cpu_reads_the_threads_cpu_clock_by_default)
+{
+    level_chooser::config cfg;
+    cfg.levels = {0, 1};
+    cfg.unit = "";
+    cfg.goal = level_chooser::objective::rate_per_cpu;
+    level_chooser c(cfg);
+    uint64_t now = 1'000 * k_ms;
+    const auto burn = [](std::chrono::microseconds d) {
+        const auto end = std::chrono::steady_clock::now() + d;
+        while (std::chrono::steady_clock::now() < end) {
+        }
+    };
+    // The same rate at both levels (10 events per 100 us step of made-up
+    // time); level 1 burns 50 us of this thread's CPU per step.
+    for (int step = 0; step < 1'000 && c.sweeps() == 0; ++step) {
+        if (c.level() == 1) {
+            burn(std::chrono::microseconds(50));
+        }
+        now += k_ms / 10;
+        c.served(now, 10);
+    }
+    ASSERT_EQ(c.sweeps(), 1u);
+    EXPECT_EQ(c.level(), 0u) << c.describe().dump();
+    const auto d = c.describe();
+    EXPECT_GE(d["cpu_per_event_ns"]["1"].get<double>(), 4'000) << d.dump();
+    EXPECT_LT(d["cpu_per_event_ns"]["0"].get<double>(), 2'000) << d.dump();
 }
 
 // Several threads count into one chooser; one of them at a time runs it.

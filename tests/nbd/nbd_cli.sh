@@ -25,6 +25,27 @@ head -c $((16 << 20)) /dev/urandom >"$work/a.img"
 nbdcopy "$work/a.img" "$uri2"
 nbdcopy "$uri2" "$work/b.img"
 cmp "$work/a.img" "$work/b.img" || fail "data through the daemon's export"
+# The poll window chosen (poll-us=auto, poll-goal=cpu by default) and why:
+# after some requests, the loop's chooser has measured (or is measuring)
+# by requests per CPU time, and says so.
+"$SOFTBLK_CLI" list --json >"$work/list.json" || fail "list --json"
+python3 - "$work/list.json" <<'PY' || fail "list --json: the poll choice: $(cat "$work/list.json")"
+import json, sys
+for d in json.load(open(sys.argv[1])):
+    polls = d["export"]["poll"]
+    assert polls, d["export"]
+    for p in polls:
+        assert p["mode"] == "auto" and p["objective"] == "rate_per_cpu", p
+        assert p["why"], p
+        if p["sweeps"] > 0:
+            assert set(p["cpu_per_event_ns"]) == set(p["rates_per_s"]), p
+PY
+"$SOFTBLK_CLI" add null size=1 --export nbd --export-opt poll-goal=rate >"$work/add4" 2>&1 &&
+  fail "a second export with poll-goal=rate on a poll-goal=cpu server was accepted"
+grep -qF "poll-goal=cpu" "$work/add4" || fail "the refusal does not name poll-goal: $(cat "$work/add4")"
+"$SOFTBLK_CLI" add null size=1 --export nbd --export-opt poll-goal=fast >"$work/add4" 2>&1 &&
+  fail "poll-goal=fast was accepted"
+grep -qF "cpu or rate" "$work/add4" || fail "poll-goal=fast: $(cat "$work/add4")"
 nbdinfo --list "nbd+unix:///?socket=$SOFTBLK_RUN_DIR/nbd.sock" | grep -c '^export=' | grep -qx 2 || fail "list"
 "$SOFTBLK_CLI" del --all >/dev/null || fail "del --all"
 [ -S "$SOFTBLK_RUN_DIR/nbd.sock" ] && fail "socket left after the last export stopped"

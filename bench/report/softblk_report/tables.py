@@ -251,6 +251,21 @@ def fat_configs(plan):
     return configs
 
 
+# The FUSE mount's configuration as `softblk fat mount` makes it by default.
+FAT_MOUNT_CONFIG = "FUSE mount, writeback cache"
+
+
+def fat_peer_column(peer, columns, mine_config):
+    """The column a peer's figures are in: a peer measured under softblk's
+    configuration name, else its only configuration (mtools' is its own,
+    e.g. "mcopy, image in /dev/shm"), else none."""
+    theirs = [c for s, c in columns if s == peer]
+    for c in (mine_config, ""):
+        if c in theirs:
+            return (peer, c)
+    return (peer, theirs[0]) if len(theirs) == 1 else None
+
+
 def fat_value(cell, field, extra=False):
     problem = cell.problem()
     if problem:
@@ -273,10 +288,17 @@ def fat_tables(plan):
     columns = [(s, c) for s in ["softblk"] + plan.peers() for c in configs if (s, c) in measured]
     compare = "before" in configs and "after" in configs
     mine_config = "after" if "after" in configs else configs[-1]
+    # softblk's rows against each peer: the library ("after") and, where it
+    # was measured, the FUSE mount as `softblk fat mount` makes it (issue 45
+    # compares the mount with mtools).
+    mine = [c for c in (mine_config, FAT_MOUNT_CONFIG) if ("softblk", c) in measured]
+    mine = list(dict.fromkeys(mine)) or [mine_config]
+    peer_column = {p: fat_peer_column(p, columns, mine_config) for p in plan.peers()}
+    pairs = [(c, p) for c in mine for p in plan.peers()]
     header = ["case", "measure"] + [f"{s} {c}".strip() for s, c in columns]
     if compare:
         header.append("softblk after / before")
-    header += [f"softblk {mine_config} / {p}".replace("  ", " ") for p in plan.peers()]
+    header += [f"softblk {c} / {p}".replace("  ", " ") for c, p in pairs]
     rows = []
     seen = set()
     for case in plan.cases.values():
@@ -305,14 +327,16 @@ def fat_tables(plan):
             if compare:
                 b, a = values.get(("softblk", "before")), values.get(("softblk", "after"))
                 row.append([fmt_ratio(a / b)] if a is not None and b else ["n/a"])
-            for p in plan.peers():
-                mine = values.get(("softblk", mine_config))
-                theirs = values.get((p, mine_config)) or values.get((p, ""))
-                row.append([fmt_ratio(mine / theirs)] if mine is not None and theirs else ["n/a"])
+            for c, p in pairs:
+                ours = values.get(("softblk", c))
+                theirs = values.get(peer_column[p]) if peer_column[p] else None
+                row.append([fmt_ratio(ours / theirs)] if ours is not None and theirs else ["n/a"])
             rows.append(row)
     note = ("As in the unikernel FAT pull request: throughput, request counts and create latency "
             "before and after, medians over rounds with the min-max in parentheses (request "
-            "counts and latencies are medians of the runs' extra figures).")
+            "counts and latencies are medians of the runs' extra figures). Each ratio divides "
+            "the two columns' medians, so on the _us rows (latencies) below 1 means softblk "
+            "is faster; n/a where either side has no figure.")
     return [Table("fat: before / after", header, rows, note)]
 
 
@@ -349,7 +373,37 @@ def peer_tables(plan):
                   header, rows, note)]
 
 
+# ---- core: the memory store against a memcpy of the same size ----
+
+def core_tables(plan):
+    """softblk-bench-core's memory rows against the memcpy it measures in
+    the same run into random 4 KiB slots of a buffer of the device's size
+    (issue 45's bound for the memory store), besides the plain table."""
+    tables = peer_tables(plan)
+    rows = []
+    for case in plan.cases.values():
+        if case.get("test") != "memory" or case.get("workload") not in ("randwrite", "randread"):
+            continue
+        mine = plan.cell(case, "softblk")
+        if mine.empty:
+            continue
+        bound = next((c for c in plan.cases.values() if c.get("workload") == "memcpy"
+                      and c.get("size_mib") == case.get("size_mib")
+                      and str(c.get("into", "")).startswith("random")), None)
+        theirs = plan.cell(bound, "memcpy") if bound else None
+        rows.append([[case_label(case, skip=("test",))], iops_cell(mine),
+                     iops_cell(theirs) if theirs else ["missing"],
+                     ratio_cell(mine, theirs, "memcpy") if theirs else ["missing"]])
+    if rows:
+        header = ["case", "softblk", "memcpy, random 4k slots of the same size", "softblk / memcpy"]
+        note = ("The memory store's 4 KiB I/O against the memcpy softblk-bench-core measures in "
+                "the same run (4 KiB copies to random slots of a buffer as large as the device); "
+                "medians over rounds, the ratio's min-max over the rounds both ran in.")
+        tables.append(Table("core: memory store / memcpy of the same size", header, rows, note))
+    return tables
+
+
 def plan_tables(plan):
-    builder = {"rnull": rnull_tables, "zloop": zloop_tables, "fat": fat_tables}.get(plan.name,
-                                                                                       peer_tables)
+    builder = {"rnull": rnull_tables, "zloop": zloop_tables, "fat": fat_tables,
+               "core": core_tables}.get(plan.name, peer_tables)
     return builder(plan)

@@ -31,6 +31,17 @@
 //   short by it starts again then.
 // A single level (a value the user gave) is never swept.
 //
+// What "best" means is the config's `objective`:
+// - objective::rate (the default): the most events per second, as above;
+// - objective::rate_per_cpu: events per second divided by the owner's CPU
+//   time per event (config::cpu_clock, read at each epoch's ends; the
+//   calling thread's by default): a level may cost x times the CPU per
+//   request only where it serves x times the requests per second. A busy
+//   poll that catches the next request where a wake-up costs more than the
+//   spin still wins; one that only buys rate with CPU (a loaded machine,
+//   where spinning takes the CPU the client needed) does not. The margin
+//   and the "cheapest within it" rule then apply to that score.
+//
 // level_chooser is one thread's; shared_level_chooser lets several
 // threads count into one and read its level. `describe()` says what was
 // chosen and why, for `softblk list --json`.
@@ -51,6 +62,10 @@ class level_chooser {
 public:
     // Which way levels cost: lower (a busy-poll window) or higher.
     enum class cheaper : uint8_t { lower, higher };
+    // What a sweep maximises (see the top of this file).
+    enum class objective : uint8_t { rate, rate_per_cpu };
+    // CPU time in ns on a clock that only moves while the owner runs.
+    using cpu_clock_fn = uint64_t (*)();
 
     struct config {
         std::vector<uint64_t> levels{0};  // ascending; the unit is the owner's
@@ -63,6 +78,12 @@ public:
         unsigned exploit_epochs = 100;
         unsigned exploit_max_epochs = 1'000;
         double drift = 0.25;
+        objective goal = objective::rate;
+        // objective::rate_per_cpu only: read at every epoch's start and
+        // end, never per event. nullptr: the calling thread's CPU time
+        // (CLOCK_THREAD_CPUTIME_ID), right where one thread feeds the
+        // chooser.
+        cpu_clock_fn cpu_clock = nullptr;
     };
 
     level_chooser() : level_chooser(config{}) {}
@@ -87,7 +108,9 @@ public:
     unsigned sweeps() const { return _sweeps; }
     const config& settings() const { return _cfg; }
     // {"mode": "auto"|"given", "level": L, "why": "...", "sweeps": N,
-    //  "rates": {"L": per second ...}, "spent_per_event_ns": {...}}
+    //  "rates": {"L": per second ...}, "spent_per_event_ns": {...}}, and
+    // with objective::rate_per_cpu "objective": "rate_per_cpu",
+    // "cpu_per_event_ns": {"L": ns ...}
     nlohmann::json describe() const;
 
 private:
@@ -98,6 +121,9 @@ private:
     void finish_sweep();
     void use(unsigned index);
     unsigned sweep_level(unsigned step) const;
+    uint64_t read_cpu() const;
+    // What the sweep maximises for level i (rate, or rate per CPU).
+    double score(unsigned i) const;
 
     config _cfg;
     phase _phase = phase::sweep;
@@ -107,15 +133,19 @@ private:
     uint64_t _epoch_start = 0;
     uint64_t _events = 0;
     uint64_t _spent = 0;
+    uint64_t _epoch_cpu = 0;  // cpu_clock at the epoch's start (rate_per_cpu)
     // Sweep: the step (0 .. 2 * levels - 1) and each level's summed rate,
     // spent time per event and epochs measured.
     unsigned _step = 0;
     std::vector<double> _rate_sum;
     std::vector<double> _spent_sum;
+    std::vector<double> _cpu_sum;  // CPU ns per event (rate_per_cpu)
     std::vector<unsigned> _measured;
     // Last finished sweep.
     std::vector<double> _rates;
     std::vector<double> _spent_per_event;
+    std::vector<double> _cpu_per_event;
+    std::vector<double> _scores;  // score() of each level, at the last sweep
     unsigned _best = 0;
     unsigned _sweeps = 0;
     // Exploit: epochs left, the current length, the winner's recent rate.

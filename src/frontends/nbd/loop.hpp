@@ -169,7 +169,7 @@ public:
     event_loop(server& srv, unsigned index)
         : _srv(srv),
           _index(index),
-          _poll(poll_window_config(srv.config().poll_us)),
+          _poll(poll_config(srv.config())),
           _coalesce_ns(uint64_t{srv.config().coalesce_us} * 1000),
           _idle_timeout_ns(uint64_t{srv.config().idle_timeout_ms} * 1'000'000)
     {
@@ -220,6 +220,17 @@ public:
     }
 
 private:
+    // The poll window's chooser: poll-us, by poll-goal. Only this loop's
+    // thread feeds it, so the thread's CPU clock is the loop's cost.
+    static level_chooser::config poll_config(const server_config& cfg)
+    {
+        level_chooser::config c = poll_window_config(cfg.poll_us);
+        if (cfg.poll_per_cpu) {
+            c.goal = level_chooser::objective::rate_per_cpu;
+        }
+        return c;
+    }
+
     // event_loop.cpp: the ring, socket I/O and TLS records.
     io_uring_sqe* sqe();
     void post_recv(connection& c);

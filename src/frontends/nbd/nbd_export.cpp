@@ -13,6 +13,9 @@
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
+#include <softblk/options.hpp>
+#include <softblk/support/level_chooser.hpp>
+
 #include "server.hpp"
 
 namespace softblk::nbd {
@@ -135,9 +138,22 @@ constexpr option_def k_options[] = {
      .unit = "us",
      .help = "before a loop thread sleeps it polls for the next request for up to this long: "
              "lower latency, more CPU. auto: the window (0 to 512 us) that serves the loop the "
-             "most requests per second on this machine, measured over 10 ms epochs and again "
-             "now and then (`softblk list --json` shows why); 0: never poll",
+             "most requests per CPU time (see poll-goal) on this machine, measured over 10 ms "
+             "epochs and again now and then (`softblk list --json` shows why); 0: never poll",
      .check = check_poll_window},
+    {.name = "poll-goal",
+     .kind = option_kind::text,
+     .default_value = "cpu",
+     .unit = "",
+     .help = "what poll-us=auto maximises: cpu, requests per second divided by the loop's CPU "
+             "time per request (a longer window must buy as much rate as it costs CPU); rate, "
+             "requests per second alone (spends CPU for any gain)",
+     .check = [](std::string_view v) -> result<void> {
+         if (v == "cpu" || v == "rate") {
+             return {};
+         }
+         return make_error(EINVAL, "cpu or rate");
+     }},
     {.name = "coalesce-us",
      .kind = option_kind::integer,
      .default_value = "50",
@@ -403,6 +419,7 @@ result<std::unique_ptr<device_export>> start_export(device& dev, const export_co
     cfg.threads = static_cast<unsigned>(o.u64("threads"));
     cfg.handshake_timeout_ms = static_cast<uint32_t>(o.u64("handshake-timeout") * 1000);
     cfg.poll_us = o.text("poll-us");
+    cfg.poll_per_cpu = o.text("poll-goal") == "cpu";
     cfg.coalesce_us = static_cast<uint32_t>(o.u64("coalesce-us"));
     if (cfg.threads == 0) {
         cfg.threads = std::max(
@@ -428,6 +445,7 @@ result<std::unique_ptr<device_export>> start_export(device& dev, const export_co
             (!o.given("handshake-timeout") ||
              run.handshake_timeout_ms == cfg.handshake_timeout_ms) &&
             (!o.given("poll-us") || run.poll_us == cfg.poll_us) &&
+            (!o.given("poll-goal") || run.poll_per_cpu == cfg.poll_per_cpu) &&
             (!o.given("coalesce-us") || run.coalesce_us == cfg.coalesce_us) &&
             run.insecure == cfg.insecure &&
             (!o.given("mode") || run.socket_mode == cfg.socket_mode) &&
@@ -440,7 +458,8 @@ result<std::unique_ptr<device_export>> start_export(device& dev, const export_co
                 EBUSY,
                 fmt::format(
                     "nbd: a server on {} already runs with tls={} tls-verify-peer={} tcp={} "
-                    "max-connections={} threads={} handshake-timeout={} poll-us={} coalesce-us={} "
+                    "max-connections={} threads={} handshake-timeout={} poll-us={} poll-goal={} "
+                    "coalesce-us={} "
                     "insecure={} mode={:04o} group={} idle-timeout={} buffer-per-connection={} "
                     "buffer-total={}; export there with the same settings, or choose another "
                     "socket=",
@@ -448,7 +467,8 @@ result<std::unique_ptr<device_export>> start_export(device& dev, const export_co
                     run.tcp_host.empty() ? std::string("off")
                                          : fmt::format("{}:{}", run.tcp_host, srv->tcp_port()),
                     run.max_connections, run.threads, run.handshake_timeout_ms / 1000, run.poll_us,
-                    run.coalesce_us, run.insecure ? 1 : 0, run.socket_mode,
+                    run.poll_per_cpu ? "cpu" : "rate", run.coalesce_us, run.insecure ? 1 : 0,
+                    run.socket_mode,
                     run.socket_group < 0 ? std::string("default")
                                          : std::to_string(run.socket_group),
                     run.idle_timeout_ms / 1000, run.conn_buffer_bytes >> 20,

@@ -73,8 +73,12 @@ struct server_config {
     uint32_t stop_timeout_ms = 10'000;
     // Before a loop thread sleeps, it polls its completion ring for up to
     // this long (µs): auto, the window each loop measures to serve the most
-    // requests per second (level_chooser), or a number; 0: never poll.
+    // requests per CPU time or per second (poll_per_cpu, level_chooser), or
+    // a number; 0: never poll.
     std::string poll_us = "auto";
+    // poll-goal: auto chooses by requests per CPU time (true) or by
+    // requests per second alone (level_chooser::objective).
+    bool poll_per_cpu = true;
     // Receive coalescing window (us) for connections that pipeline
     // requests: see "Receive coalescing" in docs/nbd.md. 0: off.
     uint32_t coalesce_us = 50;

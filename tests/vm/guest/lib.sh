@@ -81,16 +81,18 @@ vm_wait_io() {
 }
 
 # vm_bench_zone_fs FS [MOUNT_OPTS]: the zoned benchmarks' file system for
-# zone files (bench/zoned/*_guest.sh): FS (ext4 or xfs) on a 768 MiB brd
-# RAM disk, mounted on /mnt/zl (with MOUNT_OPTS if given). brd allocates a
+# zone files (bench/zoned/*_guest.sh): FS (ext4 or xfs) on a brd RAM disk of
+# $ZONE_FS_MIB (default 768) MiB, mounted on /mnt/zl (with MOUNT_OPTS if
+# given; softblk bench smoke's small devices need less). brd allocates a
 # page on the first write to it, so the disk is written full first: no
 # device then pays for those pages in the middle of its jobs. ext4's inode
 # tables and journal are zeroed by mkfs, not by ext4lazyinit in the
 # background of the first jobs.
 vm_bench_zone_fs() {
   vm_require_tool "mkfs.$1"
-  vm_require_module brd rd_nr=1 rd_size=$((768 * 1024))
-  dd if=/dev/zero of=/dev/ram0 bs=1M count=768 oflag=direct status=none
+  local mib=${ZONE_FS_MIB:-768}
+  vm_require_module brd rd_nr=1 rd_size=$((mib * 1024))
+  dd if=/dev/zero of=/dev/ram0 bs=1M count=$mib oflag=direct status=none
   case $1 in
     ext4) mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 /dev/ram0 ;;
     xfs) mkfs.xfs -q -f /dev/ram0 ;;
