@@ -1,9 +1,10 @@
 // How front ends (FUSE single-file export, NBD, ublk ...) plug into the
 // daemon: each registers an export type; `softblk add ... --export NAME`
-// starts one on a device. The daemon reaches them through this table only,
-// but for two places that still name some: the default export when `add`
-// names none (src/cli/features.cpp: ublk, then fuse) and `add`'s output
-// for a ublk export (src/cli/main.cpp).
+// starts one on a device. The daemon, the CLI and the FAT tools reach them
+// through this table only: the default export (default_rank), a line of
+// `list` (summary), what `features` reports of the machine (host_features)
+// and how another process opens an export (reach) are what each front end
+// registers here.
 #pragma once
 
 #include <cstdint>
@@ -92,6 +93,22 @@ struct saved_export {
     nlohmann::json state = nlohmann::json::object();
 };
 
+// How a process other than the one serving the export reaches it as a
+// block device (export_type::reach): exactly one way is set.
+struct export_reach {
+    // Files or block nodes to open, the first that opens wins (a ublk
+    // node; a FUSE file, then its loop device).
+    std::vector<std::string> paths;
+    // Or an NBD URI to connect to.
+    std::string nbd_uri;
+    // Or a softblk target type that drives the export, with its options
+    // (vhost-user-blk: softblk's virtio driver on the socket).
+    std::string target_type;
+    std::vector<std::string> target_options;
+    // Why opening may fail and what to do, appended to the error.
+    std::string hint;
+};
+
 struct export_type {
     std::string_view name;  // "fuse", "nbd", "ublk"
     std::string_view description;
@@ -131,6 +148,19 @@ struct export_type {
     // naming the limit. Empty: no limit of its own.
     std::function<std::pair<uint32_t, std::string>(std::span<const std::string> options)>
         max_block_size = {};
+    // Where the type stands among the exports `add` chooses from when it
+    // names none: the available type of lowest rank that can carry the
+    // device (zones, block size) is chosen. 0: never chosen by default.
+    unsigned default_rank = 0;
+    // The export's one-line state for `softblk list` from its describe()
+    // (without the type's name, which the caller prints first), e.g.
+    // "/dev/ublkb0 LIVE pid 4711 queues 1 depth 128". May be empty: the
+    // caller then shows the first path of the description. Any thread.
+    std::function<std::string(const nlohmann::json& description)> summary = {};
+    // How another process on this machine opens the export as a block
+    // device, from its describe() (for `softblk fat softblk:NAME`). May be
+    // empty: the export cannot be opened from outside.
+    std::function<result<export_reach>(const nlohmann::json& description)> reach = {};
 };
 
 // Starts `type` on `dev`: what every caller uses instead of calling
@@ -144,6 +174,31 @@ struct export_type {
 result<std::unique_ptr<device_export>> start_export(const export_type& type, device& dev,
                                                     const export_context& ctx,
                                                     std::span<const std::string> options);
+
+// Why `type` cannot carry `dev` with export `options` (a zoned device to a
+// front end without a zoned model, blocks larger than it takes), as the
+// error start_export gives; success when it can. Any thread.
+result<void> export_carries(const export_type& type, const device& dev,
+                            std::span<const std::string> options);
+
+// The export type `add` starts on `dev` when it names none: of the
+// available types with a default_rank, the lowest-ranked that carries it.
+// The error says why each candidate cannot (not available, no zones, block
+// size) and to give --export. Control thread.
+result<const export_type*> choose_default_export(const device& dev);
+
+// The type choose_default_export picks for a device without (zoned=false)
+// or with zones, on this machine now, ignoring block size; null when none
+// can. For `softblk features`. Any thread.
+const export_type* default_export_for(bool zoned);
+
+// Where a person or program finds an export, from its describe(): the
+// kernel block device first, then the file, URI or socket it offers
+// instead; empty when it names none. Any thread.
+std::string export_location(const nlohmann::json& description);
+
+// True when `type` works on this machine now (its `available`). Any thread.
+bool export_available(const export_type& type);
 
 // Registers an export type (static initialiser in the front end's folder).
 bool register_export_type(const export_type& type);

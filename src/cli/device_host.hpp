@@ -46,13 +46,16 @@ struct add_request {
     std::string type;                  // target type, e.g. "null"
     std::string name;                  // empty: TYPE + the lowest free number
     std::vector<std::string> options;  // "key=value", null_blk style
-    std::string export_type;           // empty: the default; "none": no export
+    // Empty: chosen once the device is made (choose_default_export,
+    // frontend.hpp); "none": no export.
+    std::string export_type;
     std::vector<std::string> export_options;
 };
 
-// The export chosen when `add` names none: the first registered and
-// available of ublk, fuse; "none" when neither is.
-std::string default_export_type();
+// The export `add` chooses for a device without zones (zoned=false) or
+// with zones when it names none (choose_default_export, frontend.hpp,
+// ignoring block size); "none" when no front end can. Any thread.
+std::string default_export_type(bool zoned);
 
 // Every target type with every option (unit, default, range, help) and
 // every export type, for `softblk features`. An unknown `type` is an error

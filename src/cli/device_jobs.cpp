@@ -114,12 +114,24 @@ void device_host::job::run(const wake_event& wake)
 
 result<void> device_host::create(const export_context& ctx, hosted_device& entry)
 {
-    if (auto checked = check_export_type(entry.export_type); !checked) {
-        return checked;
+    if (!entry.export_type.empty()) {
+        if (auto checked = check_export_type(entry.export_type); !checked) {
+            return checked;
+        }
     }
     auto dev = device::create(entry.name, entry.type, entry.options);
     if (!dev) {
         return std::unexpected(dev.error());
+    }
+    if (entry.export_type.empty()) {
+        // `add` named no export: the first default front end that can
+        // carry this device (a zoned one needs a zoned model).
+        auto chosen = choose_default_export(**dev);
+        if (!chosen) {
+            (*dev)->undo_create();
+            return std::unexpected(chosen.error());
+        }
+        entry.export_type = (*chosen)->name;
     }
     entry.dev = std::move(*dev);
     if (entry.dev->powered()) {
@@ -326,11 +338,14 @@ result<device_host::hosted_device> device_host::prepare_add(const add_request& r
                                                          : std::string()));
     }
     entry.options = request.options;
-    entry.export_type = request.export_type.empty() ? default_export_type() : request.export_type;
+    entry.export_type = request.export_type;
     entry.export_options = request.export_options;
     if (entry.export_type == "none" && !entry.export_options.empty()) {
         return make_error(EINVAL, fmt::format("export options ({}) given without an export",
                                               fmt::join(entry.export_options, " ")));
+    }
+    if (entry.export_type.empty()) {
+        return entry;  // chosen by create(), for the device made
     }
     if (auto checked = check_export_type(entry.export_type); !checked) {
         return std::unexpected(checked.error());
@@ -569,6 +584,7 @@ bool device_host::finish_job(hosted_device& entry, job& j, reaped& out)
     entry.dev = std::move(j.work.dev);
     entry.exp = std::move(j.work.exp);
     entry.options = std::move(j.work.options);
+    entry.export_type = std::move(j.work.export_type);  // chosen when `add` named none
     entry.failure.clear();
     if (removal) {
         // Deleted (or the daemon stopping) while it was being made: an add

@@ -17,9 +17,6 @@
 
 namespace softblk::cli {
 
-// True when `type` works on this machine now (features.cpp).
-bool export_available(const export_type& type);
-
 // Tells the control thread that a teardown or a job ended. Shared with
 // their threads, so that one the daemon gave up on can still signal safely.
 struct device_host::wake_event {

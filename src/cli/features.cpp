@@ -1,5 +1,6 @@
 // `softblk features`: every target type with its options and every export
-// type (device_host.hpp), and the export `add` chooses when it names none.
+// type (device_host.hpp), and the export `add` chooses when it names none
+// (the front ends' default_rank, frontend.hpp).
 #include <algorithm>
 #include <cerrno>
 
@@ -13,9 +14,6 @@
 namespace softblk::cli {
 
 namespace {
-
-// The export types tried, in order, when `add` names none.
-constexpr std::string_view k_default_exports[] = {"ublk", "fuse"};
 
 const char* kind_name(option_kind kind)
 {
@@ -83,36 +81,10 @@ nlohmann::json option_json(const option_def& def)
 
 }  // namespace
 
-bool export_available(const export_type& type)
+std::string default_export_type(bool zoned)
 {
-    return !type.available || type.available();
-}
-
-std::string default_export_type()
-{
-    for (std::string_view name : k_default_exports) {
-        const export_type* type = find_export_type(name);
-        if (type != nullptr && export_available(*type)) {
-            return std::string(name);
-        }
-    }
-    return "none";
-}
-
-// What `add` needs for a zoned device: the default export when it carries
-// zones, else the first available export that does ("none" when none is).
-std::string zoned_export_type()
-{
-    const std::string fallback = default_export_type();
-    if (const export_type* type = find_export_type(fallback); type != nullptr && type->zoned) {
-        return fallback;
-    }
-    for (const export_type* e : export_types()) {
-        if (e->zoned && export_available(*e)) {
-            return std::string(e->name);
-        }
-    }
-    return "none";
+    const export_type* type = default_export_for(zoned);
+    return type != nullptr ? std::string(type->name) : std::string("none");
 }
 
 result<nlohmann::json> features_json(std::string_view type)
@@ -165,8 +137,8 @@ result<nlohmann::json> features_json(std::string_view type)
                               {"available", true},
                               {"zoned", true},
                               {"options", nlohmann::json::array()}});
-    out["default_export"] = default_export_type();
-    out["zoned_export"] = zoned_export_type();
+    out["default_export"] = default_export_type(false);
+    out["zoned_export"] = default_export_type(true);
     return out;
 }
 

@@ -99,9 +99,26 @@ std::vector<const export_type*> export_types()
     return exports().all();
 }
 
-result<std::unique_ptr<device_export>> start_export(const export_type& type, device& dev,
-                                                    const export_context& ctx,
-                                                    std::span<const std::string> options)
+std::string export_location(const nlohmann::json& description)
+{
+    if (!description.is_object()) {
+        return {};
+    }
+    for (const char* key : {"block", "loop", "device", "file", "uri", "socket"}) {
+        if (auto it = description.find(key); it != description.end() && it->is_string()) {
+            return it->get<std::string>();
+        }
+    }
+    return {};
+}
+
+bool export_available(const export_type& type)
+{
+    return !type.available || type.available();
+}
+
+result<void> export_carries(const export_type& type, const device& dev,
+                            std::span<const std::string> options)
 {
     if (dev.limits().zoned && !type.zoned) {
         std::string able;
@@ -132,6 +149,71 @@ result<std::unique_ptr<device_export>> start_export(const export_type& type, dev
                                     dev.name(), dev.limits().logical_block_size, type.name, limit,
                                     why, limit));
         }
+    }
+    return {};
+}
+
+namespace {
+
+// The types with a default rank, lowest rank first.
+std::vector<const export_type*> default_candidates()
+{
+    std::vector<const export_type*> out;
+    for (const export_type* t : export_types()) {
+        if (t->default_rank != 0) {
+            out.push_back(t);
+        }
+    }
+    std::stable_sort(out.begin(), out.end(), [](const export_type* a, const export_type* b) {
+        return a->default_rank < b->default_rank;
+    });
+    return out;
+}
+
+}  // namespace
+
+result<const export_type*> choose_default_export(const device& dev)
+{
+    std::string why;
+    for (const export_type* t : default_candidates()) {
+        std::string reason;
+        if (!export_available(*t)) {
+            reason = "not available on this machine";
+        } else if (auto carries = export_carries(*t, dev, {}); !carries) {
+            if (dev.limits().zoned && !t->zoned) {
+                reason = "no zoned model";
+            } else {
+                reason = carries.error().message;
+            }
+        } else {
+            return t;
+        }
+        why += fmt::format("{}{}: {}", why.empty() ? "" : "; ", t->name, reason);
+    }
+    return make_error(
+        ENODEV,
+        fmt::format("{}: no default export can carry this {}device ({}); name one with "
+                    "--export (`softblk features` lists them), or --export none",
+                    dev.name(), dev.limits().zoned ? "zoned " : "",
+                    why.empty() ? std::string("no front end built here is a default") : why));
+}
+
+const export_type* default_export_for(bool zoned)
+{
+    for (const export_type* t : default_candidates()) {
+        if (export_available(*t) && (t->zoned || !zoned)) {
+            return t;
+        }
+    }
+    return nullptr;
+}
+
+result<std::unique_ptr<device_export>> start_export(const export_type& type, device& dev,
+                                                    const export_context& ctx,
+                                                    std::span<const std::string> options)
+{
+    if (auto carries = export_carries(type, dev, options); !carries) {
+        return std::unexpected(carries.error());
     }
     auto started = type.start(dev, ctx, options);
     if (!started) {

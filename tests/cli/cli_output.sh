@@ -8,7 +8,9 @@
 #     a note in `add`'s output, as every other clamped value (irqmode);
 #  4. `features` aligns its columns however long an option's name, gives
 #     zloop-ram's memory_limit no "memory_backed=1", and names the export a
-#     zoned device needs when the default cannot carry zones.
+#     zoned device gets when the default cannot carry zones;
+#  5. `add` of a zoned device that names no export gets that export (one
+#     with a zoned model), not the default that refuses zones.
 # Usage: cli_output.sh PATH/TO/softblk        (exit 77: skipped)
 softblk=${1:?usage: $0 PATH/TO/softblk}
 here=$(cd "$(dirname "$0")" && pwd)
@@ -84,7 +86,25 @@ if not exports[zoned]["zoned"] or not exports[zoned]["available"]:
     sys.exit(f"zoned_export {zoned} cannot carry a zoned device here")
 default = features["default_export"]
 header = next(l for l in lines if l.startswith("export types (default: "))
-if not exports[default]["zoned"] and f"a zoned device needs --export {zoned}" not in header:
-    sys.exit("features does not say which export a zoned device needs: " + header)
+if not exports[default]["zoned"] and f"for a zoned device: {zoned}" not in header:
+    sys.exit("features does not say which export a zoned device gets: " + header)
 EOF
+
+note "add: a zoned device without --export gets an export that carries zones"
+zoned=$(jq -r .zoned_export "$run_dir/features.json")
+if [ "$zoned" = none ]; then
+  "$softblk" add null zoned=1 size=256 zone_size=64 --name z1 >"$run_dir/out" 2>&1 &&
+    fail "add of a zoned device passed with no zoned export here: $(cat "$run_dir/out")"
+  grep -q "no default export can carry this zoned device" "$run_dir/out" ||
+    fail "add's error does not say why: $(cat "$run_dir/out")"
+else
+  "$softblk" add null zoned=1 size=256 zone_size=64 --name z1 --json >"$run_dir/out" ||
+    fail "add of a zoned device with the default export: $(cat "$run_dir/out")"
+  got=$(jq -r .export.type "$run_dir/out")
+  [ "$got" = "$zoned" ] || fail "zoned z1 got export $got, features says $zoned"
+  "$softblk" list --json | jq -e --arg t "$zoned" \
+    '.[] | select(.name == "z1") | .state == "running" and .export.type == $t' >/dev/null ||
+    fail "z1 is not listed running with export $zoned: $("$softblk" list)"
+  "$softblk" del z1 >/dev/null || fail "del z1"
+fi
 echo "PASS"

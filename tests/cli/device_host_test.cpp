@@ -2,6 +2,7 @@
 // recovery, with the null target and no export.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -198,6 +199,97 @@ TEST_F(device_host_test, broken_state_files_are_listed_as_failed_until_deleted)
     EXPECT_FALSE(state_file("garbage"));
     EXPECT_FALSE(host->add(null_request("badopt", {})));  // the failed entry still holds the name
     ASSERT_TRUE(host->remove_all());
+    EXPECT_TRUE(fs::is_empty(_state));
+}
+
+namespace {
+
+// Two front ends of this test only (the test program links none): "flat"
+// carries no zones and comes first, "zoned" carries them and comes second.
+std::atomic<bool> g_fakes_available{true};
+
+class fake_export final : public softblk::device_export {
+public:
+    json describe() const override { return json{{"socket", "/nowhere"}}; }
+    softblk::result<void> stop() override { return {}; }
+};
+
+void register_fake_front_ends()
+{
+    static const bool registered = [] {
+        auto start = [](softblk::device&, const softblk::export_context&,
+                        std::span<const std::string>)
+            -> softblk::result<std::unique_ptr<softblk::device_export>> {
+            return std::make_unique<fake_export>();
+        };
+        auto available = [] { return g_fakes_available.load(); };
+        softblk::register_export_type(softblk::export_type{.name = "test-flat",
+                                                           .description = "test",
+                                                           .start = start,
+                                                           .cleanup_stale = {},
+                                                           .available = available,
+                                                           .options = {},
+                                                           .zoned = false,
+                                                           .default_rank = 1});
+        softblk::register_export_type(softblk::export_type{.name = "test-zoned",
+                                                           .description = "test",
+                                                           .start = start,
+                                                           .cleanup_stale = {},
+                                                           .available = available,
+                                                           .options = {},
+                                                           .zoned = true,
+                                                           .default_rank = 2});
+        return true;
+    }();
+    (void)registered;
+}
+
+}  // namespace
+
+// `add` without --export: the front ends' default_rank and what each can
+// carry choose, per device; a zoned device gets the first that carries
+// zones, and with none the error says why (issue 44).
+TEST_F(device_host_test, the_default_export_is_chosen_per_device_from_what_can_carry_it)
+{
+    register_fake_front_ends();
+    g_fakes_available = true;
+    auto host = make_host();
+    auto flat_req = null_request("flat", {"size=16"});
+    flat_req.export_type.clear();
+    auto flat = host->add(flat_req);
+    ASSERT_TRUE(flat) << flat.error().message;
+    EXPECT_EQ((*flat)["export"]["type"], "test-flat");
+    auto zoned_req = null_request("z", {"size=256", "zoned=1", "zone_size=64"});
+    zoned_req.export_type.clear();
+    auto zoned = host->add(zoned_req);
+    ASSERT_TRUE(zoned) << zoned.error().message;
+    EXPECT_EQ((*zoned)["export"]["type"], "test-zoned");
+    EXPECT_EQ(default_export_type(false), "test-flat");
+    EXPECT_EQ(default_export_type(true), "test-zoned");
+
+    // What was chosen is recorded: a new host brings the device back on it.
+    host.reset();
+    host = make_host();
+    host->recover();
+    json list = host->list();
+    ASSERT_EQ(list.size(), 2u);
+    EXPECT_EQ(list[1]["name"], "z");
+    EXPECT_EQ(list[1]["export"]["type"], "test-zoned");
+    ASSERT_TRUE(host->remove_all());
+
+    // No default front end can carry it: add fails naming why, leaving nothing.
+    g_fakes_available = false;
+    zoned_req.name = "z2";
+    auto refused = host->add(zoned_req);
+    g_fakes_available = true;
+    ASSERT_FALSE(refused);
+    EXPECT_EQ(refused.error().code.value(), ENODEV);
+    EXPECT_NE(refused.error().message.find("no default export can carry this zoned device"),
+              std::string::npos)
+        << refused.error().message;
+    EXPECT_NE(refused.error().message.find("test-zoned: not available"), std::string::npos)
+        << refused.error().message;
+    EXPECT_EQ(host->size(), 0u);
     EXPECT_TRUE(fs::is_empty(_state));
 }
 

@@ -4,6 +4,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <softblk/frontend.hpp>
+
 namespace softblk::cli {
 
 namespace {
@@ -138,12 +140,8 @@ std::string nullb_tree::device_text(int power, const nlohmann::json& exp)
         return {};
     }
     // The kernel block device first, then what the export offers instead.
-    for (const char* key : {"block", "loop", "device", "file", "uri", "socket"}) {
-        if (auto it = exp.find(key); it != exp.end() && it->is_string()) {
-            return it->get<std::string>() + "\n";
-        }
-    }
-    return {};
+    std::string where = export_location(exp);
+    return where.empty() ? where : where + "\n";
 }
 
 }  // namespace softblk::cli

@@ -42,6 +42,24 @@ const bool g_registered = softblk::register_export_type(softblk::export_type{
     .options = softblk::fuse::export_options(),
     .zoned = false,
     .max_block_size = loop_block_limit,
+    // The default where ublk is not: needs only /dev/fuse (and, as root,
+    // the loop driver), but has no zoned model.
+    .default_rank = 2,
+    .summary = {},
+    // The file the daemon serves: one hop less than its loop device, which
+    // sits on the same file.
+    .reach = [](const nlohmann::json& d) -> softblk::result<softblk::export_reach> {
+        softblk::export_reach r;
+        for (const char* key : {"file", "loop"}) {
+            if (d.contains(key) && d[key].is_string()) {
+                r.paths.push_back(d[key].get<std::string>());
+            }
+        }
+        r.hint =
+            "the FUSE mount admits only the daemon's user; run as that user, or export "
+            "the device over NBD";
+        return r;
+    },
 });
 
 }  // namespace

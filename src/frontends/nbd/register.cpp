@@ -13,6 +13,15 @@ const bool g_registered = softblk::register_export_type(softblk::export_type{
     .cleanup_stale = softblk::nbd::cleanup_stale,
     .available = {},
     .options = softblk::nbd::export_options(),
+    .zoned = false,
+    .max_block_size = {},
+    .default_rank = 0,
+    .summary = {},
+    .reach = [](const nlohmann::json& d) -> softblk::result<softblk::export_reach> {
+        softblk::export_reach r;
+        r.nbd_uri = d.value("uri", std::string());
+        return r;
+    },
 });
 
 }  // namespace

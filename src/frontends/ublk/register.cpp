@@ -6,6 +6,8 @@
 
 #include <unistd.h>
 
+#include <fmt/format.h>
+
 namespace {
 
 const bool g_registered = softblk::register_export_type(softblk::export_type{
@@ -30,6 +32,26 @@ const bool g_registered = softblk::register_export_type(softblk::export_type{
                 static_cast<uint32_t>(::sysconf(_SC_PAGESIZE)),
                 "ublk_drv takes logical blocks up to the page size");
         },
+    // The default export where the kernel has ublk_drv: a real block
+    // device with the least overhead, and zones.
+    .default_rank = 1,
+    // The kernel's view of the device and the daemon that serves it.
+    .summary =
+        [](const nlohmann::json& d) {
+            if (!d.contains("block")) {
+                return std::string();
+            }
+            return fmt::format("{} {} pid {} queues {} depth {}",
+                               d.value("block", std::string("?")),
+                               d.value("state", std::string("?")), d.value("daemon_pid", -1),
+                               d.value("queues", 0u), d.value("depth", 0u));
+        },
+    .reach = [](const nlohmann::json& d) -> softblk::result<softblk::export_reach> {
+        softblk::export_reach r;
+        r.paths = {d.value("block", std::string())};
+        r.hint = "ublk nodes belong to root unless the export is unprivileged";
+        return r;
+    },
 });
 
 }  // namespace

@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <fmt/core.h>
@@ -75,6 +76,11 @@ bool is_ours(const export_state& state, const dev_info& info)
     }
     return info.ublksrv_pid == state.daemon_pid && info.nr_hw_queues == state.nr_queues &&
            info.queue_depth == state.depth && info.max_io_buf_bytes == state.max_io_buf_bytes;
+}
+
+bool pid_alive(int32_t pid)
+{
+    return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM);
 }
 
 uint64_t new_cookie()

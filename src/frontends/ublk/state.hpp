@@ -47,6 +47,9 @@ struct dev_info;
 // reused as soon as the device is deleted, by any ublk server: nothing may
 // stop, delete or re-attach a device that is not ours.
 bool is_ours(const export_state& state, const dev_info& info);
+// True when process `pid` exists (ours or another user's): the daemon
+// that a state file or the kernel names still runs.
+bool pid_alive(int32_t pid);
 // A random nonzero cookie for a new device.
 uint64_t new_cookie();
 

@@ -16,6 +16,20 @@ const bool g_registered = softblk::register_export_type(softblk::export_type{
     .available = {},
     .options = softblk::vhost_user_blk::export_options(),
     .zoned = true,
+    .max_block_size = {},
+    // The default for a zoned device where ublk is not (a VM or softblk's
+    // virtio driver reaches it; fuse has no zoned model).
+    .default_rank = 3,
+    .summary = {},
+    // softblk's own virtio-blk driver on the socket. The export serves one
+    // front end at a time: while a VM is attached, the driver waits for its
+    // connect_timeout and fails naming the socket.
+    .reach = [](const nlohmann::json& d) -> softblk::result<softblk::export_reach> {
+        softblk::export_reach r;
+        r.target_type = "virtio";
+        r.target_options = {"path=" + d.value("socket", std::string()), "poll_queues=0"};
+        return r;
+    },
 });
 
 }  // namespace

@@ -4,6 +4,10 @@
 #include <cerrno>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include <softblk/frontend.hpp>
 
 #if defined(SOFTBLK_FAT_HAVE_DEVICE)
 #include <softblk/fat/softblk_adapter.hpp>
@@ -18,10 +22,76 @@ namespace {
 
 using device_result = result<std::unique_ptr<block_device>>;
 
+// Opens the export as its front end says (export_type::reach): the first
+// of its paths that opens (O_DIRECT where aligned), its NBD URI through
+// libnbd, or the softblk target that drives it. `type` names the export in
+// errors, with the front end's hint and `recreate` (how to re-create the
+// device with an export that any user can reach).
+device_result open_reach(const std::string& spec, const export_reach& how, const std::string& type,
+                         bool read_only, uint32_t block_size, const std::string& recreate)
+{
+    if (!how.paths.empty()) {
+        error last{};
+        for (const std::string& path : how.paths) {
+            if (path.empty()) {
+                continue;
+            }
+            auto dev = file_block_device::open(path, read_only, block_size, true);
+            if (dev) {
+                return std::unique_ptr<block_device>(std::move(*dev));
+            }
+            last = dev.error();
+        }
+        if (last.message.empty()) {
+            return make_error(ENOENT,
+                              fmt::format("{}: the {} export names no path to open", spec, type));
+        }
+        return make_error(
+            last.code.value(),
+            fmt::format("{}: its {} export cannot be opened here: {}{}; or re-create it with an "
+                        "export any user can reach: {}",
+                        spec, type, last.message, how.hint.empty() ? "" : " (" + how.hint + ")",
+                        recreate));
+    }
+    if (!how.nbd_uri.empty()) {
+#if defined(SOFTBLK_FAT_HAVE_NBD)
+        auto dev = nbd_block_device::connect(how.nbd_uri, read_only, block_size);
+        if (!dev) {
+            return make_error(dev.error().code.value(),
+                              fmt::format("{}: {}", spec, dev.error().message));
+        }
+        return std::unique_ptr<block_device>(std::move(*dev));
+#else
+        return make_error(ENOTSUP,
+                          fmt::format("{}: the device is exported as an NBD URI ({} export), "
+                                      "and this build has no libnbd (install libnbd-dev and "
+                                      "rebuild)",
+                                      spec, type));
+#endif
+    }
+    if (!how.target_type.empty()) {
+#if defined(SOFTBLK_FAT_HAVE_DEVICE)
+        auto dev = softblk_block_device::create("fat0", how.target_type, how.target_options);
+        if (!dev) {
+            return make_error(
+                dev.error().code.value(),
+                fmt::format("{}: through its {} export: {}", spec, type, dev.error().message));
+        }
+        return std::unique_ptr<block_device>(std::move(*dev));
+#else
+        return make_error(ENOTSUP,
+                          fmt::format("{}: the device is exported over {}, and this build has no "
+                                      "softblk devices to drive it with",
+                                      spec, type));
+#endif
+    }
+    return make_error(ENOTSUP,
+                      fmt::format("{}: the {} export says no way to reach it", spec, type));
+}
+
 // A device hosted by the softblk daemon: asks the daemon where it is
-// exported and opens that export from this process: a ublk block node or a
-// FUSE-exported file (O_DIRECT where aligned), an NBD export through
-// libnbd, or a vhost-user-blk export through softblk's virtio-blk driver.
+// exported and opens that export from this process as its front end says
+// (open_reach).
 device_result open_daemon_device(const std::string& name, bool read_only, daemon_directory* daemon)
 {
     const std::string spec = "softblk:" + name;
@@ -68,85 +138,22 @@ device_result open_daemon_device(const std::string& name, bool read_only, daemon
     }
     recreate += fmt::format(" --name {} --export nbd", name);
 
-    auto open_path = [&](const std::string& key) -> device_result {
-        auto it = d.export_location.find(key);
-        if (it == d.export_location.end() || it->second.empty()) {
-            return make_error(ENOENT, fmt::format("the {} export names no {}", d.export_type, key));
-        }
-        auto dev = file_block_device::open(it->second, read_only, d.logical_block_size, true);
-        if (!dev) {
-            return std::unexpected(dev.error());
-        }
-        return std::unique_ptr<block_device>(std::move(*dev));
-    };
     const std::string& type = d.export_type;
-    if (type == "ublk") {
-        auto dev = open_path("block");
-        if (!dev) {
-            return make_error(
-                dev.error().code.value(),
-                fmt::format("{}: its ublk block device cannot be opened here: {} (ublk "
-                            "nodes belong to root unless the export is unprivileged)",
-                            spec, dev.error().message));
+    // How this process reaches the export is the front end's to say
+    // (export_type::reach): paths to open, an NBD URI or a softblk target
+    // that drives it.
+    const export_type* front_end = find_export_type(type);
+    if (front_end != nullptr && front_end->reach) {
+        nlohmann::json description = nlohmann::json::object();
+        for (const auto& [key, value] : d.export_location) {
+            description[key] = value;
         }
-        return dev;
-    }
-    if (type == "fuse") {
-        // The file the daemon serves through FUSE: one hop less than its
-        // loop device, which sits on the same file.
-        auto dev = open_path("file");
-        if (!dev && d.export_location.contains("loop")) {
-            dev = open_path("loop");
+        auto how = front_end->reach(description);
+        if (!how) {
+            return make_error(how.error().code.value(),
+                              fmt::format("{}: {}", spec, how.error().message));
         }
-        if (!dev) {
-            return make_error(
-                dev.error().code.value(),
-                fmt::format("{}: its FUSE-exported file cannot be opened here: {} (the "
-                            "FUSE mount admits only the daemon's user; run as that "
-                            "user, or export the device over NBD: {})",
-                            spec, dev.error().message, recreate));
-        }
-        return dev;
-    }
-    if (type == "nbd") {
-#if defined(SOFTBLK_FAT_HAVE_NBD)
-        auto it = d.export_location.find("uri");
-        auto dev = nbd_block_device::connect(it != d.export_location.end() ? it->second : "",
-                                             read_only, d.logical_block_size);
-        if (!dev) {
-            return make_error(dev.error().code.value(),
-                              fmt::format("{}: {}", spec, dev.error().message));
-        }
-        return std::unique_ptr<block_device>(std::move(*dev));
-#else
-        return make_error(ENOTSUP,
-                          fmt::format("{}: the device is exported over NBD, and this build "
-                                      "has no libnbd (install libnbd-dev and rebuild)",
-                                      spec));
-#endif
-    }
-    if (type == "vhost-user-blk") {
-#if defined(SOFTBLK_FAT_HAVE_DEVICE)
-        // softblk's own virtio-blk driver on the export's socket. The export
-        // serves one front end at a time: while a VM is attached, this waits
-        // for the driver's connect_timeout and fails naming the socket.
-        auto it = d.export_location.find("socket");
-        std::vector<std::string> options = {
-            "path=" + (it != d.export_location.end() ? it->second : std::string()),
-            "poll_queues=0"};
-        auto dev = softblk_block_device::create("fat0", "virtio", options);
-        if (!dev) {
-            return make_error(dev.error().code.value(),
-                              fmt::format("{}: through its vhost-user-blk export: {}", spec,
-                                          dev.error().message));
-        }
-        return std::unique_ptr<block_device>(std::move(*dev));
-#else
-        return make_error(ENOTSUP,
-                          fmt::format("{}: the device is exported over vhost-user-blk, and this "
-                                      "build has no softblk devices to drive it with",
-                                      spec));
-#endif
+        return open_reach(spec, *how, type, read_only, d.logical_block_size, recreate);
     }
     if (type == "none" || type.empty()) {
         return make_error(ENODEV,
@@ -155,10 +162,16 @@ device_result open_daemon_device(const std::string& name, bool read_only, daemon
                                       "data): {}",
                                       spec, recreate));
     }
+    std::vector<std::string_view> reachable;
+    for (const export_type* e : export_types()) {
+        if (e->reach) {
+            reachable.push_back(e->name);
+        }
+    }
     return make_error(ENOTSUP,
                       fmt::format("{}: its export ({}) cannot be opened by softblk fat; use "
-                                  "an nbd, fuse, ublk or vhost-user-blk export: {}",
-                                  spec, type, recreate));
+                                  "one of these exports: {}: {}",
+                                  spec, type, fmt::join(reachable, ", "), recreate));
 }
 
 }  // namespace
