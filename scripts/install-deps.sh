@@ -13,6 +13,12 @@ packages=(
   liburing-dev libfuse3-dev libcli11-dev nlohmann-json3-dev libfmt-dev
   libspdlog-dev libgtest-dev libgmock-dev libbenchmark-dev libgnutls28-dev
   libnbd-dev
+  # the man pages and bash completion (scripts/man, run at build time) and
+  # their tests (tests/package)
+  python3 groff-base man-db
+  # the Debian package (debian/) and its test (tests/package/package.sh):
+  # dpkg-buildpackage is in dpkg-dev, below
+  debhelper lintian
   # optional rbd target (built only when librbd-dev is present)
   librbd-dev
   # the fio engine (bench/fio): dpkg-source unpacks fio's source package

@@ -8,14 +8,16 @@
 #   release  build/ (Release, warnings as errors): every program and
 #            benchmark, of the GoogleTest programs those with nosan cases;
 #            the VM tests (their programs run in a guest), the
-#            fuzzers (they carry their own sanitizers) and the tests whose
-#            bounds a sanitizer breaks (label nosan): ctest -L
-#            '^(vm|fuzz|nosan)$'
+#            fuzzers (they carry their own sanitizers), the tests whose
+#            bounds a sanitizer breaks (label nosan) and the Debian
+#            package's build and lintian (label package, tests/package:
+#            it builds the package from a copy of the tree, not these
+#            programs): ctest -L '^(vm|fuzz|nosan|package)$'
 #   asan     build-asan/ (-fsanitize=address,undefined, -O1, warnings as
 #            errors, executables linked without PIE: their starts cost a
 #            fifth less, see CMakeLists.txt): everything but the
 #            benchmarks; every other unit and host test (ctest -LE
-#            '^(vm|fuzz|nosan)$')
+#            '^(vm|fuzz|nosan|package)$')
 # so each test runs once, in the strictest build it can run in.
 #   tsan     build-tsan/ (-fsanitize=thread, -O1, warnings as errors): the
 #            programs of target tsan_tests; the tests labelled tsan (the
@@ -225,7 +227,7 @@ if want release; then
   # The GoogleTest programs without nosan cases are built and run in the
   # asan stage only (SOFTBLK_ONLY_NOSAN_GTESTS, tests/CMakeLists.txt).
   release_cmake=(-DCMAKE_BUILD_TYPE=Release -DSOFTBLK_SANITIZE= -DSOFTBLK_ONLY_NOSAN_GTESTS=ON)
-  release_tests=(-L '^(vm|fuzz|nosan)$')
+  release_tests=(-L '^(vm|fuzz|nosan|package)$')
   stage release "$repo/build" all_targets release_cmake release_tests
 fi
 # -O1 -g1: the usual optimisation for sanitizers, line tables for the
@@ -233,7 +235,7 @@ fi
 san_flags=(-DCMAKE_BUILD_TYPE=Debug "-DCMAKE_C_FLAGS_DEBUG=-O1 -g1" "-DCMAKE_CXX_FLAGS_DEBUG=-O1 -g1")
 if want asan; then
   asan_cmake=("${san_flags[@]}" -DSOFTBLK_SANITIZE=address,undefined)
-  asan_tests=(-LE '^(vm|fuzz|nosan)$')
+  asan_tests=(-LE '^(vm|fuzz|nosan|package)$')
   stage asan "$repo/build-asan" all_targets asan_cmake asan_tests
 fi
 if want tsan; then

@@ -9,6 +9,7 @@
 
 #include "bench_command.hpp"
 #include "subcommand.hpp"
+#include "version.hpp"
 
 int main(int argc, char** argv)
 {
@@ -25,6 +26,7 @@ int main(int argc, char** argv)
         "softblk: userspace block devices (null_blk-compatible options), hosted by a daemon that "
         "the first command starts"};
     app.require_subcommand(1);
+    app.set_version_flag("--version", std::string("softblk ") + softblk::version_string());
     app.footer(
         "Run directory: /run/softblk (root), $XDG_RUNTIME_DIR/softblk, or $SOFTBLK_RUN_DIR.\n"
         "`softblk fat ...` works on FAT file systems on softblk devices and images.\n"
@@ -47,8 +49,7 @@ int main(int argc, char** argv)
     } catch (const CLI::CallForAllHelp& e) {
         return app.exit(e);
     } catch (const CLI::ParseError& e) {
-        app.exit(e);
-        return k_exit_usage;
+        return app.exit(e) == 0 ? 0 : k_exit_usage;  // 0: --version
     }
     for (const subcommand& sub : table) {
         if (sub.app->parsed()) {

@@ -61,6 +61,8 @@
 #include <softblk/frontend.hpp>
 #include <softblk/support/trusted_dir.hpp>
 
+#include "version.hpp"
+
 namespace {
 
 using nlohmann::json;
@@ -526,6 +528,7 @@ int main(int argc, char** argv)
     CLI::App app{
         "softblk-driver: creates devices in-process and serves them through one export "
         "type, for tests and benchmarks (see the header of src/driver/driver.cpp)"};
+    app.set_version_flag("--version", std::string("softblk-driver ") + softblk::version_string());
     app.add_option("--export", args.export_type, "export type: fuse, nbd, ublk ...")->required();
     app.add_option("--run-dir", args.run_dir,
                    "where the exports put their mounts, sockets and state (default: "
@@ -548,8 +551,7 @@ int main(int argc, char** argv)
     } catch (const CLI::CallForHelp& e) {
         return app.exit(e);
     } catch (const CLI::ParseError& e) {
-        app.exit(e);
-        return k_exit_usage;
+        return app.exit(e) == 0 ? 0 : k_exit_usage;  // 0: --version
     }
     return run(args);
 }

@@ -28,6 +28,7 @@
 
 #include "cli_target.hpp"
 #include "fuse_mount.hpp"
+#include "version.hpp"
 
 namespace softblk::fat {
 
@@ -463,6 +464,7 @@ int cli_main(int argc, char** argv, daemon_directory* daemon)
 {
     CLI::App app{"FAT12/16/32 file systems on image files and softblk devices", "softblk fat"};
     app.require_subcommand(1);
+    app.set_version_flag("--version", std::string("softblk-fat ") + softblk::version_string());
     std::string target;
     auto add_target = [&](CLI::App* c) {
         c->add_option("target", target,

@@ -1,0 +1,37 @@
+# `cmake --install`: the programs, their man pages and the bash completion,
+# where Debian puts them (GNUInstallDirs; docs/install.md says what goes
+# where). The C library, its headers, pkg-config file and CMake package
+# configuration have their own rules beside the library (COMPONENT lib and
+# dev); everything here is COMPONENT programs.
+include(GNUInstallDirs)
+find_package(Python3 3.9 REQUIRED COMPONENTS Interpreter)
+
+# softblk and softblk-driver go to sbin: what they are for, block devices
+# for the kernel (a loop device over the FUSE file, ublk, NBD), needs root,
+# as losetup and nbd-client, whose pages are in section 8 too. A user can
+# still run /usr/sbin/softblk: its daemon then keeps its run directory in
+# $XDG_RUNTIME_DIR and exports files and sockets only. softblk-fat works
+# on image files as any user: bin.
+install(TARGETS softblk softblk-driver RUNTIME DESTINATION ${CMAKE_INSTALL_SBINDIR}
+  COMPONENT programs)
+install(TARGETS softblk-fat RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT programs)
+
+# The man pages and the completion come from the built programs (their
+# --help and `softblk features --json`), so they say what the programs do
+# (scripts/man/generate.py; tests/package checks them).
+set(_softblk_man_dir ${PROJECT_BINARY_DIR}/man)
+set(_softblk_man_pages ${_softblk_man_dir}/softblk.8 ${_softblk_man_dir}/softblk-fat.8
+  ${_softblk_man_dir}/softblk-driver.8)
+set(_softblk_completion ${_softblk_man_dir}/softblk.bash-completion)
+file(GLOB _softblk_man_scripts CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/scripts/man/*.py)
+add_custom_command(OUTPUT ${_softblk_man_pages} ${_softblk_completion}
+  COMMAND Python3::Interpreter ${PROJECT_SOURCE_DIR}/scripts/man/generate.py
+    --softblk $<TARGET_FILE:softblk> --fat $<TARGET_FILE:softblk-fat>
+    --driver $<TARGET_FILE:softblk-driver> --version ${PROJECT_VERSION} --out ${_softblk_man_dir}
+  DEPENDS softblk softblk-fat softblk-driver ${_softblk_man_scripts}
+  COMMENT "Man pages and bash completion from the programs' --help and features"
+  VERBATIM)
+add_custom_target(softblk_man ALL DEPENDS ${_softblk_man_pages} ${_softblk_completion})
+install(FILES ${_softblk_man_pages} DESTINATION ${CMAKE_INSTALL_MANDIR}/man8 COMPONENT programs)
+install(FILES ${_softblk_completion} DESTINATION ${CMAKE_INSTALL_DATADIR}/bash-completion/completions
+  RENAME softblk COMPONENT programs)
