@@ -18,6 +18,10 @@
 
 namespace softblk::cli {
 
+// The host library (src/host): the device table, run directory, memory
+// budget and zone requests the command line and the daemon use.
+using namespace softblk::host;
+
 class control_client {
 public:
     // Connects to the daemon of `paths`. When none answers and `autostart`

@@ -35,6 +35,10 @@
 
 namespace softblk::cli {
 
+// The host library (src/host): the device table, run directory, memory
+// budget and zone requests the command line and the daemon use.
+using namespace softblk::host;
+
 // Exit status of a daemon that found another one holding the lock.
 constexpr int k_exit_already_running = 3;
 

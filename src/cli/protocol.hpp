@@ -23,7 +23,13 @@
 
 #include <softblk/types.hpp>
 
+#include "json_params.hpp"
+
 namespace softblk::cli {
+
+// The host library (src/host): the device table, run directory, memory
+// budget and zone requests the command line and the daemon use.
+using namespace softblk::host;
 
 // Largest request line the daemon reads; a longer one gets -E2BIG and the
 // connection is closed.
@@ -35,10 +41,6 @@ constexpr int k_max_request_depth = 16;
 // report at k_max_report_zones, badblocks at one page ...); this is the
 // last guard, well above them (a 65,536-zone report is about 9 MiB).
 constexpr size_t k_max_reply_bytes = 16u << 20;
-// Most strings in one array parameter (options), and their longest length.
-constexpr size_t k_max_array_items = 1024;
-constexpr size_t k_max_string_bytes = 4096;
-
 struct request {
     nlohmann::json id;  // null, a number or a string
     std::string method;
@@ -66,28 +68,5 @@ std::string format_reply(const nlohmann::json& id, const result<nlohmann::json>&
 
 // One request line, with its newline (client side).
 std::string format_request(int64_t id, std::string_view method, const nlohmann::json& params);
-
-// Typed access to request parameters. Each returns an error naming the
-// parameter when it has the wrong type or is too long; a missing optional
-// parameter yields the fallback.
-result<std::string> param_string(const nlohmann::json& params, std::string_view key, bool required,
-                                 std::string fallback = {});
-result<bool> param_bool(const nlohmann::json& params, std::string_view key, bool fallback);
-// A non-negative integer of at most `max`.
-result<uint64_t> param_u64(const nlohmann::json& params, std::string_view key, uint64_t fallback,
-                           uint64_t max = UINT64_MAX);
-result<std::vector<std::string>> param_strings(const nlohmann::json& params, std::string_view key);
-
-// Device names: 1 to 64 characters from [A-Za-z0-9_.-], not starting with a
-// dot (they name files and directories under the run directory). What a
-// state file may name (devices of older versions included).
-bool valid_device_name(std::string_view name);
-
-// A name for a new device: valid_device_name, and neither starting with '-'
-// (the command line would take it for an option) nor "features" (the file
-// at the top of null_blk's configfs tree, which `softblk nullb mount`
-// serves; the kernel refuses that mkdir too, with EEXIST). The error says
-// what is wrong with the name.
-result<void> check_new_device_name(std::string_view name);
 
 }  // namespace softblk::cli

@@ -1,9 +1,10 @@
 // softblk-driver: creates devices in-process and serves them through one
 // export type, for tests and benchmarks that must not depend on the daemon.
-// A thin host around the consumer API (device::create, start_export) and
-// the export type's hooks (cleanup_stale, saved_exports, host_features): it
-// names no front end in its code, so every export type linked in (fuse,
-// nbd, ublk, ...) is served the same way.
+// Its devices live in the host library's device table (src/host,
+// softblk::host::device_host: the daemon's, state files under
+// RUN_DIR/devices); the export type's hooks (cleanup_stale, saved_exports,
+// host_features) do the rest: it names no front end in its code, so every
+// export type linked in (fuse, nbd, ublk, ...) is served the same way.
 //
 //   softblk-driver --export TYPE [--run-dir DIR] [-o KEY=VALUE]...
 //                  [--ready-file FILE] [--commands] [--recover NAME]...
@@ -29,6 +30,9 @@
 //   recover NAME      as --recover
 //   list              {"exports": {NAME: description}, "saved": [...]}
 //                     ("saved": the type's saved_exports, where it has them)
+//   devices           [device ...]: every device as the daemon's `list`
+//                     (`softblk list --json`) gives it: one code path, the
+//                     host library's device table (src/host)
 //   features          the type's host_features (ublk: the kernel's bits)
 //   cleanup           the type's cleanup_stale
 //   crash             _exit(9) at once, leaving everything behind
@@ -56,11 +60,15 @@
 #include <fmt/core.h>
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
+#include <spdlog/sinks/stdout_sinks.h>
+#include <spdlog/spdlog.h>
 
 #include <softblk/device.hpp>
 #include <softblk/frontend.hpp>
 #include <softblk/support/trusted_dir.hpp>
 
+#include "device_host.hpp"
+#include "run_dir.hpp"
 #include "version.hpp"
 
 namespace {
@@ -76,14 +84,26 @@ std::string dump(const json& j)
     return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
-// The devices this process serves, each with its export, in the order they
-// were added. Control thread (the main thread) only.
+// The devices this process serves, each with its export: the host
+// library's device table (softblk::host::device_host, the daemon's), with
+// its state files under RUN_DIR/devices, so that the driver's `devices`
+// answer and the daemon's `list` come from one code path. Control thread
+// (the main thread) only.
 class device_table {
 public:
     device_table(const softblk::export_type& type, softblk::export_context ctx,
                  std::vector<std::string> export_options)
-        : _type(type), _ctx(std::move(ctx)), _export_options(std::move(export_options))
+        : _type(type),
+          _ctx(ctx),
+          _export_options(std::move(export_options)),
+          _host(std::move(ctx), state_dir(_ctx))
     {
+    }
+
+    // Where the host keeps one state file per device.
+    static std::string state_dir(const softblk::export_context& ctx)
+    {
+        return ctx.run_dir + "/devices";
     }
 
     const softblk::export_context& context() const { return _ctx; }
@@ -95,20 +115,21 @@ public:
                      std::span<const std::string> device_options,
                      std::span<const std::string> export_options)
     {
-        if (find(name) != _served.end()) {
+        if (_host.contains(name)) {
             return softblk::make_error(EEXIST,
                                        fmt::format("{}: a device of that name exists", name));
         }
-        auto dev = softblk::device::create(name, target, device_options);
-        if (!dev) {
-            return std::unexpected(dev.error());
+        softblk::host::add_request request{
+            .type = target,
+            .name = name,
+            .options = {device_options.begin(), device_options.end()},
+            .export_type = std::string(_type.name),
+            .export_options = {export_options.begin(), export_options.end()}};
+        auto added = _host.add(request);
+        if (!added) {
+            return std::unexpected(added.error());
         }
-        auto exp = softblk::start_export(_type, **dev, _ctx, export_options);
-        if (!exp) {
-            return std::unexpected(exp.error());
-        }
-        _served.push_back(served{std::move(*dev), std::move(*exp)});
-        return description(_served.back());
+        return description(name, (*added)["export"]);
     }
 
     // Re-creates the device of the saved export NAME and starts the export
@@ -145,22 +166,25 @@ public:
     // stop (in use), both stay and the error says why.
     result<void> del(const std::string& name)
     {
-        auto it = find(name);
-        if (it == _served.end()) {
+        if (!_host.contains(name)) {
             return softblk::make_error(ENOENT, fmt::format("{}: no such device", name));
         }
-        if (auto stopped = it->exp->stop(); !stopped) {
-            return stopped;
+        auto removed = _host.remove(name);
+        if (!removed) {
+            return std::unexpected(removed.error());
         }
-        _served.erase(it);
         return {};
     }
+
+    // Every device as the daemon's `list` gives it (device_host::list).
+    json devices() const { return _host.list(); }
 
     result<json> list() const
     {
         json out = {{"exports", json::object()}};
-        for (const served& s : _served) {
-            out["exports"][s.dev->name()] = description(s);
+        for (const json& d : _host.list()) {
+            const std::string name = d.value("name", "");
+            out["exports"][name] = description(name, d.value("export", json::object()));
         }
         if (_type.saved_exports) {
             auto saved = _type.saved_exports(_ctx);
@@ -196,46 +220,32 @@ public:
         }
     }
 
-    // Stops every export, the last added first, and destroys the devices.
-    // Returns false when one did not stop (said on stderr).
+    // Stops every export and destroys the devices (their state files go).
+    // Returns false when one did not stop (said on stderr); the host stops
+    // those by force when it goes.
     bool stop_all()
     {
-        bool all_stopped = true;
-        while (!_served.empty()) {
-            served& s = _served.back();
-            if (auto stopped = s.exp->stop(); !stopped) {
-                fmt::print(stderr, "softblk-driver: {}: {}\n", s.dev->name(),
-                           stopped.error().message);
-                all_stopped = false;
-            }
-            _served.pop_back();
+        auto removed = _host.remove_all();
+        if (!removed) {
+            fmt::print(stderr, "softblk-driver: {}\n", removed.error().message);
+            return false;
         }
-        return all_stopped;
+        return true;
     }
 
 private:
-    struct served {
-        std::unique_ptr<softblk::device> dev;  // outlives exp (declared first)
-        std::unique_ptr<softblk::device_export> exp;
-    };
-
-    std::vector<served>::iterator find(const std::string& name)
+    // The export's part of the host's JSON (its describe() with "type")
+    // and the device's name: what the driver prints for an export.
+    static json description(const std::string& name, json exp)
     {
-        return std::find_if(_served.begin(), _served.end(),
-                            [&](const served& s) { return s.dev->name() == name; });
-    }
-
-    static json description(const served& s)
-    {
-        json j = s.exp->describe();
-        j["name"] = s.dev->name();
-        return j;
+        exp["name"] = name;
+        return exp;
     }
 
     const softblk::export_type& _type;
     softblk::export_context _ctx;
     std::vector<std::string> _export_options;  // -o: every export's defaults
-    std::vector<served> _served;
+    softblk::host::device_host _host;
 };
 
 std::string ok(const json& j)
@@ -311,6 +321,9 @@ std::string run_command(device_table& table, const std::string& line, bool& quit
     if (command == "list") {
         return answer(table.list());
     }
+    if (command == "devices") {
+        return ok(table.devices());
+    }
     if (command == "features") {
         return answer(table.features());
     }
@@ -326,7 +339,8 @@ std::string run_command(device_table& table, const std::string& line, bool& quit
         return "ok";
     }
     return fmt::format(
-        "error {}: unknown command (add, del, recover, list, features, cleanup, crash, quit)",
+        "error {}: unknown command (add, del, recover, list, devices, features, cleanup, crash, "
+        "quit)",
         command);
 }
 
@@ -479,10 +493,16 @@ int run(const arguments& args)
     }
     std::signal(SIGPIPE, SIG_IGN);  // a client or reader that goes away is not fatal
 
-    device_table table(*type,
-                       softblk::export_context{.run_dir = std::filesystem::absolute(run_dir),
-                                               .privileged = ::geteuid() == 0},
-                       args.export_options);
+    // spdlog's default logger writes to stdout, which carries the answers:
+    // the host library's warnings go to stderr.
+    spdlog::set_default_logger(spdlog::stderr_logger_mt("softblk-driver"));
+    const softblk::export_context ctx{.run_dir = std::filesystem::absolute(run_dir),
+                                      .privileged = ::geteuid() == 0};
+    if (auto made = softblk::host::make_directories(device_table::state_dir(ctx), 0700); !made) {
+        fmt::print(stderr, "softblk-driver: {}\n", made.error().message);
+        return k_exit_failure;
+    }
+    device_table table(*type, ctx, args.export_options);
     table.cleanup();
     std::string ready;
     auto started = [&](const std::string& name, const result<json>& r) {

@@ -12,6 +12,7 @@
 #include "device_host.hpp"
 
 using namespace softblk::cli;
+using namespace softblk::host;
 using nlohmann::json;
 namespace fs = std::filesystem;
 

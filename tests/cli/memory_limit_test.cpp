@@ -7,6 +7,7 @@
 #include "memory_limit.hpp"
 
 using namespace softblk::cli;
+using namespace softblk::host;
 
 using softblk::k_mib;
 

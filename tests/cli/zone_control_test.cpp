@@ -13,6 +13,7 @@
 #include "zone_control.hpp"
 
 using namespace softblk::cli;
+using namespace softblk::host;
 using nlohmann::json;
 
 namespace {

@@ -26,6 +26,10 @@
 
 namespace softblk::cli {
 
+// The host library (src/host): the device table, run directory, memory
+// budget and zone requests the command line and the daemon use.
+using namespace softblk::host;
+
 struct nullb_fs_options {
     std::string mount_point;                  // an existing directory
     bool foreground = false;                  // else daemonizes once mounted

@@ -11,7 +11,7 @@
 
 #include "device_work.hpp"
 
-namespace softblk::cli {
+namespace softblk::host {
 
 namespace {
 
@@ -142,4 +142,4 @@ result<nlohmann::json> features_json(std::string_view type)
     return out;
 }
 
-}  // namespace softblk::cli
+}  // namespace softblk::host

@@ -9,9 +9,9 @@
 
 #include <softblk/zone_engine.hpp>
 
-#include "protocol.hpp"
+#include "json_params.hpp"
 
-namespace softblk::cli {
+namespace softblk::host {
 
 namespace {
 
@@ -286,4 +286,4 @@ std::string format_zone_line(const nlohmann::json& zone)
         k_condition_codes[cond & 15], type, type < 4 ? k_type_names[type] : "UNKNOWN");
 }
 
-}  // namespace softblk::cli
+}  // namespace softblk::host

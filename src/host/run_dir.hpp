@@ -18,7 +18,7 @@
 
 #include <softblk/types.hpp>
 
-namespace softblk::cli {
+namespace softblk::host {
 
 struct run_paths {
     std::string dir;      // the run directory itself
@@ -59,4 +59,4 @@ result<void> prepare_run_dir(const run_paths& paths);
 // no one else. Returns an error naming it, its owner and its mode.
 result<void> check_private_directory(const std::string& path);
 
-}  // namespace softblk::cli
+}  // namespace softblk::host

@@ -39,7 +39,7 @@
 
 #include "zone_control.hpp"
 
-namespace softblk::cli {
+namespace softblk::host {
 
 // What `softblk add` asks for.
 struct add_request {
@@ -314,4 +314,4 @@ private:
     std::vector<std::shared_ptr<job>> _recovery_jobs;
 };
 
-}  // namespace softblk::cli
+}  // namespace softblk::host

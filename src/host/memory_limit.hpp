@@ -14,7 +14,7 @@
 #include <softblk/memory_store.hpp>
 #include <softblk/types.hpp>
 
-namespace softblk::cli {
+namespace softblk::host {
 
 // The default share of the machine's memory, as tmpfs' default size.
 constexpr unsigned k_default_memory_percent = 50;
@@ -58,4 +58,4 @@ result<memory_limit_choice> choose_memory_limit(std::string_view flag,
 // "1.5 GiB" and the like, for messages and tables (the core's).
 using softblk::human_bytes;
 
-}  // namespace softblk::cli
+}  // namespace softblk::host

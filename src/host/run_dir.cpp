@@ -11,7 +11,7 @@
 
 #include <softblk/support/trusted_dir.hpp>
 
-namespace softblk::cli {
+namespace softblk::host {
 
 namespace {
 
@@ -131,4 +131,4 @@ result<void> prepare_run_dir(const run_paths& paths)
     return check_private_directory(paths.devices);
 }
 
-}  // namespace softblk::cli
+}  // namespace softblk::host

@@ -14,9 +14,9 @@
 #include <softblk/target.hpp>
 
 #include "device_work.hpp"
-#include "protocol.hpp"
+#include "json_params.hpp"
 
-namespace softblk::cli {
+namespace softblk::host {
 
 namespace {
 
@@ -643,4 +643,4 @@ nlohmann::json device_host::summary(const hosted_device& entry) const
     return out;
 }
 
-}  // namespace softblk::cli
+}  // namespace softblk::host

@@ -15,7 +15,7 @@
 
 #include "device_host.hpp"
 
-namespace softblk::cli {
+namespace softblk::host {
 
 // Tells the control thread that a teardown or a job ended. Shared with
 // their threads, so that one the daemon gave up on can still signal safely.
@@ -96,4 +96,4 @@ struct device_host::job {
     const char* method_name() const;
 };
 
-}  // namespace softblk::cli
+}  // namespace softblk::host

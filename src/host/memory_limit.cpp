@@ -10,7 +10,7 @@
 
 #include <softblk/options.hpp>
 
-namespace softblk::cli {
+namespace softblk::host {
 
 namespace {
 
@@ -230,4 +230,4 @@ result<memory_limit_choice> choose_memory_limit(std::string_view flag,
     return memory_limit_choice{*size, fmt::format("--memory-limit {}", flag)};
 }
 
-}  // namespace softblk::cli
+}  // namespace softblk::host

@@ -18,10 +18,10 @@
 #include <softblk/memory_store.hpp>
 
 #include "device_work.hpp"
-#include "protocol.hpp"
+#include "json_params.hpp"
 #include "run_dir.hpp"
 
-namespace softblk::cli {
+namespace softblk::host {
 
 namespace {
 
@@ -696,4 +696,4 @@ void device_host::stop_all()
     });
 }
 
-}  // namespace softblk::cli
+}  // namespace softblk::host

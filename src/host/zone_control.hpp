@@ -30,7 +30,7 @@
 #include <softblk/device.hpp>
 #include <softblk/types.hpp>
 
-namespace softblk::cli {
+namespace softblk::host {
 
 enum class zone_action : uint8_t { report, open, close, finish, reset };
 
@@ -71,4 +71,4 @@ result<nlohmann::json> run_zone_request(device& dev, const zone_request& req);
 //   non-seq:0, zcond: 2(oi) [type: 2(SEQ_WRITE_REQUIRED)]" (one line).
 std::string format_zone_line(const nlohmann::json& zone);
 
-}  // namespace softblk::cli
+}  // namespace softblk::host
