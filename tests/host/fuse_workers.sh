@@ -42,6 +42,8 @@ best = next(n for n in sorted(rates) if rates[n] * 1.05 >= top)
 assert w["level"] == (best if w["phase"] != "idle" else 1) or w["phase"] == "sweep", w
 assert 1 <= e["threads"] <= want_max, e
 assert e["queues"] == "shared", e  # one submit queue, more workers than queues
+# Reads and writes skip libfuse's request object (serve_direct).
+assert e["requests_direct"] > 0, e
 PY
 sb del w
 

@@ -121,8 +121,10 @@ void on_async_complete(bio& request, int status)
         w.buffers.put(p->data, p->data_class);
     }
     p->data = nullptr;
-    std::free(p->receive_mem);
-    p->receive_mem = nullptr;
+    if (p->receive_mem != nullptr) {
+        std::free(p->receive_mem);
+        p->receive_mem = nullptr;
+    }
     p->completed = true;
     --w.in_flight;
     w.pending_free.push_back(p);
@@ -268,6 +270,7 @@ result<void> fuse_export::start()
         _mount_device = top->device;
     }
 
+    _direct_sink.fd = fuse_session_fd(_session);
     install_wake_handler();
     if (_ring.use) {
         if (auto ring = start_ring(); !ring) {
@@ -395,7 +398,9 @@ void fuse_export::run_worker(worker& w)
             const uint64_t now = monotonic_ns();
             _poll->served(now);
             _worker_count->served(now);
-            fuse_session_process_buf(_session, &buf);
+            if (!serve_direct(w, buf, static_cast<size_t>(rc))) {
+                fuse_session_process_buf(_session, &buf);
+            }
             continue;
         }
         if (w.fd_nonblocking) {
@@ -426,7 +431,9 @@ void fuse_export::run_worker(worker& w)
         const uint64_t now = monotonic_ns();
         _poll->served(now, 1, polled_ns);
         _worker_count->served(now);
-        fuse_session_process_buf(_session, &buf);
+        if (!serve_direct(w, buf, static_cast<size_t>(rc))) {
+            fuse_session_process_buf(_session, &buf);
+        }
     }
     // Completions still owed reply into the session, which lives until
     // the workers are joined.
@@ -657,7 +664,9 @@ nlohmann::json fuse_export::describe() const
     uint64_t polled = 0;
     uint64_t slept = 0;
     uint64_t poll_ns = 0;
+    uint64_t direct = 0;
     for (const auto& w : _workers) {
+        direct += w->direct_requests.load(std::memory_order_relaxed);
         polled += w->polled_requests.load(std::memory_order_relaxed);
         slept += w->slept_requests.load(std::memory_order_relaxed);
         poll_ns += w->poll_time_ns.load(std::memory_order_relaxed);
@@ -665,6 +674,8 @@ nlohmann::json fuse_export::describe() const
     out["requests_after_poll"] = polled;
     out["requests_after_sleep"] = slept;
     out["poll_ms"] = poll_ns / 1'000'000;
+    // READ and WRITE served without libfuse's request object (/dev/fuse).
+    out["requests_direct"] = direct;
     if (_loop) {
         // Shown only while it is still attached to our file: after a
         // refused stop it detaches itself on its last close, and the

@@ -70,6 +70,19 @@ struct ring_plan {
     std::string off_reason;
 };
 
+// Replies written straight to /dev/fuse with one writev (a fuse_out_header
+// and the payload): the /dev/fuse workers' path for READ and WRITE, which
+// skips libfuse's request object (an allocation, a mutex and two locked
+// list updates per request). The request handle is the request's unique
+// id. Any thread that serves the request (libfuse_ops.cpp).
+class dev_fuse_sink final : public reply_sink {
+public:
+    int fd = -1;
+    void error(void* request, int error) override;
+    void data(void* request, const void* bytes, size_t size) override;
+    char* buffer(void*, size_t) override { return nullptr; }
+};
+
 // One FUSE worker thread and what it owns.
 struct worker {
     fuse_export* owner = nullptr;
@@ -99,6 +112,8 @@ struct worker {
     std::atomic<uint64_t> polled_requests{0};
     std::atomic<uint64_t> slept_requests{0};
     std::atomic<uint64_t> poll_time_ns{0};
+    // Requests served without libfuse (serve_direct).
+    std::atomic<uint64_t> direct_requests{0};
 
     // Asynchronous mode (the export's only worker, owning its queue):
     // reads and writes are submitted and replied to from their completion,
@@ -201,6 +216,13 @@ public:
     void serve_lseek(const reply_to& r, int64_t off, int whence);
     // flush, release, releasedir: nothing to do.
     static void serve_nothing(const reply_to& r) { r.error(0); }
+
+    // The /dev/fuse workers' fast path: a READ or WRITE read into `buf`
+    // (`size` bytes) is served here and answered through _direct_sink,
+    // and an INTERRUPT dropped (as in ring mode: no request here waits for
+    // anything an interrupt could end); false for anything else, which
+    // libfuse then processes (libfuse_ops.cpp). Worker thread.
+    bool serve_direct(worker& w, const fuse_buf& buf, size_t size);
 
     // Ring mode: thread 0 reads what still comes through /dev/fuse
     // (FORGET; anything else, should the kernel not use the ring) with
@@ -332,6 +354,7 @@ private:
     struct timespec _created {};
 
     fuse_session* _session = nullptr;
+    dev_fuse_sink _direct_sink;
     bool _mounted = false;
     uint64_t _mount_device = 0;     // st_dev of our mount (mountinfo), 0: not found
     std::string _mount_point_seen;  // _mount_point as mountinfo shows it (links resolved)
