@@ -657,9 +657,8 @@ nlohmann::json fuse_export::describe() const
     // Ring threads that drive their queues reply from the completion;
     // /dev/fuse workers only while one serves alone.
     out["async"] =
-        !_workers.empty() && (_ring.use ? !_shared_queues
-                                        : active == 1 && (_workers[0]->queue != nullptr ||
-                                                          _workers[0]->solo_queue != nullptr));
+        !_workers.empty() &&
+        (_ring.use ? !_shared_queues : active == 1 && (!_shared_queues || !_worker_count->fixed()));
     describe_ring(out);
     uint64_t polled = 0;
     uint64_t slept = 0;
