@@ -395,9 +395,11 @@ void fuse_export::run_worker(worker& w)
             if (rc <= 0) {
                 break;
             }
-            const uint64_t now = monotonic_ns();
-            _poll->served(now);
-            _worker_count->served(now);
+            if (!_poll->fixed() || !_worker_count->fixed()) {
+                const uint64_t now = monotonic_ns();
+                _poll->served(now);
+                _worker_count->served(now);
+            }
             if (!serve_direct(w, buf, static_cast<size_t>(rc))) {
                 fuse_session_process_buf(_session, &buf);
             }
@@ -411,10 +413,10 @@ void fuse_export::run_worker(worker& w)
         // microseconds, and a sleeping worker costs a wake-up on its path
         // (the window is the one measured to pay on this machine).
         const uint64_t window_ns = _poll->level() * 1'000;
-        const uint64_t start = monotonic_ns();
         uint64_t polled_ns = 0;
         bool caught = false;
         if (window_ns != 0 && !_polling.exchange(true, std::memory_order_acquire)) {
+            const uint64_t start = monotonic_ns();
             caught = poll_for_request(start + window_ns);
             _polling.store(false, std::memory_order_release);
             polled_ns = monotonic_ns() - start;
@@ -428,9 +430,12 @@ void fuse_export::run_worker(worker& w)
             break;  // -ENODEV: unmounted; 0: the connection is gone
         }
         (caught ? w.polled_requests : w.slept_requests).fetch_add(1, std::memory_order_relaxed);
-        const uint64_t now = monotonic_ns();
-        _poll->served(now, 1, polled_ns);
-        _worker_count->served(now);
+        // The clock only for a chooser that measures (not for given values).
+        if (!_poll->fixed() || !_worker_count->fixed()) {
+            const uint64_t now = monotonic_ns();
+            _poll->served(now, 1, polled_ns);
+            _worker_count->served(now);
+        }
         if (!serve_direct(w, buf, static_cast<size_t>(rc))) {
             fuse_session_process_buf(_session, &buf);
         }
