@@ -32,6 +32,8 @@ TEST(fuse_worker_policy, auto_sweeps_one_worker_up_to_one_per_cpu)
     EXPECT_EQ(p.threads, 2u);
     EXPECT_EQ(p.choice.levels, (std::vector<uint64_t>{1, 2}));
     EXPECT_EQ(p.choice.unit, "workers");
+    // Longer than a whole poll-window sweep (14 epochs of 10 ms).
+    EXPECT_GT(p.choice.epoch_ns, 140'000'000u);
     // At least one per submit queue, so that each may own one; at most 8.
     EXPECT_EQ(plan_workers("auto", 4, 2, false).threads, 4u);
     EXPECT_EQ(plan_workers("auto", 1, 64, false).threads, k_max_auto_workers);
@@ -47,7 +49,7 @@ TEST(fuse_worker_policy, two_workers_where_they_serve_more)
     level_chooser c(plan_workers("auto", 1, 2, false).choice);
     EXPECT_EQ(c.level(), 1u);  // starts with one
     uint64_t now = 1'000 * k_ms;
-    run(c, now, 200, [](uint64_t n) { return n == 2 ? 30'000.0 : 20'000.0; });
+    run(c, now, 1'000, [](uint64_t n) { return n == 2 ? 30'000.0 : 20'000.0; });
     EXPECT_GE(c.sweeps(), 1u);
     EXPECT_EQ(c.level(), 2u);
     const auto d = c.describe();
@@ -63,11 +65,11 @@ TEST(fuse_worker_policy, one_worker_where_a_second_does_not_pay)
     // first (the kernel wakes readers in turn); within 5% the fewer wins.
     level_chooser c(plan_workers("auto", 1, 2, false).choice);
     uint64_t now = 1'000 * k_ms;
-    run(c, now, 200, [](uint64_t n) { return n == 2 ? 40'500.0 : 40'000.0; });
+    run(c, now, 1'000, [](uint64_t n) { return n == 2 ? 40'500.0 : 40'000.0; });
     EXPECT_GE(c.sweeps(), 1u);
     EXPECT_EQ(c.level(), 1u);
     // The load changes: now two pay, and a later sweep finds it.
-    run(c, now, 30'000, [](uint64_t n) { return n == 2 ? 60'000.0 : 30'000.0; });
+    run(c, now, 300'000, [](uint64_t n) { return n == 2 ? 60'000.0 : 30'000.0; });
     EXPECT_EQ(c.level(), 2u);
 }
 

@@ -29,9 +29,13 @@ worker_plan plan_workers(std::string_view text, unsigned submit_queues, unsigned
     worker_plan plan;
     plan.choice.unit = "workers";
     plan.choice.cost = level_chooser::cheaper::lower;
-    // Twice the poll window's epochs: the two choosers run at once, and a
-    // longer epoch spans more of the other's sweep.
-    plan.choice.epoch_ns = 20'000'000;
+    // The two choosers run at once: an epoch longer than a whole sweep of
+    // the poll window (7 windows, two 10 ms epochs each) sees the same
+    // mix of windows at every worker count, where a short one would
+    // charge one count with the poll sweep's worst windows.
+    plan.choice.epoch_ns = 200'000'000;
+    // Idle: an epoch that took this long without its 32 requests.
+    plan.choice.idle_ns = 400'000'000;
     const unsigned per_queue = std::max(1u, submit_queues);
     if (text == "auto" && !ring) {
         // More workers than CPUs only take turns; at least one per submit
