@@ -279,7 +279,7 @@ for c in "${cases[@]}"; do
     for sys in "${systems[@]}"; do printf ' %*s' "${width[$sys]}" "${cpu_us["$sys $rw $jobs"]}"; done
     printf '\n'
 done
-# What softblk's exports chose (ring, poll window) and why.
+# What softblk's exports chose (ring, poll window, worker count) and why.
 echo list >&7
 read -r answer <&8
 printf '\nsoftblk exports at the end\n'
@@ -287,6 +287,8 @@ python3 - "${answer#ok }" <<'PY'
 import json, sys
 for name, e in sorted(json.loads(sys.argv[1])["exports"].items()):
     p = e.get("poll", {})
-    print(f"  {name}: ring {e.get('ring', '?')}; poll_us {e.get('poll_us')} ({p.get('mode')}: {p.get('why')})")
+    w = e.get("workers", {})
+    print(f"  {name}: ring {e.get('ring', '?')}; poll_us {e.get('poll_us')} ({p.get('mode')}: {p.get('why')}); "
+          f"threads {e.get('threads')} ({w.get('mode')}: {w.get('why')})")
 PY
 printf '\nload average at the end: %s\n' "$(cut -d' ' -f1-3 /proc/loadavg)"

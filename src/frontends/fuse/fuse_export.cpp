@@ -51,17 +51,19 @@ constexpr option_def k_options[] = {
          "attach the file to a loop device with direct I/O (needs root; a daemon that is not root "
          "defaults to 0); 0: the file only"},
     {.name = "threads",
-     .kind = option_kind::integer,
-     .default_value = "0",
+     .kind = option_kind::text,
+     .default_value = "auto",
      .unit = "",
      .help =
-         "FUSE worker threads; 0: one per submit queue of the device. A single worker that owns "
-         "its "
-         "queue keeps many requests in flight (it replies as the device completes them); several "
-         "workers each wait for their own request. With the ring: ring threads, at most one per "
-         "possible CPU, each keeping many requests in flight on a queue of its own",
-     .min = 0,
-     .max = 64},
+         "FUSE worker threads. auto: the number of active workers (1 up to one per CPU, at "
+         "least one per submit queue) that gives the most requests per second here, measured as "
+         "poll_us=auto is (`softblk list --json` shows it under \"workers\" with why); with the "
+         "ring: one ring thread per submit queue. 0: one per submit queue. A single worker that "
+         "owns its queue keeps many requests in flight (it replies as the device completes "
+         "them); several workers each wait for their own request. With the ring: ring threads, "
+         "at most one per possible CPU, each keeping many requests in flight on a queue of its "
+         "own",
+     .check = check_threads},
     {.name = "poll_us",
      .kind = option_kind::text,
      .default_value = "auto",
@@ -119,8 +121,10 @@ void on_async_complete(bio& request, int status)
         w.buffers.put(p->data, p->data_class);
     }
     p->data = nullptr;
-    std::free(p->receive_mem);
-    p->receive_mem = nullptr;
+    if (p->receive_mem != nullptr) {
+        std::free(p->receive_mem);
+        p->receive_mem = nullptr;
+    }
     p->completed = true;
     --w.in_flight;
     w.pending_free.push_back(p);
@@ -166,16 +170,21 @@ fuse_export::fuse_export(device& dev, const export_context& ctx, const option_se
     // A daemon that is not root gets the file only, unless it asks for
     // loop=1 (and is then told why it cannot have it).
     _want_loop = options.flag("loop") && (ctx.privileged || options.given("loop"));
-    _thread_count = static_cast<unsigned>(options.u64("threads"));
-    if (_thread_count == 0) {
-        _thread_count = std::max(1u, dev.info().queues.submit_queues);
-    }
+    const long cpus = ::sysconf(_SC_NPROCESSORS_ONLN);
+    worker_plan plan = plan_workers(options.text("threads"), dev.info().queues.submit_queues,
+                                    cpus > 0 ? static_cast<unsigned>(cpus) : 1u, _ring.use);
+    _thread_count = plan.threads;
     if (_ring.use) {
         // A ring thread serves one or more of the kernel's ring queues (one
         // per possible CPU): more threads than queues would have nothing.
         _ring_queues = possible_cpus();
         _thread_count = std::min(_thread_count, _ring_queues);
+        plan.choice.levels = {_thread_count};
     }
+    _shared_queues = _thread_count > dev.info().queues.submit_queues;
+    _worker_count.emplace(std::move(plan.choice));
+    _worker_count_why = std::move(plan.why);
+    _active.store(static_cast<unsigned>(_worker_count->level()), std::memory_order_relaxed);
     _poll.emplace(poll_window_config(options.text("poll_us")));
     _uid = ::getuid();
     _gid = ::getgid();
@@ -261,22 +270,35 @@ result<void> fuse_export::start()
         _mount_device = top->device;
     }
 
+    _direct_sink.fd = fuse_session_fd(_session);
     install_wake_handler();
     if (_ring.use) {
         if (auto ring = start_ring(); !ring) {
             return ring;
         }
     }
+    // All workers exist before any runs: worker 0 looks at the others
+    // when it changes the active count.
     for (unsigned i = 0; !_ring.use && i < _thread_count; ++i) {
         auto w = make_worker(i);
         if (!w) {
             return std::unexpected(w.error());
         }
         worker* raw = w->get();
-        raw->async = raw->queue != nullptr && _thread_count == 1;
+        // A worker alone (the only one active) that drives its queue
+        // replies from the completion: several would share /dev/fuse's
+        // O_NONBLOCK flag (it is the open file's).
+        raw->async = i == 0 && _active.load(std::memory_order_relaxed) == 1 &&
+                     (raw->queue != nullptr || raw->solo_queue != nullptr);
+        if (raw->async && raw->queue == nullptr) {
+            raw->queue = raw->solo_queue;
+        }
+        _workers.push_back(std::move(*w));
+    }
+    for (unsigned i = 0; !_ring.use && i < _thread_count; ++i) {
+        worker* raw = _workers[i].get();
         raw->thread = std::thread([this, raw] { run_worker(*raw); });
         raw->handle = raw->thread.native_handle();
-        _workers.push_back(std::move(*w));
     }
 
     if (_want_loop) {
@@ -305,8 +327,10 @@ result<std::unique_ptr<worker>> fuse_export::make_worker(unsigned index)
     w->dev = &_dev;
     // Each worker drives a submit queue of its own when there are
     // enough: no lock, no sharing.
-    if (_thread_count <= _dev.info().queues.submit_queues) {
+    if (!_shared_queues) {
         w->queue = &_dev.queue(index);
+    } else if (index == 0 && !_worker_count->fixed()) {
+        w->solo_queue = &_dev.queue(0);
     }
     return w;
 }
@@ -346,6 +370,14 @@ void fuse_export::run_worker(worker& w)
     fuse_buf buf{};
     w.receive = &buf;
     while (!fuse_session_exited(_session)) {
+        if (w.index == 0) {
+            if (_worker_count->level() != _active.load(std::memory_order_relaxed)) {
+                apply_worker_count(w);
+            }
+        } else if (w.index >= _active.load(std::memory_order_acquire)) {
+            park(w);
+            continue;
+        }
         if (w.in_flight != 0) {
             w.queue->process();
         }
@@ -363,8 +395,14 @@ void fuse_export::run_worker(worker& w)
             if (rc <= 0) {
                 break;
             }
-            _poll->served(monotonic_ns());
-            fuse_session_process_buf(_session, &buf);
+            if (!_poll->fixed() || !_worker_count->fixed()) {
+                const uint64_t now = monotonic_ns();
+                _poll->served(now);
+                _worker_count->served(now);
+            }
+            if (!serve_direct(w, buf, static_cast<size_t>(rc))) {
+                fuse_session_process_buf(_session, &buf);
+            }
             continue;
         }
         if (w.fd_nonblocking) {
@@ -375,10 +413,10 @@ void fuse_export::run_worker(worker& w)
         // microseconds, and a sleeping worker costs a wake-up on its path
         // (the window is the one measured to pay on this machine).
         const uint64_t window_ns = _poll->level() * 1'000;
-        const uint64_t start = monotonic_ns();
         uint64_t polled_ns = 0;
         bool caught = false;
         if (window_ns != 0 && !_polling.exchange(true, std::memory_order_acquire)) {
+            const uint64_t start = monotonic_ns();
             caught = poll_for_request(start + window_ns);
             _polling.store(false, std::memory_order_release);
             polled_ns = monotonic_ns() - start;
@@ -392,8 +430,15 @@ void fuse_export::run_worker(worker& w)
             break;  // -ENODEV: unmounted; 0: the connection is gone
         }
         (caught ? w.polled_requests : w.slept_requests).fetch_add(1, std::memory_order_relaxed);
-        _poll->served(monotonic_ns(), 1, polled_ns);
-        fuse_session_process_buf(_session, &buf);
+        // The clock only for a chooser that measures (not for given values).
+        if (!_poll->fixed() || !_worker_count->fixed()) {
+            const uint64_t now = monotonic_ns();
+            _poll->served(now, 1, polled_ns);
+            _worker_count->served(now);
+        }
+        if (!serve_direct(w, buf, static_cast<size_t>(rc))) {
+            fuse_session_process_buf(_session, &buf);
+        }
     }
     // Completions still owed reply into the session, which lives until
     // the workers are joined.
@@ -406,6 +451,77 @@ void fuse_export::run_worker(worker& w)
     w.receive = nullptr;
     std::free(buf.mem);
     w.done.store(true, std::memory_order_release);
+}
+
+void fuse_export::park(worker& w)
+{
+    std::unique_lock lock(_park_lock);
+    w.parked.store(true, std::memory_order_seq_cst);
+    while (w.index >= _active.load(std::memory_order_seq_cst) && !fuse_session_exited(_session)) {
+        // Bounded: stop() ends the session without taking the lock.
+        _park_wake.wait_for(lock, std::chrono::milliseconds(100));
+    }
+    w.parked.store(false, std::memory_order_seq_cst);
+}
+
+void fuse_export::apply_worker_count(worker& w)
+{
+    const auto want = static_cast<unsigned>(_worker_count->level());
+    const unsigned active = _active.load(std::memory_order_relaxed);
+    // A device that keeps requests in flight (a file, completion_nsec)
+    // gets as many overlapping as the kernel sends from one asynchronous
+    // worker; synchronous workers would have one each. The chooser then
+    // measures one worker under the higher count too, and keeps the lower.
+    constexpr uint64_t k_deferred_recently_ns = 1'000'000'000;
+    const bool hold = want > active && w.async && w.last_deferred_ns != 0 &&
+                      monotonic_ns() - w.last_deferred_ns < k_deferred_recently_ns;
+    _held_async.store(hold, std::memory_order_relaxed);
+    if (hold) {
+        return;
+    }
+    if (want > active) {
+        // The others will share the queue through device::execute: what
+        // this worker has in flight on it completes first, and /dev/fuse
+        // blocks again for all of them.
+        while (w.in_flight != 0) {
+            w.queue->wait(1, 10'000'000);
+        }
+        if (w.fd_nonblocking) {
+            set_fd_nonblocking(w, false);
+        }
+        w.async = false;
+        if (_shared_queues) {
+            w.queue = nullptr;
+        }
+        {
+            std::lock_guard lock(_park_lock);
+            _active.store(want, std::memory_order_seq_cst);
+        }
+        _park_wake.notify_all();
+        // Until they run again: a parked flag seen later is a new parking.
+        for (unsigned i = active; i < want; ++i) {
+            while (_workers[i]->parked.load(std::memory_order_seq_cst) &&
+                   !fuse_session_exited(_session)) {
+                std::this_thread::yield();
+            }
+        }
+        return;
+    }
+    _active.store(want, std::memory_order_seq_cst);
+    for (unsigned i = want; i < active; ++i) {
+        // A worker blocked in read(/dev/fuse) leaves it on EINTR; one that
+        // is serving a request finishes it first. A signal sent just
+        // before it blocks is lost, so keep sending.
+        while (!_workers[i]->parked.load(std::memory_order_seq_cst) &&
+               !fuse_session_exited(_session)) {
+            pthread_kill(_workers[i]->handle, wake_signal());
+            std::this_thread::sleep_for(std::chrono::microseconds(50));
+        }
+    }
+    if (want == 1 && w.solo_queue != nullptr) {
+        w.queue = w.solo_queue;
+    }
+    w.async = want == 1 && w.queue != nullptr;
 }
 
 void fuse_export::set_fd_nonblocking(worker& w, bool on) const
@@ -487,6 +603,9 @@ void fuse_export::submit_async(worker& w, const reply_to& r, io_op op, uint64_t 
     w.queue->submit(b);
     // Completions deferred to the queue's loop (irqmode=1) are due now.
     w.queue->process();
+    if (!p->completed) {
+        w.last_deferred_ns = monotonic_ns();
+    }
     if (!p->completed && !p->is_read && w.receive != nullptr) {
         // The data lies in libfuse's receive buffer, which the next
         // request would overwrite: the write keeps it, libfuse allocates
@@ -518,19 +637,40 @@ nlohmann::json fuse_export::describe() const
     nlohmann::json out;
     out["file"] = _file_path;
     out["mount_point"] = _mount_point;
-    out["threads"] = _thread_count;
+    const unsigned active = _active.load(std::memory_order_relaxed);
+    // Workers serving now (threads=auto: the count measured to give the
+    // most requests per second here); "workers" says how and why.
+    out["threads"] = active;
+    nlohmann::json workers = _worker_count->describe();
+    if (_worker_count->fixed()) {
+        workers["why"] = _worker_count_why;
+    } else if (_held_async.load(std::memory_order_relaxed)) {
+        workers["why"] = fmt::format(
+            "{} active, held: the device keeps requests in flight, which one asynchronous "
+            "worker overlaps (more workers would wait for one each); measured: {}",
+            active, workers["why"].get<std::string>());
+    }
+    workers["max"] = _thread_count;
+    out["workers"] = std::move(workers);
     // "per_worker": worker i drives submit queue i alone; "shared": more
-    // workers than submit queues, they share them through device::execute.
-    out["queues"] = _thread_count <= _dev.info().queues.submit_queues ? "per_worker" : "shared";
+    // workers than submit queues, they share them through device::execute
+    // (with threads=auto, worker 0 drives queue 0 alone while it is the
+    // only one active).
+    out["queues"] = _shared_queues ? "shared" : "per_worker";
     out["poll_us"] = _poll->level();
     out["poll"] = _poll->describe();
-    out["async"] = !_workers.empty() && std::all_of(_workers.begin(), _workers.end(),
-                                                    [](const auto& w) { return w->async; });
+    // Ring threads that drive their queues reply from the completion;
+    // /dev/fuse workers only while one serves alone.
+    out["async"] =
+        !_workers.empty() &&
+        (_ring.use ? !_shared_queues : active == 1 && (!_shared_queues || !_worker_count->fixed()));
     describe_ring(out);
     uint64_t polled = 0;
     uint64_t slept = 0;
     uint64_t poll_ns = 0;
+    uint64_t direct = 0;
     for (const auto& w : _workers) {
+        direct += w->direct_requests.load(std::memory_order_relaxed);
         polled += w->polled_requests.load(std::memory_order_relaxed);
         slept += w->slept_requests.load(std::memory_order_relaxed);
         poll_ns += w->poll_time_ns.load(std::memory_order_relaxed);
@@ -538,6 +678,8 @@ nlohmann::json fuse_export::describe() const
     out["requests_after_poll"] = polled;
     out["requests_after_sleep"] = slept;
     out["poll_ms"] = poll_ns / 1'000'000;
+    // READ and WRITE served without libfuse's request object (/dev/fuse).
+    out["requests_direct"] = direct;
     if (_loop) {
         // Shown only while it is still attached to our file: after a
         // refused stop it detaches itself on its last close, and the
@@ -579,6 +721,7 @@ void fuse_export::join_workers()
     if (_session != nullptr) {
         fuse_session_exit(_session);
     }
+    _park_wake.notify_all();  // parked workers see the session end
     const auto deadline = std::chrono::steady_clock::now() + k_join_timeout;
     for (auto& w : _workers) {
         if (!w->thread.joinable()) {

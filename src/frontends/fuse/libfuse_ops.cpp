@@ -6,6 +6,9 @@
 #include "session.hpp"
 
 #include <cerrno>
+#include <cstring>
+#include <linux/fuse.h>
+#include <sys/uio.h>
 
 namespace softblk::fuse {
 
@@ -32,6 +35,69 @@ reply_to to(fuse_req_t req)
 }
 
 }  // namespace
+
+void dev_fuse_sink::error(void* request, int error)
+{
+    fuse_out_header out{.len = sizeof(fuse_out_header),
+                        .error = -error,
+                        .unique = reinterpret_cast<uint64_t>(request)};
+    // ENOENT: the request was interrupted or the connection aborted
+    // meanwhile; nothing waits for the reply (libfuse ignores it too).
+    (void)!::write(fd, &out, sizeof out);
+}
+
+void dev_fuse_sink::data(void* request, const void* bytes, size_t size)
+{
+    fuse_out_header out{.len = static_cast<uint32_t>(sizeof(fuse_out_header) + size),
+                        .error = 0,
+                        .unique = reinterpret_cast<uint64_t>(request)};
+    iovec iov[2] = {{.iov_base = &out, .iov_len = sizeof out},
+                    {.iov_base = const_cast<void*>(bytes), .iov_len = size}};
+    (void)!::writev(fd, iov, size != 0 ? 2 : 1);
+}
+
+bool fuse_export::serve_direct(worker& w, const fuse_buf& buf, size_t size)
+{
+    if ((buf.flags & FUSE_BUF_IS_FD) != 0 || size < sizeof(fuse_in_header)) {
+        return false;
+    }
+    fuse_in_header in;
+    std::memcpy(&in, buf.mem, sizeof in);
+    const char* arg = static_cast<const char*>(buf.mem) + sizeof in;
+    const size_t arg_size = size - sizeof in;
+    const reply_to r{.sink = &_direct_sink, .request = reinterpret_cast<void*>(in.unique)};
+    switch (in.opcode) {
+    case FUSE_READ: {
+        fuse_read_in a;
+        if (arg_size < sizeof a) {
+            return false;
+        }
+        std::memcpy(&a, arg, sizeof a);
+        w.direct_requests.fetch_add(1, std::memory_order_relaxed);
+        serve_read(r, a.size, static_cast<int64_t>(a.offset));
+        return true;
+    }
+    case FUSE_WRITE: {
+        // The data follows the whole fuse_write_in: libfuse's INIT reply
+        // says protocol 7.31, past the short struct of 7.8 and before.
+        fuse_write_in a;
+        if (arg_size < sizeof a) {
+            return false;
+        }
+        std::memcpy(&a, arg, sizeof a);
+        if (arg_size - sizeof a < a.size) {
+            return false;
+        }
+        w.direct_requests.fetch_add(1, std::memory_order_relaxed);
+        serve_write(r, arg + sizeof a, a.size, static_cast<int64_t>(a.offset));
+        return true;
+    }
+    case FUSE_INTERRUPT:
+        return true;
+    default:
+        return false;
+    }
+}
 
 void fuse_export::op_init(void*, fuse_conn_info* conn)
 {

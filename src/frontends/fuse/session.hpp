@@ -12,6 +12,7 @@
 #include "fuse_export.hpp"
 #include "loop_device.hpp"
 #include "reply.hpp"
+#include "worker_policy.hpp"
 
 #include <softblk/device.hpp>
 #include <softblk/support/buffer_pool.hpp>
@@ -19,6 +20,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <ctime>
 #include <fuse_lowlevel.h>
 #include <memory>
@@ -68,6 +70,19 @@ struct ring_plan {
     std::string off_reason;
 };
 
+// Replies written straight to /dev/fuse with one writev (a fuse_out_header
+// and the payload): the /dev/fuse workers' path for READ and WRITE, which
+// skips libfuse's request object (an allocation, a mutex and two locked
+// list updates per request). The request handle is the request's unique
+// id. Any thread that serves the request (libfuse_ops.cpp).
+class dev_fuse_sink final : public reply_sink {
+public:
+    int fd = -1;
+    void error(void* request, int error) override;
+    void data(void* request, const void* bytes, size_t size) override;
+    char* buffer(void*, size_t) override { return nullptr; }
+};
+
 // One FUSE worker thread and what it owns.
 struct worker {
     fuse_export* owner = nullptr;
@@ -83,11 +98,22 @@ struct worker {
     // The submit queue this worker drives alone, or nullptr when there are
     // more workers than submit queues (then device::execute shares them).
     io_queue* queue = nullptr;
+    // With more workers than submit queues (threads=auto on one submit
+    // queue): worker 0's queue, which it drives alone (as `queue`, async)
+    // while the other workers are parked, and shares through
+    // device::execute while they are not.
+    io_queue* solo_queue = nullptr;
+    // threads=auto: set by the worker while it waits, parked, for the
+    // active count to include it again (worker 0 waits for it before it
+    // drives the queue alone).
+    std::atomic<bool> parked{false};
     // Requests taken after a busy poll, after sleeping, and the time spent
     // polling (ns); read by describe() while the worker runs.
     std::atomic<uint64_t> polled_requests{0};
     std::atomic<uint64_t> slept_requests{0};
     std::atomic<uint64_t> poll_time_ns{0};
+    // Requests served without libfuse (serve_direct).
+    std::atomic<uint64_t> direct_requests{0};
 
     // Asynchronous mode (the export's only worker, owning its queue):
     // reads and writes are submitted and replied to from their completion,
@@ -96,6 +122,11 @@ struct worker {
     // event at once while any are.
     bool async = false;
     unsigned in_flight = 0;
+    // When (monotonic ns) a request last stayed in flight after its
+    // submission: the device takes time, and one asynchronous worker
+    // overlaps its requests where more synchronous ones would each wait
+    // for one (threads=auto holds one worker then).
+    uint64_t last_deferred_ns = 0;
     // Whether /dev/fuse is currently O_NONBLOCK (async mode sets it while
     // requests are in flight, so that a request gone between poll and read
     // cannot block the worker with completions waiting).
@@ -186,6 +217,13 @@ public:
     // flush, release, releasedir: nothing to do.
     static void serve_nothing(const reply_to& r) { r.error(0); }
 
+    // The /dev/fuse workers' fast path: a READ or WRITE read into `buf`
+    // (`size` bytes) is served here and answered through _direct_sink,
+    // and an INTERRUPT dropped (as in ring mode: no request here waits for
+    // anything an interrupt could end); false for anything else, which
+    // libfuse then processes (libfuse_ops.cpp). Worker thread.
+    bool serve_direct(worker& w, const fuse_buf& buf, size_t size);
+
     // Ring mode: thread 0 reads what still comes through /dev/fuse
     // (FORGET; anything else, should the kernel not use the ring) with
     // libfuse into `buf`, until it would block. False once the connection
@@ -228,6 +266,15 @@ private:
     // Busy-polls /dev/fuse until a request is pending (true) or `deadline`
     // (monotonic ns) passes or the session ends (false). Worker thread.
     bool poll_for_request(uint64_t deadline) const;
+    // threads=auto. Worker 0 makes the chooser's worker count the active
+    // one: raising it, it first waits for its own requests in flight and
+    // leaves the queue to device::execute; lowering it, it waits until the
+    // workers beyond the count parked (signalling them out of read), and
+    // alone again it drives its queue asynchronously. Worker 0.
+    void apply_worker_count(worker& w);
+    // A worker beyond the active count waits until it is included again
+    // or the session ends. Worker thread.
+    void park(worker& w);
     // Async mode: sleeps until /dev/fuse has a request, the queue's event
     // descriptor fires or its next completion is due. False when it slept
     // and /dev/fuse has nothing to read. Worker thread.
@@ -279,7 +326,24 @@ private:
     std::string _file_path;
     bool _privileged = false;
     bool _want_loop = false;
+    // Workers (or ring threads) made; with threads=auto the most that may
+    // be active, the others parked.
     unsigned _thread_count = 0;
+    // More workers than submit queues: they share them through
+    // device::execute (worker 0 drives its queue alone while the others
+    // are parked).
+    bool _shared_queues = false;
+    // How many workers serve (threads=auto: measured, level_chooser) and
+    // why, where it is not measured; the count in effect (worker 0 sets it)
+    // and what parked workers wait on.
+    std::optional<shared_level_chooser> _worker_count;
+    std::string _worker_count_why;
+    std::atomic<unsigned> _active{1};
+    // threads=auto: the chooser asked for more workers while worker 0's
+    // device kept requests in flight (shown in describe()).
+    std::atomic<bool> _held_async{false};
+    std::mutex _park_lock;
+    std::condition_variable _park_wake;
     // The busy-poll window (poll_us: auto, measured, or given) and the token
     // that lets one worker at a time poll: on a machine with few CPUs two
     // spinning workers would take the CPUs their clients need.
@@ -290,6 +354,7 @@ private:
     struct timespec _created {};
 
     fuse_session* _session = nullptr;
+    dev_fuse_sink _direct_sink;
     bool _mounted = false;
     uint64_t _mount_device = 0;     // st_dev of our mount (mountinfo), 0: not found
     std::string _mount_point_seen;  // _mount_point as mountinfo shows it (links resolved)
