@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The number of /dev/fuse workers (export option threads): by default
-# (threads=auto) it is measured as the poll window is (level_chooser):
+# The number of /dev/fuse workers (export option threads): with
+# threads=auto it is measured as the poll window is (level_chooser):
 # under two jobs of random writes the export tries 1 up to one worker per
 # CPU, and `list --json` shows under "workers" the rate of each count, the
 # one chosen by its rule (the fewest within 5% of the most requests, or
@@ -13,7 +13,7 @@ source "$(dirname "$0")/lib_fuse.sh"
 require_host losetup fio
 start_daemon
 
-loop=$(sb_add w size=64 memory_backed=1 blocksize=4096)
+loop=$(sb_add w size=64 memory_backed=1 blocksize=4096 -- threads=auto)
 # Two jobs, each on its own half, verified with crc32c: the workers park
 # and come back meanwhile.
 fio --name=workers --filename="$loop" --ioengine=psync --direct=1 --bs=4k --rw=randwrite \
@@ -56,7 +56,7 @@ sb del w
 # A device that keeps requests in flight (5 ms each): one asynchronous
 # worker overlaps 16 of them, where synchronous workers would have one
 # each; the count is held at one, and says why.
-loop=$(sb_add s size=64 memory_backed=1 blocksize=4096 irqmode=2 completion_nsec=5000000)
+loop=$(sb_add s size=64 memory_backed=1 blocksize=4096 irqmode=2 completion_nsec=5000000 -- threads=auto)
 fio --name=slow --filename="$loop" --ioengine=libaio --direct=1 --bs=4k --rw=randread \
     --iodepth=16 --time_based --runtime=2 --output=/dev/null
 sb list

@@ -52,13 +52,14 @@ constexpr option_def k_options[] = {
          "defaults to 0); 0: the file only"},
     {.name = "threads",
      .kind = option_kind::text,
-     .default_value = "auto",
+     .default_value = "0",
      .unit = "",
      .help =
-         "FUSE worker threads. auto: the number of active workers (1 up to one per CPU, at "
-         "least one per submit queue) that gives the most requests per second here, measured as "
-         "poll_us=auto is (`softblk list --json` shows it under \"workers\" with why); with the "
-         "ring: one ring thread per submit queue. 0: one per submit queue. A single worker that "
+         "FUSE worker threads. 0: one per submit queue. auto: the number of active workers (1 "
+         "up to one per CPU, at least one per submit queue) that gives the most requests per "
+         "second here, measured as poll_us=auto is (`softblk list --json` shows it under "
+         "\"workers\" with why); with the ring: one ring thread per submit queue. A single worker "
+         "that "
          "owns its queue keeps many requests in flight (it replies as the device completes "
          "them); several workers each wait for their own request. With the ring: ring threads, "
          "at most one per possible CPU, each keeping many requests in flight on a queue of its "
