@@ -217,10 +217,12 @@ void level_chooser::finish_sweep()
     // Hysteresis: the level in use stays while it is still within the
     // margin of the best (noise moves the best among near-equal levels,
     // and each change would cut the next exploitation short).
+    bool kept = false;
     if (_sweeps > 0 && best != _best &&
         (_cfg.cost == cheaper::lower ? _scores[_best] * (1 + _cfg.margin) >= top
                                      : _scores[_best] >= top * (1 - _cfg.margin))) {
         best = _best;
+        kept = true;
     }
     _exploit_len = _sweeps > 0 && best == _best
                        ? std::min(_exploit_len * 2, _cfg.exploit_max_epochs)
@@ -255,8 +257,10 @@ void level_chooser::finish_sweep()
         _why = fmt::format("{} {}: {}, {} against {}", _cfg.levels[best], _cfg.unit, most, at(best),
                            at(other));
     } else {
-        _why = fmt::format("{} {}: {}, within {:.0f}% of {} ({}) at less cost", _cfg.levels[best],
-                           _cfg.unit, at(best), _cfg.margin * 100, most, at(top_index));
+        // A level kept because it is in use may cost more than the best.
+        _why = fmt::format("{} {}: {}, within {:.0f}% of {} ({}) {}", _cfg.levels[best], _cfg.unit,
+                           at(best), _cfg.margin * 100, most, at(top_index),
+                           kept ? "and in use" : "at less cost");
     }
 }
 
