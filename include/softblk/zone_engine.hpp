@@ -169,11 +169,11 @@ public:
     {
         return static_cast<uint32_t>(offset >> _zone_shift);
     }
-    uint64_t zone_start(uint32_t zone) const { return uint64_t{zone} << _zone_shift; }
+    uint64_t zone_start(uint32_t index) const { return uint64_t{index} << _zone_shift; }
     // The zone's size (the last one may be smaller) and writable bytes.
     uint64_t zone_length(uint32_t zone) const;
     uint64_t zone_capacity(uint32_t zone) const;
-    bool conventional(uint32_t zone) const { return zone < _cfg.conventional_zones; }
+    bool conventional(uint32_t index) const { return index < _cfg.conventional_zones; }
 
     // Sets sequential zone `zone` from the bytes its store holds, before any
     // I/O (a zone-per-file target's start): 0 empty, the capacity full,

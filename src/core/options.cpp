@@ -356,17 +356,17 @@ option_set::value& option_set::find(std::string_view name)
     return it->second;
 }
 
-void option_set::set_u64(std::string_view name, uint64_t value, bool given)
+void option_set::set_u64(std::string_view name, uint64_t number, bool given)
 {
     option_set::value& v = find(name);
-    v.u = value;
-    v.s = static_cast<int64_t>(value);
+    v.u = number;
+    v.s = static_cast<int64_t>(number);
     v.given = v.given || given;
 }
 
-void option_set::set_flag(std::string_view name, bool value)
+void option_set::set_flag(std::string_view name, bool on)
 {
-    set_u64(name, value ? 1 : 0);
+    set_u64(name, on ? 1 : 0);
 }
 
 void option_set::set_texts(std::string_view name, std::vector<std::string> values)

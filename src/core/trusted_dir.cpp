@@ -198,7 +198,7 @@ result<void> write_file_atomically(const std::string& path, const std::string& t
         return make_error(e, fmt::format("cannot write {}: {}", tmp, std::strerror(e)));
     }
     if (::rename(tmp.c_str(), path.c_str()) != 0) {
-        const int e = errno;
+        e = errno;
         ::unlink(tmp.c_str());
         return make_error(e,
                           fmt::format("cannot rename {} to {}: {}", tmp, path, std::strerror(e)));

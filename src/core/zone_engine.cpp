@@ -122,17 +122,17 @@ result<std::unique_ptr<zone_engine>> zone_engine::create(const zone_engine_confi
     return e;
 }
 
-uint64_t zone_engine::zone_length(uint32_t zone) const
+uint64_t zone_engine::zone_length(uint32_t index) const
 {
-    return zone + 1 == _nr_zones ? _last_zone_length : _cfg.zone_size_bytes;
+    return index + 1 == _nr_zones ? _last_zone_length : _cfg.zone_size_bytes;
 }
 
-uint64_t zone_engine::zone_capacity(uint32_t zone) const
+uint64_t zone_engine::zone_capacity(uint32_t index) const
 {
-    if (conventional(zone)) {
-        return zone_length(zone);
+    if (conventional(index)) {
+        return zone_length(index);
     }
-    return std::min(zone_length(zone), _cfg.zone_capacity_bytes);
+    return std::min(zone_length(index), _cfg.zone_capacity_bytes);
 }
 
 void zone_engine::apply_limits(block_limits& l) const

@@ -257,19 +257,20 @@ result<void> device_host::begin_remove(std::string_view name, bool keep_state, b
 void device_host::start_teardown(hosted_device& entry, bool keep_state, bool force,
                                  bool undo_create)
 {
-    auto job = std::make_shared<teardown>();
-    job->exp = std::move(entry.exp);
-    job->dev = std::move(entry.dev);
-    job->keep_state = keep_state;
-    job->force = force;
-    job->undo_create = undo_create;
-    job->started = std::chrono::steady_clock::now();
-    entry.stopping = job;
+    auto teardown_job = std::make_shared<teardown>();
+    teardown_job->exp = std::move(entry.exp);
+    teardown_job->dev = std::move(entry.dev);
+    teardown_job->keep_state = keep_state;
+    teardown_job->force = force;
+    teardown_job->undo_create = undo_create;
+    teardown_job->started = std::chrono::steady_clock::now();
+    entry.stopping = teardown_job;
     // The thread holds the job and the wake event: both outlive a host
     // that gave up on it (abandon_stopping).
-    job->thread = std::thread([job, wake = _wake, name = entry.name, type = entry.export_type] {
-        job->run(name, type, *wake);
-    });
+    teardown_job->thread =
+        std::thread([teardown_job, wake = _wake, name = entry.name, type = entry.export_type] {
+            teardown_job->run(name, type, *wake);
+        });
 }
 
 device_host::reaped device_host::reap()
@@ -306,22 +307,22 @@ device_host::reaped device_host::reap()
             ++it;
             continue;
         }
-        std::shared_ptr<teardown> job = std::move(entry.stopping);
-        job->thread.join();
-        if (!job->outcome) {
+        std::shared_ptr<teardown> teardown_job = std::move(entry.stopping);
+        teardown_job->thread.join();
+        if (!teardown_job->outcome) {
             // The export refused to stop: the device runs on as it was.
-            entry.exp = std::move(job->exp);
-            entry.dev = std::move(job->dev);
+            entry.exp = std::move(teardown_job->exp);
+            entry.dev = std::move(teardown_job->dev);
             spdlog::warn("del {}: export {} did not stop: {}", entry.name, entry.export_type,
-                         job->outcome.error().message);
-            error err = job->outcome.error();
+                         teardown_job->outcome.error().message);
+            error err = teardown_job->outcome.error();
             err.message = fmt::format("{}: the {} export did not stop, the device stays: {}",
                                       entry.name, entry.export_type, err.message);
             out.removals.push_back({entry.name, std::unexpected(std::move(err))});
             ++it;
             continue;
         }
-        if (!job->keep_state) {
+        if (!teardown_job->keep_state) {
             remove_state(entry.name);
             spdlog::info("deleted {}", entry.name);
         } else {

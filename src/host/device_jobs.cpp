@@ -534,7 +534,7 @@ nlohmann::json device_host::recover()
 bool device_host::finish_job(hosted_device& entry, job& j, reaped& out)
 {
     const std::string name = entry.name;
-    const auto removal = entry.remove_after;
+    const auto pending_removal = entry.remove_after;
     entry.remove_after.reset();
     if (j.what == job::kind::set) {
         entry.dev = std::move(j.work.dev);
@@ -553,8 +553,8 @@ bool device_host::finish_job(hosted_device& entry, job& j, reaped& out)
         } else {
             out.completions.push_back({name, "set", std::unexpected(outcome.error())});
         }
-        if (removal) {
-            start_teardown(entry, removal->keep_state, removal->force);
+        if (pending_removal) {
+            start_teardown(entry, pending_removal->keep_state, pending_removal->force);
         }
         return true;
     }
@@ -572,8 +572,8 @@ bool device_host::finish_job(hosted_device& entry, job& j, reaped& out)
                          fmt::join(entry.options, " "), entry.export_type, err.message);
         }
         out.completions.push_back({name, method, std::unexpected(err)});
-        if (removal) {
-            if (!removal->keep_state) {
+        if (pending_removal) {
+            if (!pending_removal->keep_state) {
                 remove_state(name);
             }
             out.removals.push_back({name, {}});
@@ -586,14 +586,14 @@ bool device_host::finish_job(hosted_device& entry, job& j, reaped& out)
     entry.options = std::move(j.work.options);
     entry.export_type = std::move(j.work.export_type);  // chosen when `add` named none
     entry.failure.clear();
-    if (removal) {
+    if (pending_removal) {
         // Deleted (or the daemon stopping) while it was being made: an add
         // fails, leaving no state file; a recovered device keeps its file
         // unless deleted.
         if (!recovering) {
             out.completions.push_back(
                 {name, method,
-                 removal->keep_state
+                 pending_removal->keep_state
                      ? make_error(ESHUTDOWN, fmt::format("{}: the daemon stopped while it was "
                                                          "being added; it was not kept",
                                                          name))
@@ -602,7 +602,8 @@ bool device_host::finish_job(hosted_device& entry, job& j, reaped& out)
                                                          name))});
         }
         // (An add has no state file to keep, and what it created goes.)
-        start_teardown(entry, recovering && removal->keep_state, removal->force, !recovering);
+        start_teardown(entry, recovering && pending_removal->keep_state, pending_removal->force,
+                       !recovering);
         return true;
     }
     if (!recovering) {

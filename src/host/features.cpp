@@ -96,8 +96,8 @@ result<nlohmann::json> features_json(std::string_view type)
         types.push_back(t);
     } else {
         std::vector<std::string> known;
-        for (const target_type* t : target_types()) {
-            known.emplace_back(t->name);
+        for (const target_type* known_type : target_types()) {
+            known.emplace_back(known_type->name);
         }
         return make_error(ENOENT,
                           fmt::format("unknown target type '{}'; known types: {}", type,

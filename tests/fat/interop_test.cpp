@@ -132,7 +132,9 @@ TEST_P(FatInterop, ImagesWrittenBySoftblkPassFsckAndMtools)
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, FatInterop, ::testing::Values(12, 16, 32),
-                         [](const auto& info) { return "FAT" + std::to_string(info.param); });
+                         [](const auto& case_info) {
+                             return "FAT" + std::to_string(case_info.param);
+                         });
 
 TEST(FatTools, CopyBothWaysRecursivelyAndManage)
 {

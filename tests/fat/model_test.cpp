@@ -412,8 +412,8 @@ TEST_P(FatModel, CrashesLoseNothingFsynced)
 
 INSTANTIATE_TEST_SUITE_P(Types, FatModel,
                          ::testing::Values(fat_type::fat12, fat_type::fat16, fat_type::fat32),
-                         [](const auto& info) {
-                             return "FAT" + std::to_string(static_cast<int>(info.param));
+                         [](const auto& case_info) {
+                             return "FAT" + std::to_string(static_cast<int>(case_info.param));
                          });
 
 }  // namespace

@@ -253,8 +253,8 @@ TEST_P(FatVolume, TimestampsAreSet)
 
 INSTANTIATE_TEST_SUITE_P(Types, FatVolume,
                          ::testing::Values(fat_type::fat12, fat_type::fat16, fat_type::fat32),
-                         [](const auto& info) {
-                             return "FAT" + std::to_string(static_cast<int>(info.param));
+                         [](const auto& case_info) {
+                             return "FAT" + std::to_string(static_cast<int>(case_info.param));
                          });
 
 TEST(FatFormat, ClusterSizesLikeMkfsFatAndNever4085)

@@ -130,8 +130,8 @@ protected:
 };
 
 INSTANTIATE_TEST_SUITE_P(targets, zloop_variants, ::testing::Values("zloop", "zloop-ram"),
-                         [](const auto& info) {
-                             return std::string(info.param) == "zloop" ? "files" : "ram";
+                         [](const auto& case_info) {
+                             return std::string(case_info.param) == "zloop" ? "files" : "ram";
                          });
 
 TEST_P(zloop_variants, new_device_has_zloops_files_and_geometry)

@@ -15,7 +15,7 @@ using namespace softblk::virtio;
 namespace {
 
 struct region {
-    explicit region(uint32_t num) : num(num), bytes(inflight_queue_bytes(num), 0xff) {}
+    explicit region(uint32_t entries) : num(entries), bytes(inflight_queue_bytes(entries), 0xff) {}
     void* data() { return bytes.data(); }
     uint32_t num;
     std::vector<uint8_t> bytes;

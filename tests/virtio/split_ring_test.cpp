@@ -42,12 +42,12 @@ struct shared_memory {
 
 // A driver and a device on one ring of `num` entries.
 struct ring_pair {
-    explicit ring_pair(uint32_t num, bool event_idx = true, bool indirect = true) : num(num)
+    explicit ring_pair(uint32_t entries, bool event_idx = true, bool indirect = true) : num(entries)
     {
-        driver.init(m.host, num, event_idx);
+        driver.init(m.host, entries, event_idx);
         const char* err =
             device.attach(m.mem, m.uaddr(driver.desc_addr()), m.uaddr(driver.avail_addr()),
-                          m.uaddr(driver.used_addr()), num, event_idx, indirect);
+                          m.uaddr(driver.used_addr()), entries, event_idx, indirect);
         EXPECT_EQ(err, nullptr) << err;
         device.set_last_avail(0);
     }

@@ -110,10 +110,10 @@ enum class reserve_result : uint8_t { ok, full, no_memory };
 // The cache proper, shared by the queues. Every member is guarded by lock.
 class cache_state {
 public:
-    cache_state(uint64_t max_pages, uint32_t block_size)
-        : max_pages(max_pages),
-          block_shift(static_cast<unsigned>(__builtin_ctz(block_size))),
-          block_size(block_size)
+    cache_state(uint64_t page_limit, uint32_t block_bytes)
+        : max_pages(page_limit),
+          block_shift(static_cast<unsigned>(__builtin_ctz(block_bytes))),
+          block_size(block_bytes)
     {
         table.assign(1024, 0);
         budget.charge(table.size() * sizeof(uint32_t));

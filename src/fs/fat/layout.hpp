@@ -54,11 +54,11 @@ inline constexpr int cluster_lo = 26;
 inline constexpr int size = 28;
 }  // namespace dirent
 
-inline uint8_t lfn_checksum(const uint8_t* short_name)
+inline uint8_t lfn_checksum(const uint8_t* name83)
 {
     uint8_t sum = 0;
     for (int i = 0; i < 11; ++i) {
-        sum = static_cast<uint8_t>(((sum & 1) << 7) + (sum >> 1) + short_name[i]);
+        sum = static_cast<uint8_t>(((sum & 1) << 7) + (sum >> 1) + name83[i]);
     }
     return sum;
 }
