@@ -179,6 +179,10 @@ struct pending_io {
 // operations, which libfuse calls without it.
 extern thread_local worker* t_worker;
 
+// The signal that interrupts a worker blocked in read(/dev/fuse) (its
+// handler does nothing: the point is the EINTR).
+int wake_signal();
+
 class fuse_export final : public device_export {
 public:
     fuse_export(device& dev, const export_context& ctx, const option_set& options, ring_plan ring);
