@@ -99,12 +99,18 @@ vm_expect_eq "hw_queue_depth read back" "$(softblk get deep hw_queue_depth)" 102
 grep -q '"depth": 4096' <<<"$(softblk list --json)" || vm_fail "the ublk export does not have 4096 tags: $(softblk list --json)"
 softblk del deep >/dev/null
 
-vm_step "a block larger than ublk carries is refused naming the limit"
-if msg=$(softblk add null size=16 bs=8192 --name big 2>&1); then
+vm_step "a block larger than ublk carries: refused by ublk naming the limit, another default"
+if msg=$(softblk add null size=16 bs=8192 --name big --export ublk 2>&1); then
   vm_fail "bs=8192 exported through ublk: $msg"
 fi
 echo "$msg"
 echo "$msg" | grep -q "at most 4096 bytes" || vm_fail "the error does not name ublk's limit"
+# Without --export the default is chosen per device from what can carry
+# it (docs/reliability.md "The default export carries the device").
+msg=$(softblk add null size=16 bs=8192 --name big 2>&1) || vm_fail "bs=8192 with the default export: $msg"
+echo "$msg"
+echo "$msg" | grep -q "export type: ublk" && vm_fail "the default export for bs=8192 is ublk"
+softblk del big || vm_fail "del big"
 
 # The table's max_sectors rows make blk_validate_limits WARN (expected, and
 # allowed through --env); any other kernel problem fails the test.
