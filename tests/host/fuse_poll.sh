@@ -67,14 +67,15 @@ assert p["sweeps"] >= 1, p
 rates = {int(k): v for k, v in p["rates_per_s"].items()}
 assert sorted(rates) == [0, 16, 32, 64, 128, 256, 512], rates
 top = max(rates.values())
-best = next(level for level in sorted(rates) if rates[level] * 1.05 >= top)
-# The last sweep's choice: the cheapest level within 5% of the most, or
-# the level in use while it stays within 5% ("and in use"); 0 when the
-# device went idle since.
+# The last sweep's choice is a level within 5% of the most requests (the
+# exact rule, cheapest or the one in use, is level_chooser_test's: the
+# rates shown are rounded means, so the rule cannot be re-derived from
+# them exactly); 0 when the device went idle since.
 if p["phase"] == "idle":
     assert p["level"] == 0, p
 elif p["phase"] != "sweep":
-    assert p["level"] == best or (rates[p["level"]] * 1.05 >= top and "in use" in p["why"]), p
+    assert rates[p["level"]] * 1.05 >= top, p
+    assert p["why"].startswith(f"{p['level']} us"), p
 assert e["poll_us"] == p["level"], e
 PY
 sb del q
