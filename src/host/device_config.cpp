@@ -243,9 +243,12 @@ plan_step compare_device(const device_config& file, const nlohmann::json& listed
                 fmt::format("set {}: {} -> {}", def.name, shown_value(a), shown_value(b)));
             continue;
         }
-        std::string_view why = "cannot change live";
+        std::string why = "cannot change live";
         if (def.update == option_update::powered_off) {
-            why = "changes only while powered off";
+            why = fmt::format(
+                "changes only while powered off: `softblk set {} power=0 {}={} "
+                "power=1` stops the export meanwhile",
+                file.name, def.name, b);
         } else if (def.update == option_update::creation) {
             why = "set only when the device is made";
         } else if (def.repeatable) {
