@@ -9,7 +9,7 @@ set -euo pipefail
 packages=(
   # build
   build-essential cmake ninja-build pkg-config git ccache clang-format-14
-  clang-tidy-19
+  clang-tidy-19 clang-19
   liburing-dev libfuse3-dev libcli11-dev nlohmann-json3-dev libfmt-dev
   libspdlog-dev libgtest-dev libgmock-dev libbenchmark-dev libgnutls28-dev
   libnbd-dev
