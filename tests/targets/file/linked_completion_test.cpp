@@ -10,7 +10,7 @@
 // puts them), which the kernel addresses differently, so its writes fail
 // here; the VM test batch_io_ublk writes real request pages and checks
 // what lands.
-#include "../support/owner_ring.hpp"
+#include "owner_ring.hpp"
 #include "test_util.hpp"
 
 #include <cerrno>

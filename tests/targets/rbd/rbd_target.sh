@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The rbd target end to end against a real single-node Ceph cluster that
-# this script starts in a temporary directory (tests/host/lib_ceph.sh: one
+# this script starts in a temporary directory (tests/targets/rbd/lib_ceph.sh: one
 # monitor, one memstore OSD, replication size 1) and tears down on exit,
 # even on failure:
 #   - errors at add time: a missing pool, image and snapshot, bad
@@ -19,8 +19,8 @@
 # Usage: rbd_target.sh PATH/TO/softblk          (exit 77: skipped)
 softblk=${1:?usage: $0 PATH/TO/softblk}
 here=$(cd "$(dirname "$0")" && pwd)
-# shellcheck source=../cli/lib_cli.sh
-source "$here/../cli/lib_cli.sh"
+# shellcheck source=../../support/lib_cli.sh
+source "$here/../../support/lib_cli.sh"
 # shellcheck source=lib_ceph.sh
 source "$here/lib_ceph.sh"
 sb() { timeout 120 "$softblk" "$@"; }

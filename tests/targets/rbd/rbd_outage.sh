@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The rbd target when the cluster changes under it, against a real
-# single-node Ceph cluster (tests/host/lib_ceph.sh, as rbd_target.sh):
+# single-node Ceph cluster (tests/targets/rbd/lib_ceph.sh, as rbd_target.sh):
 #   - a device with 2 queues (FUSE + loop, a worker per queue) under fio
 #     verify while the monitor is stopped and started again: the I/O goes
 #     on (or resumes) and verifies;
@@ -20,8 +20,8 @@
 # Usage: rbd_outage.sh PATH/TO/softblk          (exit 77: skipped)
 softblk=${1:?usage: $0 PATH/TO/softblk}
 here=$(cd "$(dirname "$0")" && pwd)
-# shellcheck source=../cli/lib_cli.sh
-source "$here/../cli/lib_cli.sh"
+# shellcheck source=../../support/lib_cli.sh
+source "$here/../../support/lib_cli.sh"
 # shellcheck source=lib_ceph.sh
 source "$here/lib_ceph.sh"
 sb() { timeout 120 "$softblk" "$@"; }

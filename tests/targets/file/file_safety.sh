@@ -38,7 +38,7 @@ export SOFTBLK_RUN_DIR=$run_dir
 chmod 0755 "$run_dir"
 work=$run_dir/work
 mkdir -m 0755 "$work"
-source "$(dirname "$0")/lib_run_dir.sh"
+source "$(dirname "$0")/../../support/lib_run_dir.sh"
 cleanup() {
   set +e
   SOFTBLK_RUN_DIR=$run_dir2 clear_run_dir "$run_dir2"

@@ -12,7 +12,6 @@
 
 #include "zone_control.hpp"
 
-using namespace softblk::cli;
 using namespace softblk::host;
 using nlohmann::json;
 

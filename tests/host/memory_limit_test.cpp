@@ -6,7 +6,6 @@
 
 #include "memory_limit.hpp"
 
-using namespace softblk::cli;
 using namespace softblk::host;
 
 using softblk::k_mib;

@@ -27,7 +27,7 @@ run_dir=$(mktemp -d /tmp/softblk-filetarget.XXXXXX)
 export SOFTBLK_RUN_DIR=$run_dir
 work=$run_dir/work
 mkdir -p "$work"
-source "$(dirname "$0")/lib_run_dir.sh"
+source "$(dirname "$0")/../../support/lib_run_dir.sh"
 cleanup() {
   set +e
   clear_run_dir "$run_dir"

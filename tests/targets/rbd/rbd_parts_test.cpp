@@ -1,7 +1,7 @@
 // The rbd target's parts that need no cluster: the option checks made
 // before connecting, the completion list that brings requests back to the
 // queue's thread, and the worker that answers allocation maps off that
-// thread. The cluster tests are tests/host/rbd_target.sh and rbd_outage.sh.
+// thread. The cluster tests are tests/targets/rbd/rbd_target.sh and rbd_outage.sh.
 #include "completion_list.hpp"
 #include "map_worker.hpp"
 #include "test_util.hpp"

@@ -122,7 +122,7 @@ protected:
         ASSERT_NE(_dev, nullptr);
         softblk::export_context ctx{.run_dir = _run_dir, .privileged = true};
         std::vector<std::string> options{"loop=0", "threads=2"};
-        // tests/host/fuse_ring.sh runs these through FUSE over io_uring.
+        // tests/frontends/fuse/fuse_ring.sh runs these through FUSE over io_uring.
         const char* ring = std::getenv("SOFTBLK_FUSE_TEST_RING");
         if (ring != nullptr) {
             options.push_back(std::string("ring=") + ring);

@@ -3,7 +3,7 @@
 // temporary directory: no_sched=1 writes "none" and puts back what was
 // there on stop, no_sched=0 leaves the disk alone, and a write that fails
 // leaves the export serving with a warning in its description. The real
-// disks: tests/host/fuse_no_sched.sh (loop), tests/vm/tests/sched_ublk.sh.
+// disks: tests/frontends/fuse/fuse_no_sched.sh (loop), tests/vm/tests/sched_ublk.sh.
 #include "test_util.hpp"
 
 #include <softblk/kernel_disk.hpp>

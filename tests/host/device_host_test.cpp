@@ -11,7 +11,6 @@
 
 #include "device_host.hpp"
 
-using namespace softblk::cli;
 using namespace softblk::host;
 using nlohmann::json;
 namespace fs = std::filesystem;
