@@ -39,6 +39,7 @@
 #include <softblk/memory_store.hpp>
 
 #include "page_pool.hpp"
+#include "stream_copy.hpp"
 
 #include <algorithm>
 #include <cassert>
@@ -161,6 +162,11 @@ public:
     }
     void set_huge_pages(huge_page_mode mode) override { _pool.set_mode(mode); }
     void describe_chunks(nlohmann::json& out) const override { _pool.describe(out); }
+    void describe_writes(nlohmann::json& out) const override
+    {
+        out["copy"] = _copy.streaming ? "streaming" : "cached";
+        out["why"] = _copy.why;
+    }
     uint64_t capacity_bytes() const override { return _capacity; }
     uint32_t block_size() const override { return _block_size; }
 
@@ -262,6 +268,7 @@ private:
     node* _root;
     mutable std::unique_ptr<stripe[]> _stripes;
     mutable page_pool _pool;
+    copy_choice _copy;
     mutable std::atomic<uint64_t> _nodes{1};
     std::atomic<uint64_t> _live_pages{0};
     mutable std::atomic<uint64_t> _contended{0};
@@ -278,7 +285,9 @@ page_store::page_store(const config& cfg, memory_budget& parent)
       _block_shift(static_cast<unsigned>(__builtin_ctz(cfg.block_size))),
       _budget(cfg.limit_bytes, &parent),
       _stripes(new stripe[k_stripes]),
-      _pool(cfg.numa_node, _budget, _page_count * k_page_size, cfg.huge_pages)
+      _pool(cfg.numa_node, _budget, _page_count * k_page_size, cfg.huge_pages),
+      _copy(choose_copy(_page_count * k_page_size,
+                        cfg.cache_bytes != 0 ? cfg.cache_bytes : last_level_cache_bytes()))
 {
     assert(_block_size >= 512 && _block_size <= k_page_size &&
            (_block_size & (_block_size - 1)) == 0);
@@ -483,8 +492,18 @@ int page_store::write(uint64_t offset, const void* data, uint64_t length)
                 _live_pages.fetch_add(1, std::memory_order_relaxed);
             }
         }
-        std::memcpy(reinterpret_cast<char*>(v & ~k_bits_mask) + in_page, src, n);
-        e->store(v | block_mask(in_page, n), std::memory_order_release);
+        char* to = reinterpret_cast<char*>(v & ~k_bits_mask) + in_page;
+        if (_copy.streaming) {
+            stream_copy(to, src, n);
+            stream_fence();  // the data before the unlock that publishes it
+        } else {
+            std::memcpy(to, src, n);
+        }
+        // A page written in full before keeps its entry: no store, so the
+        // leaf's cache line stays clean.
+        if (const uintptr_t bits = v | block_mask(in_page, n); bits != v) {
+            e->store(bits, std::memory_order_release);
+        }
         unlock(index);
         src += n;
         offset += n;
@@ -754,6 +773,7 @@ void describe_memory_store(const memory_store& store, nlohmann::json& out)
     out["memory_limit_bytes"] = store.budget().limit();
     out["memory_refused"] = store.budget().refused();
     store.describe_chunks(out["chunks"]);
+    store.describe_writes(out["writes"]);
 }
 
 result<huge_page_mode> parse_huge_page_mode(std::string_view text)
