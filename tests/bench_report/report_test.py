@@ -156,6 +156,19 @@ def test_exports(script, tmp):
     check("no VM" in md, "the host-only machine line")
     check_plots(folder, ["exports-bars", "exports-qd"])
     check("took" not in md, "a time the run did not record")
+    # nbdkit has no vhost-user-blk export: no bar and no "missing" mark
+    # for it there (the bars' series give no cell), softblk's bar stays.
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    from softblk_report import data, plots
+    plan = data.collect([data.load_folder(folder)])["exports"]
+    series, cases = plots.bar_series(plan)
+    get = dict(series)
+    vhost = [c for c in cases if c.get("export") == "vhost-user-blk"]
+    check(vhost and all(get["nbdkit"](c) is None for c in vhost),
+          "the bars mark nbdkit missing where it has no such export")
+    check(all(get["softblk"](c) is not None for c in vhost), "softblk's vhost-user-blk bars")
+    nbd = [c for c in cases if c.get("export") == "nbd"]
+    check(nbd and all(get["nbdkit"](c) is not None for c in nbd), "nbdkit's NBD bars")
 
 
 def test_run_time(script, tmp):
