@@ -9,10 +9,13 @@ set -euo pipefail
 packages=(
   # build
   build-essential cmake ninja-build pkg-config git ccache clang-format-14
-  clang-tidy-19
+  clang-tidy-19 clang-19
   liburing-dev libfuse3-dev libcli11-dev nlohmann-json3-dev libfmt-dev
   libspdlog-dev libgtest-dev libgmock-dev libbenchmark-dev libgnutls28-dev
   libnbd-dev
+  # metrics (docs/metrics.md): the text format and the HTTP listener
+  # (prometheus-cpp's serializer and exposer); the parser its test uses
+  prometheus-cpp-dev python3-prometheus-client curl
   # the man pages and bash completion (scripts/man, run at build time) and
   # their tests (tests/package)
   python3 groff-base man-db

@@ -12,10 +12,10 @@ set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 tidy=${CLANG_TIDY:-clang-tidy-19}
-runner=${RUN_CLANG_TIDY:-run-clang-tidy-19}
-for p in "$tidy" "$runner"; do
+clang=${CLANG:-clang++-19}
+for p in "$tidy" "$clang"; do
   if ! command -v "$p" >/dev/null; then
-    echo "tidy: $p is not installed (apt-get install clang-tidy-19, or run" \
+    echo "tidy: $p is not installed (apt-get install clang-tidy-19 clang-19, or run" \
       "scripts/install-deps.sh)" >&2
     exit 2
   fi
@@ -32,15 +32,18 @@ if (($#)); then
 else
   files=("$repo/src/")
 fi
+# Files whose last check was clean and whose preprocessed input has not
+# changed since are not checked again (tidy_files.py says how); the stamps
+# live in ~/.cache/softblk/tidy (or $SOFTBLK_TIDY_CACHE).
+cache=${SOFTBLK_TIDY_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/softblk/tidy}
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
-# GCC-only warning options in the compile commands mean nothing to clang.
-if "$runner" -clang-tidy-binary "$(command -v "$tidy")" -p "$dir" -j "$(nproc)" -quiet \
-  -extra-arg=-Wno-unknown-warning-option "${files[@]}" >"$out" 2>&1 &&
-  ! grep -q -E '(warning|error): ' "$out"; then
-  echo "tidy: no findings in ${files[*]#"$repo/"}"
+if python3 "$repo/scripts/tidy_files.py" --tidy "$(command -v "$tidy")" --clang "$(command -v "$clang")" \
+  --db "$dir" --config "$repo/.clang-tidy" --cache "$cache" --root "$repo" --jobs "$(nproc)" "${files[@]}" >"$out" 2>&1; then
+  echo "tidy: no findings in ${files[*]#"$repo/"} ($(tail -n1 "$out" | sed 's/^tidy: //'))"
   exit 0
 fi
 grep -E -A3 '(warning|error): ' "$out" | grep -v -E '^[0-9]+ warnings? (and [0-9]+ errors? )?generated' | head -200
+tail -n1 "$out"
 echo "tidy: findings above (checks and why: .clang-tidy)" >&2
 exit 1

@@ -9,7 +9,12 @@
 //      the store's chunks are (the line "transparent huge pages" says what
 //      each got), and, for reference, into one hot 4 KiB buffer; on a 1 GiB
 //      device (memory-bound) and a 16 MiB one (mostly in cache, so the
-//      store's own cost shows).
+//      store's own cost shows). The allocated device's writes and reads,
+//      the memcpy and a copy with streaming stores (the store's copy for
+//      a store twice the last-level cache: src/core/stream_copy.hpp) run
+//      interleaved in slices of about 0.25 s; the JSON records carry the
+//      slices' ratios (wall clock and thread CPU time), which compare
+//      store and copy under the same load.
 //      Before those, the time to write a fresh device of that size in full
 //      with 1 MiB writes in order (what mkfs or a first fio job meets: every
 //      chunk of the store is populated on the way), and the chunks its
@@ -52,6 +57,10 @@
 #include <unistd.h>
 #include <vector>
 
+#if defined(__x86_64__)
+#include <emmintrin.h>
+#endif
+
 namespace {
 
 using namespace softblk;
@@ -74,6 +83,15 @@ uint64_t anon_huge_bytes()
     }
     std::fclose(f);
     return uint64_t{kib} << 10;
+}
+
+// CPU time of the calling thread: what a slice cost while it ran, which on
+// a loaded machine is steadier than the wall clock.
+uint64_t thread_cpu_ns()
+{
+    timespec t{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return static_cast<uint64_t>(t.tv_sec) * 1'000'000'000u + static_cast<uint64_t>(t.tv_nsec);
 }
 
 // Where the text goes: stdout, or stderr when stdout carries JSON lines.
@@ -131,6 +149,7 @@ struct random_io {
     uint64_t errors = 0;
     uint64_t deadline_ns = UINT64_MAX;
     uint64_t stopped_at = 0;
+    uint64_t stopped_cpu = 0;
     uint64_t completed_at_stop = 0;
     bool stop = false;
 
@@ -146,6 +165,7 @@ struct random_io {
         if ((self->completed & 1023) == 0 && !self->stop && now_ns() >= self->deadline_ns) {
             self->stop = true;
             self->stopped_at = now_ns();
+            self->stopped_cpu = thread_cpu_ns();
             self->completed_at_stop = self->completed;
         }
         if (!self->stop) {
@@ -160,6 +180,7 @@ struct io_result {
     uint64_t ns = 0;
     uint64_t errors = 0;
     uint64_t allocations = 0;
+    uint64_t cpu_ns = 0;  // the driving thread's CPU time over `ns`
 };
 
 io_result run_random(device& d, io_op op, unsigned depth, double seconds, unsigned queue_index = 0)
@@ -188,6 +209,7 @@ io_result run_random(device& d, io_op op, unsigned depth, double seconds, unsign
         requests.push_back(r);
     }
     const uint64_t alloc_before = bench::allocations();
+    const uint64_t cpu_start = thread_cpu_ns();
     const uint64_t start = now_ns();
     ctx.deadline_ns = start + static_cast<uint64_t>(seconds * 1e9);
     for (io_request* r : requests) {
@@ -201,6 +223,7 @@ io_result run_random(device& d, io_op op, unsigned depth, double seconds, unsign
         if (!ctx.stop && now_ns() >= ctx.deadline_ns) {
             ctx.stop = true;
             ctx.stopped_at = now_ns();
+            ctx.stopped_cpu = thread_cpu_ns();
             ctx.completed_at_stop = ctx.completed;
         }
     }
@@ -210,50 +233,97 @@ io_result run_random(device& d, io_op op, unsigned depth, double seconds, unsign
     while (q.in_flight() > 0) {
         q.wait(q.in_flight(), 1'000'000'000);
     }
-    return io_result{done, stop_at - start, ctx.errors, alloc_after - alloc_before};
+    return io_result{done, stop_at - start, ctx.errors, alloc_after - alloc_before,
+                     ctx.stopped_cpu - cpu_start};
 }
 
-void print_io(const char* what, const io_result& r, nlohmann::json c)
+void print_io(const char* what, const io_result& r, nlohmann::json c,
+              const nlohmann::json& more = nlohmann::json::object())
 {
     const double iops = static_cast<double>(r.ios) * 1e9 / static_cast<double>(r.ns);
     c["bs"] = 4096;
     c["qd"] = 32;
+    nlohmann::json extra = {{"ns_per_io", static_cast<double>(r.ns) / static_cast<double>(r.ios)},
+                            {"ios", r.ios},
+                            {"errors", r.errors},
+                            {"allocations", r.allocations}};
+    extra.update(more);
     emit({{"case", c},
           {"system", "softblk"},
           {"iops", iops},
           {"mib_s", iops * 4096 / (1 << 20)},
-          {"extra",
-           {{"ns_per_io", static_cast<double>(r.ns) / static_cast<double>(r.ios)},
-            {"ios", r.ios},
-            {"errors", r.errors},
-            {"allocations", r.allocations}}}});
+          {"extra", extra}});
     fmt::print(g_text,
                "  {:<44} {:>8.2f} M IOPS  {:>7.1f} ns/IO  ({} I/Os, {} errors, {} allocations)\n",
                what, iops / 1e6, static_cast<double>(r.ns) / static_cast<double>(r.ios), r.ios,
                r.errors, r.allocations);
 }
 
-// 4 KiB memcpy from one source to random 4 KiB slots of `dst` (`bytes`
-// long, already written once). Returns copies per second.
-double memcpy_rate(char* dst, uint64_t bytes, double seconds)
+// 4 KiB streaming (non-temporal) copy, then a fence: what the memory
+// store does for a store much larger than the last-level cache
+// (src/core/stream_copy.hpp), here as the machine's bound for that copy.
+void stream_copy_4k(char* dst, const char* src)
 {
-    std::vector<char> src(4096, 's');
-    xorshift rng{0x1234567ull};
+#if defined(__x86_64__)
+    for (size_t i = 0; i < 4096; i += 16) {
+        _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i),
+                         _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i)));
+    }
+    _mm_sfence();
+#else
+    std::memcpy(dst, src, 4096);
+#endif
+}
+
+struct copy_result {
+    uint64_t copies = 0;
+    uint64_t ns = 0;
+    uint64_t cpu_ns = 0;
+    double rate() const { return static_cast<double>(copies) * 1e9 / static_cast<double>(ns); }
+};
+
+// 4 KiB copies from one source to random 4 KiB slots of `dst` (`bytes`
+// long, already written once), with memcpy or with streaming stores, for
+// `seconds`.
+copy_result memcpy_run(char* dst, uint64_t bytes, double seconds, bool streaming = false)
+{
+    alignas(64) static char src[4096];
+    std::memset(src, 's', sizeof(src));
+    static xorshift rng{0x1234567ull};
     const uint64_t slots = bytes / 4096;
     uint64_t copies = 0;
+    const uint64_t cpu_start = thread_cpu_ns();
     const uint64_t start = now_ns();
     const uint64_t end = start + static_cast<uint64_t>(seconds * 1e9);
     uint64_t t = start;
     while (t < end) {
         for (int i = 0; i < 1024; ++i) {
-            std::memcpy(dst + (rng.next() % slots) * 4096, src.data(), 4096);
+            char* to = dst + (rng.next() % slots) * 4096;
+            if (streaming) {
+                stream_copy_4k(to, src);
+            } else {
+                std::memcpy(to, src, 4096);
+            }
             // Keep the compiler from dropping copies into memory it never reads.
             asm volatile("" : : "r"(dst) : "memory");
         }
         copies += 1024;
         t = now_ns();
     }
-    return static_cast<double>(copies) * 1e9 / static_cast<double>(t - start);
+    return {copies, t - start, thread_cpu_ns() - cpu_start};
+}
+
+double memcpy_rate(char* dst, uint64_t bytes, double seconds)
+{
+    return memcpy_run(dst, bytes, seconds).rate();
+}
+
+// The median of `v` (not empty); sorts it.
+double median(std::vector<double>& v)
+{
+    std::sort(v.begin(), v.end());
+    const size_t n = v.size();
+    return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 void bench_null(double seconds)
@@ -348,11 +418,6 @@ void bench_memory(double seconds, uint64_t k_size_mib, bool two_queues)
     }
     const uint64_t device_huge = anon_huge_bytes() - huge_before;
     const std::string device_chunks = chunks_text(*d);
-    const io_result warm = run_random(*d, io_op::write, 32, seconds);
-    print_io("every page allocated", warm, with("randwrite", "allocated"));
-    const io_result reads = run_random(*d, io_op::read, 32, seconds);
-    print_io("random read, same device", reads, with("randread", "allocated"));
-
     // Two queues driven by two threads on the same store: the lock stripes'
     // contention.
     if (two_queues) {
@@ -419,13 +484,75 @@ void bench_memory(double seconds, uint64_t k_size_mib, bool two_queues)
     // first write to guest memory can cost microseconds per page.
     std::memset(dst, 1, k_bytes);
     const uint64_t copy_huge = anon_huge_bytes() - huge_before_copy;
-    const double cold_copy = memcpy_rate(dst, k_bytes, seconds);
+    // The device's random writes and reads and the copies to random slots,
+    // interleaved in slices of about 0.25 s (write, memcpy, streaming
+    // copy, read), `seconds` of each in all: on a shared machine the load
+    // changes within seconds, and each slice's ratio compares the store
+    // with the copy under the same load. The totals give the IOPS; the
+    // slices' ratios their median and spread.
+    const unsigned slices = std::max(1u, static_cast<unsigned>(seconds / 0.25 + 0.5));
+    const double slice_s = seconds / slices;
+    io_result warm;
+    io_result reads;
+    copy_result copy;
+    copy_result streamed;
+    std::vector<double> write_ratios;
+    std::vector<double> read_ratios;
+    std::vector<double> stream_ratios;
+    std::vector<double> cpu_ratios;  // writes / memcpy, per CPU second
+    auto add = [](io_result& sum, const io_result& r) {
+        sum.ios += r.ios;
+        sum.ns += r.ns;
+        sum.errors += r.errors;
+        sum.allocations += r.allocations;
+        sum.cpu_ns += r.cpu_ns;
+    };
+    auto rate_of = [](const io_result& r) {
+        return static_cast<double>(r.ios) * 1e9 / static_cast<double>(r.ns);
+    };
+    run_random(*d, io_op::write, 32, 0.1);  // warm up
+    for (unsigned i = 0; i < slices; ++i) {
+        const io_result w = run_random(*d, io_op::write, 32, slice_s);
+        const copy_result c = memcpy_run(dst, k_bytes, slice_s);
+        const copy_result sc = memcpy_run(dst, k_bytes, slice_s, true);
+        const io_result r = run_random(*d, io_op::read, 32, slice_s);
+        add(warm, w);
+        add(reads, r);
+        copy.copies += c.copies;
+        copy.ns += c.ns;
+        streamed.copies += sc.copies;
+        streamed.ns += sc.ns;
+        write_ratios.push_back(rate_of(w) / c.rate());
+        read_ratios.push_back(rate_of(r) / c.rate());
+        stream_ratios.push_back(rate_of(w) / sc.rate());
+        cpu_ratios.push_back((static_cast<double>(w.ios) / static_cast<double>(w.cpu_ns)) /
+                             (static_cast<double>(c.copies) / static_cast<double>(c.cpu_ns)));
+    }
+    auto spread = [&](std::vector<double> v) {
+        const double m = median(v);
+        return nlohmann::json{{"median", m}, {"min", v.front()}, {"max", v.back()}};
+    };
+    const nlohmann::json slice_info = {{"slices", slices}, {"slice_s", slice_s}};
+    nlohmann::json write_more = slice_info;
+    write_more["memcpy_ratio"] = spread(write_ratios);
+    write_more["streaming_copy_ratio"] = spread(stream_ratios);
+    write_more["memcpy_ratio_cpu_time"] = spread(cpu_ratios);
+    nlohmann::json read_more = slice_info;
+    read_more["memcpy_ratio"] = spread(read_ratios);
+    print_io("every page allocated", warm, with("randwrite", "allocated"), write_more);
+    print_io("random read, same device", reads, with("randread", "allocated"), read_more);
+    const double cold_copy = copy.rate();
+    const double stream_copy = streamed.rate();
     const double hot_copy = memcpy_rate(dst, 4096, seconds);
     munmap(area, k_bytes + align);
     const double warm_iops = static_cast<double>(warm.ios) * 1e9 / static_cast<double>(warm.ns);
     const double cold_iops = static_cast<double>(cold.ios) * 1e9 / static_cast<double>(cold.ns);
+    // "streaming ..." does not start with "random": the report takes the
+    // first memcpy case whose "into" does as the store's bound.
     const std::pair<const char*, double> copies[] = {
-        {"random slots of the device's size", cold_copy}, {"one hot buffer", hot_copy}};
+        {"random slots of the device's size", cold_copy},
+        {"streaming stores to random slots of the device's size", stream_copy},
+        {"one hot buffer", hot_copy}};
     for (const auto& [where, rate] : copies) {
         nlohmann::json c = {
             {"test", "memory"}, {"size_mib", k_size_mib}, {"workload", "memcpy"}, {"bs", 4096}};
@@ -438,6 +565,8 @@ void bench_memory(double seconds, uint64_t k_size_mib, bool two_queues)
     }
     fmt::print(g_text, "  4 KiB memcpy to random slots of {} MiB      {:>8.2f} M/s\n", k_size_mib,
                cold_copy / 1e6);
+    fmt::print(g_text, "  4 KiB streaming copies to random slots      {:>8.2f} M/s\n",
+               stream_copy / 1e6);
     fmt::print(g_text, "  4 KiB memcpy to one hot 4 KiB buffer         {:>8.2f} M/s\n",
                hot_copy / 1e6);
     fmt::print(g_text,
@@ -446,8 +575,23 @@ void bench_memory(double seconds, uint64_t k_size_mib, bool two_queues)
     if (!device_chunks.empty()) {
         fmt::print(g_text, "    device: {}\n", device_chunks);
     }
-    fmt::print(g_text, "  ratio, allocated device / memcpy same size   {:>8.2f}\n",
-               warm_iops / cold_copy);
+    fmt::print(g_text,
+               "  ratio, allocated device / memcpy same size   {:>8.2f}  (slices: median {:.2f}, "
+               "{:.2f}-{:.2f})\n",
+               warm_iops / cold_copy, write_more["memcpy_ratio"]["median"].get<double>(),
+               write_more["memcpy_ratio"]["min"].get<double>(),
+               write_more["memcpy_ratio"]["max"].get<double>());
+    fmt::print(g_text,
+               "  same, per thread CPU second (slices' median)  {:>8.2f}  ({:.2f}-{:.2f})\n",
+               write_more["memcpy_ratio_cpu_time"]["median"].get<double>(),
+               write_more["memcpy_ratio_cpu_time"]["min"].get<double>(),
+               write_more["memcpy_ratio_cpu_time"]["max"].get<double>());
+    fmt::print(g_text,
+               "  ratio, random read / memcpy same size        {:>8.2f}  (slices: median {:.2f})\n",
+               rate_of(reads) / cold_copy, read_more["memcpy_ratio"]["median"].get<double>());
+    fmt::print(g_text,
+               "  ratio, allocated device / streaming copy     {:>8.2f}  (slices: median {:.2f})\n",
+               warm_iops / stream_copy, write_more["streaming_copy_ratio"]["median"].get<double>());
     fmt::print(g_text, "  ratio, fresh device / memcpy same size       {:>8.2f}\n",
                cold_iops / cold_copy);
     fmt::print(g_text, "  ratio, allocated device / hot memcpy         {:>8.2f}\n",

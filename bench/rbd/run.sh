@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # rbd-target benchmark: softblk's `rbd` target over NBD against
 # qemu-storage-daemon's rbd driver over NBD, on one single-node Ceph cluster
-# that this script starts (tests/host/lib_ceph.sh) and stops, in the same
+# that this script starts (tests/targets/rbd/lib_ceph.sh) and stops, in the same
 # run, interleaved round by round (median of the rounds reported). Each
 # server gets its own image of the same size, filled with random data
 # first (`rbd bench --io-type write`, so that reads touch existing objects).
@@ -32,8 +32,8 @@ while (($#)); do
 done
 [ -n "$softblk" ] || softblk=$(ls -t "$root"/build*/src/cli/softblk 2>/dev/null | head -1 || true)
 [ -x "$softblk" ] || { echo "softblk not found; build it or pass --softblk" >&2; exit 2; }
-# shellcheck source=../../tests/host/lib_ceph.sh
-source "$root/tests/host/lib_ceph.sh"
+# shellcheck source=../../tests/targets/rbd/lib_ceph.sh
+source "$root/tests/targets/rbd/lib_ceph.sh"
 if why=$(ceph_missing); then echo "SKIP: $why" >&2; exit 77; fi
 for tool in fio qemu-storage-daemon python3; do
   command -v "$tool" >/dev/null || { echo "SKIP: $tool not installed" >&2; exit 77; }

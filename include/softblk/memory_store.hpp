@@ -241,6 +241,9 @@ public:
         // The budget above the store's; nullptr: process_memory_budget().
         memory_budget* parent = nullptr;
         huge_page_mode huge_pages = huge_page_mode::automatic;
+        // The last-level cache the store compares its capacity with to
+        // choose how it copies writes (describe_writes); 0: the machine's.
+        uint64_t cache_bytes = 0;
     };
 
     // A store for `cfg`; it charges its fixed part (lock stripes, root node)
@@ -359,6 +362,12 @@ public:
     // costs here per MiB (the process's medians, microseconds) and how many
     // chunks of each kind the store holds. Any thread.
     virtual void describe_chunks(nlohmann::json& out) const = 0;
+    // The "writes" object of describe: how the store copies written data
+    // into its pages ("copy": "streaming" or "cached") and why: a store of
+    // at least twice the last-level cache writes with streaming stores,
+    // which skip reading the lines a random write overwrites (docs/null.md,
+    // "Speed of the memory store"). Any thread.
+    virtual void describe_writes(nlohmann::json& out) const = 0;
 
     virtual uint64_t capacity_bytes() const = 0;
     virtual uint32_t block_size() const = 0;
@@ -369,7 +378,8 @@ public:
 // store_memory_bytes, store_free_page_bytes, store_free_page_limit_bytes,
 // store_returned_bytes, store_lock_contended, memory_limit_bytes (the
 // store's own limit: the convention of k_memory_limit_option),
-// memory_refused and chunks (memory_store::describe_chunks). Any thread.
+// memory_refused, chunks (memory_store::describe_chunks) and writes
+// (memory_store::describe_writes). Any thread.
 void describe_memory_store(const memory_store& store, nlohmann::json& out);
 
 }  // namespace softblk

@@ -42,6 +42,7 @@ void define_list(CLI::App& app, subcommand_table& table);      // device_command
 void define_apply(CLI::App& app, subcommand_table& table);     // config_commands.cpp
 void define_save(CLI::App& app, subcommand_table& table);      // config_commands.cpp
 void define_features(CLI::App& app, subcommand_table& table);  // features_command.cpp
+void define_metrics(CLI::App& app, subcommand_table& table);   // metrics_command.cpp
 void define_daemon(CLI::App& app, subcommand_table& table);    // daemon_commands.cpp
 void define_status(CLI::App& app, subcommand_table& table);    // daemon_commands.cpp
 void define_recover(CLI::App& app, subcommand_table& table);   // daemon_commands.cpp

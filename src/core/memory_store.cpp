@@ -1,5 +1,5 @@
-// The memory store (include/softblk/memory_store.hpp) and the process's
-// data-memory budget.
+// The memory store (include/softblk/memory_store.hpp); the data-memory
+// budgets it charges are in memory_budget.cpp.
 //
 // Layout (null_blk's, with a page table instead of a radix tree of
 // pointers): data lives in 4 KiB pages, found through a page table keyed by
@@ -39,86 +39,23 @@
 #include <softblk/memory_store.hpp>
 
 #include "page_pool.hpp"
+#include "stream_copy.hpp"
 
 #include <algorithm>
 #include <cassert>
 #include <cerrno>
 #include <cstring>
-#include <iterator>
 #include <new>
 #include <utility>
 #include <sched.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
-#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <softblk/support/cpu_relax.hpp>
 
 namespace softblk {
-
-memory_budget& process_memory_budget()
-{
-    static memory_budget budget;
-    return budget;
-}
-
-std::string human_bytes(uint64_t bytes)
-{
-    static constexpr const char* k_units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
-    double value = static_cast<double>(bytes);
-    size_t unit = 0;
-    while (value >= 1024.0 && unit + 1 < std::size(k_units)) {
-        value /= 1024.0;
-        ++unit;
-    }
-    if (unit == 0) {
-        return fmt::format("{} B", bytes);
-    }
-    return fmt::format("{:.1f} {}", value, k_units[unit]);
-}
-
-error out_of_memory(std::string_view what, uint64_t bytes)
-{
-    return error{std::error_code(ENOMEM, std::generic_category()),
-                 fmt::format("not enough memory for {} ({}): the system refused it", what,
-                             human_bytes(bytes))};
-}
-
-result<memory_charge> memory_charge::take(memory_budget& budget, uint64_t bytes,
-                                          std::string_view what)
-{
-    memory_charge charge;
-    if (bytes == 0) {
-        return charge;
-    }
-    if (budget.try_charge(bytes)) {
-        charge._budget = &budget;
-        charge._bytes = bytes;
-        return charge;
-    }
-    // The level that refused: the first whose limit the charge would pass.
-    std::string why = "a memory budget refused it";
-    for (const memory_budget* b = &budget; b != nullptr; b = b->parent()) {
-        const uint64_t limit = b->limit();
-        const uint64_t used = b->used();
-        if (limit == 0 || (used + bytes <= limit && used + bytes >= used)) {
-            continue;
-        }
-        const uint64_t left = used < limit ? limit - used : 0;
-        why = b == &process_memory_budget()
-                  ? fmt::format(
-                        "the daemon's memory budget has {} left of {} (softblk daemon "
-                        "--memory-limit; softblk status shows it)",
-                        human_bytes(left), human_bytes(limit))
-                  : fmt::format("the device's memory_limit of {} has {} left", human_bytes(limit),
-                                human_bytes(left));
-        break;
-    }
-    return make_error(
-        ENOMEM, fmt::format("not enough memory for {} ({}): {}", what, human_bytes(bytes), why));
-}
 
 namespace core {
 
@@ -161,6 +98,11 @@ public:
     }
     void set_huge_pages(huge_page_mode mode) override { _pool.set_mode(mode); }
     void describe_chunks(nlohmann::json& out) const override { _pool.describe(out); }
+    void describe_writes(nlohmann::json& out) const override
+    {
+        out["copy"] = _copy.streaming ? "streaming" : "cached";
+        out["why"] = _copy.why;
+    }
     uint64_t capacity_bytes() const override { return _capacity; }
     uint32_t block_size() const override { return _block_size; }
 
@@ -262,6 +204,7 @@ private:
     node* _root;
     mutable std::unique_ptr<stripe[]> _stripes;
     mutable page_pool _pool;
+    copy_choice _copy;
     mutable std::atomic<uint64_t> _nodes{1};
     std::atomic<uint64_t> _live_pages{0};
     mutable std::atomic<uint64_t> _contended{0};
@@ -278,7 +221,9 @@ page_store::page_store(const config& cfg, memory_budget& parent)
       _block_shift(static_cast<unsigned>(__builtin_ctz(cfg.block_size))),
       _budget(cfg.limit_bytes, &parent),
       _stripes(new stripe[k_stripes]),
-      _pool(cfg.numa_node, _budget, _page_count * k_page_size, cfg.huge_pages)
+      _pool(cfg.numa_node, _budget, _page_count * k_page_size, cfg.huge_pages),
+      _copy(choose_copy(_page_count * k_page_size,
+                        cfg.cache_bytes != 0 ? cfg.cache_bytes : last_level_cache_bytes()))
 {
     assert(_block_size >= 512 && _block_size <= k_page_size &&
            (_block_size & (_block_size - 1)) == 0);
@@ -483,8 +428,18 @@ int page_store::write(uint64_t offset, const void* data, uint64_t length)
                 _live_pages.fetch_add(1, std::memory_order_relaxed);
             }
         }
-        std::memcpy(reinterpret_cast<char*>(v & ~k_bits_mask) + in_page, src, n);
-        e->store(v | block_mask(in_page, n), std::memory_order_release);
+        char* to = reinterpret_cast<char*>(v & ~k_bits_mask) + in_page;
+        if (_copy.streaming) {
+            stream_copy(to, src, n);
+            stream_fence();  // the data before the unlock that publishes it
+        } else {
+            std::memcpy(to, src, n);
+        }
+        // A page written in full before keeps its entry: no store, so the
+        // leaf's cache line stays clean.
+        if (const uintptr_t bits = v | block_mask(in_page, n); bits != v) {
+            e->store(bits, std::memory_order_release);
+        }
         unlock(index);
         src += n;
         offset += n;
@@ -754,6 +709,7 @@ void describe_memory_store(const memory_store& store, nlohmann::json& out)
     out["memory_limit_bytes"] = store.budget().limit();
     out["memory_refused"] = store.budget().refused();
     store.describe_chunks(out["chunks"]);
+    store.describe_writes(out["writes"]);
 }
 
 result<huge_page_mode> parse_huge_page_mode(std::string_view text)

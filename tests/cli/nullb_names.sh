@@ -11,7 +11,7 @@
 #     and can be deleted (`softblk del -- -x`).
 # Usage: nullb_names.sh PATH/TO/softblk        (exit 77: skipped)
 softblk=${1:?usage: $0 PATH/TO/softblk}
-. "$(dirname "$0")/lib_cli.sh"
+. "$(dirname "$0")/../support/lib_cli.sh"
 require_root_fuse python3 stat
 setup_run_dir nbnames
 tree=$run_dir/nullb

@@ -17,7 +17,7 @@
 # Usage: nullb_tree.sh PATH/TO/softblk        (exit 77: skipped)
 softblk=${1:?usage: $0 PATH/TO/softblk}
 here=$(cd "$(dirname "$0")" && pwd)
-. "$here/lib_cli.sh"
+. "$here/../support/lib_cli.sh"
 require_root_fuse cmp dd blockdev
 setup_run_dir nullb
 # The tree's FUSE mount lives below the run directory: the trap unmounts it.

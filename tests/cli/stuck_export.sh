@@ -10,7 +10,7 @@
 # what the stuck export left (its FUSE mount).
 # Usage: stuck_export.sh PATH/TO/softblk        (exit 77: skipped)
 softblk=${1:?usage: $0 PATH/TO/softblk}
-. "$(dirname "$0")/lib_cli.sh"
+. "$(dirname "$0")/../support/lib_cli.sh"
 require_root_fuse dd timeout
 setup_run_dir clistuck
 

@@ -31,7 +31,7 @@ export SOFTBLK_RUN_DIR=$run_dir
 work=$run_dir/work
 mkdir -p "$work"
 fio_pid=
-source "$(dirname "$0")/lib_run_dir.sh"
+source "$(dirname "$0")/../support/lib_run_dir.sh"
 cleanup() {
   set +e
   [ -n "$fio_pid" ] && kill -9 "$fio_pid" 2>/dev/null

@@ -16,7 +16,7 @@
 #     devices delete.
 # Usage: stuck_backend.sh PATH/TO/softblk        (exit 77: skipped)
 softblk=${1:?usage: $0 PATH/TO/softblk}
-. "$(dirname "$0")/../cli/lib_cli.sh"
+. "$(dirname "$0")/../support/lib_cli.sh"
 require_root_fuse dd timeout
 setup_run_dir virtiostuck
 

@@ -19,7 +19,7 @@ softblk=${1:?softblk executable}
 scenario=${2:?scenario}
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
-. "$root/tests/cli/lib_cli.sh"
+. "$root/tests/support/lib_cli.sh"
 
 [ "$(id -u)" -eq 0 ] || skip "needs root (QEMU and the daemon share the socket)"
 for tool in jq qemu-system-x86_64; do

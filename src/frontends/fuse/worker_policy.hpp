@@ -4,7 +4,7 @@
 // workers is its level: 1 .. the most that can help here, each tried for
 // two epochs, the lowest within 5% of the best rate kept, measured again
 // now and then); a number given is kept and never measured. Private to
-// this folder; the unit test (tests/frontends/fuse_worker_policy_test.cpp)
+// this folder; the unit test (tests/frontends/fuse/fuse_worker_policy_test.cpp)
 // drives the decision with a fake clock.
 #pragma once
 

@@ -3,7 +3,7 @@
 // thread: the shared lock-free handoff_list through io_request::next plus
 // an eventfd that the queue's owner sleeps on (target_queue::wait_fd).
 // Needs no librbd, so the unit tests drive it alone
-// (tests/targets/rbd_parts_test.cpp).
+// (tests/targets/rbd/rbd_parts_test.cpp).
 #pragma once
 
 #include <softblk/support/handoff_list.hpp>

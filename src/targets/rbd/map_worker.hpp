@@ -4,7 +4,7 @@
 // the worker answers it and hands it back through the queue's
 // completion_list, as librbd's callbacks hand back reads and writes. Needs
 // no librbd, so the unit tests drive it alone
-// (tests/targets/rbd_parts_test.cpp).
+// (tests/targets/rbd/rbd_parts_test.cpp).
 #pragma once
 
 #include <softblk/support/intrusive_fifo.hpp>
