@@ -13,6 +13,9 @@ packages=(
   liburing-dev libfuse3-dev libcli11-dev nlohmann-json3-dev libfmt-dev
   libspdlog-dev libgtest-dev libgmock-dev libbenchmark-dev libgnutls28-dev
   libnbd-dev
+  # sd_notify for softblk.service; systemd-analyze verify of the unit
+  # (tests/package)
+  libsystemd-dev systemd
   # the man pages and bash completion (scripts/man, run at build time) and
   # their tests (tests/package)
   python3 groff-base man-db
