@@ -37,6 +37,8 @@ packages=(
   ceph-mon ceph-osd ceph-common qemu-block-extra
   # VM lab
   qemu-system-x86 busybox-static cpio zstd xz-utils squashfs-tools nbd-client btrfs-progs f2fs-tools
+  # the VM lab's Debian root file system with systemd (tests/vm/debian-root.sh)
+  mmdebstrap
   # profiles in the VM lab (run-vm --tool perf, bench/zoned/profile_guest.sh)
   linux-perf
   # the kernel's zloop.ko for the VM lab's backports kernel, built out of tree
