@@ -16,6 +16,9 @@ packages=(
   # sd_notify for softblk.service; systemd-analyze verify of the unit
   # (tests/package)
   libsystemd-dev systemd
+  # metrics (docs/metrics.md): the text format and the HTTP listener
+  # (prometheus-cpp's serializer and exposer); the parser its test uses
+  prometheus-cpp-dev python3-prometheus-client curl
   # the man pages and bash completion (scripts/man, run at build time) and
   # their tests (tests/package)
   python3 groff-base man-db

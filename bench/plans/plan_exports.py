@@ -8,7 +8,10 @@ plugin), all set up first and measured round by round:
   nbd     fio's nbd engine over unix sockets: softblk, nbdkit's memory
           plugin, qemu-storage-daemon's NBD export
   vhost-user-blk  softblk-bench-virtio (softblk's virtio-blk driver) on
-          softblk's export and qemu-storage-daemon's
+          softblk's export and qemu-storage-daemon's, per target as issue
+          45 compares them (case key "target"): softblk's null target
+          (no data) against qsd's null-co, and softblk's file target
+          against qsd's io_uring file, both on a raw image in /dev/shm
 cpu_us_per_io is the server's CPU time (all threads) per I/O.
 """
 
@@ -47,20 +50,21 @@ def size_mib(mode):
     return {"smoke": 64, "quick": 256}.get(mode, 1024)
 
 
-def _case(export, c):
+def _case(export, c, extra=None):
     rw, bs, n = c
     if export == "fuse":
-        return {"export": export, "workload": rw, "bs": bs, "jobs": n, "qd": 1}
-    return {"export": export, "workload": rw, "bs": bs, "jobs": 1, "qd": n}
+        return {"export": export, **(extra or {}), "workload": rw, "bs": bs, "jobs": n, "qd": 1}
+    return {"export": export, **(extra or {}), "workload": rw, "bs": bs, "jobs": 1, "qd": n}
 
 
-def _systems(ctx, export, cases, systems):
+def _systems(ctx, export, cases, systems, extra=None):
     """Units for every case x system; systems: name -> (target, pids) or
-    an exception (Skip/Failed) that says why the system is not there."""
+    an exception (Skip/Failed) that says why the system is not there;
+    extra: case keys of these systems' pairing (the vhost target)."""
     units = []
     size = size_mib(ctx.settings["mode"])
     for c in cases:
-        case = _case(export, c)
+        case = _case(export, c, extra)
         for name, how in systems.items():
             if isinstance(how, Exception):
                 status = "skipped" if isinstance(how, Skip) else "failed"
@@ -201,39 +205,49 @@ def _virtio_measure(sock, case, size, pids):
 
 
 def _vhost_systems(ctx, d, size):
+    """{target: {system: (socket, pids) or why not}}: issue 45's pairs,
+    softblk's null against null-co and its file target against qsd's
+    io_uring file, every export with its default options."""
     if not ctx.tools.get("bench-virtio"):
         reason = Skip("softblk-bench-virtio is not built (ninja softblk-bench-virtio)")
-        return {"softblk": reason, "qsd": reason}
+        return {t: {"softblk": reason, "qsd": reason} for t in ("null", "file")}
     work = ctx.work
 
-    def softblk():
-        sock = os.path.join(work, "softblk-vhost.sock")
-        d.add("null", f"size={size}", "memory_backed=1", "--export", "vhost-user-blk",
-              "--export-opt", f"socket={sock}", "--name", "vhost0")
+    def softblk(target):
+        sock = os.path.join(work, f"softblk-vhost-{target}.sock")
+        # max_sectors=2048: a 128 KiB request is not split, as null-co's is not.
+        opts = ([f"size={size}", "max_sectors=2048"] if target == "null" else
+                [f"path={os.path.join(work, 'softblk-vhost.img')}", f"size={size}M", "create=1"])
+        d.add(target, *opts, "--export", "vhost-user-blk", "--export-opt", f"socket={sock}",
+              "--name", f"vhost-{target}")
         return sock, [d.pid()]
 
-    def qsd():
+    def qsd(target):
         if missing_tools("qemu-storage-daemon"):
             raise Skip("qemu-storage-daemon is not installed (scripts/install-deps.sh)")
-        img = os.path.join(work, "qsd-vhost.img")
-        sock = os.path.join(work, "qsd-vhost.sock")
-        subprocess.run(["truncate", "-s", f"{size}M", img], check=True)
-        q = ctx.spawn("qsd-vhost", [
-            "qemu-storage-daemon", "--blockdev",
-            f"driver=file,node-name=f0,filename={img},aio=io_uring",
+        sock = os.path.join(work, f"qsd-vhost-{target}.sock")
+        if target == "null":
+            node = f"driver=null-co,node-name=f0,size={size * 1048576}"
+        else:
+            img = os.path.join(work, "qsd-vhost.img")
+            subprocess.run(["truncate", "-s", f"{size}M", img], check=True)
+            node = f"driver=file,node-name=f0,filename={img},aio=io_uring"
+        q = ctx.spawn(f"qsd-vhost-{target}", [
+            "qemu-storage-daemon", "--blockdev", node,
             "--export", f"type=vhost-user-blk,id=e1,node-name=f0,addr.type=unix,addr.path={sock},"
             "writable=on,num-queues=1"])
         ctx.wait_for("qemu-storage-daemon (vhost-user-blk)", lambda: os.path.exists(sock), q)
         return sock, [q.pid]
 
-    systems = {"softblk": _try(softblk), "qsd": _try(qsd)}
-    for name, how in systems.items():
+    out = {t: {"softblk": _try(lambda t=t: softblk(t)), "qsd": _try(lambda t=t: qsd(t))}
+           for t in ("null", "file")}
+    for name, how in out["file"].items():  # the files are read back, not holes
         if not isinstance(how, Exception):
             r = ctx.run([ctx.tools["bench-virtio"], "--path", how[0], "--rw", "write", "--bs", "1048576",
                          "--qd", "4", "--seconds", "1", "--size", str(size)], timeout=120, check=False)
             if r.returncode != 0:
-                systems[name] = Failed(f"filling the device failed: {r.stderr.strip()[-300:]}")
-    return systems
+                out["file"][name] = Failed(f"filling the device failed: {r.stderr.strip()[-300:]}")
+    return out
 
 
 def setup(ctx):
@@ -246,5 +260,6 @@ def setup(ctx):
     units = []
     units += _systems(ctx, "fuse", cases["fuse"], _fuse_systems(ctx, d, size))
     units += _systems(ctx, "nbd", cases["nbd"], _nbd_systems(ctx, d, size))
-    units += _systems(ctx, "vhost-user-blk", cases["vhost-user-blk"], _vhost_systems(ctx, d, size))
+    for target, systems in _vhost_systems(ctx, d, size).items():
+        units += _systems(ctx, "vhost-user-blk", cases["vhost-user-blk"], systems, {"target": target})
     return units

@@ -62,6 +62,8 @@ def setup(ctx):
     mode = ctx.settings["mode"]
     runtime, rounds = ctx.settings["runtime_s"], ctx.settings["rounds"]
     g = plan_rnull.guest_settings("rnull", mode, runtime)
+    # Two vCPUs: with one the boot took longer (90-96 s against 72-81 s,
+    # alternated at load 11-14), though the host has only two CPUs.
     cpus, mem = max(2, g["cpus"]), max(g["mem"], 1536)
     rnull_script = os.path.join(root, "tests", "vm", "tests", "rnull_compare.sh")
     zloop_script = os.path.join(root, "bench", "zoned", "vm_guest.sh")

@@ -12,7 +12,7 @@ import plan_zloop
 IMPLEMENTED = {p.NAME: p for p in (plan_core, plan_exports, plan_file, plan_fat, plan_rnull.RNULL,
                                    plan_rnull.NULLBLK_4K, plan_zloop)}
 
-SMOKE_DESCRIPTION = "every implemented plan's code path with tiny sizes and 1 s runs (CI)"
+SMOKE_DESCRIPTION = "every implemented plan's code path with tiny sizes and 0.5 s runs (CI)"
 
 ORDER = ["rnull", "nullblk-4k", "zloop", "fat", "exports", "file", "core", "smoke"]
 

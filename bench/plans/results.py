@@ -44,6 +44,7 @@ class Results:
         self._samples = open(os.path.join(self.dir, "samples.jsonl"), "a")
         self._commands = open(os.path.join(self.dir, "commands.txt"), "a")
         self.counts = {"ok": 0, "failed": 0, "skipped": 0}
+        self._t0 = time.monotonic()
         # smoke's VM boot runs in a thread beside the host plans (Unit.background).
         self._lock = threading.RLock()
         self.write_machine()
@@ -86,8 +87,13 @@ class Results:
             self._samples.flush()
         return s
 
+    def elapsed_s(self):
+        return round(time.monotonic() - self._t0, 1)
+
     def close(self):
         self.machine["host"]["load_after"] = machine.load_average()
+        # The run's wall time without the report (smoke's budget is a minute).
+        self.machine["elapsed_s"] = self.elapsed_s()
         self.write_machine()
         self._samples.close()
         self._commands.close()

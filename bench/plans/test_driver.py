@@ -218,6 +218,15 @@ class VmSmokeTest(unittest.TestCase):
         self.assertEqual(sorted((s["plan"], s["system"], s["status"]) for s in got),
                          [("core", "softblk", "ok"), ("rnull", "null_blk", "ok"),
                           ("zloop", "softblk", "failed")])
+        # Where the run's time went (smoke's budget): the whole run, the
+        # foreground runs, and the background unit's end, which here came
+        # before the foreground's (it was released by the quick unit).
+        with open(os.path.join(res.dir, "machine.json")) as f:
+            m = json.load(f)
+        self.assertIsInstance(m["elapsed_s"], float)
+        self.assertEqual(set(m["timing_s"]), {"foreground", "boot=x"})
+        self.assertLessEqual(m["timing_s"]["boot=x"], m["timing_s"]["foreground"])
+        self.assertLessEqual(m["timing_s"]["foreground"], m["elapsed_s"])
 
 
 class ResultsTest(unittest.TestCase):

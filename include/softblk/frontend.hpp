@@ -109,6 +109,19 @@ struct export_reach {
     std::string hint;
 };
 
+// One sample of an export's counters for `softblk metrics` (Prometheus'
+// text format, src/host/metrics.hpp): the family's name after
+// "softblk_export_" with its unit ("requests_total", "poll_seconds_total"),
+// its help, whether it is a counter (else a gauge), the labels beside
+// device and export ({"op", "read"}) and the value.
+struct export_metric {
+    std::string name;
+    std::string help;
+    bool counter = true;
+    std::vector<std::pair<std::string, std::string>> labels;
+    double value = 0;
+};
+
 struct export_type {
     std::string_view name;  // "fuse", "nbd", "ublk"
     std::string_view description;
@@ -161,6 +174,11 @@ struct export_type {
     // device, from its describe() (for `softblk fat softblk:NAME`). May be
     // empty: the export cannot be opened from outside.
     std::function<result<export_reach>(const nlohmann::json& description)> reach = {};
+    // The export's counters and current values from its describe(), for
+    // `softblk metrics`; a family name means the same in every front end
+    // that gives it (requests_total: requests served). May be empty: the
+    // export has only the metrics every export has. Any thread.
+    std::function<std::vector<export_metric>(const nlohmann::json& description)> metrics = {};
 };
 
 // Starts `type` on `dev`: what every caller uses instead of calling

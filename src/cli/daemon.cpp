@@ -113,6 +113,7 @@ control_service::control_service(device_host& host, run_paths paths, control_ser
       _server(server),
       _stop_timeout(options.stop_timeout),
       _memory(options.memory),
+      _metrics(options.metrics),
       _started(clock::now())
 {
 }
@@ -307,6 +308,13 @@ nlohmann::json control_service::status() const
           {"limit_source", _memory.source},
           {"refused", budget.refused()}}},
     };
+    if (!_metrics.listen.empty()) {
+        out["metrics"]["listen"] = _metrics.listen;
+    }
+    if (!_metrics.textfile.empty()) {
+        out["metrics"]["textfile"] = _metrics.textfile;
+        out["metrics"]["interval_s"] = _metrics.interval.count();
+    }
     if (!_stop_reason.empty()) {
         out["stopping_reason"] = _stop_reason;
     }
@@ -543,6 +551,27 @@ int run_daemon(const run_paths& paths, const daemon_options& options)
     const int signal_fd = ::signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
     ::signal(SIGPIPE, SIG_IGN);
 
+    // The metrics' listener and textfile (none unless asked for): a port in
+    // use or a path that cannot be written fails the start here, before the
+    // pid file and the devices.
+    daemon_options served = options;
+    std::unique_ptr<metrics_publisher> metrics;
+    if (!options.metrics.textfile.empty() || !options.metrics.listen.empty()) {
+        auto started =
+            metrics_publisher::start(options.metrics, [paths] { return collect_metrics(paths); });
+        if (!started) {
+            spdlog::error("{}", started.error().message);
+            spdlog::shutdown();
+            ::close(lock_fd);
+            return 1;
+        }
+        metrics = std::move(*started);
+        served.metrics.listen = metrics->listening();
+        if (!served.metrics.listen.empty()) {
+            spdlog::info("metrics on http://{}/metrics", served.metrics.listen);
+        }
+    }
+
     if (auto written =
             write_file_atomically(paths.pid, fmt::format("{}\n", ::getpid()), 0644, false);
         !written) {
@@ -592,7 +621,15 @@ int run_daemon(const run_paths& paths, const daemon_options& options)
             // listed as such meanwhile.
             notify_service_manager("READY=1");
             control_server& srv = **server;
-            control_service service(host, paths, srv, options);
+            control_service service(host, paths, srv, served);
+            if (metrics) {
+                // The textfile's first metrics, now that the socket answers.
+                metrics->begin();
+                if (!options.metrics.textfile.empty()) {
+                    spdlog::info("metrics to {} every {} s", options.metrics.textfile,
+                                 options.metrics.interval.count());
+                }
+            }
             loop_hooks hooks;
             hooks.fds = {signal_fd, host.wake_fd()};
             hooks.on_ready = [&](int fd) {
@@ -615,6 +652,9 @@ int run_daemon(const run_paths& paths, const daemon_options& options)
                         hooks);
             spdlog::info("stopped serving: {}", reason);
             srv.close();
+            // After the socket: a scrape waiting for an answer gets an
+            // error instead of holding the listener's shutdown.
+            metrics.reset();
         }
         const std::vector<std::string> stuck = host.abandon_stopping();
         const size_t kept = host.size();

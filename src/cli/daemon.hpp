@@ -9,7 +9,7 @@
 //   list      {}            -> [device::describe() + state + memory + export]
 //   features  {type?}       -> targets with options, export types
 //   status    {}            -> pid, uid, run_dir, devices, recovering, uptime, state,
-//                              memory
+//                              memory, metrics (where they are published)
 //   shutdown  {force?}      -> stops the daemon; state files stay
 //
 // The control thread never waits for a device: add, the sets that power a
@@ -30,6 +30,7 @@
 #include "control_server.hpp"
 #include "device_host.hpp"
 #include "memory_limit.hpp"
+#include "metrics_publisher.hpp"
 #include "protocol.hpp"
 #include "run_dir.hpp"
 
@@ -59,6 +60,9 @@ struct daemon_options {
     // daemon's 0: a daemon started on demand makes none).
     std::vector<std::string> module_parameters;
     unsigned nr_devices = 0;
+    // Where the daemon publishes its metrics (metrics_publisher.hpp): none
+    // unless given.
+    metrics_options metrics;
 };
 
 // Answers the protocol's methods and runs the daemon's shutdown, on the
@@ -123,6 +127,7 @@ private:
     control_server& _server;
     std::chrono::milliseconds _stop_timeout;
     memory_limit_choice _memory;
+    metrics_options _metrics;
     std::chrono::steady_clock::time_point _started;
     std::vector<pending_job> _jobs;
     std::vector<pending_del> _dels;

@@ -1,6 +1,7 @@
 // `softblk daemon`, `status`, `recover` and `shutdown`: starting, asking
 // and stopping the daemon that hosts the devices.
 #include <chrono>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <unistd.h>
@@ -28,6 +29,8 @@ struct daemon_command {
     int client_timeout_ms = 10'000;
     std::string memory_limit;  // "" the default
     int stop_timeout_ms = 30'000;
+    metrics_options metrics;
+    int metrics_interval_s = 15;
 };
 
 int run_daemon_command(const daemon_command& cmd)
@@ -65,6 +68,25 @@ int run_daemon_command(const daemon_command& cmd)
     if (auto checked = softblk::set_option_defaults("null", module_parameters); !checked) {
         return fail(checked.error());
     }
+    // The metrics' listener and textfile, checked here too (address, port
+    // in use, directory) so that the user sees what is wrong; the daemon
+    // checks again as it binds.
+    metrics_options metrics = cmd.metrics;
+    metrics.interval = std::chrono::seconds(cmd.metrics_interval_s);
+    if (!metrics.textfile.empty()) {
+        // The daemon started in the background runs elsewhere.
+        std::error_code ec;
+        const std::filesystem::path absolute = std::filesystem::absolute(metrics.textfile, ec);
+        if (ec) {
+            return fail(make_error(ec.value(), fmt::format("--metrics-textfile {}: {}",
+                                                           metrics.textfile, ec.message()))
+                            .error());
+        }
+        metrics.textfile = absolute.string();
+    }
+    if (auto checked = check_metrics_options(metrics); !checked) {
+        return fail(checked.error());
+    }
     if (cmd.foreground) {
         daemon_options options;
         options.module_parameters = module_parameters;
@@ -73,6 +95,7 @@ int run_daemon_command(const daemon_command& cmd)
         options.client_timeout = std::chrono::milliseconds(cmd.client_timeout_ms);
         options.memory = *memory;
         options.stop_timeout = std::chrono::milliseconds(cmd.stop_timeout_ms);
+        options.metrics = metrics;
         return run_daemon(*paths, options);
     }
     if (const int fd = connect_socket(paths->socket); fd >= 0) {
@@ -84,6 +107,13 @@ int run_daemon_command(const daemon_command& cmd)
                                      "--stop-timeout", std::to_string(cmd.stop_timeout_ms)};
     if (!cmd.memory_limit.empty()) {
         args.insert(args.end(), {"--memory-limit", cmd.memory_limit});
+    }
+    if (!metrics.textfile.empty()) {
+        args.insert(args.end(), {"--metrics-textfile", metrics.textfile, "--metrics-interval",
+                                 std::to_string(cmd.metrics_interval_s)});
+    }
+    if (!metrics.listen.empty()) {
+        args.insert(args.end(), {"--metrics-listen", metrics.listen});
     }
     args.insert(args.end(), cmd.module_parameters.begin(), cmd.module_parameters.end());
     auto started = start_daemon(*paths, std::chrono::seconds(60), args);
@@ -198,6 +228,19 @@ void define_daemon(CLI::App& app, subcommand_table& table)
                     "milliseconds del and shutdown wait for an export to stop before giving up "
                     "on it (it goes on stopping in the background)")
         ->check(CLI::Range(100, 3'600'000));
+    CLI::Option* textfile = cmd->add_option(
+        "--metrics-textfile", daemon->metrics.textfile,
+        "write the metrics (`softblk metrics`) to this .prom file for node_exporter's "
+        "textfile collector, replaced atomically every --metrics-interval; removed "
+        "when the daemon stops");
+    cmd->add_option("--metrics-interval", daemon->metrics_interval_s,
+                    "seconds between two writes of --metrics-textfile (default 15)")
+        ->check(CLI::Range(1, 86'400))
+        ->needs(textfile);
+    cmd->add_option("--metrics-listen", daemon->metrics.listen,
+                    "serve the metrics over HTTP (GET /metrics) on IPV4:PORT or [IPV6]:PORT, "
+                    "e.g. 127.0.0.1:9560 (port 0: any free one, `status --json` shows it); off "
+                    "unless given");
     table.push_back({cmd, [daemon] { return run_daemon_command(*daemon); }});
 }
 

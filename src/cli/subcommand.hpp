@@ -40,6 +40,7 @@ void define_nullb(CLI::App& app, subcommand_table& table);     // nullb_command.
 void define_del(CLI::App& app, subcommand_table& table);       // device_commands.cpp
 void define_list(CLI::App& app, subcommand_table& table);      // device_commands.cpp
 void define_features(CLI::App& app, subcommand_table& table);  // features_command.cpp
+void define_metrics(CLI::App& app, subcommand_table& table);   // metrics_command.cpp
 void define_daemon(CLI::App& app, subcommand_table& table);    // daemon_commands.cpp
 void define_status(CLI::App& app, subcommand_table& table);    // daemon_commands.cpp
 void define_recover(CLI::App& app, subcommand_table& table);   // daemon_commands.cpp

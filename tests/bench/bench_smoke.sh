@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `softblk bench smoke`: every implemented plan's code path (core, exports,
-# file, fat, and rnull and zloop in one VM boot) with tiny sizes and 1 s
+# file, fat, and rnull and zloop in one VM boot) with tiny sizes and 0.5 s
 # runs; the results folder must hold every expected case with status ok
 # and plausible figures
 # (bench/plans/smoke_check.py), and nothing may stay mounted or attached,
@@ -31,7 +31,10 @@ python3 "$check" "$dir" || { echo "FAIL: $dir is not complete" >&2; exit 1; }
 # most of the run's time): one guest log, or none where the lab skipped.
 boots=$(find "$dir" -maxdepth 1 -name 'vm-*.log' | wc -l)
 [ "$boots" -le 1 ] || { echo "FAIL: $boots VM boots, not one: $(ls "$dir")" >&2; exit 1; }
-echo "bench_smoke: softblk bench smoke took $took s (load average $(cut -d' ' -f1-3 /proc/loadavg))"
+# The time is printed, not bounded: on a shared machine it is the load's
+# (docs/bench.md, smoke). Where it went: machine.json's timing_s.
+echo "bench_smoke: softblk bench smoke took $took s (load average $(cut -d' ' -f1-3 /proc/loadavg));" \
+  "ended, in s from the start: $(python3 -c 'import json, sys; print(json.load(open(sys.argv[1])).get("timing_s"))' "$dir/machine.json")"
 
 # Interrupted once its peers run and fio measures: exit 130, cleaned up.
 "$softblk" bench exports --quick --runtime 1 --out "$out/int" 2>"$out/int.log" &

@@ -155,6 +155,35 @@ def test_exports(script, tmp):
     check(row[1].startswith("150k IOPS (149k-158k)"), f"softblk beside the skipped peer: {row[1]}")
     check("no VM" in md, "the host-only machine line")
     check_plots(folder, ["exports-bars", "exports-qd"])
+    check("took" not in md, "a time the run did not record")
+    # nbdkit has no vhost-user-blk export: no bar and no "missing" mark
+    # for it there (the bars' series give no cell), softblk's bar stays.
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    from softblk_report import data, plots
+    plan = data.collect([data.load_folder(folder)])["exports"]
+    series, cases = plots.bar_series(plan)
+    get = dict(series)
+    vhost = [c for c in cases if c.get("export") == "vhost-user-blk"]
+    check(vhost and all(get["nbdkit"](c) is None for c in vhost),
+          "the bars mark nbdkit missing where it has no such export")
+    check(all(get["softblk"](c) is not None for c in vhost), "softblk's vhost-user-blk bars")
+    nbd = [c for c in cases if c.get("export") == "nbd"]
+    check(nbd and all(get["nbdkit"](c) is not None for c in nbd), "nbdkit's NBD bars")
+
+
+def test_run_time(script, tmp):
+    """The run's wall time and when its foreground runs and background
+    units ended (smoke's minute), from machine.json, in the machine line."""
+    folder = copy(tmp, "exports-20261206-020000", "exports-20261206-020001")
+    path = os.path.join(folder, "machine.json")
+    with open(path) as fh:
+        m = json.load(fh)
+    m["elapsed_s"], m["timing_s"] = 48.3, {"foreground": 30.1, "boot=rnull, zloop": 47.0}
+    with open(path, "w") as fh:
+        json.dump(m, fh)
+    md, page = generate(script, folder)
+    text = "; took 48.3 s (foreground 30.1 s, boot=rnull, zloop 47.0 s)"
+    check(text in md and text in page, f"the run's time is not in the machine line: {text!r}")
 
 
 def test_zloop(script, tmp):
@@ -291,7 +320,7 @@ def main():
         return 77
     script = sys.argv[1]
     with tempfile.TemporaryDirectory(prefix="softblk-report-test.") as tmp:
-        for test in (test_rnull, test_exports, test_zloop, test_fat, test_fat_peers,
+        for test in (test_rnull, test_exports, test_run_time, test_zloop, test_fat, test_fat_peers,
                      test_core_memcpy, test_machines, test_bad_input):
             print(f"--- {test.__name__}")
             test(script, tmp)

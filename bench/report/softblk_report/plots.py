@@ -9,8 +9,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
 
-from .tables import (WORKLOAD_ORDER, case_label, fat_configs, group_cases, rel,  # noqa: E402
-                     rnull_peer, size_label, sort_value)
+from .tables import (WORKLOAD_ORDER, case_label, expected_peers, fat_configs,  # noqa: E402
+                     group_cases, rel, rnull_peer, size_label, sort_value)
 
 # Reruns on the same folder give the same SVG bytes.
 matplotlib.rcParams["svg.hashsalt"] = "softblk-report"
@@ -117,7 +117,11 @@ def bar_series(plan):
                 if any(not get(b).empty for b in bases):
                     series.append((f"{s} {c}".strip(), get))
         return series, bases
-    series = [(s, lambda case, s=s: plan.cell(case, s)) for s in ["softblk"] + plan.peers()]
+    # A peer never measured for cases of this kind (nbdkit has no
+    # vhost-user-blk export) gets no bar and no "missing" mark there.
+    series = [(s, lambda case, s=s: plan.cell(case, s)
+               if s == "softblk" or s in expected_peers(plan, case) else None)
+              for s in ["softblk"] + plan.peers()]
     return series, list(plan.cases.values())
 
 
@@ -129,6 +133,8 @@ def bars_one(ax, series, cases, field, log):
         for x, case in enumerate(cases):
             cell = get(case)
             pos = x - 0.4 + width * (i + 0.5)
+            if cell is None:
+                continue
             if cell.problem():
                 ax.text(pos, 0.02, short_problem(cell), rotation=90, ha="center", va="bottom",
                         fontsize=7, color="#b00000", transform=ax.get_xaxis_transform())

@@ -45,6 +45,9 @@ def machine_line(folder):
     line += (f"; softblk {_get(m, 'softblk', 'version')} ({_get(m, 'softblk', 'commit')}); "
              f"{_get(m, 'runtime_s')} s per run, {run_mode(m)}; load average before "
              f"{load_text(host.get('load_before'))}, after {load_text(host.get('load_after'))}")
+    if m.get("elapsed_s") is not None:
+        parts = [f"{k} {v} s" for k, v in (m.get("timing_s") or {}).items()]
+        line += f"; took {m['elapsed_s']} s" + (f" ({', '.join(parts)})" if parts else "")
     return line
 
 

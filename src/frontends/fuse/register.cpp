@@ -31,6 +31,48 @@ std::pair<uint32_t, std::string> loop_block_limit(std::span<const std::string> o
             "the file alone"};
 }
 
+// The workers' counters (fuse_export::describe) for `softblk metrics`.
+std::vector<softblk::export_metric> fuse_metrics(const nlohmann::json& d)
+{
+    auto count = [&](const char* key) { return d.value(key, 0.0); };
+    std::vector<softblk::export_metric> out = {
+        {"requests_total",
+         "requests the export served",
+         true,
+         {},
+         count("requests_after_poll") + count("requests_after_sleep")},
+        {"requests_woken_total",
+         "requests the export served, by what its worker did before: polled or slept",
+         true,
+         {{"wait", "poll"}},
+         count("requests_after_poll")},
+        {"requests_woken_total",
+         "requests the export served, by what its worker did before: polled or slept",
+         true,
+         {{"wait", "sleep"}},
+         count("requests_after_sleep")},
+        {"requests_direct_total",
+         "reads and writes served without libfuse's request object",
+         true,
+         {},
+         count("requests_direct")},
+        {"poll_seconds_total",
+         "time the export's workers spent polling for requests",
+         true,
+         {},
+         count("poll_ms") / 1000.0},
+        {"workers", "workers serving the export now", false, {}, count("threads")},
+    };
+    if (d.contains("ring_requests")) {
+        out.push_back({"ring_requests_total",
+                       "requests served over FUSE's io_uring",
+                       true,
+                       {},
+                       count("ring_requests")});
+    }
+    return out;
+}
+
 const bool g_registered = softblk::register_export_type(softblk::export_type{
     .name = "fuse",
     .description =
@@ -60,6 +102,7 @@ const bool g_registered = softblk::register_export_type(softblk::export_type{
             "the device over NBD";
         return r;
     },
+    .metrics = fuse_metrics,
 });
 
 }  // namespace

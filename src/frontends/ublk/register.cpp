@@ -10,6 +10,44 @@
 
 namespace {
 
+// The queues' counters (ublk_export::describe) for `softblk metrics`.
+std::vector<softblk::export_metric> ublk_metrics(const nlohmann::json& d)
+{
+    std::vector<softblk::export_metric> out = {
+        {"requests_total", "requests the export served", true, {}, d.value("requests", 0.0)},
+        {"errors_total",
+         "requests the export completed with an error",
+         true,
+         {},
+         d.value("errors", 0.0)},
+        {"queues", "the kernel device's hardware queues", false, {}, d.value("queues", 0.0)},
+        {"queue_depth",
+         "the depth of each of the kernel device's queues",
+         false,
+         {},
+         d.value("depth", 0.0)},
+    };
+    // Per queue: which CPUs submit where (the block layer picks the queue
+    // by the submitting CPU).
+    if (const auto it = d.find("queue_requests"); it != d.end() && it->is_array()) {
+        for (size_t q = 0; q < it->size(); ++q) {
+            out.push_back({"queue_requests_total",
+                           "requests the export served, by queue",
+                           true,
+                           {{"queue", std::to_string(q)}},
+                           (*it)[q].get<double>()});
+        }
+    }
+    if (d.contains("linked_commits")) {
+        out.push_back({"linked_commits_total",
+                       "requests completed through a commit linked after their write",
+                       true,
+                       {},
+                       d.value("linked_commits", 0.0)});
+    }
+    return out;
+}
+
 const bool g_registered = softblk::register_export_type(softblk::export_type{
     .name = "ublk",
     .description =
@@ -52,6 +90,7 @@ const bool g_registered = softblk::register_export_type(softblk::export_type{
         r.hint = "ublk nodes belong to root unless the export is unprivileged";
         return r;
     },
+    .metrics = ublk_metrics,
 });
 
 }  // namespace

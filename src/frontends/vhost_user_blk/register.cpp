@@ -5,6 +5,40 @@
 
 namespace {
 
+// The rings' counters (the export's describe, "stats") for `softblk
+// metrics`.
+std::vector<softblk::export_metric> vhost_user_blk_metrics(const nlohmann::json& d)
+{
+    const nlohmann::json stats = d.value("stats", nlohmann::json::object());
+    auto count = [&](const char* key) { return stats.value(key, 0.0); };
+    std::vector<softblk::export_metric> out = {
+        {"requests_total", "requests the export served", true, {}, count("requests")},
+        {"errors_total", "requests the export completed with an error", true, {}, count("errors")},
+        {"bad_requests_total",
+         "requests the front end sent malformed",
+         true,
+         {},
+         count("bad_requests")},
+        {"resubmitted_total",
+         "requests resubmitted after the front end reconnected",
+         true,
+         {},
+         count("resubmitted")},
+        {"connected",
+         "1 while a front end is connected",
+         false,
+         {},
+         d.value("connected", false) ? 1.0 : 0.0},
+        {"connections_total", "front ends that connected", true, {}, d.value("connections", 0.0)},
+    };
+    for (const char* op : {"read", "write", "flush", "discard", "write_zeroes", "get_id",
+                           "zone_management", "zone_append", "report_zones", "unsupported"}) {
+        out.push_back(
+            {"ops_total", "requests the export served, by op", true, {{"op", op}}, count(op)});
+    }
+    return out;
+}
+
 const bool g_registered = softblk::register_export_type(softblk::export_type{
     .name = "vhost-user-blk",
     .description =
@@ -30,6 +64,7 @@ const bool g_registered = softblk::register_export_type(softblk::export_type{
         r.target_options = {"path=" + d.value("socket", std::string()), "poll_queues=0"};
         return r;
     },
+    .metrics = vhost_user_blk_metrics,
 });
 
 }  // namespace
