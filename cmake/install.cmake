@@ -39,6 +39,29 @@ install(FILES ${_softblk_config_page} DESTINATION ${CMAKE_INSTALL_MANDIR}/man5 C
 install(FILES ${_softblk_completion} DESTINATION ${CMAKE_INSTALL_DATADIR}/bash-completion/completions
   RENAME softblk COMPONENT programs)
 
+# softblk.service (systemd/softblk.service.in, docs/install.md) in systemd's
+# directory for system units: what pkg-config's systemd says
+# (/lib/systemd/system on Debian 12), else that; below the install prefix
+# when the prefix is not /usr (a staging install must not write to /lib).
+set(SOFTBLK_SYSTEMD_UNIT_DIR "" CACHE STRING
+  "where softblk.service is installed (default: pkg-config systemd's systemdsystemunitdir)")
+if(SOFTBLK_SYSTEMD_UNIT_DIR)
+  set(_softblk_unit_dir ${SOFTBLK_SYSTEMD_UNIT_DIR})
+else()
+  pkg_get_variable(_softblk_unit_dir systemd systemdsystemunitdir)
+  if(NOT _softblk_unit_dir)
+    set(_softblk_unit_dir /lib/systemd/system)
+  endif()
+  if(NOT CMAKE_INSTALL_PREFIX STREQUAL "/usr")
+    set(_softblk_unit_dir ${CMAKE_INSTALL_PREFIX}/lib/systemd/system)
+  endif()
+endif()
+set(SOFTBLK_SBINDIR ${CMAKE_INSTALL_FULL_SBINDIR})
+configure_file(${PROJECT_SOURCE_DIR}/systemd/softblk.service.in
+  ${PROJECT_BINARY_DIR}/systemd/softblk.service @ONLY)
+install(FILES ${PROJECT_BINARY_DIR}/systemd/softblk.service DESTINATION ${_softblk_unit_dir}
+  COMPONENT programs)
+
 # The devices `softblk apply` makes (softblk-devices.d(5)): the directory
 # empty (/etc/softblk/devices.d when the prefix is /usr, GNUInstallDirs'
 # rule), an example file among the documentation.

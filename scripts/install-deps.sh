@@ -13,6 +13,9 @@ packages=(
   liburing-dev libfuse3-dev libcli11-dev nlohmann-json3-dev libfmt-dev
   libspdlog-dev libgtest-dev libgmock-dev libbenchmark-dev libgnutls28-dev
   libnbd-dev
+  # sd_notify for softblk.service; systemd-analyze verify of the unit
+  # (tests/package)
+  libsystemd-dev systemd
   # metrics (docs/metrics.md): the text format and the HTTP listener
   # (prometheus-cpp's serializer and exposer); the parser its test uses
   prometheus-cpp-dev python3-prometheus-client curl
@@ -37,6 +40,8 @@ packages=(
   ceph-mon ceph-osd ceph-common qemu-block-extra
   # VM lab
   qemu-system-x86 busybox-static cpio zstd xz-utils squashfs-tools nbd-client btrfs-progs f2fs-tools
+  # the VM lab's Debian root file system with systemd (tests/vm/debian-root.sh)
+  mmdebstrap
   # profiles in the VM lab (run-vm --tool perf, bench/zoned/profile_guest.sh)
   linux-perf
   # the kernel's zloop.ko for the VM lab's backports kernel, built out of tree

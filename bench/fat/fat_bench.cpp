@@ -7,15 +7,18 @@
 // Usage: softblk-bench-fat [--volume-mib N] [--file-mib N] [--files N]
 //                          [--random-ops N] [--no-fuse] [--no-mtools]
 //                          [--device TYPE:KEY=VALUE,...] [--before]
+//                          [--fuse-opt OPT]...
 // --before adds the reference's "before" configuration (one sector per
 // request, the smallest caches, no read-ahead: one_sector_device.hpp).
 // --device runs the library on another softblk device type (e.g.
 // virtio:path=SOCKET,poll_queues=0: through softblk's virtio-blk driver to
 // a vhost-user-blk back end) instead of the memory-backed null device.
+// --fuse-opt passes OPT to the FUSE mount (e.g. poll_us=0), once per flag.
 // Prints a Markdown table (absolute figures and ratios) to stdout, with the
 // bandwidth of one memcpy of the same buffers measured in the same run (the
 // bound for a memory-backed device, which must copy the data at least once).
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -43,6 +46,7 @@
 #endif
 
 #include "fuse_mount.hpp"
+#include "null_fuse.hpp"
 #include "one_sector_device.hpp"
 
 using namespace softblk::fat;
@@ -66,6 +70,7 @@ struct settings {
     bool mtools = true;
     std::string device;  // TYPE:KEY=VALUE,... (empty: null, memory_backed=1)
     bool before = false;
+    std::vector<std::string> fuse_options;  // --fuse-opt, for the mount
 };
 
 struct figures {
@@ -85,7 +90,37 @@ struct figures {
     // One request to the FUSE server and its answer (statfs, which the
     // kernel never caches and the volume answers from memory).
     std::optional<double> round_trip_us;
+    // The FUSE server thread's CPU time and its time waiting for a CPU
+    // (runnable, not running: /proc/self/task/TID/schedstat) per create:
+    // on a shared machine the wait, not the work, sets a create's time.
+    std::optional<double> server_cpu_per_create_us;
+    std::optional<double> server_wait_per_create_us;
 };
+
+// A thread's CPU time and run-queue wait so far (ns), from schedstat.
+struct sched_times {
+    uint64_t cpu_ns = 0;
+    uint64_t wait_ns = 0;
+};
+
+std::optional<sched_times> thread_sched_times(pid_t tid)
+{
+    FILE* f = std::fopen(fmt::format("/proc/self/task/{}/schedstat", tid).c_str(), "r");
+    if (f == nullptr) {
+        return std::nullopt;
+    }
+    sched_times t;
+    unsigned long long cpu = 0;
+    unsigned long long wait = 0;
+    bool ok = std::fscanf(f, "%llu %llu", &cpu, &wait) == 2;
+    std::fclose(f);
+    if (!ok) {
+        return std::nullopt;
+    }
+    t.cpu_ns = cpu;
+    t.wait_ns = wait;
+    return t;
+}
 
 // Requests submitted to a softblk device's queues so far (0 for other devices).
 uint64_t device_submitted(block_device* dev)
@@ -137,6 +172,8 @@ public:
     virtual block_device* device() { return nullptr; }
     // Microseconds per statfs() on a mount point; nothing for the library.
     virtual std::optional<double> round_trip_us(int) { return std::nullopt; }
+    // The serving thread's schedstat, where a thread of this process serves.
+    virtual std::optional<sched_times> server_times() { return std::nullopt; }
 };
 
 class library_backend final : public backend {
@@ -216,7 +253,10 @@ private:
 
 class posix_backend final : public backend {
 public:
-    posix_backend(std::string root, block_device* dev) : _root(std::move(root)), _dev(dev) {}
+    posix_backend(std::string root, block_device* dev, pid_t server_tid)
+        : _root(std::move(root)), _dev(dev), _server_tid(server_tid)
+    {
+    }
     int open_file(const std::string& path, bool create) override
     {
         int fd = ::open((_root + path).c_str(), O_RDWR | (create ? O_CREAT | O_TRUNC : 0), 0644);
@@ -262,10 +302,15 @@ public:
         }
         return seconds_since(t) * 1e6 / n;
     }
+    std::optional<sched_times> server_times() override
+    {
+        return _server_tid > 0 ? thread_sched_times(_server_tid) : std::nullopt;
+    }
 
 private:
     std::string _root;
     block_device* _dev;
+    pid_t _server_tid;
     std::vector<int> _fds;
 };
 
@@ -364,6 +409,7 @@ figures run_suite(backend& b, const std::string& name, const settings& s)
     // File creation and deletion in one directory (8.3 names, empty files).
     fig.round_trip_us = b.round_trip_us(s.files);
     b.mkdir("/many");
+    const auto server0 = b.server_times();
     t = clock_type::now();
     for (int i = 0; i < s.files; ++i) {
         if (!b.create_empty(fmt::format("/many/f{:06d}.dat", i))) {
@@ -372,6 +418,12 @@ figures run_suite(backend& b, const std::string& name, const settings& s)
         }
     }
     fig.create_us = seconds_since(t) * 1e6 / s.files;
+    if (auto server1 = b.server_times(); server0 && server1) {
+        fig.server_cpu_per_create_us =
+            static_cast<double>(server1->cpu_ns - server0->cpu_ns) / 1e3 / s.files;
+        fig.server_wait_per_create_us =
+            static_cast<double>(server1->wait_ns - server0->wait_ns) / 1e3 / s.files;
+    }
     t = clock_type::now();
     for (int i = 0; i < s.files; ++i) {
         b.unlink(fmt::format("/many/f{:06d}.dat", i));
@@ -497,12 +549,15 @@ std::optional<figures> run_fuse(const settings& s, std::string& label, bool dire
     char tmpl[] = "/tmp/softblk-fat-bench-XXXXXX";
     std::string mnt = mkdtemp(tmpl);
     volume& vol = **v;
-    std::vector<std::string> fuse_options;
+    std::vector<std::string> fuse_options = s.fuse_options;
     if (direct_io) {
         fuse_options.push_back("direct_io");
     }
-    std::thread server(
-        [&] { softblk::fat::detail::serve_fuse(vol, mnt, true, false, fuse_options); });
+    std::atomic<pid_t> server_tid{0};
+    std::thread server([&] {
+        server_tid = ::gettid();
+        softblk::fat::detail::serve_fuse(vol, mnt, true, false, fuse_options);
+    });
     struct stat root {};
     struct stat parent {};
     for (int i = 0; i < 100; ++i) {
@@ -519,9 +574,9 @@ std::optional<figures> run_fuse(const settings& s, std::string& label, bool dire
         server.join();
         return std::nullopt;
     }
-    posix_backend b(mnt, dev.get());
+    posix_backend b(mnt, dev.get(), server_tid.load());
     figures fig =
-        run_suite(b, direct_io ? "FUSE mount, -o direct_io" : "FUSE mount (writeback cache)", s);
+        run_suite(b, direct_io ? "FUSE mount, -o direct_io" : "FUSE mount (default options)", s);
     shell("fusermount3 -u " + mnt);
     server.join();
     (void)vol.unmount();
@@ -639,10 +694,13 @@ int main(int argc, char** argv)
             s.device = argv[++i];
         } else if (a == "--before") {
             s.before = true;
+        } else if (a == "--fuse-opt" && i + 1 < argc) {
+            s.fuse_options.emplace_back(argv[++i]);
         } else {
             fmt::print(stderr,
                        "usage: {} [--volume-mib N] [--file-mib N] [--files N] [--random-ops N] "
-                       "[--no-fuse] [--no-mtools] [--device TYPE:KEY=VALUE,...] [--before]\n",
+                       "[--no-fuse] [--no-mtools] [--device TYPE:KEY=VALUE,...] [--before] "
+                       "[--fuse-opt OPT]...\n",
                        argv[0]);
             return 2;
         }
@@ -701,6 +759,17 @@ int main(int argc, char** argv)
             }
         }
     }
+    // The floor under any FUSE create here: a file system that does nothing.
+    std::optional<softblk::fat::bench::null_fuse_figures> null_fuse;
+    if (s.fuse) {
+        std::string poll_us = "auto";  // the mount's default, or what --fuse-opt says
+        for (auto& o : s.fuse_options) {
+            if (o.rfind("poll_us=", 0) == 0) {
+                poll_us = o.substr(8);
+            }
+        }
+        null_fuse = softblk::fat::bench::measure_null_fuse(s.files, poll_us);
+    }
     std::optional<mtools_figures> m;
     if (s.mtools) {
         m = run_mtools(s);
@@ -755,6 +824,24 @@ int main(int argc, char** argv)
                 "2 x (library create + round trip) = {:.2f} us\n",
                 r.name, *r.round_trip_us, r.create_us,
                 2 * (rows.front().create_us + *r.round_trip_us));
+            if (r.server_cpu_per_create_us && r.server_wait_per_create_us) {
+                fmt::print(
+                    "{}: per create, the FUSE server thread ran {:.2f} us and waited {:.2f} us "
+                    "for a CPU\n",
+                    r.name, *r.server_cpu_per_create_us, *r.server_wait_per_create_us);
+            }
+        }
+    }
+    if (null_fuse) {
+        fmt::print(
+            "do-nothing FUSE file system (low-level libfuse, the mount's loop): create {:.2f} us, "
+            "statfs {:.2f} us\n",
+            null_fuse->create_us, null_fuse->statfs_us);
+        for (auto& r : rows) {
+            if (r.round_trip_us) {
+                fmt::print("{}: create {:.2f}x the do-nothing file system's\n", r.name,
+                           r.create_us / null_fuse->create_us);
+            }
         }
     }
     fmt::print("Library vs one memcpy of the same data: write {:.0f}%, read {:.0f}%\n",

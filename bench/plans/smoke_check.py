@@ -35,7 +35,7 @@ EXPECTED = [
     ("fat", {"config": "before", "workload": "seq-read"}, "softblk"),
     ("fat", {"config": "after", "workload": "seq-read"}, "softblk"),
     ("fat", {"config": "after", "workload": "create"}, "softblk"),
-    ("fat", {"config": "FUSE mount, writeback cache", "workload": "seq-read"}, "softblk"),
+    ("fat", {"config": "FUSE mount, default options", "workload": "seq-read"}, "softblk"),
     ("fat", {"workload": "seq-write"}, "mtools"),
     ("rnull", {"workload": "randread", "bs": 4096}, "null_blk"),
     ("rnull", {"workload": "randread", "bs": 4096}, "softblk"),

@@ -31,9 +31,9 @@
 #include <softblk/options.hpp>
 #include <softblk/types.hpp>
 
-struct io_uring;
-
 namespace softblk {
+
+class queue_ring_sharing;  // ring_sharing.hpp: an extension ublk asks for
 
 class target;
 
@@ -209,25 +209,10 @@ public:
     virtual int event_fd() const = 0;
 
     // For owners that wait in an io_uring of their own (ublk's queue
-    // thread): lends it to the queue, whose target may then submit its own
-    // I/O there (the file and zloop targets' file rings; decorators pass
-    // it on), saving a system call and a wake-up through event_fd() per
-    // request. The owner then marks its own entries' user_data with
-    // bit 63, submits before each wait (what the target queued goes with
-    // it) and passes every other completion to ring_completion(). The ring
-    // needs room for the target's entries (up to three per request) and
-    // must have no fixed-file table. wait() sees none of the target's
-    // completions then. Only with nothing in flight. True when
-    // the target took it; nullptr gives it back (before the owner closes
-    // the ring; true once nothing is in flight). Owner thread.
-    virtual bool share_ring(io_uring* ring) = 0;
-    virtual void ring_completion(uint64_t user_data, int result) = 0;
-    // With the ring shared: whether a write whose data is in the kernel
-    // may carry the owner's completion linked after it (kernel_buffer::
-    // prep_completion): the target ends such writes with their file
-    // write's result, and the queue holds no completion back for a time
-    // (irqmode=2).
-    virtual bool links_completions() const = 0;
+    // thread): the queue's ring-sharing extension (ring_sharing.hpp), or
+    // nullptr when its target has no ring I/O to run in the owner's (every
+    // target but the file and zloop ones). Owner thread.
+    virtual queue_ring_sharing* ring_sharing() { return nullptr; }
 
     virtual queue_stats stats() const = 0;
 

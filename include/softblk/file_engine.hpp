@@ -29,6 +29,7 @@
 #include <utility>
 #include <vector>
 
+#include <softblk/ring_sharing.hpp>
 #include <softblk/target.hpp>
 #include <softblk/support/trusted_dir.hpp>
 #include <softblk/types.hpp>
@@ -385,7 +386,7 @@ private:
 // extra indirection. The derived queue sets ring() before I/O and
 // implements submit() (or Base's hooks).
 template <typename Base>
-class file_ring_queue : public Base {
+class file_ring_queue : public Base, public target_ring_sharing {
 public:
     using Base::Base;
 
@@ -393,6 +394,8 @@ public:
     bool busy() const override { return _ring->in_flight() != 0; }
     int wait_fd() const override { return _ring->event_fd(); }
     uint64_t next_wakeup_ns() const override { return _ring->next_wakeup_ns(); }
+    // Its ring may run in its owner's (ring_sharing.hpp).
+    target_ring_sharing* ring_sharing() override { return this; }
     bool share_ring(io_uring* ring) override { return _ring->borrow_ring(ring); }
     bool ends_with_ring_write() const override { return true; }
     void ring_completion(uint64_t user_data, int result) override

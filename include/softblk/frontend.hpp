@@ -75,14 +75,12 @@ public:
 };
 
 // An export whose state outlives its process under a run directory (ublk's
-// RUN_DIR/ublk/NAME.json), as its front end sees it now: what re-creates
-// the device and the export, and whether starting that export takes over
-// what the dead process left.
+// RUN_DIR/ublk/NAME.json), as its front end sees it now: whether starting
+// that export takes over what the dead process left. Only the front end's
+// own facts: what re-creates the device and the export (target type,
+// options, export options) is the host library's state file.
 struct saved_export {
-    std::string device;                       // the device's name
-    std::string target_type;                  // device::create(device, target_type,
-    std::vector<std::string> device_options;  //                device_options)
-    std::vector<std::string> export_options;  // start_export(..., export_options)
+    std::string device;  // the device's name
     // Starting the export on a device of this name, re-created as above,
     // takes over what was left (ublk: START/END_USER_RECOVERY on the same
     // /dev/ublkbN) instead of starting afresh: its process is gone and the

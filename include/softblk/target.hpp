@@ -21,9 +21,9 @@
 #include <softblk/options.hpp>
 #include <softblk/types.hpp>
 
-struct io_uring;
-
 namespace softblk {
+
+class target_ring_sharing;  // ring_sharing.hpp
 
 // Where a target_queue reports finished requests. Implemented by the core's
 // queue (which applies the completion mode: inline, deferred, timer) and by
@@ -66,22 +66,11 @@ public:
     // even without an event, or UINT64_MAX.
     virtual uint64_t next_wakeup_ns() const { return UINT64_MAX; }
 
-    // The queue's owner lends its io_uring (io_queue::share_ring): a target
-    // whose I/O goes through an io_uring of its own (file_ring::borrow_ring)
-    // may run it there instead. True when it does; nullptr gives the ring
-    // back (true once nothing is in flight). Queue thread.
-    virtual bool share_ring(io_uring* ring) { return ring == nullptr; }
-
-    // A completion from the shared ring that is not the owner's (user_data
-    // below 2^63): the target's. Queue thread.
-    virtual void ring_completion(uint64_t user_data, int result) {}
-
-    // True when every request with kernel_data ends with the result of its
-    // file ring's last write for it, at once and unchanged (never given up
-    // at a timeout either: timed_out says false): the owner may then link
-    // its own completion after that write (kernel_buffer::prep_completion).
-    // Decorators, which change results or their timing, say false.
-    virtual bool ends_with_ring_write() const { return false; }
+    // The queue's ring-sharing extension (ring_sharing.hpp): a target
+    // whose I/O goes through an io_uring of its own (file_ring) may run it
+    // in the one its queue's owner sleeps in; nullptr (the default) when
+    // it has none. The same answer for the queue's life. Queue thread.
+    virtual target_ring_sharing* ring_sharing() { return nullptr; }
 
     // The core gave up on `request` after the device's I/O timeout (the
     // block layer's timeout handler). Return true if the target released it;

@@ -113,12 +113,12 @@ struct data_window {
 // the write is done. The front end fills it and keeps it until the request
 // completes.
 //
-// Two variations, both only in a ring the front end lent (share_ring):
+// Two variations, both only in a ring the front end lent (ring_sharing.hpp):
 // `in_table` says the kernel put the pages in that ring's table already
 // (ublk's AUTO_BUF_REG) and takes them out itself, so the ring registers
 // nothing; `prep_completion`, where set, makes the entry by which the
 // front end itself ends the request, and the ring links it after each
-// write of the rest of the request (io_queue::links_completions says
+// write of the rest of the request (queue_ring_sharing::links_completions says
 // when a front end may ask for that): the kernel then completes the
 // request as soon as the write is done, in the context that did it,
 // without waiting for the front end's thread. The front end still sees

@@ -19,6 +19,8 @@
 #include <softblk/support/trusted_dir.hpp>
 #include <softblk/memory_store.hpp>
 
+#include "service_manager.hpp"
+
 namespace softblk::cli {
 
 namespace {
@@ -78,11 +80,15 @@ result<void> setup_logging(const run_paths& paths, bool to_stderr)
         return std::unexpected(fd.error());
     }
     std::vector<spdlog::sink_ptr> sinks{std::make_shared<fd_sink>(*fd)};
-    if (to_stderr) {
+    sinks.front()->set_pattern("%Y-%m-%d %H:%M:%S.%e [%l] %v");
+    if (to_stderr && stderr_is_journal()) {
+        // Under systemd: levels as the journal's priorities, its own time.
+        sinks.push_back(make_journal_stream_sink());
+    } else if (to_stderr) {
         sinks.push_back(std::make_shared<spdlog::sinks::stderr_sink_mt>());
+        sinks.back()->set_pattern("%Y-%m-%d %H:%M:%S.%e [%l] %v");
     }
     auto logger = std::make_shared<spdlog::logger>("softblk", sinks.begin(), sinks.end());
-    logger->set_pattern("%Y-%m-%d %H:%M:%S.%e [%l] %v");
     logger->flush_on(spdlog::level::info);
     spdlog::set_default_logger(logger);
     return {};
@@ -379,6 +385,7 @@ void control_service::begin_stop(std::string reason, bool force)
     if (_stop_reason.empty()) {
         _stop_since = clock::now();
         spdlog::info("stopping: {}", reason);
+        notify_service_manager(fmt::format("STOPPING=1\nSTATUS=stopping: {}", reason));
     } else {
         spdlog::info("{} (already stopping: {})", reason, _stop_reason);
     }
@@ -411,6 +418,7 @@ void control_service::stop_released_devices()
             "{}: {} stay{} in use; the daemon stops once released (unmount; or `softblk "
             "shutdown --force`)",
             _stop_reason, text, busy.size() == 1 ? "s" : "");
+        notify_service_manager(fmt::format("STATUS=stopping once released (unmount): {}", text));
         _busy_logged = text;
     }
 }
@@ -418,6 +426,19 @@ void control_service::stop_released_devices()
 void control_service::on_signal(const std::string& name)
 {
     begin_stop(name, false);
+}
+
+void control_service::report_status()
+{
+    const size_t recovering = _host.recovering().size();
+    std::string text = fmt::format("STATUS=serving {} device(s)", _host.size());
+    if (recovering > 0) {
+        text += fmt::format(", {} recovering", recovering);
+    }
+    if (text != _status_sent) {
+        notify_service_manager(text);
+        _status_sent = std::move(text);
+    }
 }
 
 void control_service::tick()
@@ -458,6 +479,7 @@ void control_service::tick()
         return false;
     });
     if (_stop_reason.empty()) {
+        report_status();
         return;
     }
     stop_released_devices();
@@ -597,6 +619,10 @@ int run_daemon(const run_paths& paths, const daemon_options& options)
             status = 1;
         } else {
             spdlog::info("listening on {}", paths.socket);
+            // The socket accepts from here on: a unit's ExecStartPost
+            // (`softblk apply`) may connect. Devices still recovering are
+            // listed as such meanwhile.
+            notify_service_manager("READY=1");
             control_server& srv = **server;
             control_service service(host, paths, srv, served);
             if (metrics) {

@@ -117,6 +117,9 @@ private:
     void begin_stop(std::string reason, bool force);
     // Starts the teardown of every running device that may stop now.
     void stop_released_devices();
+    // The service manager's STATUS= line (systemctl status): the devices
+    // served, sent when it changes.
+    void report_status();
     // The reply of a del whose teardowns ended or whose time is up.
     result<nlohmann::json> outcome(const pending_del& del) const;
 
@@ -135,6 +138,7 @@ private:
     std::chrono::steady_clock::time_point _stop_since;
     std::chrono::steady_clock::time_point _next_release_check;
     std::string _busy_logged;
+    std::string _status_sent;
 };
 
 // Runs the daemon in this process until `shutdown`, SIGTERM, SIGINT or

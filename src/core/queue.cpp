@@ -121,6 +121,7 @@ result<void> queue_impl::open(target& t)
         return std::unexpected(tq.error());
     }
     _tq = std::move(*tq);
+    _tq_ring = _tq->ring_sharing();
     return {};
 }
 
@@ -451,7 +452,7 @@ bool queue_impl::share_ring(io_uring* ring)
     if (ring != nullptr && in_flight() != 0) {
         return false;
     }
-    if (!_tq->share_ring(ring)) {
+    if (!_tq_ring->share_ring(ring)) {
         return false;
     }
     _ring_shared = ring != nullptr;
@@ -463,7 +464,7 @@ bool queue_impl::links_completions() const
     // (Deferred completions, irqmode=1, only run later in the same loop; a
     // timer's, irqmode=2, must not end before it.)
     return _ring_shared && !_poll_queue && _mode != completion_mode::timer &&
-           _tq->ends_with_ring_write();
+           _tq_ring->ends_with_ring_write();
 }
 
 unsigned queue_impl::wait(unsigned min_completions, int64_t timeout_ns)

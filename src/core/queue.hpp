@@ -9,6 +9,7 @@
 #include <vector>
 
 #include <softblk/device.hpp>
+#include <softblk/ring_sharing.hpp>
 #include <softblk/support/clock.hpp>
 #include <softblk/support/handoff_list.hpp>
 #include <softblk/support/intrusive_fifo.hpp>
@@ -60,7 +61,7 @@ enum request_state : uint8_t {
     k_in_callback = 4,  // its completion callback is running
 };
 
-class queue_impl final : public io_queue, public completion_sink {
+class queue_impl final : public io_queue, public completion_sink, public queue_ring_sharing {
 public:
     queue_impl(device_impl& dev, unsigned index, bool poll_queue, unsigned depth,
                std::shared_ptr<shared_tag_pool> shared_tags);
@@ -85,11 +86,12 @@ public:
     }
     uint64_t next_event_ns() const override;
     int event_fd() const override;
+    queue_ring_sharing* ring_sharing() override { return _tq_ring != nullptr ? this : nullptr; }
     bool share_ring(io_uring* ring) override;
     bool links_completions() const override;
     void ring_completion(uint64_t user_data, int result) override
     {
-        _tq->ring_completion(user_data, result);
+        _tq_ring->ring_completion(user_data, result);
     }
     queue_stats stats() const override;
     void attach_owner(std::function<void()> wake) override;
@@ -141,6 +143,8 @@ private:
     bool _poll_queue;
     unsigned _depth;
     std::unique_ptr<target_queue> _tq;
+    // _tq's ring-sharing extension (nullptr: none), asked once at open().
+    target_ring_sharing* _tq_ring = nullptr;
     std::unique_ptr<io_request[]> _requests;
     std::vector<uint32_t> _free_tags;  // local tag stack (no shared pool)
     std::shared_ptr<shared_tag_pool> _shared_tags;
@@ -150,7 +154,8 @@ private:
     fifo _inline_backlog;               // inline completions raised while a callback runs
     intrusive_fifo<bio> _bios_waiting;  // bios that want a tag, in submission order
     bool _delivering = false;
-    // The owner's io_uring runs the target's I/O (share_ring): its
+    // The owner's io_uring runs the target's I/O (share_ring, the
+    // ring-sharing extension): its
     // completions wake the owner, not event_fd().
     bool _ring_shared = false;
     unsigned _delivered = 0;  // callbacks run, for process/wait accounting

@@ -133,8 +133,10 @@ public:
         return description(name, (*added)["export"]);
     }
 
-    // Re-creates the device of the saved export NAME and starts the export
-    // with its saved options, which takes over what the dead process left.
+    // Re-creates the device of the saved export NAME from the settings the
+    // host library saved for it (RUN_DIR/devices/NAME.json) and starts the
+    // export with them, which takes over what the dead process left (the
+    // export's own state says whether it can).
     result<json> recover(const std::string& name)
     {
         if (!_type.saved_exports) {
@@ -157,7 +159,20 @@ public:
                                         "nothing to recover",
                                         name, _type.name, dump(s.state)));
             }
-            return add(name, s.target_type, s.device_options, s.export_options);
+            auto settings = _host.read_saved(name);
+            if (!settings) {
+                return softblk::make_error(
+                    settings.error().code.value(),
+                    fmt::format("{}: the {} export can be taken over, but the device's "
+                                "settings cannot be read: {}",
+                                name, _type.name, settings.error().message));
+            }
+            if (settings->export_type != _type.name) {
+                return softblk::make_error(
+                    EINVAL, fmt::format("{}: its saved settings name export type {}, not {}", name,
+                                        settings->export_type, _type.name));
+            }
+            return add(name, settings->type, settings->options, settings->export_options);
         }
         return softblk::make_error(
             ENOENT, fmt::format("{}: no saved {} export under {}", name, _type.name, _ctx.run_dir));
@@ -196,7 +211,10 @@ public:
             for (const softblk::saved_export& s : *saved) {
                 json entry = s.state;
                 entry["device"] = s.device;
-                entry["target_type"] = s.target_type;
+                // The device's settings are the host library's.
+                if (auto settings = _host.read_saved(s.device)) {
+                    entry["target_type"] = settings->type;
+                }
                 entry["recoverable"] = s.recoverable;
                 out["saved"].push_back(std::move(entry));
             }

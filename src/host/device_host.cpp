@@ -578,6 +578,71 @@ nlohmann::json device_host::list() const
     return out;
 }
 
+result<void> device_host::read_state_file(const std::string& file, hosted_device& entry) const
+{
+    entry.name = file.substr(0, file.size() - 5);
+    entry.export_type = "none";
+    entry.sequence = UINT64_MAX;
+    auto text = read_small_file(_state_dir + "/" + file, k_max_state_bytes);
+    if (!text) {
+        return std::unexpected(text.error());
+    }
+    nlohmann::json state = nlohmann::json::parse(*text, nullptr, false);
+    if (state.is_discarded() || !state.is_object()) {
+        return make_error(EINVAL, fmt::format("{}: not a JSON object", file));
+    }
+    auto name = param_string(state, "name", true);
+    auto type = param_string(state, "type", true);
+    auto options = param_strings(state, "options");
+    const nlohmann::json exp = state.value("export", nlohmann::json::object());
+    auto export_type = exp.is_object()
+                           ? param_string(exp, "type", false, "none")
+                           : result<std::string>(make_error(EINVAL, "\"export\" is not an object"));
+    auto export_options =
+        exp.is_object() ? param_strings(exp, "options") : result<std::vector<std::string>>();
+    auto config = param_string(state, "config", false);
+    if (auto seq = state.find("sequence"); seq != state.end() && seq->is_number_unsigned()) {
+        entry.sequence = seq->get<uint64_t>();
+    }
+    for (const auto* err :
+         {name ? nullptr : &name.error(), type ? nullptr : &type.error(),
+          options ? nullptr : &options.error(), export_type ? nullptr : &export_type.error(),
+          export_options ? nullptr : &export_options.error(), config ? nullptr : &config.error()}) {
+        if (err != nullptr) {
+            return make_error(err->code.value(), fmt::format("{}: {}", file, err->message));
+        }
+    }
+    if (*name != entry.name || !valid_device_name(*name)) {
+        return make_error(EINVAL, fmt::format("{}: names device '{}'", file, *name));
+    }
+    entry.type = *type;
+    entry.options = *options;
+    entry.export_type = *export_type;
+    entry.export_options = *export_options;
+    entry.config = *config;
+    return {};
+}
+
+result<saved_device> device_host::read_saved(std::string_view name) const
+{
+    if (!valid_device_name(name)) {
+        return make_error(EINVAL, fmt::format("'{}' is not a device name", name));
+    }
+    hosted_device entry;
+    if (auto read = read_state_file(fmt::format("{}.json", name), entry); !read) {
+        if (read.error().code.value() == ENOENT) {
+            return make_error(ENOENT, fmt::format("{}: no saved settings ({} is missing)", name,
+                                                  state_path(name)));
+        }
+        return std::unexpected(read.error());
+    }
+    return saved_device{.name = std::move(entry.name),
+                        .type = std::move(entry.type),
+                        .options = std::move(entry.options),
+                        .export_type = std::move(entry.export_type),
+                        .export_options = std::move(entry.export_options)};
+}
+
 std::vector<device_host::hosted_device> device_host::read_state_files()
 {
     std::vector<std::string> files;
@@ -597,59 +662,9 @@ std::vector<device_host::hosted_device> device_host::read_state_files()
     std::vector<hosted_device> entries;
     for (const std::string& file : files) {
         hosted_device entry;
-        entry.name = file.substr(0, file.size() - 5);
-        entry.export_type = "none";
-        entry.sequence = UINT64_MAX;
-        auto fail = [&](std::string why) {
-            entry.failure = std::move(why);
-            entries.push_back(std::move(entry));
-        };
-        auto text = read_small_file(_state_dir + "/" + file, k_max_state_bytes);
-        if (!text) {
-            fail(text.error().message);
-            continue;
+        if (auto read = read_state_file(file, entry); !read) {
+            entry.failure = std::move(read.error().message);
         }
-        nlohmann::json state = nlohmann::json::parse(*text, nullptr, false);
-        if (state.is_discarded() || !state.is_object()) {
-            fail(fmt::format("{}: not a JSON object", file));
-            continue;
-        }
-        auto name = param_string(state, "name", true);
-        auto type = param_string(state, "type", true);
-        auto options = param_strings(state, "options");
-        const nlohmann::json exp = state.value("export", nlohmann::json::object());
-        auto export_type =
-            exp.is_object()
-                ? param_string(exp, "type", false, "none")
-                : result<std::string>(make_error(EINVAL, "\"export\" is not an object"));
-        auto export_options =
-            exp.is_object() ? param_strings(exp, "options") : result<std::vector<std::string>>();
-        auto config = param_string(state, "config", false);
-        if (auto seq = state.find("sequence"); seq != state.end() && seq->is_number_unsigned()) {
-            entry.sequence = seq->get<uint64_t>();
-        }
-        if (!name || !type || !options || !export_type || !export_options || !config) {
-            for (const auto* err : {name ? nullptr : &name.error(), type ? nullptr : &type.error(),
-                                    options ? nullptr : &options.error(),
-                                    export_type ? nullptr : &export_type.error(),
-                                    export_options ? nullptr : &export_options.error(),
-                                    config ? nullptr : &config.error()}) {
-                if (err != nullptr) {
-                    fail(fmt::format("{}: {}", file, err->message));
-                    break;
-                }
-            }
-            continue;
-        }
-        if (*name != entry.name || !valid_device_name(*name)) {
-            fail(fmt::format("{}: names device '{}'", file, *name));
-            continue;
-        }
-        entry.type = *type;
-        entry.options = *options;
-        entry.export_type = *export_type;
-        entry.export_options = *export_options;
-        entry.config = *config;
         entries.push_back(std::move(entry));
     }
     std::sort(entries.begin(), entries.end(), [](const hosted_device& a, const hosted_device& b) {

@@ -56,6 +56,17 @@ struct add_request {
     std::string config;
 };
 
+// What a device's state file saves: what re-creates the device and its
+// export (recovery). The host library alone saves a device's settings; an
+// export saves only its own kernel facts (ublk: RUN_DIR/ublk/NAME.json).
+struct saved_device {
+    std::string name;
+    std::string type;                  // target type
+    std::vector<std::string> options;  // the options the user gave
+    std::string export_type;           // "none" or a registered type
+    std::vector<std::string> export_options;
+};
+
 // The export `add` chooses for a device without zones (zoned=false) or
 // with zones when it names none (choose_default_export, frontend.hpp,
 // ignoring block size); "none" when no front end can. Any thread.
@@ -209,6 +220,11 @@ public:
     nlohmann::json begin_recover(const std::vector<add_request>& then_add = {});
     // begin_recover, waited for: {recovered: [...], failed: [...]}.
     nlohmann::json recover();
+    // The settings saved for device `name` by this or an earlier process
+    // on the same state directory, for one that takes over a single
+    // device another left (softblk-driver --recover): ENOENT when there is
+    // no state file, EINVAL naming what is wrong with it. Any thread.
+    result<saved_device> read_saved(std::string_view name) const;
 
     // Stops every export (forced) and destroys every device, waiting for
     // them (and for the jobs running) without a bound; state files stay, so
@@ -308,6 +324,10 @@ private:
     // The state files, parsed, in creation order (those that cannot be
     // read carry their failure).
     std::vector<hosted_device> read_state_files();
+    // One state file (NAME.json in the state directory) into `entry`: its
+    // name from the file name, the rest from the file; the error says
+    // what is wrong.
+    result<void> read_state_file(const std::string& file, hosted_device& entry) const;
     // Reaps until `done` says so, sleeping on wake_fd() between (no bound).
     void wait_for(const std::function<bool(reaped&)>& done);
 

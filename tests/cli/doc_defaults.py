@@ -7,12 +7,18 @@ second column is headed "default") and compares each row's default with
 table) documents. A row whose default is prose ("(required)", "all of the
 device's queues", "1 when not root") is not a value and is skipped; every
 other row must name an option of that type with that default, so a wrong
-default, a renamed option or a table of the wrong type fails. Exits 77
-when the type is not built.
+default, a renamed option or a table of the wrong type fails. A page of
+docs/ (or the README) with such a table that PAGES does not list fails
+too, so a new page cannot go unchecked. The fio engine's options are
+fio's, not a softblk type's: they are compared with the engine's own
+table (`.name`/`.def` in bench/fio/softblk_fio.c). Exits 77 when the type
+is not built.
 
 Usage: doc_defaults.py PATH/TO/softblk DOCS_DIR
 """
+import glob
 import json
+import os
 import re
 import subprocess
 import sys
@@ -28,6 +34,7 @@ PAGES = {
     "fuse.md": ["export:fuse"],
     "nbd.md": ["export:nbd"],
     "ublk.md": ["export:ublk"],
+    "fio.md": ["source:bench/fio/softblk_fio.c"],
 }
 # Words a table may write for an empty default ("off" may also be the value).
 WORDS = {"empty": "", "none": "", "off": ""}
@@ -78,13 +85,45 @@ def documented_default(cell):
     return token
 
 
+def fio_options(path):
+    """The fio engine's option table (struct fio_option in C) as features'
+    form: {"options": [{"name", "default"}]}, "" where it sets no .def."""
+    with open(path) as f:
+        text = f.read()
+    options = []
+    for block in re.findall(r"\{([^{}]*\.name\s*=\s*\"[^\"]+\"[^{}]*)\}", text):
+        name = re.search(r"\.name\s*=\s*\"([^\"]+)\"", block).group(1)
+        default = re.search(r"\.def\s*=\s*\"([^\"]*)\"", block)
+        options.append({"name": name, "default": default.group(1) if default else ""})
+    return {"options": options}
+
+
+def unlisted_pages(docs):
+    """Pages with a table whose second column is "default" that PAGES lacks."""
+    out = []
+    for path in sorted(glob.glob(f"{docs}/*.md")) + [f"{docs}/../README.md"]:
+        if not os.path.exists(path) or os.path.basename(path) in PAGES:
+            continue
+        with open(path) as f:
+            if any(True for _ in tables(f.read())):
+                out.append(os.path.relpath(path, docs))
+    return out
+
+
 def main():
     softblk, docs = sys.argv[1], sys.argv[2]
     features = json.loads(subprocess.run([softblk, "features", "--json"], check=True,
                                          capture_output=True, text=True).stdout)
     types = {f"target:{t['name']}": t for t in features["targets"]}
     types.update({f"export:{e['name']}": e for e in features["exports"]})
+    for kinds in PAGES.values():
+        for kind in kinds:
+            if kind.startswith("source:"):
+                types[kind] = fio_options(f"{docs}/../{kind[len('source:'):]}")
     failures, compared, missing = [], 0, []
+    for page in unlisted_pages(docs):
+        failures.append(f"{page}: a table with a default column that this test does not "
+                        f"check (add the page to PAGES)")
     for page, kinds in PAGES.items():
         with open(f"{docs}/{page}") as f:
             found = list(tables(f.read()))

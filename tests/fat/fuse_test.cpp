@@ -7,7 +7,9 @@
 #include <atomic>
 #include <chrono>
 #include <csignal>
+#include <cstring>
 #include <fcntl.h>
+#include <fstream>
 #include <sys/stat.h>
 #include <thread>
 
@@ -256,6 +258,126 @@ TEST(FatFuse, ThreadsOptionServesWithAPoolOfAtMostN)
         EXPECT_EQ(m.unmount(), 0);
     }
     EXPECT_TRUE(fsck_clean(img));
+}
+
+// The server's CPU time so far (ns), from /proc/PID/task/*/schedstat.
+uint64_t cpu_ns_of(pid_t pid)
+{
+    uint64_t total = 0;
+    std::error_code ec;
+    for (auto& e : fs::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec)) {
+        std::ifstream in(e.path() / "schedstat");
+        uint64_t ns = 0;
+        if (in >> ns) {
+            total += ns;
+        }
+    }
+    return total;
+}
+
+// -o poll_us=N|auto is the serving loop's busy-poll window after each
+// request (the core's level_chooser, as for the FUSE export's poll_us):
+// a value out of range is refused with a message; a given window serves
+// creates, writes and reads and leaves a clean image; polling stops when
+// the requests stop (an idle mount does not spin). Before the option, the
+// loop passed poll_us=... to libfuse, which refused to mount.
+TEST(FatFuse, PollOptionSetsTheServingLoopsWindow)
+{
+    FAT_REQUIRE_FUSE();
+    temp_dir tmp;
+    std::string img = make_image(tmp);
+    std::string mnt = tmp / "mnt";
+    fs::create_directories(mnt);
+    for (std::string bad : {"poll_us=abc", "poll_us=5000", "poll_us="}) {
+        std::string log = tmp / "bad.log";
+        fuse_mount m(img, mnt, {"-o", bad}, log);
+        EXPECT_FALSE(m.ok()) << bad;
+        auto text = load_file(log);
+        EXPECT_NE(std::string(text.begin(), text.end()).find("poll_us takes auto, or a window"),
+                  std::string::npos)
+            << bad << ": " << std::string(text.begin(), text.end());
+    }
+    std::mt19937_64 rng(11);
+    std::string data = random_bytes(rng, 3u << 20);
+    for (std::string window : {"poll_us=500", "poll_us=auto", "poll_us=0"}) {
+        {
+            fuse_mount m(img, mnt, {"-o", window});
+            ASSERT_TRUE(m.ok()) << window << ": the FUSE mount did not come up";
+            std::string dir = mnt + "/d" + window.substr(8);
+            ASSERT_EQ(::mkdir(dir.c_str(), 0755), 0) << dir;
+            for (int i = 0; i < 200; ++i) {
+                ASSERT_TRUE(create_file(dir + "/f" + std::to_string(i) + ".dat")) << window << i;
+            }
+            write_file(dir + "/data.bin", data);
+            auto got = load_file(dir + "/data.bin");
+            EXPECT_TRUE(std::string(got.begin(), got.end()) == data) << window;
+            // Idle: after at most one window the server sleeps in read().
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));
+            uint64_t before = cpu_ns_of(m.pid());
+            std::this_thread::sleep_for(std::chrono::milliseconds(500));
+            uint64_t spent = cpu_ns_of(m.pid()) - before;
+            EXPECT_LT(spent, 50'000'000u) << window << ": the idle server ran " << spent << " ns";
+            EXPECT_EQ(m.unmount(), 0);
+        }
+        EXPECT_TRUE(fsck_clean(img)) << window;
+    }
+    // What was written survives the unmounts.
+    fuse_mount m(img, mnt);
+    ASSERT_TRUE(m.ok());
+    for (std::string d : {"/d500", "/dauto", "/d0"}) {
+        auto got = load_file(mnt + d + "/data.bin");
+        EXPECT_TRUE(std::string(got.begin(), got.end()) == data) << d;
+        EXPECT_TRUE(exists(mnt + d + "/f199.dat")) << d;
+    }
+    EXPECT_EQ(m.unmount(), 0);
+}
+
+// -o writeback=0 (the default: each write(2) goes to the volume, the page
+// cache serves reads) and -o writeback=1 (the kernel's writeback cache)
+// both keep POSIX semantics that the two modes implement differently:
+// O_APPEND (the server places appends without the cache, the kernel with
+// it), overwrites inside a page, a file opened write-only; the data
+// survives the unmount and the image is clean. Another value is refused.
+// Before the option, writeback=... went to libfuse, which refused to mount.
+TEST(FatFuse, WritebackOptionWritesThroughOrCachesAlike)
+{
+    FAT_REQUIRE_FUSE();
+    temp_dir tmp;
+    std::string img = make_image(tmp);
+    std::string mnt = tmp / "mnt";
+    fs::create_directories(mnt);
+    {
+        std::string log = tmp / "bad.log";
+        fuse_mount bad(img, mnt, {"-o", "writeback=2"}, log);
+        EXPECT_FALSE(bad.ok());
+        auto text = load_file(log);
+        EXPECT_NE(std::string(text.begin(), text.end()).find("writeback takes 0"),
+                  std::string::npos);
+    }
+    for (std::string mode : {"writeback=0", "writeback=1"}) {
+        std::string name = "/" + mode.substr(10) + ".txt";
+        {
+            fuse_mount m(img, mnt, {"-o", mode});
+            ASSERT_TRUE(m.ok()) << mode << ": the FUSE mount did not come up";
+            for (const char* piece : {"one ", "two ", "three"}) {
+                int fd = ::open((mnt + name).c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+                ASSERT_GE(fd, 0) << mode;
+                ASSERT_EQ(::write(fd, piece, std::strlen(piece)),
+                          static_cast<ssize_t>(std::strlen(piece)));
+                ::close(fd);
+            }
+            int fd = ::open((mnt + name).c_str(), O_WRONLY);
+            ASSERT_GE(fd, 0) << mode;
+            ASSERT_EQ(::pwrite(fd, "TWO", 3, 4), 3);
+            ::close(fd);
+            auto got = load_file(mnt + name);
+            EXPECT_EQ(std::string(got.begin(), got.end()), "one TWO three") << mode;
+            EXPECT_EQ(m.unmount(), 0);
+        }
+        EXPECT_TRUE(fsck_clean(img)) << mode;
+        auto t = run("mtype -i " + img + " ::" + name);
+        EXPECT_EQ(t.output, "one TWO three") << mode;
+    }
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 // recovery, with the null target and no export.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <filesystem>
@@ -141,6 +142,48 @@ TEST_F(device_host_test, a_new_host_recovers_the_devices_from_their_state_files)
     // New devices come after the recovered ones.
     ASSERT_TRUE(host->add(null_request("fourth", {"size=8"})));
     EXPECT_EQ(host->list()[2]["name"], "fourth");
+}
+
+// The host library alone saves a device's settings: a process taking over
+// one device another left (softblk-driver --recover) reads them from the
+// host's state file, as given (not every effective value), with the
+// export's type and options.
+TEST_F(device_host_test, saved_settings_are_read_back_for_one_device)
+{
+    {
+        auto host = make_host();
+        ASSERT_TRUE(host->add(null_request("kept", {"gb=1", "bs=4096", "memory_backed=1"})));
+        host->stop_all();  // state files stay, as after a crash
+    }
+    auto host = make_host();
+    auto saved = host->read_saved("kept");
+    ASSERT_TRUE(saved) << saved.error().message;
+    EXPECT_EQ(saved->name, "kept");
+    EXPECT_EQ(saved->type, "null");
+    // What was given, canonical (the alias bs= as blocksize=), as the
+    // host's own recovery replays it.
+    for (const char* given : {"gb=1", "blocksize=4096", "memory_backed=1"}) {
+        EXPECT_NE(std::find(saved->options.begin(), saved->options.end(), given),
+                  saved->options.end())
+            << given;
+    }
+    EXPECT_EQ(std::find(saved->options.begin(), saved->options.end(), "bs=4096"),
+              saved->options.end());
+    EXPECT_EQ(saved->export_type, "none");
+    EXPECT_TRUE(saved->export_options.empty());
+    EXPECT_EQ(host->size(), 0u);  // read, not recovered
+
+    auto missing = host->read_saved("absent");
+    ASSERT_FALSE(missing);
+    EXPECT_EQ(missing.error().code.value(), ENOENT);
+    EXPECT_NE(missing.error().message.find("absent.json"), std::string::npos)
+        << missing.error().message;
+    std::ofstream(_state + "/liar.json") << R"({"name": "other", "type": "null", "options": []})";
+    auto liar = host->read_saved("liar");
+    ASSERT_FALSE(liar);
+    EXPECT_NE(liar.error().message.find("names device 'other'"), std::string::npos)
+        << liar.error().message;
+    EXPECT_FALSE(host->read_saved("../kept"));
 }
 
 // A power cycle runs as a job (begin_set answers later), quick writes at

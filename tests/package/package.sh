@@ -111,7 +111,7 @@ contents() {
 contents softblk usr/sbin/softblk usr/sbin/softblk-driver usr/bin/softblk-fat \
   usr/share/man/man8/softblk.8.gz usr/share/man/man8/softblk-fat.8.gz \
   usr/share/man/man8/softblk-driver.8.gz usr/share/bash-completion/completions/softblk \
-  usr/share/doc/softblk/copyright usr/share/doc/softblk/changelog.gz \
+  usr/share/doc/softblk/copyright usr/share/doc/softblk/changelog.gz lib/systemd/system/softblk.service \
   usr/share/man/man5/softblk-devices.d.5.gz etc/softblk/devices.d/ \
   usr/share/doc/softblk/examples/devices.d/data.conf
 contents libsoftblk0 "usr/lib/$multiarch/libsoftblk.so.0" "usr/lib/$multiarch/libsoftblk.so.$version"
@@ -134,6 +134,20 @@ soname=$(objdump -p "$root/usr/lib/$multiarch/libsoftblk.so.$version" | awk '$1 
 # pipefail would call that a failure.)
 zcat "$root/usr/share/man/man8/softblk.8.gz" | grep -c '^\.SH TARGET TYPES' >/dev/null ||
   fail "the packaged softblk.8 has no TARGET TYPES section"
+
+# dh_installsystemd enables and starts the unit on install and leaves a
+# running daemon alone on upgrade (debian/rules, docs/install.md): the
+# postinst starts (never restarts) it, the prerm stops it on removal only.
+postinst=$(dpkg-deb -I "$work/softblk_${version}_${arch}.deb" postinst 2>/dev/null || true)
+grep -q "deb-systemd-helper.*enable.*softblk.service" <<<"$postinst" ||
+  fail "the softblk package's postinst does not enable softblk.service"
+grep -q "deb-systemd-invoke start.*softblk.service" <<<"$postinst" ||
+  fail "the softblk package's postinst does not start softblk.service"
+! grep -q "_dh_action\|deb-systemd-invoke restart" <<<"$postinst" ||
+  fail "the softblk package's postinst restarts softblk.service on upgrade (every export would stop)"
+prerm=$(dpkg-deb -I "$work/softblk_${version}_${arch}.deb" prerm 2>/dev/null || true)
+grep -q '"$1" = remove' <<<"$prerm" ||
+  fail "the softblk package's prerm stops softblk.service on upgrade too, not only on removal"
 
 if ((failures)); then
   echo "$failures check(s) failed"

@@ -76,7 +76,7 @@ public:
     bool busy() const override { return !_waiting.empty() || _inner->busy(); }
     // A request it lets through completes as the target ends it; a
     // shortened one carries no completion of the front end (start_partial).
-    bool ends_with_ring_write() const override { return _inner->ends_with_ring_write(); }
+    bool keeps_ring_write_results() const override { return true; }
     uint64_t next_wakeup_ns() const override
     {
         // Waiting for a pool entry: one frees when the inner target

@@ -13,6 +13,7 @@
 #include <softblk/support/clock.hpp>
 
 #include <softblk/device.hpp>
+#include <softblk/ring_sharing.hpp>
 #include <softblk/support/intrusive_fifo.hpp>
 #include <softblk/target.hpp>
 
@@ -23,11 +24,14 @@ namespace softblk::core {
 using request_fifo = intrusive_fifo<io_request>;
 
 // A decorator's per-queue half over the inner target's queue, passing on
-// what goes through it unchanged: the inner queue's wake-up descriptor, a
-// ring the queue's owner lends (the inner target's I/O may run there; what
-// a decorator holds back it submits there later, from poll()) and that
-// ring's completions. Whether results stay the target's
-// (ends_with_ring_write) each decorator says for itself.
+// what goes through it unchanged: the inner queue's wake-up descriptor and
+// its ring-sharing extension (a ring the queue's owner lends: the inner
+// target's I/O may run there; what a decorator holds back it submits there
+// later, from poll()). Whether results stay the target's
+// (ends_with_ring_write) each decorator says for itself, through
+// keeps_ring_write_results(): a decorator that keeps them hands out the
+// inner queue's extension itself (no call of its own per completion), one
+// that does not a wrapper that says false.
 class queue_decorator : public target_queue {
 public:
     explicit queue_decorator(std::unique_ptr<target_queue> inner = nullptr)
@@ -39,14 +43,35 @@ public:
     void set_inner(std::unique_ptr<target_queue> inner) { _inner = std::move(inner); }
 
     int wait_fd() const override { return _inner->wait_fd(); }
-    bool share_ring(io_uring* ring) override { return _inner->share_ring(ring); }
-    void ring_completion(uint64_t user_data, int result) override
+    target_ring_sharing* ring_sharing() override
     {
-        _inner->ring_completion(user_data, result);
+        target_ring_sharing* inner = _inner->ring_sharing();
+        if (inner == nullptr || keeps_ring_write_results()) {
+            return inner;
+        }
+        _no_links.inner = inner;
+        return &_no_links;
     }
 
 protected:
+    // True when every result of the inner target reaches the consumer at
+    // once and unchanged (the decorator acts only before the target).
+    virtual bool keeps_ring_write_results() const { return false; }
+
     std::unique_ptr<target_queue> _inner;
+
+private:
+    // The inner extension, but never a linked completion.
+    struct without_links final : target_ring_sharing {
+        bool share_ring(io_uring* ring) override { return inner->share_ring(ring); }
+        void ring_completion(uint64_t user_data, int result) override
+        {
+            inner->ring_completion(user_data, result);
+        }
+        bool ends_with_ring_write() const override { return false; }
+        target_ring_sharing* inner = nullptr;
+    };
+    without_links _no_links;
 };
 
 // Requests a decorator sends to its inner target on its own behalf (cache

@@ -47,7 +47,7 @@ public:
 
     bool busy() const override { return !_requeued.empty() || _inner->busy(); }
     // Faults act before the target sees a request; results are its own.
-    bool ends_with_ring_write() const override { return _inner->ends_with_ring_write(); }
+    bool keeps_ring_write_results() const override { return true; }
 
     uint64_t next_wakeup_ns() const override
     {

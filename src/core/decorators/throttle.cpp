@@ -131,7 +131,7 @@ public:
 
     bool busy() const override { return !_waiting.empty() || _inner->busy(); }
     // Held requests wait before the target writes; results are its own.
-    bool ends_with_ring_write() const override { return _inner->ends_with_ring_write(); }
+    bool keeps_ring_write_results() const override { return true; }
     uint64_t next_wakeup_ns() const override
     {
         const uint64_t inner = _inner->next_wakeup_ns();

@@ -1,8 +1,12 @@
 // The NBD server's event loop (private to src/frontends/nbd): a loop
 // thread's io_uring, the connections it owns and their state. Who does what:
-//   event_loop.cpp  the ring, the loop itself, socket receive/send, TLS records
-//   connection.cpp  accept, handshake, hand-off between loops, timers, close/free
-//   request.cpp     requests: parse -> device requests -> replies
+//   event_loop.cpp  the ring, the loop itself, waiting (polling, then sleeping)
+//   receive.cpp     socket (or TLS session) input into the parser, hang-ups
+//   send.cpp        output: replies gathered into iovecs, sent or posted
+//   connection.cpp  accept, hand-off between loops, queue bindings, timers,
+//                   close/free
+//   handshake.cpp   the option haggling, the TLS handshake, into transmission
+//   request.cpp     requests: parse -> device requests -> replies queued
 //   coalesce.cpp    receive coalescing (the policy: coalesce.hpp)
 //   server.cpp      listeners, exports, starting and stopping the loops
 #pragma once
@@ -231,31 +235,39 @@ private:
         return c;
     }
 
-    // event_loop.cpp: the ring, socket I/O and TLS records.
+    // event_loop.cpp: the ring and the loop, waiting.
     io_uring_sqe* sqe();
-    void post_recv(connection& c);
-    void post_send(connection& c);
     void post_accept(unsigned listener);
     void post_wake_read();
+    void wait_polling();
+
+    // receive.cpp: input.
+    void post_recv(connection& c);
     void on_recv(connection& c, int res);
-    void on_send(connection& c, int res);
     void pump_input(connection& c);
+    void post_hup_poll(connection& c);
+    void on_hup(connection& c, int res);
+
+    // send.cpp: output.
+    void post_send(connection& c);
+    void on_send(connection& c, int res);
     void mark_dirty(connection& c);
     void flush(connection& c);
     void fill_iov(connection& c);
     bool send_direct(connection& c);
     void sent(connection& c, size_t n);
-    void wait_polling();
 
-    // connection.cpp: accept, handshake, hand-off, timers, close/free.
-    void on_accept(int listener, int fd);
+    // handshake.cpp: from the first option to transmission.
     bool parse_input(connection& c);
     bool parse_handshake(connection& c);
     void run_tls_handshake(connection& c);
+    void enter_transmission(connection& c);
+
+    // connection.cpp: accept, hand-off, bindings, timers, close/free.
+    void on_accept(int listener, int fd);
     // One line on stderr (the daemon's log) about a client. Control path:
     // refusals and timeouts only, never per request.
     static void log_client(const connection& c, const std::string& what);
-    void enter_transmission(connection& c);
     void begin_close(connection& c, bool graceful = false);
     void maybe_free(connection& c);
     void adopt_inbox();
@@ -265,8 +277,6 @@ private:
     // k_timer_period_ns on). post_timer posts it if it is not.
     void post_timer();
     void on_timer();
-    void post_hup_poll(connection& c);
-    void on_hup(connection& c, int res);
     queue_binding* bind(server_export& exp);
     // The binding at `address` (a device poll's user_data), or nullptr.
     queue_binding* binding_at(uintptr_t address) const;

@@ -210,7 +210,6 @@ result<export_config> parse_config(const export_context& ctx, std::span<const st
     c.idle_spin_max_ns = o->u64("idle_spin_max") * 1000;
     c.unprivileged = o->given("unprivileged") ? o->flag("unprivileged") : !ctx.privileged;
     c.add_timeout_ms = static_cast<int>(o->u64("add_timeout"));
-    c.args.assign(args.begin(), args.end());
     if (c.unprivileged && c.recovery_flags != 0) {
         return make_error(EINVAL,
                           fmt::format("recovery={}: the kernel allows recovery only for devices "

@@ -45,7 +45,6 @@ struct export_config {
     uint64_t idle_spin_max_ns = 1'000'000;
     bool unprivileged = false;
     int add_timeout_ms = 10'000;
-    std::vector<std::string> args;  // as given, persisted for recovery
 };
 
 // The export options `args` checked against each other and the kernel's

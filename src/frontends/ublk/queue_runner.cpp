@@ -186,7 +186,8 @@ result<void> queue_runner::setup()
     // The device queue's file I/O may run in this ring (its files take
     // the fixed-file table); otherwise, best effort, our descriptor does:
     // a registered file saves a lookup per command.
-    _ring_shared = _cfg.shared_ring && _dq.share_ring(&_ring);
+    _shared = _cfg.shared_ring ? _dq.ring_sharing() : nullptr;
+    _ring_shared = _shared != nullptr && _shared->share_ring(&_ring);
     _fixed_file = !_ring_shared && io_uring_register_files(&_ring, &_cfg.char_fd, 1) == 0;
     if (_cfg.batch) {
         return setup_batch();
@@ -227,7 +228,7 @@ void queue_runner::teardown()
     if (_ring_shared) {
         // Nothing is in flight by now (the loop ends only then, setup()
         // has submitted none): the queue gives the ring back.
-        _ring_shared = !_dq.share_ring(nullptr);
+        _ring_shared = !_shared->share_ring(nullptr);
     }
     if (_ring_ok) {
         io_uring_queue_exit(&_ring);
@@ -668,7 +669,7 @@ void queue_runner::handle_cqe(const io_uring_cqe& cqe)
 {
     if ((cqe.user_data & k_own_data) == 0) {
         // The device queue's file I/O, in the shared ring.
-        _dq.ring_completion(cqe.user_data, cqe.res);
+        _shared->ring_completion(cqe.user_data, cqe.res);
         return;
     }
     if (cqe.user_data == k_event_data) {

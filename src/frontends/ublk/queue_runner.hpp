@@ -33,6 +33,7 @@
 #include <vector>
 
 #include <softblk/device.hpp>
+#include <softblk/ring_sharing.hpp>
 
 namespace softblk::ublk {
 
@@ -55,7 +56,8 @@ struct queue_config {
     // takes_data_window), so copied reads and writes go to the target with
     // the request's window instead of through the tag's buffer.
     bool target_takes_window = false;
-    // Lend the thread's ring to the device queue (io_queue::share_ring):
+    // Lend the thread's ring to the device queue (its ring-sharing
+    // extension, io_queue::ring_sharing(), where it has one):
     // the target's file I/O then goes through it.
     bool shared_ring = true;
     // UBLK_F_BATCH_IO (with USER_COPY): tags arrive in lists from one
@@ -63,7 +65,7 @@ struct queue_config {
     // with AUTO_BUF_REG the kernel puts each request's pages in the ring's
     // table at the tag's index (zero copy without register entries), and a
     // zero-copy write carries its commit linked after it where the device
-    // queue allows (io_queue::links_completions). zoned: commits carry the
+    // queue allows (queue_ring_sharing::links_completions). zoned: commits carry the
     // zone append sector.
     bool batch = false;
     bool auto_buf_reg = false;
@@ -248,6 +250,9 @@ private:
     io_uring _ring{};
     bool _ring_ok = false;
     bool _fixed_file = false;
+    // The device queue's ring-sharing extension (ring_sharing.hpp), where
+    // it has one and shared_ring=1; nullptr otherwise.
+    queue_ring_sharing* _shared = nullptr;
     bool _ring_shared = false;  // the device queue runs its file I/O in _ring
     const io_desc* _descs = nullptr;
     size_t _descs_len = 0;

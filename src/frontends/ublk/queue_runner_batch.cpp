@@ -52,7 +52,7 @@ result<void> queue_runner::setup_batch()
     // The file ring writes pages the kernel put in this ring's table only
     // through this ring.
     _cfg.zero_copy = _cfg.zero_copy && _ring_shared;
-    _links = _cfg.zero_copy && _dq.links_completions();
+    _links = _cfg.zero_copy && _shared->links_completions();
     _batch_flags = _cfg.zoned ? k_batch_f_has_zone_lba : 0;
     _elem_bytes = static_cast<uint8_t>(k_batch_elem_header_bytes + (_cfg.zoned ? 8 : 0));
     if (_cfg.auto_buf_reg) {

@@ -110,9 +110,6 @@ result<std::vector<saved_export>> saved_exports(const export_context& ctx)
     for (auto& d : *list) {
         out.push_back(saved_export{
             .device = std::move(d.saved.device),
-            .target_type = std::move(d.saved.target_type),
-            .device_options = std::move(d.saved.device_options),
-            .export_options = std::move(d.saved.export_options),
             .recoverable = d.recoverable,
             .state = {{"dev_id", d.saved.dev_id}, {"state", d.state}, {"daemon_pid", d.daemon_pid}},
         });

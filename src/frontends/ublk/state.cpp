@@ -23,9 +23,6 @@ nlohmann::json to_json(const export_state& s)
     return nlohmann::json{
         {"version", k_state_version},
         {"device", s.device},
-        {"target_type", s.target_type},
-        {"device_options", s.device_options},
-        {"export_options", s.export_options},
         {"dev_id", s.dev_id},
         {"flags", s.flags},
         {"nr_queues", s.nr_queues},
@@ -44,14 +41,12 @@ result<export_state> state_from_json(const nlohmann::json& j)
     export_state s;
     try {
         const int version = j.at("version").get<int>();
-        if (version != k_state_version) {
-            return make_error(EINVAL, fmt::format("ublk state: version {} (this build reads {})",
-                                                  version, k_state_version));
+        if (version < k_oldest_state_version || version > k_state_version) {
+            return make_error(
+                EINVAL, fmt::format("ublk state: version {} (this build reads {} to {})", version,
+                                    k_oldest_state_version, k_state_version));
         }
         s.device = j.at("device").get<std::string>();
-        s.target_type = j.at("target_type").get<std::string>();
-        s.device_options = j.at("device_options").get<std::vector<std::string>>();
-        s.export_options = j.at("export_options").get<std::vector<std::string>>();
         s.dev_id = j.at("dev_id").get<uint32_t>();
         s.flags = j.at("flags").get<uint64_t>();
         s.nr_queues = j.at("nr_queues").get<unsigned>();

@@ -1,8 +1,10 @@
-// The ublk export's persisted per-device state: what `softblk recover` (or
-// a restarted daemon) needs to re-attach a device that outlived its daemon
-// (UBLK_F_USER_RECOVERY) without the original command line and without
+// The ublk export's persisted per-device state: the kernel facts that a
+// restarted daemon (or `softblk-driver --recover`) needs to re-attach a
+// device that outlived its daemon (UBLK_F_USER_RECOVERY) without
 // SET_PARAMS: the kernel's device id and negotiated flags, the queue
-// geometry, and the device's target type and options.
+// geometry, the serving pid and the cookie that proves the device is ours.
+// The device's settings (target type, options, export options) are the
+// host library's (src/host, RUN_DIR/devices/NAME.json), not saved here.
 //
 // One JSON file per device: RUN_DIR/ublk/NAME.json, written atomically
 // (temporary file + rename) when the device starts and removed when it is
@@ -11,7 +13,6 @@
 
 #include <cstdint>
 #include <string>
-#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -20,12 +21,9 @@
 namespace softblk::ublk {
 
 struct export_state {
-    std::string device;                       // softblk device name
-    std::string target_type;                  // "null", "file" ...
-    std::vector<std::string> device_options;  // key=value, effective values
-    std::vector<std::string> export_options;  // as given to the export
-    uint32_t dev_id = 0;                      // /dev/ublkbN, /dev/ublkcN
-    uint64_t flags = 0;                       // UBLK_F_* the kernel granted
+    std::string device;   // softblk device name
+    uint32_t dev_id = 0;  // /dev/ublkbN, /dev/ublkcN
+    uint64_t flags = 0;   // UBLK_F_* the kernel granted
     unsigned nr_queues = 0;
     unsigned depth = 0;
     uint32_t max_io_buf_bytes = 0;
@@ -37,7 +35,11 @@ struct export_state {
     uint64_t cookie = 0;
 };
 
-constexpr int k_state_version = 1;
+// 2: kernel facts only. Version 1 files (which also held the device's
+// target type and options, now the host library's) are still read: their
+// kernel facts are the same, the rest is ignored.
+constexpr int k_state_version = 2;
+constexpr int k_oldest_state_version = 1;
 
 struct dev_info;
 

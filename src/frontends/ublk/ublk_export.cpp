@@ -290,17 +290,8 @@ void ublk_export::abandon()
 result<void> ublk_export::persist()
 {
     export_state st;
+    // Kernel facts only: the device's settings are the host library's.
     st.device = _dev.name();
-    st.target_type = _dev.info().target_type;
-    // What the user gave (every effective value would over-determine some
-    // targets, e.g. null's size and gb), as the key=value list re-creates it.
-    for (const std::string& arg : _dev.options().to_args()) {
-        const std::string key = arg.substr(0, arg.find('='));
-        if (_dev.options().given(key)) {
-            st.device_options.push_back(arg);
-        }
-    }
-    st.export_options = _cfg.args;
     st.dev_id = _info.dev_id;
     st.flags = _info.flags;
     st.nr_queues = _info.nr_hw_queues;

@@ -553,7 +553,7 @@ int cli_main(int argc, char** argv, daemon_directory* daemon)
     mount->add_flag("--mkfs", mount_mkfs, "format the target first (for softblk: devices)");
     mount
         ->add_option("-o", fuse_options,
-                     "extra FUSE options (allow_other, direct_io, threads=N, ...)")
+                     "extra FUSE options (allow_other, direct_io, threads=N, poll_us=auto|N, ...)")
         ->delimiter(',');
 
     try {

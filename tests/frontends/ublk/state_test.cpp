@@ -17,9 +17,6 @@ export_state sample()
 {
     export_state s;
     s.device = "d0";
-    s.target_type = "null";
-    s.device_options = {"memory_backed=1", "size=512", "blocksize=4096"};
-    s.export_options = {"recovery=reissue"};
     s.dev_id = 3;
     s.flags = 0x1d8;
     s.nr_queues = 4;
@@ -50,9 +47,6 @@ TEST(ublk_state, json_round_trip)
     auto back = state_from_json(to_json(s));
     ASSERT_TRUE(back) << back.error().message;
     EXPECT_EQ(back->device, s.device);
-    EXPECT_EQ(back->target_type, s.target_type);
-    EXPECT_EQ(back->device_options, s.device_options);
-    EXPECT_EQ(back->export_options, s.export_options);
     EXPECT_EQ(back->dev_id, s.dev_id);
     EXPECT_EQ(back->flags, s.flags);
     EXPECT_EQ(back->nr_queues, s.nr_queues);
@@ -60,6 +54,39 @@ TEST(ublk_state, json_round_trip)
     EXPECT_EQ(back->max_io_buf_bytes, s.max_io_buf_bytes);
     EXPECT_EQ(back->daemon_pid, s.daemon_pid);
     EXPECT_EQ(back->cookie, s.cookie);
+}
+
+// The ublk export saves its own kernel facts only: the device's target
+// type and options, and the export's options, are the host library's
+// (RUN_DIR/devices/NAME.json), so there is one owner of saved settings.
+TEST(ublk_state, holds_kernel_facts_only)
+{
+    const auto j = to_json(sample());
+    for (const char* key : {"target_type", "device_options", "export_options"}) {
+        EXPECT_FALSE(j.contains(key)) << key << " in " << j.dump();
+    }
+    EXPECT_EQ(j.at("version").get<int>(), k_state_version);
+}
+
+// A state file of the previous version (which also held the device's
+// settings) still reads: its kernel facts are the same, the rest is left.
+TEST(ublk_state, a_version_1_file_still_reads)
+{
+    nlohmann::json j = to_json(sample());
+    j["version"] = 1;
+    j["target_type"] = "null";
+    j["device_options"] = {"memory_backed=1", "size=512"};
+    j["export_options"] = {"recovery=reissue"};
+    auto back = state_from_json(j);
+    ASSERT_TRUE(back) << back.error().message;
+    EXPECT_EQ(back->dev_id, 3u);
+    EXPECT_EQ(back->cookie, sample().cookie);
+
+    j["version"] = k_state_version + 1;
+    auto newer = state_from_json(j);
+    ASSERT_FALSE(newer);
+    EXPECT_NE(newer.error().message.find("this build reads 1 to"), std::string::npos)
+        << newer.error().message;
 }
 
 TEST(ublk_state, missing_or_wrong_fields_are_named)

@@ -2,7 +2,7 @@
 // thread) may have a write whose data is in the kernel carry the front
 // end's own completion, linked after the write (kernel_buffer::
 // prep_completion; ublk's batched commit). Checked here: which device
-// queues allow it (io_queue::links_completions), that the file ring links
+// queues allow it (queue_ring_sharing::links_completions), that the file ring links
 // the entry after the write that ends the request (cancelled with it when
 // the write fails), and that a write the bad-blocks decorator shortens
 // carries none. The kernel's pages are stood in for by a user buffer
@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include <softblk/device.hpp>
+#include <softblk/ring_sharing.hpp>
 
 using namespace softblk;
 using softblk::test::init_owner_ring;
@@ -137,7 +138,7 @@ struct owner {
                 if ((cqe->user_data & k_own) != 0) {
                     own_results.push_back(cqe->res);
                 } else {
-                    q.ring_completion(cqe->user_data, cqe->res);
+                    q.ring_sharing()->ring_completion(cqe->user_data, cqe->res);
                 }
                 ++seen;
             }
@@ -159,15 +160,35 @@ struct owner {
 bool links_when_shared(device& d)
 {
     owner o;
-    io_queue& q = d.queue(0);
-    EXPECT_FALSE(q.links_completions()) << "not without the owner's ring";
-    if (!q.share_ring(&o.ring)) {
+    queue_ring_sharing* q = d.queue(0).ring_sharing();
+    if (q == nullptr) {
+        return false;  // no file ring: nothing to lend the ring to
+    }
+    EXPECT_FALSE(q->links_completions()) << "not without the owner's ring";
+    if (!q->share_ring(&o.ring)) {
         return false;
     }
-    const bool links = q.links_completions();
-    EXPECT_TRUE(q.share_ring(nullptr));
-    EXPECT_FALSE(q.links_completions()) << "the ring given back";
+    const bool links = q->links_completions();
+    EXPECT_TRUE(q->share_ring(nullptr));
+    EXPECT_FALSE(q->links_completions()) << "the ring given back";
     return links;
+}
+
+// Ring sharing is an extension of the queues whose target runs a file
+// ring (the file and zloop targets, behind any decorators), asked for by
+// the front end that has a ring to lend; other queues offer none.
+TEST(linked_completion, only_file_ring_queues_offer_ring_sharing)
+{
+    temp_dir dir;
+    for (const char* extra : {"irqmode=0", "cache_size=1", "mbps=100"}) {
+        auto d = make("file", file_options(dir, {extra}));
+        ASSERT_TRUE(d);
+        EXPECT_NE(d->queue(0).ring_sharing(), nullptr) << extra;
+    }
+    auto ram =
+        make("zloop-ram", {"capacity_mb=16", "zone_size_mb=4", "conv_zones=1", "submit_queues=1"});
+    ASSERT_TRUE(ram);
+    EXPECT_EQ(ram->queue(0).ring_sharing(), nullptr);
 }
 
 TEST(linked_completion, which_device_queues_allow_it)
@@ -221,8 +242,10 @@ TEST(linked_completion, the_owners_entry_is_linked_after_the_write_that_ends_the
     ASSERT_TRUE(d);
     io_queue& q = d->queue(0);
     owner o;
-    ASSERT_TRUE(q.share_ring(&o.ring));
-    ASSERT_TRUE(q.links_completions());
+    queue_ring_sharing* shared = q.ring_sharing();
+    ASSERT_NE(shared, nullptr);
+    ASSERT_TRUE(shared->share_ring(&o.ring));
+    ASSERT_TRUE(shared->links_completions());
 
     // The stand-in pages cannot be addressed from 0 as the kernel's are,
     // so the write fails (-EFAULT); the owner's entry, linked after it, is
@@ -238,7 +261,7 @@ TEST(linked_completion, the_owners_entry_is_linked_after_the_write_that_ends_the
     EXPECT_EQ(o.write(q, 16384, 16384), -EIO);
     EXPECT_EQ(o.completions_prepared, 1u) << "no completion linked after a shortened write";
     EXPECT_EQ(o.own_results.size(), 1u);
-    EXPECT_TRUE(q.share_ring(nullptr));
+    EXPECT_TRUE(shared->share_ring(nullptr));
 }
 
 }  // namespace

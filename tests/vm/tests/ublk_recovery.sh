@@ -1,7 +1,9 @@
 #!/bin/bash
 # A ublk device with user recovery outlives its killed daemon, and
-# `softblk-driver --export ublk --recover NAME` re-attaches it from the persisted state file
-# alone (no original command line, no SET_PARAMS; same /dev/ublkbN):
+# `softblk-driver --export ublk --recover NAME` re-attaches it from the persisted state files
+# alone (the device's settings from the host library's RUN_DIR/devices/NAME.json, the
+# kernel facts from the export's RUN_DIR/ublk/NAME.json; no original command line, no
+# SET_PARAMS; same /dev/ublkbN):
 #  - recovery=reissue: kill -9 under fio load; fio finishes without an error
 #    (in-flight I/O is reissued to the new daemon) and a write+verify pass
 #    on the recovered device succeeds;
@@ -118,6 +120,12 @@ vm_step "recovery=reissue: kill -9 under load, recover, fio finishes clean"
 serve r0 -o recovery=reissue submit_queues=2 hw_queue_depth=64 memory_backed=1 size=256 blocksize=4096 \
   irqmode=2 completion_nsec=5000000
 grep -q USER_RECOVERY_REISSUE /tmp/r0.ready || vm_fail "REISSUE not granted"
+# One owner of the device's settings: the host library's state file has
+# them, the ublk export's only its kernel facts; recovery reads both.
+grep -q '"type": "null"' $run/devices/r0.json || vm_fail "no settings in $run/devices/r0.json"
+if grep -Eq '"(target_type|device_options|export_options)"' $run/ublk/r0.json; then
+  vm_fail "the ublk state file holds the device's settings: $(cat $run/ublk/r0.json)"
+fi
 kill_under_load r0
 [ "$fio_rc" = 0 ] || { cat /tmp/fio-r0.txt; vm_fail "fio failed across a REISSUE recovery"; }
 errors=$(cut -d';' -f5 /tmp/fio-r0.txt | tail -n1)
