@@ -22,17 +22,20 @@ install(TARGETS softblk-fat RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONEN
 set(_softblk_man_dir ${PROJECT_BINARY_DIR}/man)
 set(_softblk_man_pages ${_softblk_man_dir}/softblk.8 ${_softblk_man_dir}/softblk-fat.8
   ${_softblk_man_dir}/softblk-driver.8)
+set(_softblk_config_page ${_softblk_man_dir}/softblk-devices.d.5)
 set(_softblk_completion ${_softblk_man_dir}/softblk.bash-completion)
 file(GLOB _softblk_man_scripts CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/scripts/man/*.py)
-add_custom_command(OUTPUT ${_softblk_man_pages} ${_softblk_completion}
+add_custom_command(OUTPUT ${_softblk_man_pages} ${_softblk_config_page} ${_softblk_completion}
   COMMAND Python3::Interpreter ${PROJECT_SOURCE_DIR}/scripts/man/generate.py
     --softblk $<TARGET_FILE:softblk> --fat $<TARGET_FILE:softblk-fat>
     --driver $<TARGET_FILE:softblk-driver> --version ${PROJECT_VERSION} --out ${_softblk_man_dir}
   DEPENDS softblk softblk-fat softblk-driver ${_softblk_man_scripts}
   COMMENT "Man pages and bash completion from the programs' --help and features"
   VERBATIM)
-add_custom_target(softblk_man ALL DEPENDS ${_softblk_man_pages} ${_softblk_completion})
+add_custom_target(softblk_man ALL DEPENDS ${_softblk_man_pages} ${_softblk_config_page}
+  ${_softblk_completion})
 install(FILES ${_softblk_man_pages} DESTINATION ${CMAKE_INSTALL_MANDIR}/man8 COMPONENT programs)
+install(FILES ${_softblk_config_page} DESTINATION ${CMAKE_INSTALL_MANDIR}/man5 COMPONENT programs)
 install(FILES ${_softblk_completion} DESTINATION ${CMAKE_INSTALL_DATADIR}/bash-completion/completions
   RENAME softblk COMPONENT programs)
 
@@ -58,3 +61,10 @@ configure_file(${PROJECT_SOURCE_DIR}/systemd/softblk.service.in
   ${PROJECT_BINARY_DIR}/systemd/softblk.service @ONLY)
 install(FILES ${PROJECT_BINARY_DIR}/systemd/softblk.service DESTINATION ${_softblk_unit_dir}
   COMPONENT programs)
+
+# The devices `softblk apply` makes (softblk-devices.d(5)): the directory
+# empty (/etc/softblk/devices.d when the prefix is /usr, GNUInstallDirs'
+# rule), an example file among the documentation.
+install(DIRECTORY DESTINATION ${CMAKE_INSTALL_FULL_SYSCONFDIR}/softblk/devices.d COMPONENT programs)
+install(FILES ${PROJECT_SOURCE_DIR}/examples/devices.d/data.conf
+  DESTINATION ${CMAKE_INSTALL_DOCDIR}/examples/devices.d COMPONENT programs)

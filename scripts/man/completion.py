@@ -162,6 +162,7 @@ _softblk() {
     case $expect in
       --export) COMPREPLY=($(compgen -W "$_softblk_exports" -- "$cur")) ;;
       --export-opt) _softblk_key_value "$(_softblk_export_options "$export_type")" ;;
+      --config-dir) COMPREPLY=($(compgen -d -- "$cur")) ;;
       *) compopt -o default 2>/dev/null ;;
     esac
     return 0

@@ -4,8 +4,8 @@
 
   generate.py --softblk B --fat B --driver B --version V --out DIR
 
-DIR/softblk.8, DIR/softblk-fat.8, DIR/softblk-driver.8 (groff man) and
-DIR/softblk.bash-completion. Every subcommand comes from its --help, every
+DIR/softblk.8, DIR/softblk-fat.8, DIR/softblk-driver.8,
+DIR/softblk-devices.d.5 (groff man) and DIR/softblk.bash-completion. Every subcommand comes from its --help, every
 target and export option from `softblk features --json`. The date on the
 pages is SOURCE_DATE_EPOCH's (dpkg sets it from debian/changelog) or
 today's."""
@@ -19,6 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import cli_model  # noqa: E402
 import completion  # noqa: E402
+import config_page  # noqa: E402
 import man_page  # noqa: E402
 
 
@@ -58,6 +59,7 @@ def main():
     write(os.path.join(args.out, "softblk.8"), man_page.softblk_page(root, fat_root, feats, args.version, date))
     write(os.path.join(args.out, "softblk-fat.8"), man_page.fat_page(fat_own, args.version, date))
     write(os.path.join(args.out, "softblk-driver.8"), man_page.driver_page(driver, args.version, date))
+    write(os.path.join(args.out, "softblk-devices.d.5"), config_page.devices_d_page(feats, args.version, date))
     write(os.path.join(args.out, "softblk.bash-completion"), completion.script(root, fat_root, feats))
 
 

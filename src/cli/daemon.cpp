@@ -133,9 +133,11 @@ std::optional<result<nlohmann::json>> control_service::add(const nlohmann::json&
     auto options = param_strings(params, "options");
     auto exp = param_string(params, "export", false);
     auto export_options = param_strings(params, "export_options");
-    for (const auto* err : {type ? nullptr : &type.error(), name ? nullptr : &name.error(),
-                            options ? nullptr : &options.error(), exp ? nullptr : &exp.error(),
-                            export_options ? nullptr : &export_options.error()}) {
+    auto config = param_string(params, "config", false);
+    for (const auto* err :
+         {type ? nullptr : &type.error(), name ? nullptr : &name.error(),
+          options ? nullptr : &options.error(), exp ? nullptr : &exp.error(),
+          export_options ? nullptr : &export_options.error(), config ? nullptr : &config.error()}) {
         if (err != nullptr) {
             return std::unexpected(*err);
         }
@@ -145,6 +147,7 @@ std::optional<result<nlohmann::json>> control_service::add(const nlohmann::json&
     req.options = std::move(*options);
     req.export_type = *exp;
     req.export_options = std::move(*export_options);
+    req.config = std::move(*config);
     // The device is made (its back end connected, its export started) on
     // a job thread; the reply comes when it is done (tick).
     auto added = _host.begin_add(req);

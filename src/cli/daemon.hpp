@@ -1,7 +1,8 @@
 // The softblk daemon: hosts the devices (device_host), serves the control
 // socket (control_server) and answers the protocol's methods:
 //
-//   add       {type, name?, options: ["k=v"...], export?, export_options?}
+//   add       {type, name?, options: ["k=v"...], export?, export_options?,
+//              config? (the device file it comes from: softblk apply)}
 //   del       {name} or {all: true}
 //   set       {name, options: ["k=v"...], force?} -> configfs writes (power too)
 //   get       {name, keys?: [...]}  -> {values: {key: text}, power, export}

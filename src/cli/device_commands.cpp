@@ -231,6 +231,11 @@ int run_list(bool json_output)
         if (target.is_object() && target.contains("notice") && target["notice"].is_string()) {
             fmt::print("  {}\n", target["notice"].get<std::string>());
         }
+        // A device of a file in devices.d whose data a restart loses.
+        if (d.contains("data") && d["data"].is_string()) {
+            fmt::print("  data: {} ({})\n", d["data"].get<std::string>(),
+                       d.value("config", std::string()));
+        }
     }
     if (daemon_memory.is_object()) {
         const uint64_t limit = daemon_memory.value("daemon_limit_bytes", uint64_t{0});

@@ -34,9 +34,9 @@ int main(int argc, char** argv)
 
     // The subcommands, in the order `softblk --help` lists them.
     constexpr void (*k_subcommands[])(CLI::App&, subcommand_table&) = {
-        define_add,    define_set,     define_get,      define_zone,    define_nullb,
-        define_del,    define_list,    define_features, define_metrics, define_daemon,
-        define_status, define_recover, define_shutdown,
+        define_add,     define_set,    define_get,    define_zone,    define_nullb,
+        define_del,     define_list,   define_apply,  define_save,    define_features,
+        define_metrics, define_daemon, define_status, define_recover, define_shutdown,
     };
     subcommand_table table;
     for (auto define : k_subcommands) {

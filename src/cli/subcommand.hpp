@@ -39,6 +39,8 @@ void define_zone(CLI::App& app, subcommand_table& table);      // zone_command.c
 void define_nullb(CLI::App& app, subcommand_table& table);     // nullb_command.cpp
 void define_del(CLI::App& app, subcommand_table& table);       // device_commands.cpp
 void define_list(CLI::App& app, subcommand_table& table);      // device_commands.cpp
+void define_apply(CLI::App& app, subcommand_table& table);     // config_commands.cpp
+void define_save(CLI::App& app, subcommand_table& table);      // config_commands.cpp
 void define_features(CLI::App& app, subcommand_table& table);  // features_command.cpp
 void define_metrics(CLI::App& app, subcommand_table& table);   // metrics_command.cpp
 void define_daemon(CLI::App& app, subcommand_table& table);    // daemon_commands.cpp

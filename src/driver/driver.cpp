@@ -124,7 +124,8 @@ public:
             .name = name,
             .options = {device_options.begin(), device_options.end()},
             .export_type = std::string(_type.name),
-            .export_options = {export_options.begin(), export_options.end()}};
+            .export_options = {export_options.begin(), export_options.end()},
+            .config = {}};
         auto added = _host.add(request);
         if (!added) {
             return std::unexpected(added.error());

@@ -17,6 +17,7 @@
 #include <softblk/support/trusted_dir.hpp>
 #include <softblk/memory_store.hpp>
 
+#include "device_config.hpp"
 #include "device_work.hpp"
 #include "json_params.hpp"
 #include "run_dir.hpp"
@@ -33,40 +34,6 @@ int64_t ms_since(std::chrono::steady_clock::time_point since)
     return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
                                                                  since)
         .count();
-}
-
-// Reads a whole (small) file; error when it is missing or too large.
-result<std::string> read_small_file(const std::string& path)
-{
-    auto opened = open_no_follow(path, O_RDONLY);
-    if (!opened) {
-        return std::unexpected(opened.error());
-    }
-    const int fd = *opened;
-    std::string text;
-    char buf[65536];
-    for (;;) {
-        const ssize_t n = ::read(fd, buf, sizeof buf);
-        if (n < 0 && errno == EINTR) {
-            continue;
-        }
-        if (n < 0) {
-            const int e = errno;
-            ::close(fd);
-            return make_error(e, fmt::format("cannot read {}: {}", path, std::strerror(e)));
-        }
-        if (n == 0) {
-            break;
-        }
-        text.append(buf, static_cast<size_t>(n));
-        if (text.size() > k_max_state_bytes) {
-            ::close(fd);
-            return make_error(EFBIG,
-                              fmt::format("{} is larger than {} bytes", path, k_max_state_bytes));
-        }
-    }
-    ::close(fd);
-    return text;
 }
 
 }  // namespace
@@ -136,6 +103,9 @@ result<void> device_host::write_state(const hosted_device& entry) const
     state["options"] = entry.options;
     state["export"] = {{"type", entry.export_type}, {"options", entry.export_options}};
     state["sequence"] = entry.sequence;
+    if (!entry.config.empty()) {
+        state["config"] = entry.config;
+    }
     if (entry.dev) {
         // Every effective value, for a person reading the file; recovery
         // uses "options".
@@ -575,6 +545,13 @@ nlohmann::json device_host::entry_json(const hosted_device& entry) const
         d["error"] = entry.failure;
     }
     d["options"] = entry.options;
+    if (!entry.config.empty()) {
+        d["config"] = entry.config;
+        if (std::string note = restart_data_note(d.value("target", nlohmann::json()));
+            !note.empty()) {
+            d["data"] = std::move(note);
+        }
+    }
     nlohmann::json exp = entry.exp && !entry.stopping && !entry.busy ? entry.exp->describe()
                                                                      : nlohmann::json::object();
     exp["type"] = entry.export_type;
@@ -606,7 +583,7 @@ result<void> device_host::read_state_file(const std::string& file, hosted_device
     entry.name = file.substr(0, file.size() - 5);
     entry.export_type = "none";
     entry.sequence = UINT64_MAX;
-    auto text = read_small_file(_state_dir + "/" + file);
+    auto text = read_small_file(_state_dir + "/" + file, k_max_state_bytes);
     if (!text) {
         return std::unexpected(text.error());
     }
@@ -623,13 +600,14 @@ result<void> device_host::read_state_file(const std::string& file, hosted_device
                            : result<std::string>(make_error(EINVAL, "\"export\" is not an object"));
     auto export_options =
         exp.is_object() ? param_strings(exp, "options") : result<std::vector<std::string>>();
+    auto config = param_string(state, "config", false);
     if (auto seq = state.find("sequence"); seq != state.end() && seq->is_number_unsigned()) {
         entry.sequence = seq->get<uint64_t>();
     }
     for (const auto* err :
          {name ? nullptr : &name.error(), type ? nullptr : &type.error(),
           options ? nullptr : &options.error(), export_type ? nullptr : &export_type.error(),
-          export_options ? nullptr : &export_options.error()}) {
+          export_options ? nullptr : &export_options.error(), config ? nullptr : &config.error()}) {
         if (err != nullptr) {
             return make_error(err->code.value(), fmt::format("{}: {}", file, err->message));
         }
@@ -641,6 +619,7 @@ result<void> device_host::read_state_file(const std::string& file, hosted_device
     entry.options = *options;
     entry.export_type = *export_type;
     entry.export_options = *export_options;
+    entry.config = *config;
     return {};
 }
 

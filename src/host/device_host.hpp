@@ -50,6 +50,10 @@ struct add_request {
     // frontend.hpp); "none": no export.
     std::string export_type;
     std::vector<std::string> export_options;
+    // The device file it comes from (`softblk apply`), or empty: kept in
+    // its state file and shown by `list` (with what a restart does to its
+    // data, device_config.hpp's restart_data_note).
+    std::string config;
 };
 
 // What a device's state file saves: what re-creates the device and its
@@ -199,7 +203,9 @@ public:
     // its export and its state ("running", "off", "stopping", "failed" with
     // the reason when recovery failed, or while a job runs "adding",
     // "recovering", "starting", "changing" with busy_ms and nothing read
-    // from the device), in creation order. Control thread.
+    // from the device), in creation order; one made from a device file
+    // has "config" (the file) and, when its data lives in memory, "data"
+    // (restart_data_note). Control thread.
     nlohmann::json list() const;
 
     // Runs each export type's cleanup_stale and reads the state directory;
@@ -252,6 +258,7 @@ private:
         std::vector<std::string> options;  // what re-creates the device
         std::string export_type;           // "none" or a registered type
         std::vector<std::string> export_options;
+        std::string config;     // add_request::config
         uint64_t sequence = 0;  // creation order, kept across recovery
         std::unique_ptr<device> dev;
         std::unique_ptr<device_export> exp;

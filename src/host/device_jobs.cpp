@@ -340,6 +340,7 @@ result<device_host::hosted_device> device_host::prepare_add(const add_request& r
     entry.options = request.options;
     entry.export_type = request.export_type;
     entry.export_options = request.export_options;
+    entry.config = request.config;
     if (entry.export_type == "none" && !entry.export_options.empty()) {
         return make_error(EINVAL, fmt::format("export options ({}) given without an export",
                                               fmt::join(entry.export_options, " ")));

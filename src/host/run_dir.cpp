@@ -131,4 +131,45 @@ result<void> prepare_run_dir(const run_paths& paths)
     return check_private_directory(paths.devices);
 }
 
+result<std::string> read_small_file(const std::string& path, size_t max_bytes, bool follow_links)
+{
+    int fd = -1;
+    if (follow_links) {
+        fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+        if (fd < 0) {
+            const int e = errno;
+            return make_error(e, fmt::format("cannot open {}: {}", path, std::strerror(e)));
+        }
+    } else {
+        auto opened = open_no_follow(path, O_RDONLY);
+        if (!opened) {
+            return std::unexpected(opened.error());
+        }
+        fd = *opened;
+    }
+    std::string text;
+    char buf[65536];
+    for (;;) {
+        const ssize_t n = ::read(fd, buf, sizeof buf);
+        if (n < 0 && errno == EINTR) {
+            continue;
+        }
+        if (n < 0) {
+            const int e = errno;
+            ::close(fd);
+            return make_error(e, fmt::format("cannot read {}: {}", path, std::strerror(e)));
+        }
+        if (n == 0) {
+            break;
+        }
+        text.append(buf, static_cast<size_t>(n));
+        if (text.size() > max_bytes) {
+            ::close(fd);
+            return make_error(EFBIG, fmt::format("{} is larger than {} bytes", path, max_bytes));
+        }
+    }
+    ::close(fd);
+    return text;
+}
+
 }  // namespace softblk::host

@@ -14,6 +14,7 @@
 // passes too.
 #pragma once
 
+#include <cstddef>
 #include <string>
 
 #include <softblk/types.hpp>
@@ -58,5 +59,12 @@ result<void> prepare_run_dir(const run_paths& paths);
 // directory (not a symbolic link), owned by the effective uid, writable by
 // no one else. Returns an error naming it, its owner and its mode.
 result<void> check_private_directory(const std::string& path);
+
+// Reads a whole small file (state files, device files); an error names it
+// when it is missing, unreadable or larger than `max_bytes`. A symbolic link
+// is refused unless `follow_links` (files an administrator keeps in /etc).
+// Any thread.
+result<std::string> read_small_file(const std::string& path, size_t max_bytes,
+                                    bool follow_links = false);
 
 }  // namespace softblk::host

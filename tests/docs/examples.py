@@ -28,7 +28,7 @@ import tempfile
 PAGES = ["README.md"] + [f"docs/{p}" for p in (
     "null.md", "file.md", "zoned.md", "fuse.md", "nbd.md", "ublk.md",
     "virtio.md", "rbd.md", "fat.md", "fio.md", "bench.md", "reliability.md",
-    "architecture.md")]
+    "architecture.md", "config.md")]
 
 # Programs an example may start with; others are build or benchmark
 # commands that their own tests run (listed as not run, with this reason).
@@ -44,7 +44,7 @@ SKIP = {
 
 # Path prefixes the examples name, moved into the page's scratch directory;
 # /run/softblk, the system daemon's run directory, is the page's own.
-REWRITE = ["/tmp/nullb", "/var/lib/images", "/var/tmp", "/srv", "./photos"]
+REWRITE = ["/tmp/nullb", "/var/lib/images", "/var/tmp", "/srv", "./photos", "/etc/softblk"]
 
 # Shell run in the scratch directory before a page's examples: what the
 # text takes as given ("an existing image", "a folder of photos").
@@ -58,6 +58,9 @@ SETUP = {
 # stdout / stderr: regular expressions that must match (re.search, MULTILINE).
 EXPECT = {
     ("docs/null.md", "softblk get nb0 mbps"): {"stdout": r"^40960$"},
+    ("docs/config.md", "softblk apply --dry-run"): {"stdout": r"^create +scratch .*\(dry run\)$"},
+    ("docs/config.md", "softblk list"): {"stdout": r"data: empty after restart \(memory-backed\)"},
+    ("docs/config.md", "softblk apply --prune"): {"stdout": r"^unchanged +scratch"},
     ("docs/null.md", "softblk get nb0"): {"stdout": r"\A([a-z0-9_/-]+=.*\n)+\Z"},
     ("docs/null.md", "softblk set nb0 size=128"):
         {"rc": "error", "stderr": r"size cannot change while the device is powered on"},
@@ -149,7 +152,9 @@ def tear_down(softblk, env, scratch):
 def check_page(page, text, softblk, failures, skipped):
     run_dir = tempfile.mkdtemp(prefix="softblk-docex-run.")
     scratch = tempfile.mkdtemp(prefix="softblk-docex.")
+    # The device files of `softblk apply` (docs/config.md): the page's own.
     env = dict(os.environ, SOFTBLK_RUN_DIR=run_dir,
+               SOFTBLK_CONFIG_DIR=scratch + "/etc/softblk/devices.d",
                PATH=os.path.dirname(softblk) + os.pathsep + os.environ.get("PATH", ""))
     ran = 0
     try:

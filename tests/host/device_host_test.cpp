@@ -41,7 +41,8 @@ protected:
                            .name = std::move(name),
                            .options = std::move(options),
                            .export_type = "none",
-                           .export_options = {}};
+                           .export_options = {},
+                           .config = {}};
     }
     bool state_file(const std::string& name) const
     {

@@ -49,7 +49,7 @@ expect() {  # expect "WANTED" WORD...: the candidates, space-separated
 reg=$(bash --norc --noprofile -c 'source "$1" && complete -p softblk' _ "$script")
 [ "$reg" = "complete -F _softblk softblk" ] || fail "complete -p softblk: '$reg'"
 
-expect "add" softblk a
+expect "add apply" softblk a
 expect "null" softblk add nu
 expect "zloop zloop-ram" softblk add zl
 expect "report reset" softblk zone re
@@ -63,6 +63,11 @@ expect "null" softblk features nu
 # Flags of the command being completed (here `add`), after other words too.
 expect "--memory-backed" softblk add null size=4 --mem
 expect "--all" softblk del --a
+# apply and save (softblk-devices.d(5)): their flags; --config-dir a directory.
+expect "--dry-run" softblk apply --dr
+expect "--config-dir" softblk save --con
+mkdir -p "$run_dir/conf.d"
+expect "$run_dir/conf.d" softblk apply --config-dir "$run_dir/conf"
 
 # Every option of a type, and no other's: the candidates after
 # `softblk add TYPE` against `softblk features --json`.
@@ -91,6 +96,7 @@ fi
 expect "tabdev tabzoned" "$softblk" del ""
 expect "tabzoned" "$softblk" zone report tabz
 expect "tabdev" "$softblk" set tabd
+expect "tabdev" "$softblk" save tabd
 
 if ((failures)); then
   echo "$failures completion case(s) failed"

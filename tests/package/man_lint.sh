@@ -14,7 +14,8 @@ for tool in groff man; do
 done
 export LC_ALL=C.UTF-8
 status=0
-for page in "$man_dir"/softblk.8 "$man_dir"/softblk-fat.8 "$man_dir"/softblk-driver.8; do
+for page in "$man_dir"/softblk.8 "$man_dir"/softblk-fat.8 "$man_dir"/softblk-driver.8 \
+  "$man_dir"/softblk-devices.d.5; do
   [ -s "$page" ] || { echo "FAIL: $page is missing or empty"; status=1; continue; }
   for width in 80 60; do
     warnings=$( { groff -man -ww -z -Tutf8 -rLL="${width}n" "$page"; } 2>&1 >/dev/null)

@@ -4,7 +4,8 @@
 Renders the generated pages (groff, plain text, no line wrapping) and
 checks, against the built programs:
   - every option `softblk features --json` prints, for every target and
-    export type, is in softblk(8) under that type, as NAME=DEFAULT;
+    export type, is in softblk(8) under that type, as NAME=DEFAULT, and
+    in softblk-devices.d(5) (export options as export-opt.NAME=DEFAULT);
   - every command of `softblk --help` (and of its subcommands, of
     `softblk-fat --help` and `softblk-driver --help`) has its section in
     the page, with every option and positional argument its --help lists;
@@ -51,8 +52,9 @@ def sections(lines):
     return out
 
 
-def check_features(lines, feats):
-    """Missing (section, type, option) entries."""
+def check_features(lines, feats, export_prefix=""):
+    """Missing (section, type, option) entries; export options' tags start
+    with `export_prefix` (softblk-devices.d(5): export-opt.)."""
     secs = sections(lines)
     missing = []
     for kind, section in (("targets", "TARGET TYPES"), ("exports", "EXPORT TYPES")):
@@ -62,9 +64,10 @@ def check_features(lines, feats):
                 missing.append(f"{section}: no subsection for {t['name']}")
                 continue
             tags = {line.strip() for line in body if re.match(r"^       \S", line)}
+            prefix = export_prefix if kind == "exports" else ""
             for o in t["options"]:
-                if f"{o['name']}={o['default']}" not in tags:
-                    missing.append(f"{section} {t['name']}: {o['name']}={o['default']}")
+                if f"{prefix}{o['name']}={o['default']}" not in tags:
+                    missing.append(f"{section} {t['name']}: {prefix}{o['name']}={o['default']}")
     return missing
 
 
@@ -125,7 +128,11 @@ def main():
     problems += check_commands(fat_lines, [fat], "softblk-fat")
     driver_lines = render(os.path.join(man_dir, "softblk-driver.8"))
     problems += check_commands(driver_lines, [driver], "softblk-driver")
-    for name, text in (("softblk.8", lines), ("softblk-fat.8", fat_lines), ("softblk-driver.8", driver_lines)):
+    # softblk-devices.d(5): the device files take the same options.
+    config_lines = render(os.path.join(man_dir, "softblk-devices.d.5"))
+    problems += [f"softblk-devices.d.5: {p}" for p in check_features(config_lines, feats, "export-opt.")]
+    for name, text in (("softblk.8", lines), ("softblk-fat.8", fat_lines), ("softblk-driver.8", driver_lines),
+                       ("softblk-devices.d.5", config_lines)):
         if not any(f"softblk {version}" in line for line in text[-3:]):
             problems.append(f"{name}: the footer does not name softblk {version}")
     if problems:
@@ -134,7 +141,8 @@ def main():
             print("  " + p)
         sys.exit(1)
     count = sum(len(t["options"]) for k in ("targets", "exports") for t in feats[k])
-    print(f"man pages: all {count} options of `softblk features --json` and every command's options are in")
+    print(f"man pages: all {count} options of `softblk features --json` (in softblk(8) and "
+          "softblk-devices.d(5)) and every command's options are in")
 
     # The check itself: remove the last option of every type from a copy of
     # the page; each must be reported.

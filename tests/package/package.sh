@@ -111,7 +111,9 @@ contents() {
 contents softblk usr/sbin/softblk usr/sbin/softblk-driver usr/bin/softblk-fat \
   usr/share/man/man8/softblk.8.gz usr/share/man/man8/softblk-fat.8.gz \
   usr/share/man/man8/softblk-driver.8.gz usr/share/bash-completion/completions/softblk \
-  usr/share/doc/softblk/copyright usr/share/doc/softblk/changelog.gz lib/systemd/system/softblk.service
+  usr/share/doc/softblk/copyright usr/share/doc/softblk/changelog.gz lib/systemd/system/softblk.service \
+  usr/share/man/man5/softblk-devices.d.5.gz etc/softblk/devices.d/ \
+  usr/share/doc/softblk/examples/devices.d/data.conf
 contents libsoftblk0 "usr/lib/$multiarch/libsoftblk.so.0" "usr/lib/$multiarch/libsoftblk.so.$version"
 contents libsoftblk-dev usr/include/softblk.h usr/include/softblk.hpp "usr/lib/$multiarch/libsoftblk.so" \
   "usr/lib/$multiarch/pkgconfig/softblk.pc" "usr/lib/$multiarch/cmake/softblk/softblk-config.cmake" \
