@@ -252,7 +252,7 @@ struct target_type {
     // as its kernel counterpart derives it (null_blk's use_per_node_hctx=1
     // sets submit_queues to the number of NUMA nodes). 0 keeps
     // submit_queues. Called before create.
-    std::function<unsigned(const option_set& options)> submit_queues;
+    std::function<unsigned(const option_set& options)> submit_queues = {};
     // Optional: what the kernel counterpart refuses at power on before it
     // clamps anything (null_blk's queue_mode=1). Called first, before the
     // core's rules and the tables' ranges, so that a refusal leaves every

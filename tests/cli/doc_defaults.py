@@ -116,6 +116,11 @@ def main():
                                          capture_output=True, text=True).stdout)
     types = {f"target:{t['name']}": t for t in features["targets"]}
     types.update({f"export:{e['name']}": e for e in features["exports"]})
+    # A target's own page (docs/NAME.md, one table) needs no line in PAGES:
+    # a new target is its folder and one line.
+    for t in features["targets"]:
+        if f"{t['name']}.md" not in PAGES and os.path.exists(f"{docs}/{t['name']}.md"):
+            PAGES[f"{t['name']}.md"] = [f"target:{t['name']}"]
     for kinds in PAGES.values():
         for kind in kinds:
             if kind.startswith("source:"):

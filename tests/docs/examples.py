@@ -218,7 +218,10 @@ def main():
         print("SKIP: needs /dev/fuse (the default export on a host without ublk)")
         return 77
     pages = []
-    for page in PAGES:
+    # A target's own page (docs/NAME.md for src/targets/NAME) is run without
+    # a line here: a new target is its folder and one line.
+    own = sorted(f"docs/{d}.md" for d in os.listdir(os.path.join(source, "src/targets")))
+    for page in PAGES + [p for p in own if p not in PAGES]:
         path = os.path.join(source, page)
         if os.path.exists(path):
             pages.append((page, open(path, encoding="utf-8").read()))
