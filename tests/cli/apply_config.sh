@@ -19,7 +19,8 @@
 # Usage: apply_config.sh PATH/TO/softblk        (exit 77: skipped)
 softblk=${1:?usage: $0 PATH/TO/softblk}
 here=$(cd "$(dirname "$0")" && pwd)
-. "$here/lib_cli.sh"
+set -euo pipefail  # before the library, so that a missing one stops the test
+. "$here/../support/lib_cli.sh"
 command -v jq >/dev/null || skip "jq is not installed (scripts/install-deps.sh)"
 setup_run_dir apply
 conf=$run_dir/conf

@@ -14,6 +14,7 @@
 # Usage: cli_output.sh PATH/TO/softblk        (exit 77: skipped)
 softblk=${1:?usage: $0 PATH/TO/softblk}
 here=$(cd "$(dirname "$0")" && pwd)
+set -euo pipefail  # before the library, so that a missing one stops the test
 . "$here/../support/lib_cli.sh"
 for tool in jq python3; do
   command -v "$tool" >/dev/null || skip "$tool is not installed (scripts/install-deps.sh)"

@@ -6,6 +6,7 @@
 # del and shutdown leave no mount, loop device or process behind.
 # Usage: fuse_export.sh PATH/TO/softblk        (exit 77: skipped)
 softblk=${1:?usage: $0 PATH/TO/softblk}
+set -euo pipefail  # before the library, so that a missing one stops the test
 . "$(dirname "$0")/../support/lib_cli.sh"
 require_root_fuse
 setup_run_dir clifuse

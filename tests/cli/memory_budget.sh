@@ -9,6 +9,7 @@
 # through its loop device: ENOSPC or EIO, as the kernel reports it).
 # Usage: memory_budget.sh PATH/TO/softblk        (exit 77: skipped)
 softblk=${1:?usage: $0 PATH/TO/softblk}
+set -euo pipefail  # before the library, so that a missing one stops the test
 . "$(dirname "$0")/../support/lib_cli.sh"
 require_root_fuse dd fallocate cmp
 setup_run_dir climem

@@ -15,6 +15,7 @@
 # Usage: metrics.sh PATH/TO/softblk        (exit 77: skipped)
 softblk=${1:?usage: $0 PATH/TO/softblk}
 here=$(cd "$(dirname "$0")" && pwd)
+set -euo pipefail  # before the library, so that a missing one stops the test
 . "$here/../support/lib_cli.sh"
 require_root_fuse dd curl
 # Debian's python3-prometheus-client, also where another python3 comes

@@ -18,6 +18,7 @@
 # Usage: nullb_limits_host.sh PATH/TO/softblk        (exit 77: skipped)
 softblk=${1:?usage: $0 PATH/TO/softblk}
 here=$(cd "$(dirname "$0")" && pwd)
+set -euo pipefail  # before the library, so that a missing one stops the test
 . "$here/../support/lib_cli.sh"
 require_root_fuse dd python3
 setup_run_dir limits

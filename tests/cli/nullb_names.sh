@@ -11,6 +11,7 @@
 #     and can be deleted (`softblk del -- -x`).
 # Usage: nullb_names.sh PATH/TO/softblk        (exit 77: skipped)
 softblk=${1:?usage: $0 PATH/TO/softblk}
+set -euo pipefail  # before the library, so that a missing one stops the test
 . "$(dirname "$0")/../support/lib_cli.sh"
 require_root_fuse python3 stat
 setup_run_dir nbnames

@@ -17,6 +17,7 @@
 # Usage: nullb_tree.sh PATH/TO/softblk        (exit 77: skipped)
 softblk=${1:?usage: $0 PATH/TO/softblk}
 here=$(cd "$(dirname "$0")" && pwd)
+set -euo pipefail  # before the library, so that a missing one stops the test
 . "$here/../support/lib_cli.sh"
 require_root_fuse cmp dd blockdev
 setup_run_dir nullb

@@ -13,6 +13,7 @@
 #     time stamp and no prefix, and no notify socket is needed.
 # Usage: service_notify.sh PATH/TO/softblk        (exit 77: skipped)
 softblk=${1:?usage: $0 PATH/TO/softblk}
+set -euo pipefail  # before the library, so that a missing one stops the test
 . "$(dirname "$0")/../support/lib_cli.sh"
 require_root_fuse python3 mkfs.ext4 mount umount
 setup_run_dir clisvc

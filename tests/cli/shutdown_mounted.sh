@@ -13,6 +13,7 @@
 #     unmounted: nothing is left attached.
 # Usage: shutdown_mounted.sh PATH/TO/softblk        (exit 77: skipped)
 softblk=${1:?usage: $0 PATH/TO/softblk}
+set -euo pipefail  # before the library, so that a missing one stops the test
 . "$(dirname "$0")/../support/lib_cli.sh"
 require_root_fuse mkfs.ext4 fsck.ext4 mount umount
 setup_run_dir clishut

@@ -16,6 +16,7 @@
 # Usage: zone_commands.sh PATH/TO/softblk        (exit 77: skipped)
 softblk=${1:?usage: $0 PATH/TO/softblk}
 here=$(cd "$(dirname "$0")" && pwd)
+set -euo pipefail  # before the library, so that a missing one stops the test
 . "$here/../support/lib_cli.sh"
 command -v jq >/dev/null || skip "jq is not installed (scripts/install-deps.sh)"
 setup_run_dir zone

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A bad-block range gives EIO to dd on the loop device, and the rest of the
 # device keeps working.
+set -euo pipefail  # before the library, so that a missing one stops the test
 source "$(dirname "$0")/lib_fuse.sh"
 require_host losetup
 start_daemon

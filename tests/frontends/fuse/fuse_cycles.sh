@@ -2,6 +2,7 @@
 # 50 add/del cycles (with I/O on each device) leave no mount, loop device
 # or directory behind, and the daemon's thread count and RSS return to
 # their level after the first cycle.
+set -euo pipefail  # before the library, so that a missing one stops the test
 source "$(dirname "$0")/lib_fuse.sh"
 require_host losetup
 start_daemon

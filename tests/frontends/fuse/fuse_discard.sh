@@ -2,6 +2,7 @@
 # blkdiscard on the loop device reaches the device as DISCARD (punch hole on
 # the FUSE file) and the discarded range reads back as zeros
 # (memory_backed=1 discard=1). (SEEK_DATA/SEEK_HOLE over the map: unit tests.)
+set -euo pipefail  # before the library, so that a missing one stops the test
 source "$(dirname "$0")/lib_fuse.sh"
 require_host blkdiscard losetup
 start_daemon

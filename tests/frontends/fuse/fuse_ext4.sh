@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # mkfs.ext4 on the loop device, mount, write files, unmount, fsck -fn clean,
 # mount again and read the files back.
+set -euo pipefail  # before the library, so that a missing one stops the test
 source "$(dirname "$0")/lib_fuse.sh"
 require_host mkfs.ext4 fsck.ext4 losetup
 start_daemon

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # fio random writes with crc32c verification through the loop device over
 # the FUSE file, then a separate verify-only pass over what was written.
+set -euo pipefail  # before the library, so that a missing one stops the test
 source "$(dirname "$0")/lib_fuse.sh"
 require_host fio losetup
 start_daemon

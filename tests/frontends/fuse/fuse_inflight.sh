@@ -7,6 +7,7 @@
 # with errors instead of hanging, and nothing is left behind. (fio runs on
 # the FUSE file there: del refuses, by design, to pull a loop device that
 # is still open.)
+set -euo pipefail  # before the library, so that a missing one stops the test
 source "$(dirname "$0")/lib_fuse.sh"
 require_host losetup fio python3
 start_daemon

@@ -2,6 +2,7 @@
 # mbps=20 limits a sequential write through the loop device: 40 MiB take
 # about 2 s (at least 1.5 s). The unthrottled time is printed for
 # comparison only: on a loaded machine it says little.
+set -euo pipefail  # before the library, so that a missing one stops the test
 source "$(dirname "$0")/lib_fuse.sh"
 require_host losetup
 start_daemon

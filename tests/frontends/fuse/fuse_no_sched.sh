@@ -5,6 +5,7 @@
 # without no_sched the disk keeps the one it has. Loop devices default to
 # "none" (BLK_MQ_F_NO_SCHED_BY_DEFAULT), so the test first gives the loop
 # device mq-deadline by hand, as a kernel or udev rule might.
+set -euo pipefail  # before the library, so that a missing one stops the test
 source "$(dirname "$0")/lib_fuse.sh"
 require_host losetup python3
 [ -n "${SOFTBLK_CLI:-}" ] || skip "needs the CLI's daemon (SOFTBLK_CLI): power cycles go through set"

@@ -7,6 +7,7 @@
 # sweeps the windows, shows the rate of each and why it chose one, and the
 # choice follows its own rule (the lowest window within 5% of the best
 # rate).
+set -euo pipefail  # before the library, so that a missing one stops the test
 source "$(dirname "$0")/lib_fuse.sh"
 require_host losetup fio
 start_daemon

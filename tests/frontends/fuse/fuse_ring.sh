@@ -17,6 +17,7 @@
 #   the ring: fuse_export_tests runs with ring=on ($1, when given);
 # - del with requests in flight returns and leaves nothing behind.
 # Skips with the reason where the kernel has no FUSE over io_uring.
+set -euo pipefail  # before the library, so that a missing one stops the test
 source "$(dirname "$0")/lib_fuse.sh"
 require_host losetup fio mkfs.ext4 fsck.ext4 python3
 gtests=${1:-}

@@ -2,6 +2,7 @@
 # After the daemon dies without cleaning up, its FUSE mount and loop device
 # are stale; the next daemon (at start, on `add` of the same name, and on
 # `cleanup`) detaches and unmounts them.
+set -euo pipefail  # before the library, so that a missing one stops the test
 source "$(dirname "$0")/lib_fuse.sh"
 require_host losetup
 start_daemon

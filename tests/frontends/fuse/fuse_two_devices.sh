@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Two devices exported at once, written concurrently; each keeps its own
 # data, and deleting one leaves the other working.
+set -euo pipefail  # before the library, so that a missing one stops the test
 source "$(dirname "$0")/lib_fuse.sh"
 require_host losetup
 start_daemon

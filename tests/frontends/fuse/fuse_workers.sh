@@ -9,6 +9,7 @@
 # changes verifies. On a device that keeps requests in flight one
 # asynchronous worker is kept. A number given is kept and never measured;
 # a count out of range is an error that says what is accepted.
+set -euo pipefail  # before the library, so that a missing one stops the test
 source "$(dirname "$0")/lib_fuse.sh"
 require_host losetup fio
 start_daemon

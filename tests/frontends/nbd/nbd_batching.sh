@@ -13,6 +13,7 @@
 #    arms and cancels a timer per request, the most expensive thing the
 #    server did per request in a VM): no io_uring_enter with
 #    IORING_ENTER_EXT_ARG while a client reads one block at a time.
+set -euo pipefail  # before the library, so that a missing one stops the test
 source "$(dirname "$0")/lib.sh"
 need python3
 

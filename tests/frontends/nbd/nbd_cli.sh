@@ -2,6 +2,7 @@
 # `softblk add ... --export nbd` through the daemon (SOFTBLK_CLI), in a run
 # directory of its own: the URIs it prints work, two devices share the
 # socket, and `del` of the last one removes the socket.
+set -euo pipefail  # before the library, so that a missing one stops the test
 source "$(dirname "$0")/lib.sh"
 [ -n "${SOFTBLK_CLI:-}" ] && [ -x "$SOFTBLK_CLI" ] || skip "the softblk CLI is not built"
 need nbdinfo nbdcopy

@@ -2,6 +2,7 @@
 # Real clients against softblk's NBD server: nbdinfo (list, size, block
 # sizes, contexts, --map), nbdcopy with several connections, qemu-img
 # convert/compare/map, qemu-io, and fio's nbd engine with verify.
+set -euo pipefail  # before the library, so that a missing one stops the test
 source "$(dirname "$0")/lib.sh"
 need nbdinfo nbdcopy qemu-img qemu-io python3
 

@@ -5,6 +5,7 @@
 # most 1000 IOPS if each request waited the window), a client killed while
 # its receive is held back leaves the server healthy, and a server stopped
 # then exits promptly. The same writes with coalesce-us=0 for comparison.
+set -euo pipefail  # before the library, so that a missing one stops the test
 source "$(dirname "$0")/lib.sh"
 need fio nbdinfo python3
 fio --enghelp 2>/dev/null | grep -qw nbd || skip "this fio has no nbd engine"

@@ -2,6 +2,7 @@
 # handshake-timeout: a client that connects and stalls in the handshake is
 # dropped after the timeout, so it cannot hold a connection slot; a client in
 # transmission is not; handshake-timeout=0 never drops anyone.
+set -euo pipefail  # before the library, so that a missing one stops the test
 source "$(dirname "$0")/lib.sh"
 need python3
 

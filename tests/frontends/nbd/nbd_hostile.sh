@@ -4,6 +4,7 @@
 # reader, many clients at once, idle clients. The daemon must stay bounded in
 # connections and memory, and `softblk del` must return promptly whatever the
 # clients do. Every CLI call has a time limit (lib.sh `sb`): a hang fails.
+set -euo pipefail  # before the library, so that a missing one stops the test
 source "$(dirname "$0")/lib.sh"
 need python3
 use_daemon

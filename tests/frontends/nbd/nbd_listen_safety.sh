@@ -4,6 +4,7 @@
 # create (a regular file, a symlink, a live socket), only replaces a socket
 # nobody listens on; sockets are 0600 whatever the umask, or mode=/group=;
 # TCP without TLS is refused unless insecure=1, which `softblk list` shows.
+set -euo pipefail  # before the library, so that a missing one stops the test
 source "$(dirname "$0")/lib.sh"
 need python3 stat
 use_daemon

@@ -3,6 +3,7 @@
 # strict mode off so that out-of-range, misaligned and oversized requests
 # reach the server and must come back as the protocol's errors; then a
 # read-only export and a plain (non-structured) connection.
+set -euo pipefail  # before the library, so that a missing one stops the test
 source "$(dirname "$0")/lib.sh"
 need nbdsh python3
 

@@ -2,6 +2,7 @@
 # Bad input and bad clients: malformed handshakes and requests, a client
 # killed in the middle of a transfer, 1000 connections opened and dropped,
 # the connection limit. The server must stay up and the data intact.
+set -euo pipefail  # before the library, so that a missing one stops the test
 source "$(dirname "$0")/lib.sh"
 need nbdcopy nbdinfo python3
 

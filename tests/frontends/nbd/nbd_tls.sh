@@ -4,6 +4,7 @@
 # client certificates with tls-verify-peer=1 (signed by the CA, none,
 # self-signed, from another CA of the same name, revoked); clients that
 # stall inside the TLS handshake and are dropped by handshake-timeout.
+set -euo pipefail  # before the library, so that a missing one stops the test
 source "$(dirname "$0")/lib.sh"
 need certtool psktool nbdinfo nbdcopy python3
 

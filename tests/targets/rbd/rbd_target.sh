@@ -20,6 +20,7 @@
 softblk=${1:?usage: $0 PATH/TO/softblk}
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=../../support/lib_cli.sh
+set -euo pipefail  # before the library, so that a missing one stops the test
 source "$here/../../support/lib_cli.sh"
 # shellcheck source=lib_ceph.sh
 source "$here/lib_ceph.sh"
