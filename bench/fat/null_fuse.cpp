@@ -1,5 +1,6 @@
 #define FUSE_USE_VERSION 312
 #include "null_fuse.hpp"
+#include "timing.hpp"
 
 #include <atomic>
 #include <cerrno>
@@ -65,11 +66,6 @@ void op_create(fuse_req_t req, fuse_ino_t, const char*, mode_t, fuse_file_info* 
 void op_release(fuse_req_t req, fuse_ino_t, fuse_file_info*)
 {
     fuse_reply_err(req, 0);
-}
-
-double seconds_since(std::chrono::steady_clock::time_point t)
-{
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
 }  // namespace
