@@ -186,4 +186,9 @@ result<uint64_t> parse_size(std::string_view text);
 // name another file, or none. Runs on any thread.
 result<void> check_absolute_path(std::string_view text);
 
+// option_def::check for text options that hold a byte size (`size=` of the
+// file and pattern targets): parse_size must accept the value, so a
+// bad size is refused when written, also while the device is off.
+result<void> check_byte_size(std::string_view text);
+
 }  // namespace softblk

@@ -447,6 +447,14 @@ std::vector<std::string> option_set::to_args() const
     return out;
 }
 
+result<void> check_byte_size(std::string_view text)
+{
+    if (auto size = parse_size(text); !size) {
+        return std::unexpected(size.error());
+    }
+    return {};
+}
+
 result<void> check_absolute_path(std::string_view text)
 {
     if (!text.empty() && text.front() != '/') {

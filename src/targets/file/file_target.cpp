@@ -27,16 +27,6 @@ namespace {
 // buffer (the ublk front end sizes its per-tag buffers from it).
 constexpr uint32_t k_max_transfer = 512u << 10;
 
-// `size=` is a byte size (parse_size), checked when written, also while
-// the device is powered off.
-result<void> check_size_text(std::string_view text)
-{
-    if (auto size = parse_size(text); !size) {
-        return std::unexpected(size.error());
-    }
-    return {};
-}
-
 constexpr option_def k_file_options[] = {
     {.name = "path",
      .kind = option_kind::text,
@@ -53,7 +43,7 @@ constexpr option_def k_file_options[] = {
              "which grows it sparsely. Live: written while powered on it resizes the device (0: "
              "to the file's size now, as losetup -c)",
      .update = option_update::live,
-     .check = check_size_text},
+     .check = check_byte_size},
     {.name = "create",
      .kind = option_kind::boolean,
      .default_value = "0",

@@ -28,22 +28,13 @@ namespace {
 // ones only make a front end split later.
 constexpr uint32_t k_max_transfer = 1u << 20;
 
-// size= as the file and rbd targets take it: bytes with a binary suffix.
-result<void> check_size_text(std::string_view text)
-{
-    if (auto size = parse_size(text); !size) {
-        return std::unexpected(size.error());
-    }
-    return {};
-}
-
 constexpr option_def k_pattern_options[] = {
     {.name = "size",
      .kind = option_kind::text,
      .default_value = "1G",
      .unit = "bytes",
      .help = "device size, bytes with an optional binary suffix (64M, 1.5G); whole blocks",
-     .check = check_size_text},
+     .check = check_byte_size},
     {.name = "blocksize",
      .kind = option_kind::integer,
      .default_value = "512",
