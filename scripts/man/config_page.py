@@ -2,7 +2,7 @@
 `softblk apply` reads and `softblk save` writes (src/host/device_config.hpp),
 with every option of `softblk features --json` (the same tables as `add`)."""
 
-from man_page import esc, option_lines, para
+from man_page import esc, option_lines, para, target_sections
 
 # An export option's key in a device file (device_config.hpp's
 # k_export_opt_prefix).
@@ -139,10 +139,7 @@ def devices_d_page(feats, version, date):
         "Each option as \\fIkey\\fR=\\fIdefault\\fR, then its meaning, kind, range,",
         "unit and when it may change.",
     ]
-    for t in feats["targets"]:
-        lines += [f".SS {esc(t['name'])}"] + para(t["description"])
-        for o in t["options"]:
-            lines += option_lines(o)
+    lines += target_sections(feats)
     lines += [
         ".SH EXPORT TYPES",
         f"Their options are given as \\fB{esc(EXPORT_OPT_PREFIX)}\\fR\\fIkey\\fR=\\fIvalue\\fR.",

@@ -99,6 +99,16 @@ def option_lines(o):
     return [".TP", tag, ".br"] + para(o["help"]) + [".br", option_details(o)]
 
 
+def target_sections(feats):
+    """One subsection per target type: its description, then its options."""
+    lines = []
+    for t in feats["targets"]:
+        lines += [f".SS {esc(t['name'])}"] + para(t["description"])
+        for o in t["options"]:
+            lines += option_lines(o)
+    return lines
+
+
 def softblk_page(root, fat_root, feats, version, date):
     lines = header("softblk", version, date, "System Administration Commands")
     lines += [".SH NAME", "softblk \\- userspace block devices with null_blk's options"]
@@ -148,10 +158,7 @@ def softblk_page(root, fat_root, feats, version, date):
         "shown as \\fIkey\\fR=\\fIdefault\\fR, then its meaning, kind, range, unit",
         "and when it may change.",
     ]
-    for t in feats["targets"]:
-        lines += [f".SS {esc(t['name'])}"] + para(t["description"])
-        for o in t["options"]:
-            lines += option_lines(o)
+    lines += target_sections(feats)
     lines += [
         ".SH EXPORT TYPES",
         "Chosen with \\fB\\-\\-export\\fR \\fItype\\fR; their options are given with",
