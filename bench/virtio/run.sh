@@ -17,9 +17,9 @@
 # --repeat times, back ends interleaved; the table shows the median.
 #
 # CPU per I/O: the client's (user + system of softblk-bench-virtio, from
-# getrusage) and the back end's (the run time of every thread of the back
-# end's process over the job, /proc/PID/task/*/schedstat, read by the
-# client before it disconnects; softblk-bench-virtio --backend-pid).
+# getrusage) and the back end's (the CPU time of the back end's process
+# over the job, all threads, exited ones included: /proc/PID/stat, read by
+# the client before it disconnects; softblk-bench-virtio --backend-pid).
 #
 #   bench/virtio/run.sh [--build DIR] [--seconds S] [--repeat N]
 #

@@ -10,22 +10,23 @@
 //
 // --queues N runs N threads, each driving its own device queue (and
 // virtqueue) with --qd requests in flight. --backend-pid PID adds the back
-// end's CPU time per I/O: the run time of each of its threads
-// (/proc/PID/task/*/schedstat, nanoseconds) from when the rings are up to
-// when the job ends, before the connection closes (the back end's ring
-// threads live as long as the connection). Prints one JSON line.
+// end's CPU time per I/O: the CPU time of the whole process (all threads,
+// exited ones included; /proc/PID/stat, clock ticks) from when the rings
+// are up to when the job ends, before the connection closes. Prints one
+// JSON line.
 #include <softblk/device.hpp>
 #include <softblk/support/clock.hpp>
 
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <random>
+#include <sstream>
 #include <string>
 #include <sys/resource.h>
 #include <thread>
+#include <unistd.h>
 #include <vector>
 
 #include <fmt/core.h>
@@ -103,23 +104,36 @@ double cpu_seconds()
            static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
 }
 
-// Nanoseconds the threads of process `pid` have run, or 0.
+// Nanoseconds of CPU time process `pid` has used, all its threads, also
+// those that have exited (utime + stime of /proc/PID/stat, in clock
+// ticks), or 0. Not the sum of /proc/PID/task/*/schedstat: a back end's
+// short-lived threads (io_uring's io-wq workers, thread pools) exit during
+// a run and take their time out of that sum, which then shrinks.
 uint64_t run_ns(int pid)
 {
     if (pid <= 0) {
         return 0;
     }
-    uint64_t total = 0;
-    const std::string dir = fmt::format("/proc/{}/task", pid);
-    std::error_code ec;
-    for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
-        std::ifstream in(e.path() / "schedstat");
-        uint64_t ns = 0;
-        if (in >> ns) {
-            total += ns;
+    std::ifstream in(fmt::format("/proc/{}/stat", pid));
+    std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    // The command name (field 2) may hold spaces and parentheses: count
+    // the fields after its last ')'. utime and stime are fields 14 and 15.
+    const auto close = stat.rfind(')');
+    if (close == std::string::npos) {
+        return 0;
+    }
+    std::istringstream fields(stat.substr(close + 1));
+    std::string field;
+    uint64_t utime = 0, stime = 0;
+    for (int n = 3; n <= 15 && fields >> field; ++n) {
+        if (n == 14) {
+            utime = std::strtoull(field.c_str(), nullptr, 10);
+        } else if (n == 15) {
+            stime = std::strtoull(field.c_str(), nullptr, 10);
         }
     }
-    return total;
+    const auto tick = static_cast<uint64_t>(sysconf(_SC_CLK_TCK));
+    return tick == 0 ? 0 : (utime + stime) * (1'000'000'000 / tick);
 }
 
 int usage(const char* self)
