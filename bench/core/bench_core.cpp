@@ -27,15 +27,16 @@
 //
 // Usage: softblk-bench-core [--seconds S] [--only null|memory|fill|ram]
 //                           [--huge-pages auto|0|1] [--memory-mib N] [--json]
-//        softblk-bench-core --seconds S --random read|write --depth N --opts "k=v ..."
+//        softblk-bench-core --seconds S --random read|write --depth N [--bs BYTES]
+//                           --opts "k=v ..."
 //   --huge-pages    the memory-backed devices' huge_pages (default: theirs)
 //   --only fill     the 1 GiB fill of 2. alone, to repeat run after run
 //   --memory-mib N  part 2 on one device of N MiB (default: 1024 and 16)
 //   --json          one JSON object per measurement on stdout ({"case",
 //                   "system", "iops", "extra"}), for `softblk bench core`;
 //                   the text goes to stderr
-// The second form runs one workload, 4 KiB random I/O at queue depth N on a
-// null device made from the options, and prints `iops N`: the in-process
+// The second form runs one workload, random I/O of --bs bytes (default 4 KiB)
+// at queue depth N on a null device made from the options, and prints `iops N`: the in-process
 // side of bench/fio/compare.sh.
 #include <softblk/device.hpp>
 
@@ -138,12 +139,14 @@ std::unique_ptr<device> create(std::vector<std::string> options)
     return std::move(*d);
 }
 
-// Random 4 KiB I/O at a fixed queue depth on queue 0; every completion
-// resubmits its request at a new random offset.
+// Random I/O of `bs` bytes (4 KiB but for bench_one's --bs) at a fixed
+// queue depth on one queue; every completion resubmits its request at a new
+// random offset.
 struct random_io {
     io_queue* queue = nullptr;
     io_op op = io_op::read;
-    uint64_t blocks = 0;  // 4 KiB blocks in the device
+    uint32_t bs = 4096;
+    uint64_t blocks = 0;  // blocks of `bs` in the device
     xorshift rng{0x9E3779B97F4A7C15ull};
     uint64_t completed = 0;
     uint64_t errors = 0;
@@ -169,7 +172,7 @@ struct random_io {
             self->completed_at_stop = self->completed;
         }
         if (!self->stop) {
-            r.offset = (self->rng.next() % self->blocks) * 4096;
+            r.offset = (self->rng.next() % self->blocks) * self->bs;
             self->queue->submit(r);
         }
     }
@@ -183,15 +186,17 @@ struct io_result {
     uint64_t cpu_ns = 0;  // the driving thread's CPU time over `ns`
 };
 
-io_result run_random(device& d, io_op op, unsigned depth, double seconds, unsigned queue_index = 0)
+io_result run_random(device& d, io_op op, unsigned depth, double seconds, unsigned queue_index = 0,
+                     uint32_t bs = 4096)
 {
     io_queue& q = d.queue(queue_index);
     random_io ctx;
     ctx.rng.s += queue_index * 0x51ED27u;
     ctx.queue = &q;
     ctx.op = op;
-    ctx.blocks = d.limits().capacity_bytes / 4096;
-    std::vector<std::vector<char>> buffers(depth, std::vector<char>(4096, 'b'));
+    ctx.bs = bs;
+    ctx.blocks = d.limits().capacity_bytes / bs;
+    std::vector<std::vector<char>> buffers(depth, std::vector<char>(bs, 'b'));
     std::vector<io_request*> requests;
     for (unsigned i = 0; i < depth; ++i) {
         io_request* r = q.get_request();
@@ -202,7 +207,7 @@ io_result run_random(device& d, io_op op, unsigned depth, double seconds, unsign
             std::exit(1);
         }
         r->op = op;
-        r->length = 4096;
+        r->length = bs;
         r->buffer = buffers[i].data();
         r->on_complete = random_io::on_complete;
         r->user_data = &ctx;
@@ -213,7 +218,7 @@ io_result run_random(device& d, io_op op, unsigned depth, double seconds, unsign
     const uint64_t start = now_ns();
     ctx.deadline_ns = start + static_cast<uint64_t>(seconds * 1e9);
     for (io_request* r : requests) {
-        r->offset = (ctx.rng.next() % ctx.blocks) * 4096;
+        r->offset = (ctx.rng.next() % ctx.blocks) * bs;
         q.submit(*r);
     }
     while (!ctx.stop) {
@@ -663,7 +668,8 @@ void bench_ram()
 }
 
 // One workload on a device made from `opts` (blank-separated key=value).
-int bench_one(double seconds, const std::string& op, unsigned depth, const std::string& opts)
+int bench_one(double seconds, const std::string& op, unsigned depth, uint32_t bs,
+              const std::string& opts)
 {
     std::vector<std::string> options;
     size_t i = 0;
@@ -676,8 +682,8 @@ int bench_one(double seconds, const std::string& op, unsigned depth, const std::
     }
     auto d = create(options);
     const io_op io = op == "write" ? io_op::write : io_op::read;
-    run_random(*d, io, depth, 0.2);  // warm up
-    const io_result r = run_random(*d, io, depth, seconds);
+    run_random(*d, io, depth, 0.2, 0, bs);  // warm up
+    const io_result r = run_random(*d, io, depth, seconds, 0, bs);
     fmt::print("iops {:.0f} errors {} allocations {}\n",
                static_cast<double>(r.ios) * 1e9 / static_cast<double>(r.ns), r.errors,
                r.allocations);
@@ -692,6 +698,7 @@ int main(int argc, char** argv)
     std::string only;
     std::string random_op;
     unsigned depth = 32;
+    uint32_t bs = 4096;
     std::string opts;
     uint64_t memory_mib = 0;
     for (int i = 1; i < argc; ++i) {
@@ -704,6 +711,8 @@ int main(int argc, char** argv)
             random_op = argv[++i];
         } else if (a == "--depth" && i + 1 < argc) {
             depth = static_cast<unsigned>(std::atoi(argv[++i]));
+        } else if (a == "--bs" && i + 1 < argc) {
+            bs = static_cast<uint32_t>(std::strtoul(argv[++i], nullptr, 10));
         } else if (a == "--opts" && i + 1 < argc) {
             opts = argv[++i];
         } else if (a == "--huge-pages" && i + 1 < argc) {
@@ -718,16 +727,19 @@ int main(int argc, char** argv)
                        "usage: softblk-bench-core [--seconds S] [--only null|memory|fill|ram] "
                        "[--huge-pages auto|0|1] [--memory-mib N] [--json]\n"
                        "       softblk-bench-core --seconds S --random read|write --depth N "
-                       "--opts \"k=v ...\"\n");
+                       "[--bs BYTES] --opts \"k=v ...\"\n");
             return 2;
         }
     }
     if (!random_op.empty()) {
-        if ((random_op != "read" && random_op != "write") || depth == 0) {
-            fmt::print(stderr, "softblk-bench-core: --random read|write and --depth N > 0\n");
+        if ((random_op != "read" && random_op != "write") || depth == 0 || bs < 512 ||
+            bs % 512 != 0) {
+            fmt::print(stderr,
+                       "softblk-bench-core: --random read|write, --depth N > 0 and --bs a "
+                       "multiple of 512\n");
             return 2;
         }
-        return bench_one(seconds, random_op, depth, opts);
+        return bench_one(seconds, random_op, depth, bs, opts);
     }
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     fmt::print(g_text, "softblk-bench-core: {} s per measurement, {} CPUs online\n", seconds, cpus);
