@@ -11,6 +11,7 @@
 #include <fcntl.h>
 #include <fstream>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <thread>
 
 using namespace fat_test;
@@ -378,6 +379,98 @@ TEST(FatFuse, WritebackOptionWritesThroughOrCachesAlike)
         auto t = run("mtype -i " + img + " ::" + name);
         EXPECT_EQ(t.output, "one TWO three") << mode;
     }
+}
+
+// The mount's bdi knobs ("" where the kernel has none).
+std::string bdi_knob(const std::string& mnt, const char* knob)
+{
+    struct stat st {};
+    if (::stat(mnt.c_str(), &st) != 0) {
+        return "";
+    }
+    std::ifstream in("/sys/class/bdi/" + std::to_string(major(st.st_dev)) + ":" +
+                     std::to_string(minor(st.st_dev)) + "/" + knob);
+    std::string value;
+    in >> value;
+    return value;
+}
+
+// -o writeback=1 lifts the limits of the mount's own bdi (strict_limit 0,
+// max_ratio 100; the kernel's FUSE defaults of 1 and 1 pace a writer to an
+// early bandwidth estimate) and says so in its log; the default
+// (writeback=0) leaves them alone. Nothing written is lost: a writer killed
+// (SIGKILL) without fsync or close, then the unmount, leave a clean image
+// holding all it wrote, as does a file closed without fsync. Before, the
+// writeback cache kept strict_limit 1 and max_ratio 1.
+TEST(FatFuse, WritebackCacheLiftsOnlyThisMountsLimitsAndKeepsData)
+{
+    FAT_REQUIRE_FUSE();
+    if (geteuid() != 0 || access("/sys/class/bdi", F_OK) != 0) {
+        GTEST_SKIP() << "SKIP: needs root and /sys/class/bdi to set the mount's bdi";
+    }
+    temp_dir tmp;
+    std::string img = make_image(tmp);
+    std::string mnt = tmp / "mnt";
+    fs::create_directories(mnt);
+    {
+        fuse_mount m(img, mnt);
+        ASSERT_TRUE(m.ok());
+        if (bdi_knob(mnt, "strict_limit").empty()) {
+            GTEST_SKIP() << "SKIP: the kernel has no strict_limit for the mount's bdi";
+        }
+        EXPECT_EQ(bdi_knob(mnt, "strict_limit"), "1");
+        EXPECT_EQ(bdi_knob(mnt, "max_ratio"), "1");
+        EXPECT_EQ(m.unmount(), 0);
+    }
+    std::mt19937_64 rng(17);
+    const std::string killed = random_bytes(rng, 6u << 20);
+    const std::string closed = random_bytes(rng, 3u << 20);
+    {
+        std::string log = tmp / "mount.log";
+        fuse_mount m(img, mnt, {"-o", "writeback=1"}, log);
+        ASSERT_TRUE(m.ok());
+        EXPECT_EQ(bdi_knob(mnt, "strict_limit"), "0");
+        EXPECT_EQ(bdi_knob(mnt, "max_ratio"), "100");
+        auto text = load_file(log);
+        EXPECT_NE(
+            std::string(text.begin(), text.end()).find("strict_limit 1 -> 0, max_ratio 1 -> 100"),
+            std::string::npos)
+            << std::string(text.begin(), text.end());
+        int ready[2];
+        ASSERT_EQ(::pipe(ready), 0);
+        pid_t writer = fork();
+        if (writer == 0) {
+            int fd = ::open((mnt + "/killed.bin").c_str(), O_WRONLY | O_CREAT, 0644);
+            if (fd < 0) {
+                _exit(1);
+            }
+            for (size_t off = 0; off < killed.size(); off += 16384) {
+                if (::pwrite(fd, killed.data() + off, 16384, static_cast<off_t>(off)) != 16384) {
+                    _exit(1);
+                }
+            }
+            (void)!::write(ready[1], "x", 1);
+            ::pause();  // killed here, the data still dirty in the page cache
+            _exit(0);
+        }
+        ::close(ready[1]);
+        char c = 0;
+        EXPECT_EQ(::read(ready[0], &c, 1), 1);
+        ::close(ready[0]);
+        ::kill(writer, SIGKILL);
+        int st = 0;
+        ::waitpid(writer, &st, 0);
+        write_file(mnt + "/closed.bin", closed);  // closed, never fsynced
+        EXPECT_EQ(m.unmount(), 0);
+    }
+    EXPECT_TRUE(fsck_clean(img));
+    fuse_mount m(img, mnt);
+    ASSERT_TRUE(m.ok());
+    auto got = load_file(mnt + "/killed.bin");
+    EXPECT_TRUE(std::string(got.begin(), got.end()) == killed) << got.size() << " bytes";
+    got = load_file(mnt + "/closed.bin");
+    EXPECT_TRUE(std::string(got.begin(), got.end()) == closed) << got.size() << " bytes";
+    EXPECT_EQ(m.unmount(), 0);
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 #define FUSE_USE_VERSION 312
 #include "fuse_mount.hpp"
 
+#include "fuse_bdi.hpp"
+
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -83,13 +85,14 @@ bool g_read_only = false;
 uid_t g_uid = 0;
 gid_t g_gid = 0;
 bool g_direct_io = false;
-// -o writeback=1 asks for the kernel's writeback cache. The default (0)
-// writes through: each write(2) is one request (up to max_write), the page
-// cache still serves reads. With the serving loop's busy-poll a request
-// costs a few microseconds, while the kernel throttles a FUSE mount's
-// writeback hard (strict_limit, 1% of the dirty limit): sequential 16 KiB
-// writes went at 0.55-1.1x mtools with the writeback cache and 1.5-2.9x
-// without it on the same loaded machine (docs/fat.md).
+// -o writeback=1 asks for the kernel's writeback cache, with this mount's
+// own bdi limits lifted (fuse_bdi.hpp). The default (0) writes through:
+// each write(2) is one request (up to max_write) that the writer waits
+// for, and the page cache still serves reads. Neither mode won: both cost
+// the writer and the server about 1.8x mtools' CPU per byte written (three
+// copies: into the page cache, out to the server, into the device)
+// and overlap little; writing through pays a round trip per write(2),
+// the lifted cache pays for the writeback after the writes (docs/fat.md).
 bool g_writeback_wanted = false;
 // Set in init when the kernel agreed to cache writes (FUSE_CAP_WRITEBACK_CACHE).
 bool g_writeback = false;
@@ -363,6 +366,22 @@ void op_destroy(void* data)
     (void)v->sync();
 }
 
+// Lifts the writeback limits of the mount on `mount_point` (just mounted,
+// not yet serving) for -o writeback=1 and says what it set, or why not.
+void say_writeback_limits(const std::string& mount_point)
+{
+    auto lifted = lift_writeback_limits(mount_point);
+    if (lifted) {
+        fmt::print(stderr, "softblk fat mount: writeback cache; this mount's {}: {}\n",
+                   lifted->directory, lifted->summary);
+    } else {
+        fmt::print(stderr,
+                   "softblk fat mount: writeback cache with the kernel's FUSE limits (writers "
+                   "are paced to about 1% of the dirty limit): {}\n",
+                   lifted.error().message);
+    }
+}
+
 constexpr unsigned k_max_threads = 64;
 
 // The N of -o threads=N: 1..k_max_threads, digits only.
@@ -474,18 +493,19 @@ int serve_fuse(volume& v, const std::string& mountpoint, bool foreground, bool r
     }
     g_direct_io = false;
     g_writeback_wanted = false;
+    std::string writeback = "0";
     unsigned threads = 1;
     std::string poll_us = "auto";
     for (auto& o : fuse_options) {
         if (o.rfind("writeback=", 0) == 0) {  // our choice, not a libfuse option
-            if (o != "writeback=0" && o != "writeback=1") {
+            writeback = o.substr(10);
+            if (writeback != "0" && writeback != "1") {
                 fmt::print(stderr,
                            "softblk fat mount: -o {}: writeback takes 0 (write through, the "
                            "default) or 1 (the kernel's writeback cache)\n",
                            o);
                 return 1;
             }
-            g_writeback_wanted = o == "writeback=1";
             continue;
         }
         if (o == "direct_io") {
@@ -527,12 +547,23 @@ int serve_fuse(volume& v, const std::string& mountpoint, bool foreground, bool r
         fmt::print(stderr, "softblk fat mount: bad FUSE options \"{}\"\n", opts);
         return 1;
     }
+    // Resolved before mounting: afterwards a lookup of the mount point
+    // would wait for this thread to serve it.
+    std::string absolute = mountpoint;
+    if (char* real = ::realpath(mountpoint.c_str(), nullptr)) {
+        absolute = real;
+        std::free(real);
+    }
     if (fuse_mount(f, mountpoint.c_str()) != 0) {
         fuse_destroy(f);
         fmt::print(stderr,
                    "softblk fat mount: cannot mount on {} (does it exist? is /dev/fuse usable?)\n",
                    mountpoint);
         return 1;
+    }
+    if (!read_only && !g_direct_io && writeback == "1") {
+        g_writeback_wanted = true;
+        say_writeback_limits(absolute);
     }
     int rc = 1;
     if (fuse_daemonize(foreground ? 1 : 0) == 0) {
