@@ -8,6 +8,8 @@
 #include <sys/types.h>
 #include <vector>
 
+#include <softblk/support/mountinfo.hpp>
+
 namespace softblk::fuse {
 
 // File system type and source name of our mounts: "fuse.softblk" and
@@ -15,20 +17,10 @@ namespace softblk::fuse {
 inline constexpr const char* k_subtype = "softblk";
 inline constexpr const char* k_fstype = "fuse.softblk";
 
-struct mount_entry {
-    std::string mount_point;
-    std::string fstype;
-    std::string source;
-    uint64_t device = 0;  // st_dev of its files (makedev of mountinfo's major:minor)
-};
-
-// Every mount of the calling process's mount namespace, in mountinfo's
-// order (a mount comes after the one it covers).
-std::vector<mount_entry> read_mounts();
-
-// The mount that paths under `mount_point` reach now: the last one
-// mounted there (it covers the others), or nullopt.
-std::optional<mount_entry> top_mount_at(const std::string& mount_point);
+// The mounts as mountinfo lists them: the core's reader.
+using softblk::mount_entry;
+using softblk::read_mounts;
+using softblk::top_mount_at;
 
 // The daemon pid recorded in a source name "softblk:<pid>:<name>", or -1.
 pid_t source_pid(const std::string& source);

@@ -4,31 +4,15 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
-#include <sstream>
 
 #include <fmt/format.h>
+
+#include <softblk/support/mountinfo.hpp>
+#include <sys/sysmacros.h>
 
 namespace softblk::fat::detail {
 
 namespace {
-
-// mountinfo writes space, tab, newline and backslash as \ooo. (The FUSE
-// export's copy of this, src/frontends/fuse/mounts.cpp, is a front end's
-// and not built with every configuration.)
-std::string unescape(const std::string& text)
-{
-    std::string out;
-    for (size_t i = 0; i < text.size(); ++i) {
-        if (text[i] == '\\' && i + 3 < text.size() &&
-            text.substr(i + 1, 3).find_first_not_of("01234567") == std::string::npos) {
-            out.push_back(static_cast<char>(std::stoi(text.substr(i + 1, 3), nullptr, 8)));
-            i += 3;
-        } else {
-            out.push_back(text[i]);
-        }
-    }
-    return out;
-}
 
 result<std::string> read_knob(const std::string& path)
 {
@@ -57,30 +41,12 @@ result<void> write_knob(const std::string& path, const std::string& value)
 
 result<std::string> fuse_mount_device(const std::string& mount_point)
 {
-    std::ifstream in("/proc/self/mountinfo");
-    std::string line;
-    std::string found;
-    while (std::getline(in, line)) {
-        // id parent major:minor root mount_point options [optional...] - fstype source ...
-        std::istringstream fields(line);
-        std::string id, parent, dev, root, where, options, word, fstype;
-        if (!(fields >> id >> parent >> dev >> root >> where >> options)) {
-            continue;
-        }
-        while (fields >> word && word != "-") {
-        }
-        if (!(fields >> fstype) || fstype.rfind("fuse", 0) != 0) {
-            continue;
-        }
-        if (unescape(where) == mount_point) {
-            found = dev;  // the last one is on top
-        }
-    }
-    if (found.empty()) {
+    const auto top = top_mount_at(mount_point);
+    if (!top || top->fstype.rfind("fuse", 0) != 0) {
         return make_error(ENOENT,
                           fmt::format("no FUSE mount on {} in /proc/self/mountinfo", mount_point));
     }
-    return found;
+    return fmt::format("{}:{}", major(top->device), minor(top->device));
 }
 
 result<bdi_change> lift_writeback_limits(const std::string& mount_point,
