@@ -33,7 +33,8 @@
 
 namespace softblk {
 
-class queue_ring_sharing;  // ring_sharing.hpp: an extension ublk asks for
+class queue_ring_sharing;      // ring_sharing.hpp: an extension ublk asks for
+struct external_data_support;  // external_data.hpp: one more
 
 class target;
 
@@ -277,6 +278,10 @@ public:
     // (before the first power on: name and type only).
     virtual const device_info& info() const = 0;
     const block_limits& limits() const { return info().limits; }
+    // Which external data (external_data.hpp: ublk's zero copy and user
+    // copy) its requests may carry instead of a buffer, as last powered on
+    // (none before): what its target and decorators take. Control thread.
+    virtual external_data_support takes_external_data() const = 0;
     const std::string& name() const { return info().name; }
 
     // Queues 0 .. submit_queues-1 are submit queues, then the poll queues.

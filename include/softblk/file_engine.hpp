@@ -29,6 +29,7 @@
 #include <utility>
 #include <vector>
 
+#include <softblk/external_data.hpp>
 #include <softblk/ring_sharing.hpp>
 #include <softblk/target.hpp>
 #include <softblk/support/trusted_dir.hpp>
@@ -170,7 +171,7 @@ struct file_engine_stats {
     // Appends written by the queue's thread (append(); counted per write,
     // beside a system call that costs far more).
     std::atomic<uint64_t> held_appends{0};
-    // Writes whose data stayed in the kernel (io_request::kernel_data), and
+    // Writes whose data stayed in the kernel (external_data.hpp), and
     // kernel buffers the kernel refused to register or unregister.
     std::atomic<uint64_t> kernel_buffer_writes{0};
     std::atomic<uint64_t> kernel_buffer_errors{0};
@@ -234,10 +235,10 @@ public:
     // any write, so that the workers overlap them.
     void append(io_request& r, unsigned file, uint64_t file_offset, bool fua);
     // write() and append() also take a request whose data is in the kernel
-    // (io_request::kernel_data, never for read()): the pages are registered
-    // in the ring's table of fixed buffers, written with WRITE_FIXED (the
-    // ring's path, never held) and unregistered before the request
-    // completes.
+    // (a kernel_buffer, external_data.hpp; never for read()): the pages
+    // are registered in the ring's table of fixed buffers, written with
+    // WRITE_FIXED (the ring's path, never held) and unregistered before
+    // the request completes.
 
     // fdatasync(2) of the file.
     void flush(io_request& r, unsigned file);

@@ -24,6 +24,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include <softblk/external_data.hpp>
 #include <softblk/options.hpp>
 #include <softblk/types.hpp>
 
@@ -285,16 +286,17 @@ public:
     // r.offset). Returns what write() and write_from() return.
     int write_request(uint64_t offset, const io_request& r, uint64_t length)
     {
-        return r.window != nullptr ? write_from(offset, *r.window, length)
-                                   : write(offset, r.buffer, length);
+        const data_window* window = window_of(r);
+        return window != nullptr ? write_from(offset, *window, length)
+                                 : write(offset, r.buffer, length);
     }
 
     // `length` bytes at `offset` into the first of read `r`'s buffer or
     // window. Returns 0, or what read_to() returns.
     int read_request(uint64_t offset, const io_request& r, uint64_t length) const
     {
-        if (r.window != nullptr) {
-            return read_to(offset, *r.window, length);
+        if (const data_window* window = window_of(r); window != nullptr) {
+            return read_to(offset, *window, length);
         }
         read(offset, r.buffer, length);
         return 0;

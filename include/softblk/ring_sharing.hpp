@@ -51,10 +51,11 @@ public:
     // A completion from the lent ring that is not the owner's: the
     // target's.
     virtual void ring_completion(uint64_t user_data, int result) = 0;
-    // True when every request with kernel_data ends with the result of its
-    // file ring's last write for it, at once and unchanged (never given up
-    // at a timeout either: timed_out says false): the owner may then link
-    // its own completion after that write (kernel_buffer::prep_completion).
+    // True when every request with a kernel_buffer (external_data.hpp)
+    // ends with the result of its file ring's last write for it, at once
+    // and unchanged (never given up at a timeout either: timed_out says
+    // false): the owner may then link its own completion after that write
+    // (kernel_buffer::prep_completion).
     // Decorators, which change results or their timing, say false.
     virtual bool ends_with_ring_write() const = 0;
 

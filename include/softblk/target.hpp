@@ -23,7 +23,8 @@
 
 namespace softblk {
 
-class target_ring_sharing;  // ring_sharing.hpp
+class target_ring_sharing;     // ring_sharing.hpp
+struct external_data_support;  // external_data.hpp
 
 // Where a target_queue reports finished requests. Implemented by the core's
 // queue (which applies the completion mode: inline, deferred, timer) and by
@@ -106,6 +107,12 @@ public:
     // capacity goes through watch_capacity's callback).
     virtual const block_limits& limits() const = 0;
 
+    // Which external data (external_data.hpp: ublk's zero copy and user
+    // copy) its requests may carry instead of a buffer. The default takes
+    // none; a target that takes some includes external_data.hpp and says
+    // so. Must not change after creation. Control thread.
+    virtual external_data_support takes_external_data() const;
+
     // Where the target reports that its capacity changed under it (an rbd
     // image resized in the cluster): `resized(bytes)`, which the core
     // rounds down to the logical block size and makes the device's
@@ -181,7 +188,11 @@ int answer_report_extents(target& t, io_request& request);
 
 // Wraps a target to add one concern (throttle, bad blocks, fault injection,
 // write-back cache) without the wrapped target knowing. Forwards everything
-// it does not change.
+// it does not change, but takes_external_data(): a decorator takes none
+// unless it says so, because one that sends requests of its own for the
+// consumer's (a cache, partial I/O) must copy io_request::external into
+// them; one that passes the consumer's requests on, or copies the
+// extension, forwards its inner target's answer.
 class target_decorator : public target {
 public:
     explicit target_decorator(std::unique_ptr<target> inner) : _inner(std::move(inner)) {}

@@ -1,6 +1,7 @@
 // Types shared by the consumer API (device.hpp) and the provider API
 // (target.hpp): the I/O request, its operations and flags, block limits and
-// the control-path error type.
+// the control-path error type. Data a request carries outside the process
+// (ublk's zero copy and user copy) is an extension: external_data.hpp.
 #pragma once
 
 #include <atomic>
@@ -9,8 +10,6 @@
 #include <string>
 #include <system_error>
 #include <utility>
-
-struct io_uring_sqe;  // liburing's, for kernel_buffer
 
 namespace softblk {
 
@@ -90,55 +89,9 @@ enum io_flag : uint32_t {
 };
 
 struct io_request;
-
-// Where a request's data is when it lives in another address space that
-// preadv and pwritev reach: at `offset` onwards of `fd` (ublk's USER_COPY
-// window of the request on /dev/ublkcN). A target whose limits say
-// takes_data_window takes writes and reads that carry one instead of a
-// buffer, and copies the bytes between it and where it keeps them (the
-// memory store's pages) itself: once, instead of through a front end's
-// buffer. The front end fills it and keeps it until the request completes;
-// the window stays open until then.
-struct data_window {
-    int fd = -1;
-    uint64_t offset = 0;
-};
-
-// Data a request carries without the process seeing it: it stays in the
-// kernel, in a request of a kernel front end (ublk's zero copy), and only
-// io_uring can move it. A target whose limits say kernel_buffers takes
-// such writes; its ring (file_ring) puts the pages in its own table of
-// fixed buffers at `index` with an entry made by prep_register, writes
-// them from there, and takes them out with prep_unregister's entry when
-// the write is done. The front end fills it and keeps it until the request
-// completes.
-//
-// Two variations, both only in a ring the front end lent (ring_sharing.hpp):
-// `in_table` says the kernel put the pages in that ring's table already
-// (ublk's AUTO_BUF_REG) and takes them out itself, so the ring registers
-// nothing; `prep_completion`, where set, makes the entry by which the
-// front end itself ends the request, and the ring links it after each
-// write of the rest of the request (queue_ring_sharing::links_completions says
-// when a front end may ask for that): the kernel then completes the
-// request as soon as the write is done, in the context that did it,
-// without waiting for the front end's thread. The front end still sees
-// the completion as usual afterwards.
-struct kernel_buffer {
-    void (*prep_register)(::io_uring_sqe& sqe, const kernel_buffer& kb) = nullptr;
-    void (*prep_unregister)(::io_uring_sqe& sqe, const kernel_buffer& kb) = nullptr;
-    void (*prep_completion)(::io_uring_sqe& sqe, const kernel_buffer& kb) = nullptr;
-    // The front end's, for the functions above.
-    void* owner = nullptr;
-    // Where the data lives (for the functions above): ublk's /dev/ublkcN, queue, tag.
-    int fd = -1;
-    uint16_t queue = 0;
-    uint16_t tag = 0;
-    // The fixed-buffer slot: unique among the requests of one device queue
-    // in flight, below `slots`.
-    uint16_t index = 0;
-    uint16_t slots = 0;
-    bool in_table = false;
-};
+// external_data.hpp: data outside the process (ublk's zero copy and user
+// copy), an extension only ublk and the targets that take it include.
+struct external_data;
 
 // Called once per request when it completes, on the thread that drives the
 // request's queue. `result` is the number of bytes done (0 for operations
@@ -162,12 +115,10 @@ struct io_request {
     // Data buffer of `length` bytes for read, write and zone_append; the
     // entries of report_zones and report_extents. Owned by the consumer.
     void* buffer = nullptr;
-    // Instead of `buffer`, for write and zone_append on a device whose
-    // limits say kernel_buffers: the data in the kernel (kernel_buffer).
-    const kernel_buffer* kernel_data = nullptr;
-    // Instead of `buffer`, for read, write and zone_append on a device
-    // whose limits say takes_data_window: where the data is (data_window).
-    const data_window* window = nullptr;
+    // Instead of `buffer`, on a device that takes it: where the data is
+    // when it is outside the process's memory (external_data.hpp, the
+    // ublk front end's extension). Owned by the consumer.
+    const external_data* external = nullptr;
     io_completion_fn on_complete = nullptr;
     void* user_data = nullptr;
 
@@ -218,12 +169,6 @@ struct block_limits {
     // FUA is honoured (as opposed to emulated with a flush by the kernel).
     bool fua = false;
     bool read_only = false;
-    // Writes and zone appends may carry kernel_data instead of a buffer:
-    // the target never reads their bytes itself, a file_ring writes them.
-    bool kernel_buffers = false;
-    // Reads, writes and zone appends may carry a data_window instead of a
-    // buffer: the target copies their bytes to or from it itself.
-    bool takes_data_window = false;
 
     // ---- zoned devices (the kernel's zoned block device model)
     bool zoned = false;

@@ -424,6 +424,7 @@ result<void> device_impl::power_on()
     }
     _target = std::move(*chain);
     _info.limits = _target->limits();
+    _external = _target->takes_external_data();
     if (!_info.limits.zoned) {
         // A zoned device's zones are its geometry: it keeps its size.
         _target->watch_capacity([this](uint64_t bytes) { capacity_changed(bytes); });

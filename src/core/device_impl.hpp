@@ -10,6 +10,7 @@
 #include <vector>
 
 #include <softblk/device.hpp>
+#include <softblk/external_data.hpp>
 #include <softblk/target.hpp>
 
 #include "decorators.hpp"
@@ -31,6 +32,7 @@ public:
     ~device_impl() override;
 
     const device_info& info() const override { return _info; }
+    external_data_support takes_external_data() const override { return _external; }
     unsigned queue_count() const override { return static_cast<unsigned>(_queues.size()); }
     io_queue& queue(unsigned index) override { return *_queues.at(index); }
     using device::execute;
@@ -68,7 +70,8 @@ private:
 
     const target_type& _type;
     device_info _info;
-    option_set _options;  // the attributes, as reads show them
+    external_data_support _external;  // as last powered on, as _info.limits
+    option_set _options;              // the attributes, as reads show them
     std::shared_ptr<decorator_state> _decorator_state;
     std::shared_ptr<target_data> _kept;  // the target's data across power cycles
     std::unique_ptr<target> _target;     // while powered on

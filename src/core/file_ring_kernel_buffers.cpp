@@ -1,5 +1,5 @@
 // file_ring's kernel-buffer path (include/softblk/file_engine.hpp): writes
-// whose data stays in the kernel (io_request::kernel_data, ublk's zero
+// whose data stays in the kernel (io_request::external, ublk's zero
 // copy) are registered in the ring's fixed-buffer table, written with
 // WRITE_FIXED and unregistered before they complete; a DEFER_TASKRUN ring
 // is rebuilt as COOP_TASKRUN for the first of them.
@@ -30,7 +30,7 @@ using namespace file_ring_detail;
 
 void file_ring::start_kernel_write(io_request& r)
 {
-    const kernel_buffer& kb = *r.kernel_data;
+    const kernel_buffer& kb = *kernel_data(r);
     const step s = step_of(r);
     if (s == k_read) {
         // Nothing to read into: the core refuses such a request.
@@ -163,7 +163,8 @@ void file_ring::release_kernel_buffer(io_request& r)
     // Sent now, before the request completes and its front end commits it
     // (the order ublk's own servers keep; the kernel would also let the
     // request end later, when the last reference to its pages goes).
-    r.kernel_data->prep_unregister(*sqe, *r.kernel_data);
+    const kernel_buffer& kb = *kernel_data(r);
+    kb.prep_unregister(*sqe, kb);
     sqe->flags |= IOSQE_CQE_SKIP_SUCCESS;
     io_uring_sqe_set_data64(sqe, reinterpret_cast<uintptr_t>(&r) | k_note_unregister);
     ++_unsubmitted;

@@ -83,7 +83,7 @@ void file_ring::append(io_request& r, unsigned file, uint64_t file_offset, bool 
     // is copied inside start_rw anyway; data in the kernel can only go
     // through the ring.)
     if (_in_flight == 1 && _unsubmitted == 0 && !f.block_device() && !f.memory_file_system() &&
-        r.kernel_data == nullptr) {
+        kernel_data(r) == nullptr) {
         // Alone so far: held until the owner's next poll(), which writes it
         // here unless another request joined it by then (admit).
         _held = &r;
@@ -204,7 +204,7 @@ bool file_ring::direct_ok(const io_request& r)
     // device that sent them; where the file system wants more, the write
     // fails with EINVAL and on_cqe sends it to the buffered descriptor.)
     if ((((r.target_scratch[0] + done) | (r.length - done)) & (f.min_block_size() - 1)) != 0 ||
-        (r.kernel_data == nullptr &&
+        (kernel_data(r) == nullptr &&
          (reinterpret_cast<uintptr_t>(static_cast<char*>(r.buffer) + done) &
           (f.memory_alignment() - 1)) != 0)) {
         _stats.unaligned_buffered.fetch_add(1, std::memory_order_relaxed);
@@ -215,7 +215,7 @@ bool file_ring::direct_ok(const io_request& r)
 
 void file_ring::start_rw(io_request& r)
 {
-    if (r.kernel_data != nullptr) {
+    if (kernel_data(r) != nullptr) {
         start_kernel_write(r);
         return;
     }
@@ -336,7 +336,7 @@ void file_ring::start_discard_bdev(io_request& r)
 
 void file_ring::finish(io_request& r, int result)
 {
-    if (r.kernel_data != nullptr && step_of(r) <= k_write_fua &&
+    if (kernel_data(r) != nullptr && step_of(r) <= k_write_fua &&
         (mode_of(r) & k_kb_registered) != 0) {
         release_kernel_buffer(r);
     }
@@ -368,7 +368,7 @@ void file_ring::on_cqe(io_request& r, int res)
     case k_read:
     case k_write:
     case k_write_fua: {
-        if (r.kernel_data != nullptr) {
+        if (kernel_data(r) != nullptr) {
             const int mode = mode_of(r);
             if (res == -EINVAL && (mode & k_kb_buffered) == 0 && _files[file_of(r)]->direct()) {
                 // The pages are not aligned as this file system's direct

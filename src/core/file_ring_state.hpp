@@ -48,7 +48,7 @@ enum step : unsigned {
     k_discard_cmd = 9,    // BLOCK_URING_CMD_DISCARD
 };
 
-// A write with kernel_data: where its buffer is (the mode bits).
+// A write whose data is in the kernel: where its buffer is (the mode bits).
 enum kernel_buffer_state : int {
     k_kb_registered = 1,  // in the table: unregister before completing
     k_kb_buffered = 2,    // direct I/O refused the pages: buffered descriptor

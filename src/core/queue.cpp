@@ -122,6 +122,7 @@ result<void> queue_impl::open(target& t)
     }
     _tq = std::move(*tq);
     _tq_ring = _tq->ring_sharing();
+    _external = t.takes_external_data();
     return {};
 }
 
@@ -152,8 +153,7 @@ io_request* queue_impl::get_request()
     r.offset = 0;
     r.length = 0;
     r.buffer = nullptr;
-    r.kernel_data = nullptr;
-    r.window = nullptr;
+    r.external = nullptr;
     r.on_complete = nullptr;
     r.user_data = nullptr;
     r.transferred = 0;
@@ -197,18 +197,23 @@ int queue_impl::validate(const io_request& r) const
         return -EOPNOTSUPP;
     }
     const block_limits& lim = _dev.info().limits;
-    // A request's data is in a buffer, or in the kernel (kernel_buffer:
-    // writes only) or in a data_window where the target takes those, and
-    // in one place only.
+    // A request's data is in a buffer, or outside the process where the
+    // target takes that (external_data: in the kernel for writes only, or
+    // in a data_window), and in one place only.
     auto has_data = [&]() {
-        if (r.kernel_data != nullptr) {
-            return r.op != io_op::read && lim.kernel_buffers && r.buffer == nullptr &&
-                   r.window == nullptr;
+        if (r.external == nullptr) {
+            return r.buffer != nullptr;
         }
-        if (r.window != nullptr) {
-            return lim.takes_data_window && r.buffer == nullptr;
+        if (r.buffer != nullptr) {
+            return false;
         }
-        return r.buffer != nullptr;
+        switch (r.external->where) {
+        case external_data::place::kernel:
+            return r.op != io_op::read && _external.kernel_buffers;
+        case external_data::place::window:
+            return _external.data_windows;
+        }
+        return false;
     };
     // What a request of this op must carry: its data, or room for a report.
     auto malformed = [&]() {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include <softblk/device.hpp>
+#include <softblk/external_data.hpp>
 #include <softblk/ring_sharing.hpp>
 #include <softblk/support/clock.hpp>
 #include <softblk/support/handoff_list.hpp>
@@ -145,6 +146,9 @@ private:
     std::unique_ptr<target_queue> _tq;
     // _tq's ring-sharing extension (nullptr: none), asked once at open().
     target_ring_sharing* _tq_ring = nullptr;
+    // What external data the target (with its decorators) takes, asked
+    // once at open().
+    external_data_support _external;
     std::unique_ptr<io_request[]> _requests;
     std::vector<uint32_t> _free_tags;  // local tag stack (no shared pool)
     std::shared_ptr<shared_tag_pool> _shared_tags;

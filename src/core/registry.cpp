@@ -1,6 +1,7 @@
 // Registries of target types and export types. Filled by static
 // initialisers in the target and front-end folders, read by the core and the
 // daemon.
+#include <softblk/external_data.hpp>
 #include <softblk/frontend.hpp>
 #include <softblk/kernel_disk.hpp>
 #include <softblk/target.hpp>
@@ -220,6 +221,11 @@ result<std::unique_ptr<device_export>> start_export(const export_type& type, dev
         return started;
     }
     return apply_disk_choices(dev, std::move(*started));
+}
+
+external_data_support target::takes_external_data() const
+{
+    return {};
 }
 
 result<void> target::apply_option(const option_def& def, const option_set&)

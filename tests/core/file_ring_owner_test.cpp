@@ -7,6 +7,8 @@
 
 #include <gtest/gtest.h>
 
+#include <softblk/external_data.hpp>
+
 #include <algorithm>
 #include <cerrno>
 #include <climits>
@@ -75,13 +77,14 @@ TEST(FileRing, AKernelBufferIsRegisteredOnceAndUnregisteredBeforeItCompletes)
     fill(first.data, first.size, 3);
     io_request before = ring_fixture::request(io_op::write, 8192, 4096, first.data);
     t.ring->write(before, 0, 8192, false);
-    const kernel_buffer kb{.prep_register = &prep_nop_register,
-                           .prep_unregister = &prep_nop_unregister,
-                           .fd = f->buffered_fd(),
-                           .index = 3,
-                           .slots = 8};
+    const external_data kb{.where = external_data::place::kernel,
+                           .kernel = {.prep_register = &prep_nop_register,
+                                      .prep_unregister = &prep_nop_unregister,
+                                      .fd = f->buffered_fd(),
+                                      .index = 3,
+                                      .slots = 8}};
     io_request a = ring_fixture::request(io_op::write, 0, 65536, nullptr);
-    a.kernel_data = &kb;
+    a.external = &kb;
     t.ring->append(a, 0, 0, false);
     EXPECT_EQ(kernel_buffer_counts::registers, deferred ? 0 : 1)
         << "registered while the ring still had DEFER_TASKRUN";
@@ -103,26 +106,28 @@ TEST(FileRing, AKernelBufferIsRegisteredOnceAndUnregisteredBeforeItCompletes)
     EXPECT_EQ(t.ring->next_wakeup_ns(), UINT64_MAX) << "the ring kept work after the last entry";
 
     // A slot beyond the table: refused without an entry.
-    const kernel_buffer beyond{.prep_register = &prep_nop_register,
-                               .prep_unregister = &prep_nop_unregister,
-                               .fd = f->buffered_fd(),
-                               .index = 8,
-                               .slots = 8};
+    const external_data beyond{.where = external_data::place::kernel,
+                               .kernel = {.prep_register = &prep_nop_register,
+                                          .prep_unregister = &prep_nop_unregister,
+                                          .fd = f->buffered_fd(),
+                                          .index = 8,
+                                          .slots = 8}};
     io_request b = ring_fixture::request(io_op::write, 0, 4096, nullptr);
-    b.kernel_data = &beyond;
+    b.external = &beyond;
     t.ring->write(b, 0, 0, false);
     EXPECT_EQ(t.wait(b), -EINVAL);
     EXPECT_EQ(kernel_buffer_counts::registers, 1);
 
     // A registration the kernel refuses: the write fails with its errno
     // (not the ECANCELED of a broken link) and nothing is unregistered.
-    const kernel_buffer refused{.prep_register = &prep_refused_register,
-                                .prep_unregister = &prep_nop_unregister,
-                                .fd = f->buffered_fd(),
-                                .index = 0,
-                                .slots = 8};
+    const external_data refused{.where = external_data::place::kernel,
+                                .kernel = {.prep_register = &prep_refused_register,
+                                           .prep_unregister = &prep_nop_unregister,
+                                           .fd = f->buffered_fd(),
+                                           .index = 0,
+                                           .slots = 8}};
     io_request c = ring_fixture::request(io_op::write, 0, 4096, nullptr);
-    c.kernel_data = &refused;
+    c.external = &refused;
     t.ring->write(c, 0, 0, true);
     const int rc = t.wait(c);
     EXPECT_LT(rc, 0);
@@ -243,13 +248,14 @@ TEST(FileRing, ABorrowedRingCarriesTheRequestsAndIsGivenBack)
     // before the write completes; the stand-in registers nothing, so the
     // kernel fails the write.
     kernel_buffer_counts::registers = kernel_buffer_counts::unregisters = 0;
-    const kernel_buffer kb{.prep_register = &prep_nop_register,
-                           .prep_unregister = &prep_nop_unregister,
-                           .fd = f->buffered_fd(),
-                           .index = 1,
-                           .slots = 4};
+    const external_data kb{.where = external_data::place::kernel,
+                           .kernel = {.prep_register = &prep_nop_register,
+                                      .prep_unregister = &prep_nop_unregister,
+                                      .fd = f->buffered_fd(),
+                                      .index = 1,
+                                      .slots = 4}};
     io_request k = ring_fixture::request(io_op::write, 3 * 65536, 4096, nullptr);
-    k.kernel_data = &kb;
+    k.external = &kb;
     t.ring->append(k, 0, 3 * 65536, false);
     EXPECT_EQ(owner.wait(*t.ring, k), -EFAULT);
     EXPECT_EQ(kernel_buffer_counts::registers, 1);

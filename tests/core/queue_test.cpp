@@ -7,6 +7,7 @@
 #include <vector>
 
 #include <softblk/device.hpp>
+#include <softblk/external_data.hpp>
 #include <softblk/target.hpp>
 
 #include <nlohmann/json.hpp>
@@ -53,8 +54,8 @@ private:
 class test_target final : public target {
 public:
     explicit test_target(bool kernel_buffers = false, bool read_only = false)
+        : _kernel_buffers(kernel_buffers)
     {
-        _limits.kernel_buffers = kernel_buffers;
         _limits.read_only = read_only;
         _limits.capacity_bytes = 1 << 20;
         _limits.logical_block_size = 512;
@@ -64,6 +65,10 @@ public:
         _limits.max_write_zeroes_bytes = 1 << 20;
     }
     const block_limits& limits() const override { return _limits; }
+    external_data_support takes_external_data() const override
+    {
+        return {.kernel_buffers = _kernel_buffers};
+    }
     result<std::unique_ptr<target_queue>> open_queue(unsigned, completion_sink& sink) override
     {
         return std::make_unique<test_queue>(sink);
@@ -71,6 +76,7 @@ public:
 
 private:
     block_limits _limits;
+    bool _kernel_buffers;
 };
 
 const bool k_registered = register_target_type(target_type{
@@ -380,12 +386,14 @@ TEST(queue, read_only_errors_in_the_order_of_each_op)
 
 TEST(queue, kernel_data_only_for_writes_on_devices_that_take_it)
 {
-    const kernel_buffer kb{};
-    auto submit = [&](device& dev, io_op op, void* buffer) {
+    const external_data kb{.where = external_data::place::kernel};
+    const external_data window{.where = external_data::place::window};
+    // The data in the kernel unless `data` says where else.
+    auto submit = [&](device& dev, io_op op, void* buffer, const external_data* data = nullptr) {
         io_queue& q = dev.queue(0);
         counter c;
         io_request* r = prepare(q, c, op, 0, 4096, buffer);
-        r->kernel_data = &kb;
+        r->external = data != nullptr ? data : &kb;
         q.submit(*r);
         EXPECT_EQ(c.calls, 1);
         return c.last;
@@ -393,10 +401,19 @@ TEST(queue, kernel_data_only_for_writes_on_devices_that_take_it)
     std::vector<char> buf(4096);
     auto plain = make({"irqmode=0"});
     ASSERT_TRUE(plain);
+    EXPECT_FALSE(plain->takes_external_data().kernel_buffers);
     EXPECT_EQ(submit(*plain, io_op::write, nullptr), -EINVAL) << "a target that needs the bytes";
     auto taking = make({"irqmode=0"}, "t1", "core_test_kernel_buffers");
     ASSERT_TRUE(taking);
+    // What the target says reaches the consumer through the decorators
+    // every device has (bad blocks, fault injection).
+    EXPECT_TRUE(taking->takes_external_data().kernel_buffers);
+    EXPECT_FALSE(taking->takes_external_data().data_windows);
     EXPECT_EQ(submit(*taking, io_op::write, nullptr), 4096);
+    EXPECT_EQ(submit(*taking, io_op::write, nullptr, &window), -EINVAL)
+        << "a data window where only kernel buffers are taken";
+    EXPECT_EQ(submit(*plain, io_op::read, nullptr, &window), -EINVAL)
+        << "a data window where none is taken";
     EXPECT_EQ(submit(*taking, io_op::read, nullptr), -EINVAL) << "a read into the kernel's pages";
     EXPECT_EQ(submit(*taking, io_op::write, buf.data()), -EINVAL)
         << "both a buffer and kernel data";

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include <softblk/device.hpp>
+#include <softblk/external_data.hpp>
 
 #include <nlohmann/json.hpp>
 
@@ -97,7 +98,10 @@ inline completion run_request(io_queue& q, const one_request& what,
     r->offset = what.offset;
     r->length = what.length;
     r->buffer = what.buffer;
-    r->window = what.window;
+    // The window as ublk's queue runner hands it over (external_data.hpp).
+    const external_data in_window{.where = external_data::place::window,
+                                  .window = what.window != nullptr ? *what.window : data_window{}};
+    r->external = what.window != nullptr ? &in_window : nullptr;
     r->flags = what.flags;
     r->on_complete = record_completion;
     r->user_data = &c;
@@ -126,7 +130,7 @@ inline completion run_one(io_queue& q, io_op op, uint64_t offset, uint32_t lengt
 }
 
 // One read, write or zone append whose data is in `window`
-// (io_request::window), submitted and waited for; `buffer` too only to see
+// (external_data.hpp), submitted and waited for; `buffer` too only to see
 // it refused.
 inline completion run_one_windowed(io_queue& q, io_op op, uint64_t offset, uint32_t length,
                                    const data_window& window, void* buffer = nullptr)

@@ -14,6 +14,8 @@
 // write; the decorator then handles the other operations only.
 #include "common.hpp"
 
+#include <softblk/external_data.hpp>
+
 #include <cerrno>
 #include <nlohmann/json.hpp>
 
@@ -26,9 +28,10 @@ constexpr size_t k_described_ranges = 64;
 
 struct partial_extra {
     io_request* original = nullptr;
-    // The original's kernel buffer without the front end's completion: the
-    // shortened write does not end the request (it fails with -EIO).
-    kernel_buffer data_in_kernel;
+    // The original's external data (its first bytes are the prefix's), a
+    // kernel buffer without the front end's completion: the shortened write
+    // does not end the request (it fails with -EIO).
+    external_data data;
 };
 
 bool checked_op(io_op op)
@@ -132,6 +135,13 @@ public:
           _pool_size(pool_size)
     {
         _target_checks_writes = _inner->take_media_errors(this);
+    }
+
+    // Its own requests (partial I/O) carry a copy of the consumer's
+    // external data; the others go on as they are.
+    external_data_support takes_external_data() const override
+    {
+        return _inner->takes_external_data();
     }
 
     // The target's own check of a write (media_errors).
@@ -242,12 +252,11 @@ void bad_blocks_queue::start_partial(io_request& r, uint32_t bytes)
     p.offset = r.offset;
     p.length = bytes;
     p.buffer = r.buffer;
-    p.window = r.window;  // the prefix's bytes are the window's first ones
-    p.kernel_data = nullptr;
-    if (r.kernel_data != nullptr) {
-        e->extra.data_in_kernel = *r.kernel_data;
-        e->extra.data_in_kernel.prep_completion = nullptr;
-        p.kernel_data = &e->extra.data_in_kernel;
+    p.external = nullptr;
+    if (r.external != nullptr) {
+        e->extra.data = *r.external;
+        e->extra.data.kernel.prep_completion = nullptr;
+        p.external = &e->extra.data;
     }
     p.transferred = 0;
     p.result_offset = 0;

@@ -8,6 +8,8 @@
 //   init_hctx  opening the queue fails with -EFAULT, so device creation fails.
 #include "common.hpp"
 
+#include <softblk/external_data.hpp>
+
 #include <cerrno>
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
@@ -79,6 +81,12 @@ public:
           _requeue(std::move(requeue)),
           _init_hctx(std::move(init_hctx))
     {
+    }
+
+    // Passes the consumer's requests on as they are: their data wherever it is.
+    external_data_support takes_external_data() const override
+    {
+        return _inner->takes_external_data();
     }
 
     result<std::unique_ptr<target_queue>> open_queue(unsigned index, completion_sink& sink) override

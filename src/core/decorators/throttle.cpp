@@ -13,6 +13,8 @@
 // poll() admits it when the bucket refills; next_wakeup_ns() says when.
 #include "common.hpp"
 
+#include <softblk/external_data.hpp>
+
 #include <nlohmann/json.hpp>
 
 namespace softblk::core {
@@ -149,6 +151,12 @@ public:
     throttle_target(std::unique_ptr<target> inner, uint64_t mbps)
         : target_decorator(std::move(inner)), _mbps(mbps), _bucket(mbps)
     {
+    }
+
+    // Passes the consumer's requests on as they are: their data wherever it is.
+    external_data_support takes_external_data() const override
+    {
+        return _inner->takes_external_data();
     }
 
     result<std::unique_ptr<target_queue>> open_queue(unsigned index, completion_sink& sink) override

@@ -523,9 +523,8 @@ public:
     {
         _limits.volatile_write_cache = true;
         _limits.fua = fua;
-        // The cache copies what is written: it needs the bytes in memory.
-        _limits.kernel_buffers = false;
-        _limits.takes_data_window = false;
+        // The cache copies what is written: it needs the bytes in memory,
+        // so it takes no external data (target_decorator's default).
     }
 
     const block_limits& limits() const override { return _limits; }

@@ -135,18 +135,22 @@ result<void> queue_runner::setup()
         _slots[t].runner = this;
         _slots[t].tag = static_cast<uint16_t>(t);
         _slots[t].buffer = _buffers + size_t{t} * _cfg.buf_bytes;
-        _slots[t].data_in_kernel = kernel_buffer{.prep_register = &prep_register_buffer,
-                                                 .prep_unregister = &prep_unregister_buffer,
-                                                 .prep_completion = nullptr,
-                                                 .owner = this,
-                                                 .fd = _cfg.char_fd,
-                                                 .queue = static_cast<uint16_t>(_cfg.q_id),
-                                                 .tag = static_cast<uint16_t>(t),
-                                                 .index = static_cast<uint16_t>(t),
-                                                 .slots = static_cast<uint16_t>(depth),
-                                                 .in_table = _cfg.auto_buf_reg};
-        _slots[t].window = data_window{
-            .fd = _cfg.char_fd, .offset = user_copy_offset(_cfg.q_id, static_cast<uint16_t>(t))};
+        _slots[t].data_in_kernel =
+            external_data{.where = external_data::place::kernel,
+                          .kernel = kernel_buffer{.prep_register = &prep_register_buffer,
+                                                  .prep_unregister = &prep_unregister_buffer,
+                                                  .prep_completion = nullptr,
+                                                  .owner = this,
+                                                  .fd = _cfg.char_fd,
+                                                  .queue = static_cast<uint16_t>(_cfg.q_id),
+                                                  .tag = static_cast<uint16_t>(t),
+                                                  .index = static_cast<uint16_t>(t),
+                                                  .slots = static_cast<uint16_t>(depth),
+                                                  .in_table = _cfg.auto_buf_reg}};
+        _slots[t].data_in_window = external_data{
+            .where = external_data::place::window,
+            .window = data_window{.fd = _cfg.char_fd,
+                                  .offset = user_copy_offset(_cfg.q_id, static_cast<uint16_t>(t))}};
     }
 
     _wake_fd = ::eventfd(0, EFD_CLOEXEC);
@@ -514,11 +518,10 @@ bool queue_runner::dispatch(tag_slot& slot)
     r->offset = dop == io_op::flush || dop == io_op::zone_reset_all ? 0 : offset;
     r->length = moves_data || dop == io_op::discard || dop == io_op::write_zeroes ? length : 0;
     r->buffer = moves_data && !in_kernel && !slot.windowed ? slot.buffer : nullptr;
-    r->kernel_data = in_kernel ? &slot.data_in_kernel : nullptr;
-    r->window = slot.windowed ? &slot.window : nullptr;
+    r->external = in_kernel ? &slot.data_in_kernel : slot.windowed ? &slot.data_in_window : nullptr;
     // Only a plain write's result is known before it is done (a zone
     // append's sector is the target's to say).
-    slot.data_in_kernel.prep_completion =
+    slot.data_in_kernel.kernel.prep_completion =
         _links && in_kernel && op == k_op_write ? &prep_linked_commit : nullptr;
     if (dop == io_op::report_zones) {
         // The descriptor's nr_sectors is nr_zones here; the slot's buffer

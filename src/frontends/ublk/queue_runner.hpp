@@ -33,6 +33,7 @@
 #include <vector>
 
 #include <softblk/device.hpp>
+#include <softblk/external_data.hpp>
 #include <softblk/ring_sharing.hpp>
 
 namespace softblk::ublk {
@@ -45,15 +46,15 @@ struct queue_config {
     uint32_t buf_bytes = 0;  // per tag
     bool user_copy = false;
     // UBLK_F_SUPPORT_ZERO_COPY granted and the device takes kernel buffers:
-    // writes leave their data in the kernel (io_request::kernel_data)
+    // writes leave their data in the kernel (external_data.hpp)
     // instead of being copied in with pread: those of at least
     // zero_copy_min_bytes, or (-1) every write dispatched while others are
     // in flight in the device queue, and a write alone there where the
     // queue measures zero copy faster for its size (copy_chooser).
     bool zero_copy = false;
     int64_t zero_copy_min_bytes = -1;
-    // With user_copy: the device takes a data_window (block_limits::
-    // takes_data_window), so copied reads and writes go to the target with
+    // With user_copy: the device takes a data_window (device::
+    // takes_external_data()), so copied reads and writes go to the target with
     // the request's window instead of through the tag's buffer.
     bool target_takes_window = false;
     // Lend the thread's ring to the device queue (its ring-sharing
@@ -182,8 +183,11 @@ private:
         uint8_t kernel_op = 0;
         bool aborted = false;
         uint32_t length = 0;
-        kernel_buffer data_in_kernel;  // zero copy: this tag's request
-        data_window window;            // USER_COPY: where this tag's request's data is
+        // Zero copy: this tag's request's data in the kernel (a
+        // kernel_buffer).
+        external_data data_in_kernel;
+        // USER_COPY: where this tag's request's data is (a data_window).
+        external_data data_in_window;
         // The request's data goes through `window`, not `buffer`.
         bool windowed = false;
         // A write the chooser times: when it was taken, and which way.

@@ -7,6 +7,7 @@
 #include "export_config.hpp"
 #include "state.hpp"
 
+#include <softblk/external_data.hpp>
 #include <softblk/options.hpp>
 #include <softblk/ublk/ublk.hpp>
 
@@ -199,9 +200,9 @@ result<void> ublk_export::start_queues(unsigned nr_queues, unsigned depth, uint3
                         .buf_bytes = buf_bytes,
                         .user_copy = (flags & k_f_user_copy) != 0,
                         .zero_copy = (flags & (k_f_support_zero_copy | k_f_auto_buf_reg)) != 0 &&
-                                     _dev.limits().kernel_buffers,
+                                     _dev.takes_external_data().kernel_buffers,
                         .zero_copy_min_bytes = _cfg.zero_copy_min,
-                        .target_takes_window = _dev.limits().takes_data_window,
+                        .target_takes_window = _dev.takes_external_data().data_windows,
                         .shared_ring = _cfg.shared_ring,
                         .batch = (flags & k_f_batch_io) != 0,
                         .auto_buf_reg = (flags & k_f_auto_buf_reg) != 0,
@@ -306,6 +307,8 @@ result<void> ublk_export::start_new()
 {
     const auto& q = _dev.info().queues;
     const block_limits& lim = _dev.limits();
+    // Whether its target writes from the kernel's pages (external_data.hpp).
+    const bool kernel_buffers = _dev.takes_external_data().kernel_buffers;
     const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
 
     uint64_t want = _cfg.recovery_flags;
@@ -333,7 +336,7 @@ result<void> ublk_export::start_new()
     // copied, and the kernel maps no per-tag buffers then) and a target
     // that writes only through a file ring.
     if (_cfg.zero_copy == "1") {
-        if (!lim.kernel_buffers) {
+        if (!kernel_buffers) {
             return make_error(EINVAL, fmt::format("zero_copy=1: device {} needs the bytes of its "
                                                   "writes in memory (only the file and zloop "
                                                   "targets write from the kernel)",
@@ -342,7 +345,7 @@ result<void> ublk_export::start_new()
         want |= k_f_support_zero_copy;
     }
     uint64_t ask = 0;  // asked for, taken only if ADD_DEV grants it
-    if (_cfg.zero_copy == "auto" && (want & k_f_user_copy) != 0 && lim.kernel_buffers &&
+    if (_cfg.zero_copy == "auto" && (want & k_f_user_copy) != 0 && kernel_buffers &&
         !_cfg.unprivileged) {
         ask |= k_f_support_zero_copy;
     }
@@ -542,7 +545,7 @@ nlohmann::json ublk_export::describe() const
     out["recovery"] = _cfg.recovery;
     out["user_copy"] = (_info.flags & k_f_user_copy) != 0;
     out["zero_copy"] = (_info.flags & (k_f_support_zero_copy | k_f_auto_buf_reg)) != 0 &&
-                       _dev.limits().kernel_buffers;
+                       _dev.takes_external_data().kernel_buffers;
     out["batch_io"] = (_info.flags & k_f_batch_io) != 0;
     out["unprivileged"] = (_info.flags & k_f_unprivileged_dev) != 0;
     out["recovered"] = _recovered;

@@ -123,6 +123,8 @@ public:
     }
 
     const block_limits& limits() const override { return _limits; }
+    // Every write goes to the file ring, which takes data in the kernel.
+    external_data_support takes_external_data() const override { return {.kernel_buffers = true}; }
 
     void watch_capacity(std::function<void(uint64_t bytes)> resized) override
     {
@@ -396,8 +398,6 @@ result<std::unique_ptr<target>> create_file(const option_set& o)
     lim.fua = !fo.read_only;
     lim.read_only = fo.read_only;
     lim.rotational = false;
-    // Every write goes to the file ring, which takes data in the kernel.
-    lim.kernel_buffers = true;
     return std::make_unique<file_target>(std::move(*file), lim,
                                          static_cast<unsigned>(o.u64("hw_queue_depth")),
                                          fo.buffered_io, mode);

@@ -136,6 +136,9 @@ public:
     }
 
     const block_limits& limits() const override { return _limits; }
+    // A request's data goes straight between a front end's data_window and
+    // the store's pages (or nowhere, memory_backed=0).
+    external_data_support takes_external_data() const override { return {.data_windows = true}; }
 
     result<std::unique_ptr<target_queue>> open_queue(unsigned, completion_sink& sink) override
     {
@@ -294,7 +297,8 @@ private:
     // its window. Returns 0 or -errno.
     static int fill_pattern(const io_request& r, uint32_t from)
     {
-        if (r.window == nullptr) {
+        const data_window* window = window_of(r);
+        if (window == nullptr) {
             std::memset(static_cast<char*>(r.buffer) + from, 0xff, r.length - from);
             return 0;
         }
@@ -313,8 +317,8 @@ private:
                 iov[count] = {.iov_base = const_cast<char*>(ones.data()), .iov_len = n};
                 bytes += n;
             }
-            const ssize_t put = ::pwritev(r.window->fd, iov, static_cast<int>(count),
-                                          static_cast<off_t>(r.window->offset + from));
+            const ssize_t put = ::pwritev(window->fd, iov, static_cast<int>(count),
+                                          static_cast<off_t>(window->offset + from));
             if (put != static_cast<ssize_t>(bytes)) {
                 return put < 0 ? -errno : -EIO;
             }

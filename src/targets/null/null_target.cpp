@@ -532,9 +532,6 @@ result<std::unique_ptr<target>> power_on_null(option_set& o, std::shared_ptr<tar
     // volatile_write_cache and fua are the cache decorator's (cache_size).
     lim.volatile_write_cache = false;
     lim.fua = false;
-    // A request's data goes straight between a front end's data_window and
-    // the store's pages (or nowhere, memory_backed=0).
-    lim.takes_data_window = true;
     auto t = std::make_unique<null_target>(lim, memory_backed ? data : nullptr, discard, home_node,
                                            index, o.flag("no_sched"), o.flag("use_per_node_hctx"));
     if (o.flag("zoned")) {

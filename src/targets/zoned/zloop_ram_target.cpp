@@ -84,11 +84,12 @@ public:
             _stored[i].store(0, std::memory_order_relaxed);
         }
         _limits = zloop::device_limits(*_zones, k_block_size, _settings.zone_append, false);
-        _limits.takes_data_window = true;  // data copied straight to and from the store's pages
         return {};
     }
 
     const block_limits& limits() const override { return _limits; }
+    // Data is copied straight to and from the store's pages.
+    external_data_support takes_external_data() const override { return {.data_windows = true}; }
     zone_engine& zones() { return *_zones; }
     memory_store& store() { return *_store; }
 

@@ -114,13 +114,13 @@ public:
         }
         // zloop: a volatile write cache (FLUSH syncs the file system), no FUA.
         _limits = zloop::device_limits(*_zones, config.block_size, zone_append, true);
-        // Zone data goes only through the file ring, which takes data in
-        // the kernel.
-        _limits.kernel_buffers = true;
         return {};
     }
 
     const block_limits& limits() const override { return _limits; }
+    // Zone data goes only through the file ring, which takes data in the
+    // kernel.
+    external_data_support takes_external_data() const override { return {.kernel_buffers = true}; }
     // The zone descriptors, charged to the daemon's budget (the data is in
     // the files).
     uint64_t memory_bytes() const override { return _zones ? _zones->memory_bytes() : 0; }

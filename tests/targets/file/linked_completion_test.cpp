@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include <softblk/device.hpp>
+#include <softblk/external_data.hpp>
 #include <softblk/ring_sharing.hpp>
 
 using namespace softblk;
@@ -78,6 +79,7 @@ struct owner {
         }
         const iovec v{data, k_bytes};
         EXPECT_EQ(io_uring_register_buffers(&ring, &v, 1), 0);
+        kernel_buffer& kb = in_kernel.kernel;
         kb.prep_completion = &prep_own_completion;
         kb.owner = this;
         kb.index = 0;
@@ -118,7 +120,7 @@ struct owner {
         r->offset = offset;
         r->length = length;
         r->buffer = nullptr;
-        r->kernel_data = &kb;
+        r->external = &in_kernel;
         r->on_complete = &on_complete;
         r->user_data = this;
         done = false;
@@ -150,7 +152,7 @@ struct owner {
     static constexpr unsigned k_bytes = 65536;
     io_uring ring{};
     char* data = nullptr;
-    kernel_buffer kb;
+    external_data in_kernel;  // its data "in the kernel": a kernel_buffer
     unsigned completions_prepared = 0;
     std::vector<int> own_results;
     bool done = false;

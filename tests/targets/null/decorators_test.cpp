@@ -1,6 +1,7 @@
 // The decorators' attributes on the null target: cache_size with FLUSH, FUA
 // and power cycles; mbps; each bad-block mode; timeout / requeue / init_hctx
-// fault injection; their option errors.
+// fault injection; their option errors; which of them pass external data
+// (ublk's data windows) on.
 #include "test_util.hpp"
 
 #include <algorithm>
@@ -400,6 +401,85 @@ TEST(badblocks, malformed_ranges_are_errors)
         EXPECT_NE(e.find("badblocks="), std::string::npos) << e;
         EXPECT_NE(e.find("+start-end"), std::string::npos) << e;
     }
+}
+
+// ---------------------------------------------------------------- external data
+
+// A request whose data is outside the process (external_data.hpp; here a
+// data window, as ublk's user copy hands it over) goes through every
+// decorator that says it takes such data with that data, and is refused
+// (-EINVAL) where one does not (the cache): it never reaches the target
+// without its bytes.
+TEST(external_data, goes_through_each_decorator_or_is_refused)
+{
+    struct stack {
+        std::vector<std::string> options;
+        bool takes;
+    };
+    const stack stacks[] = {
+        {{}, true},  // bad blocks and fault injection, which every device has
+        {{"mbps=1000"}, true},
+        {{"requeue=1,100,0,2"}, true},  // run again, twice
+        {{"badblocks=+600-607", "badblocks_partial_io=1"}, true},
+        {{"cache_size=1"}, false},
+    };
+    const auto data = pattern(16384, 21);
+    for (const stack& s : stacks) {
+        std::vector<std::string> o{"size=1", "bs=4096", "memory_backed=1", "irqmode=0"};
+        o.insert(o.end(), s.options.begin(), s.options.end());
+        const std::string label = o.back();
+        auto d = make_null(o);
+        ASSERT_TRUE(d) << label;
+        EXPECT_EQ(d->takes_external_data().data_windows, s.takes) << label;
+        EXPECT_FALSE(d->takes_external_data().kernel_buffers) << label;
+        window_file in(data, 4096);
+        const data_window src{.fd = in.fd, .offset = 4096};
+        window_file out(std::vector<char>(data.size(), 'r'));
+        const data_window into{.fd = out.fd, .offset = 0};
+        const auto length = static_cast<uint32_t>(data.size());
+        if (!s.takes) {
+            EXPECT_EQ(run_one_windowed(d->queue(0), io_op::write, 8192, length, src).result,
+                      -EINVAL)
+                << label;
+            EXPECT_EQ(run_one_windowed(d->queue(0), io_op::read, 8192, length, into).result,
+                      -EINVAL)
+                << label;
+            continue;
+        }
+        EXPECT_EQ(run_one_windowed(d->queue(0), io_op::write, 8192, length, src).result,
+                  static_cast<int>(length))
+            << label;
+        EXPECT_EQ(read_back(*d, 8192, length), data) << label;
+        EXPECT_EQ(run_one_windowed(d->queue(0), io_op::read, 8192, length, into).result,
+                  static_cast<int>(length))
+            << label;
+        EXPECT_EQ(out.bytes(0, data.size()), data) << label;
+    }
+}
+
+// badblocks_partial_io sends a request of its own for the blocks before
+// the bad one: it carries a copy of the consumer's external data, so the
+// prefix is written from, and read into, the window's first bytes.
+TEST(external_data, partial_io_moves_the_prefix_through_the_window)
+{
+    auto d = make_null({"size=1", "bs=4096", "memory_backed=1", "badblocks=+18-18",
+                        "badblocks_partial_io=1", "irqmode=0"});
+    ASSERT_TRUE(d);
+    const auto data = pattern(16384, 22);
+    const std::vector<char> prefix(data.begin(), data.begin() + 8192);
+    window_file in(data);
+    // Sector 18 is in block 2: blocks 0 and 1 are written.
+    completion c = run_one_windowed(d->queue(0), io_op::write, 0, 16384,
+                                    data_window{.fd = in.fd, .offset = 0});
+    EXPECT_EQ(c.result, -EIO);
+    EXPECT_EQ(c.transferred, 8192u);
+    EXPECT_EQ(read_back(*d, 0, 8192), prefix);
+    window_file out(std::vector<char>(16384, 'r'));
+    c = run_one_windowed(d->queue(0), io_op::read, 0, 16384,
+                         data_window{.fd = out.fd, .offset = 0});
+    EXPECT_EQ(c.result, -EIO);
+    EXPECT_EQ(c.transferred, 8192u);
+    EXPECT_EQ(out.bytes(0, 8192), prefix);
 }
 
 // ---------------------------------------------------------------- faults

@@ -196,7 +196,7 @@ TEST(null_target, a_data_window_goes_straight_to_and_from_the_store_unless_a_cac
 {
     auto d = make_null({"size=4", "memory_backed=1", "bs=512", "irqmode=0"});
     ASSERT_TRUE(d);
-    EXPECT_TRUE(d->limits().takes_data_window);
+    EXPECT_TRUE(d->takes_external_data().data_windows);
     const auto data = pattern(3 * 4096 + 1024, 2);
     window_file file(data, 512);
     const data_window src{.fd = file.fd, .offset = 512};
@@ -217,7 +217,7 @@ TEST(null_target, a_data_window_goes_straight_to_and_from_the_store_unless_a_cac
     // data_window there.
     auto cached = make_null({"size=4", "memory_backed=1", "cache_size=1", "irqmode=0"});
     ASSERT_TRUE(cached);
-    EXPECT_FALSE(cached->limits().takes_data_window);
+    EXPECT_FALSE(cached->takes_external_data().data_windows);
     EXPECT_EQ(run_one_windowed(cached->queue(0), io_op::write, 0, 4096, src).result, -EINVAL);
     EXPECT_EQ(run_one_windowed(cached->queue(0), io_op::read, 0, 4096, into).result, -EINVAL);
 }

@@ -372,7 +372,7 @@ TEST(null_zoned, reads_writes_and_appends_through_a_data_window)
 {
     auto d = make_null(zoned_options());
     ASSERT_TRUE(d);
-    EXPECT_TRUE(d->limits().takes_data_window);
+    EXPECT_TRUE(d->takes_external_data().data_windows);
     const auto data = pattern(96 << 10, 5);
     const off_t at = 12288;  // the window's bytes start past its beginning
     window_file file(data, at);

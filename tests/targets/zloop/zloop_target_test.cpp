@@ -534,7 +534,7 @@ TEST_F(zloop_test, ram_variant_copies_through_a_data_window)
     _type = "zloop-ram";
     auto d = make();
     ASSERT_TRUE(d);
-    EXPECT_TRUE(d->limits().takes_data_window);
+    EXPECT_TRUE(d->takes_external_data().data_windows);
     const auto data = pattern(72 << 10, 3);
     window_file file(data, 4096);
     io_queue& q = d->queue(0);
