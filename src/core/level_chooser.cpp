@@ -135,6 +135,8 @@ void level_chooser::end_epoch(uint64_t now, bool idle)
             _phase = phase::exploit;
             _exploit_seen = 0;
             _baseline_rate = 0;
+            _epoch_mean = 0;
+            _epoch_m2 = 0;
             use(_best);
             _why = fmt::format("busy again: {} {} as chosen before", _cfg.levels[_best], _cfg.unit);
         }
@@ -157,13 +159,28 @@ void level_chooser::end_epoch(uint64_t now, bool idle)
     // Exploiting the winner: watch its rate for a change of load, against
     // what it gave in its first epochs here.
     ++_exploit_seen;
+    // The epochs' spread (Welford, over every epoch of this run).
+    const double delta = rate - _epoch_mean;
+    _epoch_mean += delta / _exploit_seen;
+    _epoch_m2 += delta * (rate - _epoch_mean);
     constexpr unsigned k_baseline_epochs = 8;
     if (_exploit_seen <= k_baseline_epochs) {
-        _baseline_rate += (rate - _baseline_rate) / _exploit_seen;
+        _baseline_rate = _epoch_mean;
         _recent_rate = _baseline_rate;
     } else {
         _recent_rate += (rate - _recent_rate) / 8;
-        if (std::abs(_recent_rate - _baseline_rate) > _cfg.drift * _baseline_rate) {
+        // A change of load moves the mean for good; noise moves the
+        // figures by chance. Where epochs spread widely (an NBD client at
+        // queue depth 1 on a loaded 2-CPU guest: 10 ms epochs of one load
+        // from 4k/s to 96k/s), `drift` alone was passed by chance about
+        // once a second, and each sweep spent a dozen epochs on levels
+        // that lose. So the move must also pass 3 standard deviations of
+        // what noise alone gives the difference of the baseline (a mean
+        // of 8 epochs: variance s^2/8) and the 1/8 moving average (s^2/15).
+        const double spread = std::sqrt(_epoch_m2 / (_exploit_seen - 1));
+        const double noise = spread * std::sqrt(1.0 / 8 + 1.0 / 15);
+        if (std::abs(_recent_rate - _baseline_rate) >
+            std::max(_cfg.drift * _baseline_rate, 3 * noise)) {
             start_sweep();
             return;
         }
@@ -233,6 +250,8 @@ void level_chooser::finish_sweep()
     _exploit_left = _exploit_len;
     _exploit_seen = 0;
     _baseline_rate = 0;
+    _epoch_mean = 0;
+    _epoch_m2 = 0;
     use(best);
     // Why, with the best score measured and the runner-up (or the best,
     // where the kept level is a cheaper one).

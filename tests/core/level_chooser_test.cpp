@@ -173,6 +173,27 @@ TEST(level_chooser, a_confirmed_choice_is_swept_less_often)
     EXPECT_GT(c.sweeps(), 8u);
 }
 
+// Epochs that spread widely under a load that does not change (a client
+// at queue depth 1 on a shared machine) bring no sweeps beyond the
+// scheduled ones: each sweep spends a dozen epochs on levels that lose.
+TEST(level_chooser, noisy_epochs_of_a_steady_load_bring_no_extra_sweeps)
+{
+    level_chooser c(window_levels());
+    model m(c);
+    m.slow_noise = 0.9;  // each 10 ms epoch 0.1x to 1.9x the rate
+    m.rate = [](uint64_t window) { return window == 0 ? 60'000.0 : 15'000.0; };
+    m.run(20 * 1'000);
+    // Exploit runs of 1, 2, 4 and 8 s: 5 sweeps in 20 s (with the drift
+    // test alone, 34).
+    EXPECT_LE(c.sweeps(), 7u) << c.describe().dump();
+    EXPECT_EQ(c.level(), 0u);
+    // A real change of load still brings one at once.
+    const unsigned sweeps = c.sweeps();
+    m.rate = [](uint64_t window) { return window == 0 ? 10'000.0 : 15'000.0; };
+    m.run(500);
+    EXPECT_GT(c.sweeps(), sweeps);
+}
+
 // Noise moves the best among levels that give about the same: the level
 // in use stays, and is measured less and less often.
 TEST(level_chooser, near_equal_levels_do_not_make_the_choice_flip)

@@ -23,7 +23,9 @@
 //   choice changed; a sweep comes early when the winner's rate moved by
 //   more than `drift` from what its first epochs after the sweep measured
 //   (the load changed; not from the sweep's figure, which the choice of
-//   the best of several noisy figures biases upwards);
+//   the best of several noisy figures biases upwards), and by more than
+//   the epochs' own spread lets chance move it (3 standard deviations:
+//   noisy epochs alone do not bring sweeps);
 // - an epoch ends after `epoch_ns` and `epoch_events` events; one that
 //   took `idle_ns` without reaching `epoch_events` says the load sets the
 //   rate (an idle device, a client that paces itself): it is not measured,
@@ -153,6 +155,8 @@ private:
     unsigned _exploit_len = 0;
     unsigned _exploit_seen = 0;
     double _baseline_rate = 0;  // the winner's mean over its first exploit epochs
+    double _epoch_mean = 0;     // the mean and squared deviations (Welford) of
+    double _epoch_m2 = 0;       // ... every epoch since the sweep
     double _recent_rate = 0;
     std::string _why;
 };
