@@ -118,6 +118,18 @@ struct io_cmd {
 };
 static_assert(sizeof(io_cmd) == sizeof(::ublksrv_io_cmd));
 
+// UBLK_F_AUTO_BUF_REG without BATCH_IO: what FETCH_REQ and
+// COMMIT_AND_FETCH_REQ carry in sqe->addr (not in io_cmd::addr), struct
+// ublk_auto_buf_reg packed as ublk_auto_buf_reg_to_sqe_addr() does: the
+// fixed-buffer index where the kernel puts the tag's next request's pages
+// in bits 0..15, flags (AUTO_BUF_REG_FALLBACK) in 16..23, the rest
+// reserved (zero).
+constexpr uint8_t k_auto_buf_reg_fallback = 1u << 0;
+constexpr uint64_t auto_buf_reg_addr(uint16_t index, uint8_t flags = 0)
+{
+    return uint64_t{index} | (uint64_t{flags} << 16);
+}
+
 // UBLK_F_BATCH_IO: what sqe->cmd carries (struct ublk_batch_io, 16
 // bytes); addr and len of the SQE point at nr_elem elements of elem_bytes
 // each (FETCH: room for 16-bit tags in a provided buffer instead).

@@ -44,12 +44,11 @@ constexpr option_def k_export_options[] = {
      .kind = option_kind::text,
      .default_value = "auto",
      .unit = "",
-     .help =
-         "UBLK_F_SUPPORT_ZERO_COPY (Linux 6.15+): writes leave their data in the kernel and the "
-         "file ring writes it from there, without a copy through the daemon. auto: where the "
-         "device's target takes such writes (file, zloop), USER_COPY is in effect and the "
-         "kernel has it; 1: also turns USER_COPY on, and is an error where it cannot be; 0: "
-         "never"},
+     .help = "UBLK_F_SUPPORT_ZERO_COPY (Linux 6.15+) or AUTO_BUF_REG (6.16+, auto_buf_reg): "
+             "writes leave their data in the kernel and the file ring writes it from there, "
+             "without a copy through the daemon. auto: where the device's target takes such writes "
+             "(file, zloop), USER_COPY is in effect and the kernel has it; 1: also turns USER_COPY "
+             "on, and is an error where it cannot be; 0: never"},
     {.name = "zero_copy_min",
      .kind = option_kind::signed_integer,
      .default_value = "-1",
@@ -58,6 +57,15 @@ constexpr option_def k_export_options[] = {
              "each queue measures both ways per write size and takes the faster",
      .smin = -1,
      .smax = 1 << 30},
+    {.name = "auto_buf_reg",
+     .kind = option_kind::text,
+     .default_value = "auto",
+     .unit = "",
+     .help = "how zero copy puts a write's pages in the queue's io_uring (with zero copy on). "
+             "auto: the kernel does it as it hands the request over (UBLK_F_AUTO_BUF_REG, "
+             "Linux 6.16+), where it can and shared_ring=1, and takes them out at the commit: "
+             "no register and unregister entries per write; 1: that way or an error; 0: "
+             "register and unregister entries (UBLK_F_SUPPORT_ZERO_COPY, Linux 6.15+)"},
     {.name = "shared_ring",
      .kind = option_kind::boolean,
      .default_value = "1",
@@ -174,7 +182,17 @@ result<export_config> parse_config(const export_context& ctx, std::span<const st
         }
         c.user_copy = true;
     }
+    c.auto_buf_reg = o->text("auto_buf_reg");
+    if (c.auto_buf_reg != "auto" && c.auto_buf_reg != "0" && c.auto_buf_reg != "1") {
+        return make_error(EINVAL,
+                          fmt::format("auto_buf_reg={}: one of auto, 0, 1", c.auto_buf_reg));
+    }
     c.shared_ring = o->flag("shared_ring");
+    if (c.auto_buf_reg == "1" && !c.shared_ring) {
+        // The file I/O writes the pages the kernel put in the queue's ring
+        // only through that ring.
+        return make_error(EINVAL, "auto_buf_reg=1: needs shared_ring=1");
+    }
     c.batch_io = o->flag("batch_io");
     if (c.batch_io) {
         // Batched commands carry no buffer of ours: data moves by USER_COPY
@@ -183,6 +201,11 @@ result<export_config> parse_config(const export_context& ctx, std::span<const st
             return make_error(EINVAL, "batch_io=1: needs user_copy=1");
         }
         c.user_copy = true;
+        if (c.auto_buf_reg == "0" && c.zero_copy == "1") {
+            return make_error(EINVAL,
+                              "zero_copy=1 with batch_io=1: only with auto_buf_reg "
+                              "(batched commands carry no register entries)");
+        }
         if (c.recovery_flags != 0) {
             return make_error(EINVAL, fmt::format("batch_io=1: not with recovery={}; "
                                                   "recovery=none",
@@ -225,6 +248,33 @@ result<export_config> parse_config(const export_context& ctx, std::span<const st
                           "user_copy=1: the kernel refuses USER_COPY for unprivileged devices");
     }
     return c;
+}
+
+result<add_flags> place_zero_copy(const export_config& c, uint64_t want, uint64_t ask,
+                                  std::optional<uint64_t> features)
+{
+    // Where the kernel puts a request's pages in the queue's ring itself
+    // (AUTO_BUF_REG), a zero-copy write needs no register and unregister
+    // entries around it; the file I/O then writes them through that ring
+    // (shared_ring). Batched commands know no other way.
+    const bool kernel_auto = features && (*features & k_f_auto_buf_reg) != 0;
+    const bool use_auto = c.auto_buf_reg == "1" || (c.auto_buf_reg == "auto" && c.shared_ring &&
+                                                    (kernel_auto || c.batch_io));
+    const uint64_t zc = k_f_support_zero_copy;
+    if (use_auto) {
+        if ((want & zc) != 0 || ((ask & zc) != 0 && c.auto_buf_reg == "1")) {
+            want = (want & ~zc) | k_f_auto_buf_reg;
+        } else if ((ask & zc) != 0) {
+            ask |= k_f_auto_buf_reg;
+        }
+        ask &= ~zc;
+    } else if (c.batch_io) {
+        if ((want & zc) != 0) {
+            return make_error(EINVAL, "zero_copy=1 with batch_io=1: needs shared_ring=1");
+        }
+        ask &= ~zc;
+    }
+    return add_flags{.want = want, .ask = ask};
 }
 
 std::span<const option_def> export_options()

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -38,6 +39,7 @@ struct export_config {
     bool user_copy_given = false;
     std::string zero_copy = "auto";
     int64_t zero_copy_min = -1;
+    std::string auto_buf_reg = "auto";  // auto, 0, 1
     bool shared_ring = true;
     bool batch_io = false;
     queue_pinning queue_affinity = queue_pinning::measured;
@@ -46,6 +48,20 @@ struct export_config {
     bool unprivileged = false;
     int add_timeout_ms = 10'000;
 };
+
+// ADD_DEV's flags: those the export needs (`want`: an error where the
+// kernel lacks one) and those it takes if the kernel grants them (`ask`).
+struct add_flags {
+    uint64_t want = 0;
+    uint64_t ask = 0;
+};
+
+// Zero copy (SUPPORT_ZERO_COPY in `want` or `ask`) the way auto_buf_reg
+// says, given the kernel's `features` (none: GET_FEATURES failed): where
+// AUTO_BUF_REG is chosen, it replaces SUPPORT_ZERO_COPY (wanted where zero
+// copy was wanted or auto_buf_reg=1); batched, zero copy goes no other way.
+result<add_flags> place_zero_copy(const export_config& c, uint64_t want, uint64_t ask,
+                                  std::optional<uint64_t> features);
 
 // The export options `args` checked against each other and the kernel's
 // rules (recovery only for a privileged daemon ...); errors say which

@@ -96,6 +96,7 @@ queue_counters queue_runner::counters() const
                           .errors = _errors.load(std::memory_order_relaxed),
                           .aborted_tags = _aborted_count.load(std::memory_order_relaxed),
                           .linked_commits = _linked_commits.load(std::memory_order_relaxed),
+                          .buffer_registers = _buffer_registers.load(std::memory_order_relaxed),
                           .zero_copy_from = _zero_copy_from.load(std::memory_order_relaxed),
                           .idle_spinning = _idle_spinning.load(std::memory_order_relaxed),
                           .idle_spin_us = _spin->level(),
@@ -193,6 +194,19 @@ result<void> queue_runner::setup()
     _shared = _cfg.shared_ring ? _dq.ring_sharing() : nullptr;
     _ring_shared = _shared != nullptr && _shared->share_ring(&_ring);
     _fixed_file = !_ring_shared && io_uring_register_files(&_ring, &_cfg.char_fd, 1) == 0;
+    if (_cfg.auto_buf_reg) {
+        // The kernel puts each request's pages at the index its tag's last
+        // FETCH or COMMIT named (the tag's own), whether a write then goes
+        // zero copy or not: the table's slots are the tags', and the file
+        // I/O uses none for anything else (kernel_buffer::in_table). The
+        // ring's teardown drops whatever is still in it.
+        if (const int rc = io_uring_register_buffers_sparse(&_ring, depth); rc < 0) {
+            return make_error(-rc, fmt::format("ublk queue {}: fixed-buffer table: {}", _cfg.q_id,
+                                               std::strerror(-rc)));
+        }
+        // Only the file I/O in this ring can write from that table.
+        _cfg.zero_copy = _cfg.zero_copy && _ring_shared;
+    }
     if (_cfg.batch) {
         return setup_batch();
     }
@@ -287,7 +301,18 @@ void queue_runner::prep_fetch(tag_slot& slot)
                .result = -1,
                .addr = _cfg.user_copy ? 0 : reinterpret_cast<uint64_t>(slot.buffer)};
     std::memcpy(sqe->cmd, &cmd, sizeof(cmd));
+    set_auto_buf_reg(*sqe, slot);
     io_uring_sqe_set_data64(sqe, k_own_data | slot.tag);
+}
+
+void queue_runner::set_auto_buf_reg(io_uring_sqe& sqe, const tag_slot& slot) const
+{
+    if (_cfg.auto_buf_reg) {
+        // Where the kernel puts the tag's next request's pages: the tag's
+        // slot, no flags (without AUTO_BUF_REG_FALLBACK a registration that
+        // fails ends the request with an error: nothing of ours to undo).
+        sqe.addr = auto_buf_reg_addr(slot.tag);
+    }
 }
 
 void queue_runner::prep_commit(tag_slot& slot, int result, uint64_t addr)
@@ -304,6 +329,9 @@ void queue_runner::prep_commit(tag_slot& slot, int result, uint64_t addr)
     io_cmd cmd{
         .q_id = static_cast<uint16_t>(_cfg.q_id), .tag = slot.tag, .result = result, .addr = addr};
     std::memcpy(sqe->cmd, &cmd, sizeof(cmd));
+    // The kernel takes the request's pages out of the table as it commits
+    // (this ring registered them), and puts the next one's at this index.
+    set_auto_buf_reg(*sqe, slot);
     io_uring_sqe_set_data64(sqe, k_own_data | slot.tag);
 }
 
@@ -324,6 +352,7 @@ void prep_buffer_command(io_uring_sqe& sqe, const kernel_buffer& kb, uint8_t nr)
 
 void queue_runner::prep_register_buffer(io_uring_sqe& sqe, const kernel_buffer& kb)
 {
+    static_cast<queue_runner*>(kb.owner)->_buffer_registers.fetch_add(1, std::memory_order_relaxed);
     prep_buffer_command(sqe, kb, k_io_register_io_buf);
 }
 

@@ -69,6 +69,11 @@ struct queue_config {
     // queue allows (queue_ring_sharing::links_completions). zoned: commits carry the
     // zone append sector.
     bool batch = false;
+    // UBLK_F_AUTO_BUF_REG, batched or not: the kernel puts each request's
+    // pages in the ring's fixed-buffer table at the tag's index (named in
+    // every FETCH and COMMIT) and takes them out at its commit; zero-copy
+    // writes then take no register entries, and only with the ring lent to
+    // the device queue (its file I/O writes them from that table).
     bool auto_buf_reg = false;
     bool zoned = false;
     bool ioctl_encode = true;
@@ -114,6 +119,9 @@ struct queue_counters {
     uint64_t aborted_tags = 0;
     // Batched: writes the kernel completed through the commit linked after them.
     uint64_t linked_commits = 0;
+    // Zero copy: the register entries its writes took (none where the
+    // kernel puts their pages in the ring, AUTO_BUF_REG).
+    uint64_t buffer_registers = 0;
     // Measured zero copy (copy_chooser): the smallest write size it is
     // ahead at, 0 while it is nowhere ahead (or not measured).
     uint32_t zero_copy_from = 0;
@@ -206,6 +214,9 @@ private:
     void teardown();
     void prep_fetch(tag_slot& slot);
     void prep_commit(tag_slot& slot, int result, uint64_t addr);
+    // AUTO_BUF_REG (not batched): the tag's slot in sqe.addr of its FETCH
+    // and COMMIT_AND_FETCH.
+    void set_auto_buf_reg(io_uring_sqe& sqe, const tag_slot& slot) const;
     // Submits what is prepared and sleeps in the ring until a CQE arrives
     // or the device queue's next event is due (requests in flight).
     int wait_with_device();
@@ -314,6 +325,9 @@ private:
     std::unique_ptr<char[]> _linked_elems;
     bool _links = false;  // the device queue lets writes carry their commit
     std::atomic<uint64_t> _linked_commits{0};
+    // Made by whichever thread runs the file I/O (the queue's own where it
+    // lends its ring).
+    std::atomic<uint64_t> _buffer_registers{0};
 };
 
 }  // namespace softblk::ublk

@@ -55,14 +55,9 @@ result<void> queue_runner::setup_batch()
     _links = _cfg.zero_copy && _shared->links_completions();
     _batch_flags = _cfg.zoned ? k_batch_f_has_zone_lba : 0;
     _elem_bytes = static_cast<uint8_t>(k_batch_elem_header_bytes + (_cfg.zoned ? 8 : 0));
-    if (_cfg.auto_buf_reg) {
-        // AUTO_BUF_REG puts each request's pages at the index its tag's last
-        // PREP or COMMIT element named (the tag's own).
-        if (const int r = io_uring_register_buffers_sparse(&_ring, depth); r < 0) {
-            return make_error(-r, fmt::format("ublk queue {}: fixed-buffer table: {}", _cfg.q_id,
-                                              std::strerror(-r)));
-        }
-    }
+    // (With AUTO_BUF_REG, setup() made the fixed-buffer table: each
+    // request's pages go at the index its tag's last PREP or COMMIT element
+    // named, the tag's own.)
 
     const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
     _fetch_ring_len = (k_fetch_buffers * sizeof(io_uring_buf) + page - 1) / page * page;

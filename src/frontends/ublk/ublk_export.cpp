@@ -351,20 +351,15 @@ result<void> ublk_export::start_new()
     }
     if (_cfg.batch_io) {
         want |= k_f_batch_io;
-        // Batched, the kernel itself puts a write's pages in the queue's
-        // ring, which the file ring borrows (shared_ring) to write them.
-        const uint64_t zc = k_f_support_zero_copy;
-        if ((want & zc) != 0 && !_cfg.shared_ring) {
-            return make_error(EINVAL, "zero_copy=1 with batch_io=1: needs shared_ring=1");
-        }
-        if ((want & zc) != 0) {
-            want = (want & ~zc) | k_f_auto_buf_reg;
-        }
-        if ((ask & zc) != 0) {
-            ask = _cfg.shared_ring ? (ask & ~zc) | k_f_auto_buf_reg : ask & ~zc;
-        }
     }
-    if (auto features = _ctl->features()) {
+    const auto features = _ctl->features();
+    if (auto placed = place_zero_copy(_cfg, want, ask, features); placed) {
+        want = placed->want;
+        ask = placed->ask;
+    } else {
+        return std::unexpected(placed.error());
+    }
+    if (features) {
         for (unsigned bit = 0; bit < 64; ++bit) {
             const uint64_t f = uint64_t{1} << bit;
             if ((want & f) != 0 && (*features & f) == 0) {
@@ -546,6 +541,12 @@ nlohmann::json ublk_export::describe() const
     out["user_copy"] = (_info.flags & k_f_user_copy) != 0;
     out["zero_copy"] = (_info.flags & (k_f_support_zero_copy | k_f_auto_buf_reg)) != 0 &&
                        _dev.takes_external_data().kernel_buffers;
+    if (out["zero_copy"] == true) {
+        // How a zero-copy write's pages reach the queue's ring: put there
+        // by the kernel (AUTO_BUF_REG), or with register entries.
+        out["zero_copy_way"] =
+            (_info.flags & k_f_auto_buf_reg) != 0 ? "auto_buf_reg" : "register_entries";
+    }
     out["batch_io"] = (_info.flags & k_f_batch_io) != 0;
     out["unprivileged"] = (_info.flags & k_f_unprivileged_dev) != 0;
     out["recovered"] = _recovered;
@@ -553,6 +554,7 @@ nlohmann::json ublk_export::describe() const
     uint64_t requests = 0;
     uint64_t errors = 0;
     uint64_t linked_commits = 0;
+    uint64_t buffer_registers = 0;
     auto zero_copy_from = nlohmann::json::array();
     // Per queue: the CPUs its thread runs on (empty: not pinned).
     auto queue_cpus = nlohmann::json::array();
@@ -576,6 +578,7 @@ nlohmann::json ublk_export::describe() const
         queue_requests.push_back(c.requests);
         errors += c.errors;
         linked_commits += c.linked_commits;
+        buffer_registers += c.buffer_registers;
         zero_copy_from.push_back(c.zero_copy_from);
         queue_cpus.push_back(q->pinned_cpus());
         idle_spinning.push_back(c.idle_spinning);
@@ -608,6 +611,10 @@ nlohmann::json ublk_export::describe() const
     if (out["zero_copy"] == true && _cfg.zero_copy_min < 0) {
         // Per queue: the smallest write size measured faster with zero copy.
         out["zero_copy_from"] = zero_copy_from;
+    }
+    if (out["zero_copy"] == true) {
+        // The register entries zero-copy writes took (none with AUTO_BUF_REG).
+        out["buffer_registers"] = buffer_registers;
     }
     if (_follower) {
         _follower->describe(out);

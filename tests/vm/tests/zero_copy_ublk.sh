@@ -15,6 +15,13 @@
 #    the reason.
 #  - The file I/O runs in the ublk queue threads' rings (borrowed_rings),
 #    not with shared_ring=0.
+#  - Where the kernel has UBLK_F_AUTO_BUF_REG (6.16+), zero copy takes it:
+#    the kernel puts a request's pages in the queue's ring itself and the
+#    writes take no register entries (buffer_registers 0, issue 45); every
+#    write of a file device with zero_copy_min=0 goes zero copy and the
+#    image file holds what was written. auto_buf_reg=0 keeps the register
+#    entries (SUPPORT_ZERO_COPY, the 6.15 way): the same checks, with one
+#    register entry per zero-copy write.
 # Where the kernel lacks zero copy (6.12) the test skips with the reason.
 set -euo pipefail
 . /softblk-vm/lib.sh
@@ -34,6 +41,29 @@ trap cleanup EXIT
 vm_zone_fs_root ext4
 fs=$zone_root
 
+softblk features >/tmp/features.txt
+if grep -q 'AUTO_BUF_REG' /tmp/features.txt; then
+  way=auto_buf_reg
+else
+  way=register_entries
+fi
+echo "kernel $(uname -r): zero copy by $way"
+zc_way() {
+  softblk list --json | grep -o '"zero_copy_way": *"[a-z_]*"' | sed -n '1s/.*: *"\(.*\)"/\1/p'
+}
+# DEV PATH BYTES: BYTES of random data written to DEV (1 MiB writes,
+# direct), read back through it, and, after the device is deleted by the
+# caller, compared with the image PATH (check_image).
+write_known() {
+  dd if=/dev/urandom of=/tmp/known bs=1M count=$(($3 >> 20)) status=none
+  dd if=/tmp/known of="$1" bs=1M oflag=direct status=none
+  cmp /tmp/known <(dd if="$1" bs=1M count=$(($3 >> 20)) iflag=direct status=none) ||
+    vm_fail "$1: read back differs from what was written"
+}
+check_image() {
+  cmp /tmp/known <(head -c "$2" "$1") || vm_fail "$1: the image differs from what was written"
+}
+
 vm_step "zloop over ublk, zero_copy=auto"
 mkdir -p $fs/zl/0
 vm_add_ublk zl zloop base_dir=$fs/zl id=0 capacity_mb=256 zone_size_mb=16 conv_zones=2
@@ -52,6 +82,10 @@ errors=$(vm_json_field kernel_buffer_errors)
 echo "zloop: kernel_buffer_writes $writes kernel_buffer_errors $errors"
 [ "${writes:-0}" -gt 0 ] || vm_fail "no write took zero copy"
 vm_expect_eq "kernel_buffer_errors" "$errors" 0
+vm_expect_eq "zloop zero_copy_way" "$(zc_way)" "$way"
+if [ "$way" = auto_buf_reg ]; then
+  vm_expect_eq "zloop buffer_registers (AUTO_BUF_REG)" "$(vm_json_field buffer_registers)" 0
+fi
 # The queue's file I/O ran in its ublk ring (shared_ring=1, the default).
 vm_expect_eq "borrowed_rings (nr_queues=1)" "$(vm_json_field borrowed_rings)" 1
 # The conventional zones too (plain writes, not appends).
@@ -107,6 +141,57 @@ echo "file, QD 32: kernel_buffer_writes $writes of 2048"
 [ "$writes" -ge 1536 ] || vm_fail "4 KiB writes at QD 32: $writes of 2048 from the kernel, expected at least 1536"
 vm_expect_eq "kernel_buffer_errors" "$(vm_json_field kernel_buffer_errors)" 0
 softblk del f3
+
+vm_step "file target, zero_copy=1 zero_copy_min=0: every write zero copy, $way"
+vm_add_ublk f4 file path=$fs/f4.img size=64M create=1 --bs 4096 \
+  --export-opt zero_copy=1 --export-opt zero_copy_min=0
+vm_expect_eq "f4 zero_copy_way" "$(zc_way)" "$way"
+echo 2 >"/sys/block/${dev#/dev/}/queue/nomerges"
+fio --name=mixed --filename="$dev" --ioengine=io_uring --direct=1 --rw=randwrite \
+  --bsrange=4k-128k --iodepth=16 --offset=16M --size=48M --io_size=16M --verify=crc32c \
+  --verify_fatal=1 --do_verify=1 --output=/tmp/fio-f4.txt ||
+  { cat /tmp/fio-f4.txt; vm_fail "fio verify, zero copy on every write"; }
+write_known "$dev" $fs/f4.img $((16 << 20))
+writes=$(vm_json_field kernel_buffer_writes)
+registers=$(vm_json_field buffer_registers)
+echo "f4: kernel_buffer_writes $writes buffer_registers $registers"
+[ "${writes:-0}" -ge 16 ] || vm_fail "f4: $writes writes from the kernel, expected at least 16"
+vm_expect_eq "f4 kernel_buffer_errors" "$(vm_json_field kernel_buffer_errors)" 0
+if [ "$way" = auto_buf_reg ]; then
+  vm_expect_eq "f4 buffer_registers (the kernel registers the pages)" "$registers" 0
+else
+  [ "$registers" -ge "$writes" ] || vm_fail "f4: $registers register entries for $writes writes"
+fi
+softblk del f4
+check_image $fs/f4.img $((16 << 20))
+
+vm_step "file target, zero_copy=1 auto_buf_reg=0: register entries"
+vm_add_ublk f5 file path=$fs/f5.img size=64M create=1 --bs 4096 \
+  --export-opt zero_copy=1 --export-opt zero_copy_min=0 --export-opt auto_buf_reg=0
+vm_expect_eq "f5 zero_copy_way" "$(zc_way)" register_entries
+echo 2 >"/sys/block/${dev#/dev/}/queue/nomerges"
+fio --name=mixed --filename="$dev" --ioengine=io_uring --direct=1 --rw=randwrite \
+  --bsrange=4k-128k --iodepth=16 --offset=16M --size=48M --io_size=16M --verify=crc32c \
+  --verify_fatal=1 --do_verify=1 --output=/tmp/fio-f5.txt ||
+  { cat /tmp/fio-f5.txt; vm_fail "fio verify, register entries"; }
+write_known "$dev" $fs/f5.img $((16 << 20))
+writes=$(vm_json_field kernel_buffer_writes)
+registers=$(vm_json_field buffer_registers)
+echo "f5: kernel_buffer_writes $writes buffer_registers $registers"
+[ "${writes:-0}" -ge 16 ] || vm_fail "f5: $writes writes from the kernel, expected at least 16"
+[ "$registers" -ge "$writes" ] || vm_fail "f5: $registers register entries for $writes writes"
+vm_expect_eq "f5 kernel_buffer_errors" "$(vm_json_field kernel_buffer_errors)" 0
+softblk del f5
+check_image $fs/f5.img $((16 << 20))
+if [ "$way" = auto_buf_reg ]; then
+  # Refused with the reason where it cannot be.
+  if softblk add file path=$fs/f6.img size=16M create=1 --name f6 --export ublk \
+    --export-opt zero_copy=1 --export-opt auto_buf_reg=1 --export-opt shared_ring=0 \
+    >/tmp/add-f6.txt 2>&1; then
+    vm_fail "auto_buf_reg=1 with shared_ring=0 was accepted"
+  fi
+  grep -q "shared_ring=1" /tmp/add-f6.txt || vm_fail "refusal does not say why: $(cat /tmp/add-f6.txt)"
+fi
 
 vm_step "zero_copy=0, and zero_copy=1 where the target needs the bytes"
 vm_add_ublk f2 file path=$fs/f2.img size=16M create=1 --bs 4096 \
