@@ -31,8 +31,9 @@
 # check is on) and every report, also one from a daemon whose output went
 # to its log, is kept in the stage's sanitizer-reports/ folder, which fails
 # the stage if it is not empty. At the end a summary per stage: build and
-# test times (wall and CPU seconds) with the load average, passed, failed,
-# and skipped with the reason, both whole tests (exit 77) and GoogleTest
+# test times (wall and CPU seconds) with the load average, the build's
+# ccache hits and misses (a warm or a cold start), passed, failed, and
+# skipped with the reason, both whole tests (exit 77) and GoogleTest
 # cases (GTEST_SKIP).
 # Exits non-zero when any stage fails. Tests that need root (loop devices,
 # mounts) skip when run without it.
@@ -65,6 +66,19 @@ done
 want() { [[ ",$stages," == *",$1,"* ]]; }
 
 jobs=$(nproc)
+# ccache (CMakeLists.txt uses it when installed) with base_dir the
+# checkout and hash_dir off hashes the paths inside the checkout relative
+# to it and leaves the build directory out, so a checkout at another path
+# (a CI clone) reuses the objects of the last run instead of compiling all
+# three builds again. Such an object's debug information names the build
+# directory it was first compiled in, its sources relative to it
+# (../src/...). A base_dir (configured or exported) that holds the checkout
+# is kept.
+if command -v ccache >/dev/null; then
+  base=$(ccache -k base_dir 2>/dev/null || true)
+  [[ -n $base && $repo/ == "${base%/}"/* ]] || export CCACHE_BASEDIR=$repo
+  [ "$(ccache -k hash_dir 2>/dev/null || true)" = false ] || export CCACHE_NOHASHDIR=1
+fi
 load() { cut -d' ' -f1-3 /proc/loadavg; }
 # cpu_now sets cpu_s to the CPU seconds (user + system) of the finished child
 # processes so far: with the wall time, a figure that other work on the
@@ -163,12 +177,25 @@ run_ctest() {
   return "$rc"
 }
 
+# ccache_counts: prints ccache's hits and misses so far ("0 0" without
+# it); a build's difference says whether it started warm or cold (other
+# builds on the machine at the time count too).
+ccache_counts() {
+  if command -v ccache >/dev/null; then
+    ccache --print-stats 2>/dev/null | awk '$1 ~ /^(direct|preprocessed)_cache_hit$/ { h += $2 }
+      $1 == "cache_miss" { m += $2 } END { print h + 0, m + 0 }'
+  else
+    echo 0 0
+  fi
+}
+
 # stage NAME DIR TARGETS CMAKE-ARGS CTEST-ARGS: configure, build, test; the
 # last three are the names of arrays.
 stage() {
-  local name=$1 dir=$2 t0=$SECONDS c0
+  local name=$1 dir=$2 t0=$SECONDS c0 hits0 misses0 hits misses
   cpu_now
   c0=$cpu_s
+  read -r hits0 misses0 < <(ccache_counts)
   local -n targets=$3 cmake_args=$4 selection=$5
   banner "stage $name: $dir"
   note "stage $name ($dir):"
@@ -180,7 +207,9 @@ stage() {
     return
   fi
   cpu_now
-  note "  build: $((SECONDS - t0)) s, $((cpu_s - c0)) CPU s (load $(load)): ${targets[*]:-all targets}"
+  read -r hits misses < <(ccache_counts)
+  note "  build: $((SECONDS - t0)) s, $((cpu_s - c0)) CPU s (load $(load)), ccache $((hits - hits0)) hits" \
+    "$((misses - misses0)) misses: ${targets[*]:-all targets}"
   local reports=$dir/sanitizer-reports
   rm -rf "$reports"
   if [ "$name" != release ]; then
