@@ -305,16 +305,6 @@ void queue_runner::prep_fetch(tag_slot& slot)
     io_uring_sqe_set_data64(sqe, k_own_data | slot.tag);
 }
 
-void queue_runner::set_auto_buf_reg(io_uring_sqe& sqe, const tag_slot& slot) const
-{
-    if (_cfg.auto_buf_reg) {
-        // Where the kernel puts the tag's next request's pages: the tag's
-        // slot, no flags (without AUTO_BUF_REG_FALLBACK a registration that
-        // fails ends the request with an error: nothing of ours to undo).
-        sqe.addr = auto_buf_reg_addr(slot.tag);
-    }
-}
-
 void queue_runner::prep_commit(tag_slot& slot, int result, uint64_t addr)
 {
     if (_cfg.batch) {
@@ -333,32 +323,6 @@ void queue_runner::prep_commit(tag_slot& slot, int result, uint64_t addr)
     // (this ring registered them), and puts the next one's at this index.
     set_auto_buf_reg(*sqe, slot);
     io_uring_sqe_set_data64(sqe, k_own_data | slot.tag);
-}
-
-namespace {
-
-void prep_buffer_command(io_uring_sqe& sqe, const kernel_buffer& kb, uint8_t nr)
-{
-    std::memset(&sqe, 0, sizeof(sqe));
-    sqe.opcode = IORING_OP_URING_CMD;
-    sqe.fd = kb.fd;
-    // Only kernels with ioctl-encoded commands have these.
-    sqe.cmd_op = io_op_code(nr, true);
-    io_cmd cmd{.q_id = kb.queue, .tag = kb.tag, .result = 0, .addr = kb.index};
-    std::memcpy(sqe.cmd, &cmd, sizeof(cmd));
-}
-
-}  // namespace
-
-void queue_runner::prep_register_buffer(io_uring_sqe& sqe, const kernel_buffer& kb)
-{
-    static_cast<queue_runner*>(kb.owner)->_buffer_registers.fetch_add(1, std::memory_order_relaxed);
-    prep_buffer_command(sqe, kb, k_io_register_io_buf);
-}
-
-void queue_runner::prep_unregister_buffer(io_uring_sqe& sqe, const kernel_buffer& kb)
-{
-    prep_buffer_command(sqe, kb, k_io_unregister_io_buf);
 }
 
 void queue_runner::prep_wake_poll()
