@@ -38,6 +38,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <softblk/fat/block_device.hpp>
 #include <softblk/fat/volume.hpp>
@@ -385,8 +386,12 @@ std::optional<figures> run_fuse(const settings& s, std::string& label, bool dire
         return std::nullopt;
     }
     posix_backend b(mnt, dev.get(), server_tid.load());
-    figures fig =
-        run_suite(b, direct_io ? "FUSE mount, -o direct_io" : "FUSE mount (default options)", s);
+    // The name says the options the mount had: "default options" only when
+    // neither --fuse-opt nor direct_io gave any.
+    const std::string name = fuse_options.empty()
+                                 ? std::string("FUSE mount (default options)")
+                                 : fmt::format("FUSE mount, -o {}", fmt::join(fuse_options, ","));
+    figures fig = run_suite(b, name, s);
     shell("fusermount3 -u " + mnt);
     server.join();
     (void)vol.unmount();

@@ -23,7 +23,8 @@ _ROWS = [
     (r"^library \(fat::memory_block_device\)", "softblk", "after, library memory device"),
     (r"^library$", "softblk", "after"),
     (r"^FUSE mount, -o direct_io", "softblk", "FUSE mount, direct_io"),
-    (r"^FUSE mount", "softblk", "FUSE mount, default options"),
+    (r"^FUSE mount \(default options\)", "softblk", "FUSE mount, default options"),
+    (r"^FUSE mount, -o ", "softblk", "FUSE mount, given options"),
     (r"^mtools", "mtools", "mcopy, image in /dev/shm"),
     (r"^memcpy", "memcpy", "one copy of the same buffers (bound)"),
 ]
