@@ -42,9 +42,9 @@ result<void> write_knob(const std::string& path, const std::string& value)
 result<std::string> fuse_mount_device(const std::string& mount_point)
 {
     const auto top = top_mount_at(mount_point);
-    if (!top || top->fstype.rfind("fuse", 0) != 0) {
-        return make_error(ENOENT,
-                          fmt::format("no FUSE mount on {} in /proc/self/mountinfo", mount_point));
+    if (!top || top->source != k_mount_source) {
+        return make_error(ENOENT, fmt::format("no {} mount on {} in /proc/self/mountinfo",
+                                              k_mount_source, mount_point));
     }
     return fmt::format("{}:{}", major(top->device), minor(top->device));
 }

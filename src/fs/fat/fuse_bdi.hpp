@@ -20,10 +20,14 @@ struct bdi_change {
     std::string summary;    // "strict_limit 1 -> 0, max_ratio 1 -> 100"
 };
 
-// The "MAJOR:MINOR" of the newest mount on `mount_point` (an absolute path
-// without symbolic links, as /proc/self/mountinfo shows it) whose file
-// system type starts with "fuse", read from mountinfo (a stat of the mount
-// would wait for the server, which has not started serving yet).
+// The source name (fsname) of every FAT mount softblk serves, as
+// /proc/self/mountinfo shows it: how its own mounts are told from others.
+inline constexpr const char* k_mount_source = "softblk-fat";
+
+// The "MAJOR:MINOR" of the mount on `mount_point` (an absolute path without
+// symbolic links, as /proc/self/mountinfo shows it) when the top one there
+// is one of ours (source k_mount_source), read from mountinfo (a stat of
+// the mount would wait for the server, which has not started serving yet).
 result<std::string> fuse_mount_device(const std::string& mount_point);
 
 // Lets the mount on `mount_point` keep dirty pages as a local disk's bdi

@@ -487,7 +487,7 @@ int serve_fuse(volume& v, const std::string& mountpoint, bool foreground, bool r
     ops.init = op_init;
     ops.destroy = op_destroy;
 
-    std::string opts = "fsname=softblk-fat,subtype=vfat";
+    std::string opts = fmt::format("fsname={},subtype=vfat", k_mount_source);
     if (read_only) {
         opts += ",ro";
     }
