@@ -577,13 +577,17 @@ int main(int argc, char** argv)
     // The floor under any FUSE create here: a file system that does nothing.
     std::optional<softblk::fat::bench::null_fuse_figures> null_fuse;
     if (s.fuse) {
-        std::string poll_us = "auto";  // the mount's default, or what --fuse-opt says
+        std::string poll_us = "auto";  // the mount's defaults, or what --fuse-opt says
+        std::string colocate = "auto";
         for (auto& o : s.fuse_options) {
             if (o.rfind("poll_us=", 0) == 0) {
                 poll_us = o.substr(8);
             }
+            if (o.rfind("colocate=", 0) == 0) {
+                colocate = o.substr(9);
+            }
         }
-        null_fuse = softblk::fat::bench::measure_null_fuse(s.files, poll_us);
+        null_fuse = softblk::fat::bench::measure_null_fuse(s.files, poll_us, colocate);
     }
     std::optional<mtools_figures> m;
     if (s.mtools) {

@@ -70,7 +70,8 @@ void op_release(fuse_req_t req, fuse_ino_t, fuse_file_info*)
 
 }  // namespace
 
-std::optional<null_fuse_figures> measure_null_fuse(int files, const std::string& poll_us)
+std::optional<null_fuse_figures> measure_null_fuse(int files, const std::string& poll_us,
+                                                   const std::string& colocate)
 {
     if (access("/dev/fuse", R_OK | W_OK) != 0 || files <= 0) {
         return std::nullopt;
@@ -102,13 +103,15 @@ std::optional<null_fuse_figures> measure_null_fuse(int files, const std::string&
         rmdir(dir.c_str());
         return std::nullopt;
     }
-    std::thread server([se, &poll_us] { softblk::fat::detail::serve_session(se, poll_us); });
+    std::thread server(
+        [se, &poll_us, &colocate] { softblk::fat::detail::serve_session(se, poll_us, colocate); });
     null_fuse_figures fig;
     struct statfs sf {};
     // Requests for a while first, as the FAT mount has served before its
-    // creates are timed: the poll window is chosen by then (auto sweeps).
+    // creates are timed: the poll window and the placement are chosen by
+    // then (auto sweeps; a placement sweep is four epochs of 200 ms).
     auto t = std::chrono::steady_clock::now();
-    while (seconds_since(t) < 0.5) {
+    while (seconds_since(t) < 1.0) {
         ::statfs(dir.c_str(), &sf);
     }
     t = std::chrono::steady_clock::now();

@@ -15,9 +15,11 @@ struct null_fuse_figures {
 
 // Mounts the do-nothing file system (low-level libfuse, the kernel's
 // LOOKUP, CREATE and RELEASE answered at once, served by the FAT mount's
-// loop on one thread with the busy-poll window `poll_us`) on a temporary
+// loop on one thread with the busy-poll window `poll_us` and the placement
+// `colocate`) on a temporary
 // directory, times `files` creates and as many statfs calls, unmounts.
 // Nothing when /dev/fuse or the mount is not available.
-std::optional<null_fuse_figures> measure_null_fuse(int files, const std::string& poll_us);
+std::optional<null_fuse_figures> measure_null_fuse(int files, const std::string& poll_us,
+                                                   const std::string& colocate);
 
 }  // namespace softblk::fat::bench

@@ -4,12 +4,16 @@
 #include "fat_test_util.hpp"
 #include "fuse_util.hpp"
 
+#include <softblk/support/colocation.hpp>
+
 #include <atomic>
 #include <chrono>
 #include <csignal>
 #include <cstring>
 #include <fcntl.h>
 #include <fstream>
+#include <sched.h>
+#include <sstream>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <thread>
@@ -331,6 +335,109 @@ TEST(FatFuse, PollOptionSetsTheServingLoopsWindow)
         EXPECT_TRUE(exists(mnt + d + "/f199.dat")) << d;
     }
     EXPECT_EQ(m.unmount(), 0);
+}
+
+// A line of /proc/PID/task/TID/status ("Cpus_allowed_list:" ...), its value.
+std::string task_status(pid_t pid, const std::string& tid, const std::string& key)
+{
+    std::ifstream in("/proc/" + std::to_string(pid) + "/task/" + tid + "/status");
+    std::string line;
+    while (std::getline(in, line)) {
+        if (line.rfind(key, 0) == 0) {
+            auto value = line.substr(key.size());
+            return value.substr(value.find_first_not_of(" \t"));
+        }
+    }
+    return {};
+}
+
+// The scheduling policy of a thread: field 41 of /proc/PID/task/TID/stat.
+int task_policy(pid_t pid, const std::string& tid)
+{
+    std::ifstream in("/proc/" + std::to_string(pid) + "/task/" + tid + "/stat");
+    std::string text;
+    std::getline(in, text);
+    std::istringstream fields(text.substr(text.rfind(')') + 1));
+    std::string field;
+    for (int i = 3; i <= 41 && (fields >> field); ++i) {
+    }
+    return std::stoi(field);
+}
+
+// -o colocate=auto|0|1 is where the serving thread runs (the core's
+// support/colocation.hpp): with 1 it is pinned to the CPU of the thread
+// that sends the requests (this test's, pinned itself) and runs under its
+// normal policy between requests (SCHED_IDLE only while it replies); with
+// 0 it is never pinned; another value is refused with a message. Creates,
+// writes and reads keep their data and the image clean either way.
+TEST(FatFuse, ColocateOptionServesFromTheClientsCpu)
+{
+    FAT_REQUIRE_FUSE();
+    if (std::thread::hardware_concurrency() < 2) {
+        GTEST_SKIP() << "one CPU: nothing to choose";
+    }
+    if (auto ok = softblk::colocation::check(); !ok) {
+        GTEST_SKIP() << "cannot leave SCHED_IDLE here: " << ok.error().message;
+    }
+    temp_dir tmp;
+    std::string img = make_image(tmp);
+    std::string mnt = tmp / "mnt";
+    fs::create_directories(mnt);
+    for (std::string bad : {"colocate=2", "colocate="}) {
+        std::string log = tmp / "bad.log";
+        fuse_mount m(img, mnt, {"-o", bad}, log);
+        EXPECT_FALSE(m.ok()) << bad;
+        auto text = load_file(log);
+        EXPECT_NE(std::string(text.begin(), text.end()).find("colocate takes auto (measured)"),
+                  std::string::npos)
+            << bad << ": " << std::string(text.begin(), text.end());
+    }
+    cpu_set_t mine;
+    ASSERT_EQ(::sched_getaffinity(0, sizeof mine, &mine), 0);
+    int client_cpu = -1;
+    for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+        if (CPU_ISSET(cpu, &mine)) {
+            client_cpu = cpu;  // the last one allowed
+        }
+    }
+    std::mt19937_64 rng(12);
+    std::string data = random_bytes(rng, 1u << 20);
+    for (std::string mode : {"colocate=1", "colocate=0"}) {
+        fuse_mount m(img, mnt, {"-o", mode});
+        ASSERT_TRUE(m.ok()) << mode << ": the FUSE mount did not come up";
+        cpu_set_t one;
+        CPU_ZERO(&one);
+        CPU_SET(client_cpu, &one);
+        ASSERT_EQ(::sched_setaffinity(0, sizeof one, &one), 0);
+        std::string dir = mnt + "/d" + mode.substr(9);
+        ASSERT_EQ(::mkdir(dir.c_str(), 0755), 0) << dir;
+        for (int i = 0; i < 300; ++i) {
+            ASSERT_TRUE(create_file(dir + "/f" + std::to_string(i) + ".dat")) << mode << i;
+        }
+        write_file(dir + "/data.bin", data);
+        // Right after a reply the server may still be under SCHED_IDLE,
+        // preempted by this thread on their CPU: it finishes when this
+        // thread sleeps.
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        unsigned pinned_to_client = 0;
+        unsigned pinned_elsewhere = 0;
+        for (auto& tid : threads_of(m.pid())) {
+            const auto cpus = task_status(m.pid(), tid, "Cpus_allowed_list:");
+            if (cpus == std::to_string(client_cpu)) {
+                ++pinned_to_client;
+            } else if (cpus.find_first_of(",-") == std::string::npos) {
+                ++pinned_elsewhere;
+            }
+            EXPECT_EQ(task_policy(m.pid(), tid), SCHED_OTHER) << mode << " thread " << tid;
+        }
+        ASSERT_EQ(::sched_setaffinity(0, sizeof mine, &mine), 0);
+        EXPECT_EQ(pinned_to_client, mode == "colocate=1" ? 1u : 0u) << mode;
+        EXPECT_EQ(pinned_elsewhere, 0u) << mode;
+        auto got = load_file(dir + "/data.bin");
+        EXPECT_TRUE(std::string(got.begin(), got.end()) == data) << mode;
+        EXPECT_EQ(m.unmount(), 0);
+        EXPECT_TRUE(fsck_clean(img)) << mode;
+    }
 }
 
 // -o writeback=0 (the default: each write(2) goes to the volume, the page

@@ -11,6 +11,7 @@
 #include <optional>
 #include <fuse.h>
 #include <fuse_lowlevel.h>
+#include <linux/fuse.h>
 #include <poll.h>
 #include <sched.h>
 #include <sys/stat.h>
@@ -19,6 +20,7 @@
 #include <fmt/format.h>
 
 #include <softblk/support/clock.hpp>
+#include <softblk/support/colocation.hpp>
 #include <softblk/support/level_chooser.hpp>
 
 namespace softblk::fat::detail {
@@ -415,6 +417,50 @@ bool poll_for_request(fuse_session* se, uint64_t deadline)
     return false;
 }
 
+// Where the serving thread runs (support/colocation.hpp): from any CPU, or
+// next to the thread that sent the request, as `placing` measured best.
+// The client's CPU is looked up when another thread sends, and every
+// k_follow_client_ns otherwise (the scheduler may have moved it).
+class placement {
+public:
+    explicit placement(level_chooser& placing) : _placing(placing) {}
+
+    void before(const fuse_buf& buf)
+    {
+        if (_placing.level() == 0) {
+            _place.release();
+            return;
+        }
+        // A large write may be left in a pipe (splice): its header is not
+        // in memory; the last client's CPU stays.
+        if ((buf.flags & FUSE_BUF_IS_FD) == 0 && buf.size >= sizeof(fuse_in_header)) {
+            const auto* in = static_cast<const fuse_in_header*>(buf.mem);
+            const uint64_t now = monotonic_ns();
+            const auto client = static_cast<pid_t>(in->pid);
+            if (client != 0 && (client != _client || now - _looked_ns >= k_follow_client_ns)) {
+                _client = client;
+                _looked_ns = now;
+                _place.pin_to(last_cpu_of(client));
+            }
+        }
+        _place.reply_begins();
+    }
+
+    void after()
+    {
+        _place.reply_done();
+        if (!_placing.fixed()) {
+            _placing.served(monotonic_ns());
+        }
+    }
+
+private:
+    level_chooser& _placing;
+    colocation _place;
+    pid_t _client = 0;
+    uint64_t _looked_ns = 0;
+};
+
 // fuse_loop with a busy-poll window: after each request the thread polls
 // /dev/fuse for up to the window before it sleeps in read(). A create is
 // two or three requests in a row, and on a virtual machine the wake-up of
@@ -422,8 +468,9 @@ bool poll_for_request(fuse_session* se, uint64_t deadline)
 // request itself (docs/fat.md has the figures). The window is the core's
 // level_chooser's (as for the FUSE export's poll_us): auto measures which
 // window serves the most requests per second on this machine.
-int serve_polling(fuse_session* se, level_chooser& chooser)
+int serve_polling(fuse_session* se, level_chooser& chooser, level_chooser& placing)
 {
+    placement place(placing);
     fuse_buf buf{};
     int rc = 0;
     while (!fuse_session_exited(se)) {
@@ -445,7 +492,9 @@ int serve_polling(fuse_session* se, level_chooser& chooser)
         if (!chooser.fixed()) {
             chooser.served(monotonic_ns(), 1, polled_ns);
         }
+        place.before(buf);
         fuse_session_process_buf(se, &buf);
+        place.after();
     }
     std::free(buf.mem);
     fuse_session_reset(se);
@@ -454,10 +503,20 @@ int serve_polling(fuse_session* se, level_chooser& chooser)
 
 }  // namespace
 
-int serve_session(void* session, std::string_view poll_us)
+int serve_session(void* session, std::string_view poll_us, std::string_view colocate)
 {
     level_chooser chooser(poll_window_config(poll_us));
-    return serve_polling(static_cast<fuse_session*>(session), chooser);
+    if (colocate != "0") {
+        if (auto ok = colocation::check(); !ok) {
+            fmt::print(stderr,
+                       "softblk fat mount: serving from any CPU (colocate={} needs "
+                       "the thread to leave SCHED_IDLE): {}\n",
+                       colocate, ok.error().message);
+            colocate = "0";
+        }
+    }
+    level_chooser placing(colocation_config(colocate));
+    return serve_polling(static_cast<fuse_session*>(session), chooser, placing);
 }
 
 int serve_fuse(volume& v, const std::string& mountpoint, bool foreground, bool read_only,
@@ -496,6 +555,7 @@ int serve_fuse(volume& v, const std::string& mountpoint, bool foreground, bool r
     std::string writeback = "0";
     unsigned threads = 1;
     std::string poll_us = "auto";
+    std::string colocate = "auto";
     for (auto& o : fuse_options) {
         if (o.rfind("writeback=", 0) == 0) {  // our choice, not a libfuse option
             writeback = o.substr(10);
@@ -531,6 +591,16 @@ int serve_fuse(volume& v, const std::string& mountpoint, bool foreground, bool r
                 return 1;
             }
             poll_us = o.substr(8);
+            continue;
+        }
+        if (o.rfind("colocate=", 0) == 0) {  // the session loop's, not the kernel's
+            auto ok = check_colocation(o.substr(9));
+            if (!ok) {
+                fmt::print(stderr, "softblk fat mount: -o {}: colocate takes {}\n", o,
+                           ok.error().message);
+                return 1;
+            }
+            colocate = o.substr(9);
             continue;
         }
         opts += "," + o;
@@ -586,7 +656,7 @@ int serve_fuse(volume& v, const std::string& mountpoint, bool foreground, bool r
             rc = fuse_loop_mt(f, cfg) == 0 ? 0 : 1;
             fuse_loop_cfg_destroy(cfg);
         } else {
-            rc = serve_session(se, poll_us);
+            rc = serve_session(se, poll_us, colocate);
         }
         if (handlers) {
             fuse_remove_signal_handlers(se);

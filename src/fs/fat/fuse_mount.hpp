@@ -15,16 +15,19 @@ namespace softblk::fat::detail {
 // calling thread, or with "threads=N" among `fuse_options` by a pool of up
 // to N threads that call into `vol`, whose lock serialises them;
 // "direct_io" bypasses the page cache; "poll_us=auto|N" is the calling
-// thread's busy-poll window (serve_session). Other options go to libfuse.
+// thread's busy-poll window and "colocate=auto|0|1" where it runs
+// (serve_session). Other options go to libfuse.
 int serve_fuse(volume& vol, const std::string& mountpoint, bool foreground, bool read_only,
                const std::vector<std::string>& fuse_options);
 
 // The serving loop of one thread, as serve_fuse runs it: after each
 // request it busy-polls /dev/fuse for up to `poll_us` (auto: the window
 // the core's level_chooser measures best here; a number: that window, 0
-// never) before sleeping in read(). `session` is a libfuse fuse_session*
-// (also for benchmarks that serve another file system the same way).
-// Returns 0 when the file system was unmounted, 1 on an error.
-int serve_session(void* session, std::string_view poll_us);
+// never) before sleeping in read(); `colocate` says where the thread runs
+// (support/colocation.hpp: auto measures whether serving from the
+// client's CPU pays, 0 never does, 1 always). `session` is a libfuse
+// fuse_session* (also for benchmarks that serve another file system the
+// same way). Returns 0 when the file system was unmounted, 1 on an error.
+int serve_session(void* session, std::string_view poll_us, std::string_view colocate);
 
 }  // namespace softblk::fat::detail
