@@ -109,6 +109,13 @@ void event_loop::on_accept(int listener, int fd)
         ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &k_keepalive_interval_s, sizeof(int));
         ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &k_keepalive_count, sizeof(int));
         ::setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &k_tcp_user_timeout_ms, sizeof(unsigned));
+    } else {
+        // The client process, for serving next to it (colocate).
+        ucred cred{};
+        socklen_t len = sizeof cred;
+        if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
+            c->peer_pid = cred.pid;
+        }
     }
     c->loop = this;
     c->fd = fd;

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <poll.h>
+#include <sched.h>
 #include <sys/socket.h>
 
 #include <fmt/core.h>
@@ -74,6 +75,13 @@ void event_loop::run()
     if (rc != 0) {
         fmt::print(stderr, "nbd: loop {}: io_uring_queue_init: {}\n", _index, std::strerror(-rc));
         std::abort();
+    }
+    _place.emplace();
+    if (_placing.level() != 0 || !_placing.fixed()) {
+        if (auto ok = colocation::check(); !ok) {
+            _placing_why = fmt::format("serves from any CPU: {}", ok.error().message);
+            _placing_refused.store(true, std::memory_order_release);
+        }
     }
     const size_t listeners = _srv.listen_fds().size();
     _accept_addr.resize(listeners);
@@ -172,6 +180,7 @@ void event_loop::run()
             maybe_free(*c);
         }
         sweep_bindings();
+        place_before_wait();
         // Replies went out with direct sends in flush(): the loop waits for
         // one event, with no timeout unless the device or a held receive
         // asks for one (a timed wait arms and cancels a timer, which costs
@@ -197,6 +206,7 @@ void event_loop::run()
         } else {
             wait_polling();
         }
+        place_after_wait();
         unsigned head;
         io_uring_cqe* cqe;
         unsigned seen = 0;
@@ -255,6 +265,7 @@ void event_loop::run()
     }
     // What is still posted (accepts, the wake read) dies with the ring.
     io_uring_queue_exit(&_ring);
+    _place.reset();
     for (auto& b : _bindings) {
         b.reset();
     }
@@ -297,6 +308,44 @@ void event_loop::wait_polling()
     if (!caught) {
         io_uring_submit_and_wait(&_ring, 1);
     }
+}
+
+void event_loop::place_before_wait()
+{
+    _place->reply_done();
+    if (_placing_refused.load(std::memory_order_relaxed)) {
+        return;
+    }
+    const uint64_t served = _requests_parsed - _requests_placed;
+    _requests_placed = _requests_parsed;
+    if (served != 0 || !_placing.fixed()) {
+        _placing.served(monotonic_ns(), served);
+    }
+}
+
+void event_loop::place_after_wait()
+{
+    if (_placing_refused.load(std::memory_order_relaxed) || _placing.level() == 0) {
+        _place->release();
+        return;
+    }
+    // Next to the one client of a unix socket (its process's CPU, looked up
+    // every k_follow_client_ns); otherwise,
+    // or until then, where the loop is: a reply sent under SCHED_IDLE
+    // brings the client it wakes (WF_SYNC, by the socket) to this CPU.
+    const uint64_t now = monotonic_ns();
+    if (_place->cpu() < 0 || now - _placed_ns >= k_follow_client_ns) {
+        _placed_ns = now;
+        int cpu = -1;
+        if (_conns.size() == 1 && _conns.front()->peer_pid > 0) {
+            cpu = last_cpu_of(_conns.front()->peer_pid);
+        }
+        if (cpu < 0 && _place->cpu() < 0) {
+            cpu = ::sched_getcpu();
+        }
+        _place->pin_to(cpu);
+    }
+    _place->reply_begins();
 }
 
 }  // namespace softblk::nbd

@@ -313,6 +313,15 @@ std::vector<std::shared_ptr<const export_details>> server::list() const
     return out;
 }
 
+nlohmann::json server::colocate_choices() const
+{
+    nlohmann::json out = nlohmann::json::array();
+    for (const auto& l : _loops) {
+        out.push_back(l->colocate_choice());
+    }
+    return out;
+}
+
 nlohmann::json server::poll_choices() const
 {
     nlohmann::json out = nlohmann::json::array();

@@ -82,6 +82,10 @@ struct server_config {
     // Receive coalescing window (us) for connections that pipeline
     // requests: see "Receive coalescing" in docs/nbd.md. 0: off.
     uint32_t coalesce_us = 50;
+    // Where a loop thread runs (support/colocation.hpp): "auto" measures
+    // whether serving from its client's CPU pays (by poll_per_cpu's
+    // objective), "0" never, "1" always.
+    std::string colocate = "auto";
 };
 
 // An export as the server keeps it.
@@ -145,6 +149,8 @@ public:
     unsigned loop_count() const { return static_cast<unsigned>(_loops.size()); }
     // Each loop's poll window and why. Any thread.
     nlohmann::json poll_choices() const;
+    // Each loop's placement and why (event_loop::colocate_choice).
+    nlohmann::json colocate_choices() const;
     const std::vector<int>& listen_fds() const { return _listen_fds; }
     // A loop thread tells that a connection on `exp` was freed.
     void connection_closed(server_export& exp);

@@ -41,6 +41,25 @@ for d in json.load(open(sys.argv[1])):
         if p["sweeps"] > 0:
             assert set(p["cpu_per_event_ns"]) == set(p["rates_per_s"]), p
 PY
+# Where each loop runs (colocate=auto by default, support/colocation.hpp):
+# measured by requests per second between anywhere (0) and next to the
+# client (1), and said why.
+python3 - "$work/list.json" <<'PY' || fail "list --json: the placement: $(cat "$work/list.json")"
+import json, sys
+for d in json.load(open(sys.argv[1])):
+    places = d["export"]["colocate"]
+    assert len(places) == len(d["export"]["poll"]), d["export"]
+    for p in places:
+        assert p["mode"] == "auto" and p["unit"] == "colocated", p
+        assert p["level"] in (0, 1) and p["why"], p
+        assert p.get("objective", "rate") == "rate", p
+PY
+"$SOFTBLK_CLI" add null size=1 --export nbd --export-opt colocate=1 >"$work/add5" 2>&1 &&
+  fail "a second export with colocate=1 on a colocate=auto server was accepted"
+grep -qF "colocate=auto" "$work/add5" || fail "the refusal does not name colocate: $(cat "$work/add5")"
+"$SOFTBLK_CLI" add null size=1 --export nbd --export-opt colocate=yes >"$work/add5" 2>&1 &&
+  fail "colocate=yes was accepted"
+grep -qF "auto (measured), 0" "$work/add5" || fail "colocate=yes: $(cat "$work/add5")"
 "$SOFTBLK_CLI" add null size=1 --export nbd --export-opt poll-goal=rate >"$work/add4" 2>&1 &&
   fail "a second export with poll-goal=rate on a poll-goal=cpu server was accepted"
 grep -qF "poll-goal=cpu" "$work/add4" || fail "the refusal does not name poll-goal: $(cat "$work/add4")"
