@@ -325,7 +325,17 @@ void event_loop::place_before_wait()
 
 void event_loop::place_after_wait()
 {
-    if (_placing_refused.load(std::memory_order_relaxed) || _placing.level() == 0) {
+    // A client with several requests in flight does not wait for each
+    // reply: next to it the loop only takes its CPU (at QD 32, 0.65x the
+    // requests per second). One pass that took in more than one request
+    // says so, and the loop serves from anywhere for k_pipelined_ns.
+    const uint64_t now = monotonic_ns();
+    if (_requests_parsed - _parsed_at_wait > 1) {
+        _pipelined_until_ns = now + k_pipelined_ns;
+    }
+    _parsed_at_wait = _requests_parsed;
+    if (_placing_refused.load(std::memory_order_relaxed) || _placing.level() == 0 ||
+        now < _pipelined_until_ns) {
         _place->release();
         return;
     }
@@ -333,7 +343,6 @@ void event_loop::place_after_wait()
     // every k_follow_client_ns); otherwise,
     // or until then, where the loop is: a reply sent under SCHED_IDLE
     // brings the client it wakes (WF_SYNC, by the socket) to this CPU.
-    const uint64_t now = monotonic_ns();
     if (_place->cpu() < 0 || now - _placed_ns >= k_follow_client_ns) {
         _placed_ns = now;
         int cpu = -1;

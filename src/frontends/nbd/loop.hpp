@@ -87,6 +87,9 @@ inline constexpr uint64_t k_timer_period_ns = 1'000'000'000;
 // limit (server_config::total_buffer_bytes) sleeps before it looks again:
 // other loops free buffers without waking it.
 inline constexpr long long k_buffer_wait_ns = 1'000'000;
+// After a pass of the loop that took in more than one request, the loop
+// serves from any CPU for this long (colocate: the client pipelines).
+inline constexpr uint64_t k_pipelined_ns = 100'000'000;
 
 inline void* make_user_data(void* p, token t)
 {
@@ -364,8 +367,10 @@ private:
     shared_level_chooser _placing;
     std::optional<colocation> _place;
     std::atomic<bool> _placing_refused{false};
-    uint64_t _placed_ns = 0;   // when the client's CPU was last looked up
-    std::string _placing_why;  // set before _placing_refused
+    uint64_t _placed_ns = 0;           // when the client's CPU was last looked up
+    uint64_t _parsed_at_wait = 0;      // _requests_parsed after the last wait
+    uint64_t _pipelined_until_ns = 0;  // a pass took in several requests: free till then
+    std::string _placing_why;          // set before _placing_refused
     uint64_t _requests_parsed = 0;
     uint64_t _requests_counted = 0;
     uint64_t _requests_placed = 0;  // ... and fed to _placing
