@@ -508,9 +508,7 @@ int serve_session(void* session, std::string_view poll_us, std::string_view colo
     level_chooser chooser(poll_window_config(poll_us));
     if (colocate != "0") {
         if (auto ok = colocation::check(); !ok) {
-            fmt::print(stderr,
-                       "softblk fat mount: serving from any CPU (colocate={} needs "
-                       "the thread to leave SCHED_IDLE): {}\n",
+            fmt::print(stderr, "softblk fat mount: colocate={}: serving from any CPU: {}\n",
                        colocate, ok.error().message);
             colocate = "0";
         }
