@@ -134,6 +134,16 @@ void colocation::pin_to(int cpu)
     }
 }
 
+void colocation::follow(pid_t client, uint64_t now)
+{
+    if (client <= 0 || (client == _client && now - _looked_ns < k_follow_client_ns)) {
+        return;
+    }
+    _client = client;
+    _looked_ns = now;
+    pin_to(last_cpu_of(client));
+}
+
 void colocation::release()
 {
     if (_cpu < 0) {
@@ -141,6 +151,7 @@ void colocation::release()
     }
     if (::sched_setaffinity(0, sizeof _allowed, &_allowed) == 0) {
         _cpu = -1;
+        _client = 0;  // the next follow() looks again
     }
 }
 

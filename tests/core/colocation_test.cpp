@@ -5,6 +5,8 @@
 // without it from one run to the next, so no test asserts it.
 #include <softblk/support/colocation.hpp>
 
+#include <atomic>
+#include <chrono>
 #include <pthread.h>
 #include <sched.h>
 #include <thread>
@@ -70,6 +72,49 @@ TEST(colocation, pin_to_and_release_keep_to_the_cpus_allowed_at_start)
     }
     // The destructor gives the CPUs back.
     EXPECT_EQ(allowed_cpus(), before);
+}
+
+TEST(colocation, follow_pins_to_the_cpu_the_client_runs_on)
+{
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    ASSERT_EQ(::sched_getaffinity(0, sizeof set, &set), 0);
+    int last = -1;
+    for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+        if (CPU_ISSET(cpu, &set)) {
+            last = cpu;
+        }
+    }
+    colocation place;
+    // A client thread on the last allowed CPU, waiting for the test.
+    std::atomic<pid_t> client{0};
+    std::atomic<bool> done{false};
+    std::thread t([&] {
+        cpu_set_t one;
+        CPU_ZERO(&one);
+        CPU_SET(last, &one);
+        ::sched_setaffinity(0, sizeof one, &one);
+        client = ::gettid();
+        while (!done) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+    });
+    while (client == 0) {
+        std::this_thread::yield();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    place.follow(client, 1'000'000'000);
+    EXPECT_EQ(place.cpu(), last);
+    EXPECT_EQ(::sched_getcpu(), last);
+    // Released, the same client is looked up again at once.
+    place.release();
+    place.follow(client, 1'000'000'001);
+    EXPECT_EQ(place.cpu(), last);
+    // Not a thread: nothing changes.
+    place.follow(0, 2'000'000'000);
+    EXPECT_EQ(place.cpu(), last);
+    done = true;
+    t.join();
 }
 
 TEST(colocation, the_reply_runs_under_sched_idle_and_the_policy_comes_back)

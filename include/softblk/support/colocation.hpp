@@ -31,6 +31,8 @@
 #include <sched.h>
 #include <sys/types.h>
 
+#include <cstdint>
+
 #include <string>
 #include <string_view>
 
@@ -66,6 +68,10 @@ public:
     // Runs the calling thread on `cpu` alone (nothing when it already
     // does, or when `cpu` is not among the CPUs it was allowed at start).
     void pin_to(int cpu);
+    // Runs the calling thread on the CPU of thread `client` (of any
+    // process), looked up when the client changes and every
+    // k_follow_client_ns otherwise. `now`: monotonic ns.
+    void follow(pid_t client, uint64_t now);
     // Back on every CPU it was allowed at start.
     void release();
     // The CPU pinned to, or -1.
@@ -77,6 +83,8 @@ public:
 private:
     cpu_set_t _allowed;
     int _cpu = -1;
+    pid_t _client = 0;          // followed by follow()
+    uint64_t _looked_ns = 0;    // ... whose CPU was looked up then
     int _policy = SCHED_OTHER;  // at start: SCHED_OTHER or SCHED_BATCH
     bool _idle = false;
 };

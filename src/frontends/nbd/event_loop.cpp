@@ -339,20 +339,14 @@ void event_loop::place_after_wait()
         _place->release();
         return;
     }
-    // Next to the one client of a unix socket (its process's CPU, looked up
-    // every k_follow_client_ns); otherwise,
+    // Next to the one client of a unix socket (its process); otherwise,
     // or until then, where the loop is: a reply sent under SCHED_IDLE
     // brings the client it wakes (WF_SYNC, by the socket) to this CPU.
-    if (_place->cpu() < 0 || now - _placed_ns >= k_follow_client_ns) {
-        _placed_ns = now;
-        int cpu = -1;
-        if (_conns.size() == 1 && _conns.front()->peer_pid > 0) {
-            cpu = last_cpu_of(_conns.front()->peer_pid);
-        }
-        if (cpu < 0 && _place->cpu() < 0) {
-            cpu = ::sched_getcpu();
-        }
-        _place->pin_to(cpu);
+    if (_conns.size() == 1 && _conns.front()->peer_pid > 0) {
+        _place->follow(_conns.front()->peer_pid, now);
+    }
+    if (_place->cpu() < 0) {
+        _place->pin_to(::sched_getcpu());
     }
     _place->reply_begins();
 }

@@ -367,7 +367,6 @@ private:
     shared_level_chooser _placing;
     std::optional<colocation> _place;
     std::atomic<bool> _placing_refused{false};
-    uint64_t _placed_ns = 0;           // when the client's CPU was last looked up
     uint64_t _parsed_at_wait = 0;      // _requests_parsed after the last wait
     uint64_t _pipelined_until_ns = 0;  // a pass took in several requests: free till then
     std::string _placing_why;          // set before _placing_refused

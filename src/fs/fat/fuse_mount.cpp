@@ -419,8 +419,6 @@ bool poll_for_request(fuse_session* se, uint64_t deadline)
 
 // Where the serving thread runs (support/colocation.hpp): from any CPU, or
 // next to the thread that sent the request, as `placing` measured best.
-// The client's CPU is looked up when another thread sends, and every
-// k_follow_client_ns otherwise (the scheduler may have moved it).
 class placement {
 public:
     explicit placement(level_chooser& placing) : _placing(placing) {}
@@ -435,13 +433,7 @@ public:
         // in memory; the last client's CPU stays.
         if ((buf.flags & FUSE_BUF_IS_FD) == 0 && buf.size >= sizeof(fuse_in_header)) {
             const auto* in = static_cast<const fuse_in_header*>(buf.mem);
-            const uint64_t now = monotonic_ns();
-            const auto client = static_cast<pid_t>(in->pid);
-            if (client != 0 && (client != _client || now - _looked_ns >= k_follow_client_ns)) {
-                _client = client;
-                _looked_ns = now;
-                _place.pin_to(last_cpu_of(client));
-            }
+            _place.follow(static_cast<pid_t>(in->pid), monotonic_ns());
         }
         _place.reply_begins();
     }
@@ -457,8 +449,6 @@ public:
 private:
     level_chooser& _placing;
     colocation _place;
-    pid_t _client = 0;
-    uint64_t _looked_ns = 0;
 };
 
 // fuse_loop with a busy-poll window: after each request the thread polls
