@@ -90,7 +90,7 @@ private:
 };
 
 // The option that asks for it: "auto" (measured: levels 0 and 1, epochs
-// of 100 ms), "0" (never) or "1" (always).
+// of 200 ms), "0" (never) or "1" (always).
 result<void> check_colocation(std::string_view text);
 level_chooser::config colocation_config(std::string_view text);
 
