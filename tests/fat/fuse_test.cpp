@@ -502,6 +502,38 @@ std::string bdi_knob(const std::string& mnt, const char* knob)
     return value;
 }
 
+// The mount raises its own bdi's read-ahead to one 1 MiB request (the
+// kernel starts every FUSE bdi at 128 KiB and INIT only lowers it, so
+// max_readahead alone left sequential reads at eight requests per MiB),
+// and it is still so once INIT has been answered and a file read through
+// it. Before, read_ahead_kb stayed 128.
+TEST(FatFuse, MountReadsAheadOneMaxSizedRequest)
+{
+    FAT_REQUIRE_FUSE();
+    if (geteuid() != 0 || access("/sys/class/bdi", F_OK) != 0) {
+        GTEST_SKIP() << "SKIP: needs root and /sys/class/bdi to set the mount's bdi";
+    }
+    temp_dir tmp;
+    std::string img = make_image(tmp);
+    std::string mnt = tmp / "mnt";
+    fs::create_directories(mnt);
+    std::mt19937_64 rng(5);
+    const std::string data = random_bytes(rng, 3u << 20);
+    {
+        fuse_mount m(img, mnt);
+        ASSERT_TRUE(m.ok());
+        {
+            std::ofstream out(mnt + "/ahead.bin", std::ios::binary);
+            out.write(data.data(), static_cast<std::streamsize>(data.size()));
+        }
+        auto got = load_file(mnt + "/ahead.bin");
+        EXPECT_TRUE(std::string(got.begin(), got.end()) == data);
+        EXPECT_EQ(bdi_knob(mnt, "read_ahead_kb"), "1024");
+        EXPECT_EQ(m.unmount(), 0);
+    }
+    EXPECT_TRUE(fsck_clean(img));
+}
+
 // -o writeback=1 lifts the limits of the mount's own bdi (strict_limit 0,
 // max_ratio 100; the kernel's FUSE defaults of 1 and 1 pace a writer to an
 // early bandwidth estimate) and says so in its log; the default

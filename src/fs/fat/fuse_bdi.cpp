@@ -1,4 +1,4 @@
-// A FUSE mount's own writeback limits (fuse_bdi.hpp).
+// A FUSE mount's own read-ahead and writeback limits (fuse_bdi.hpp).
 #include "fuse_bdi.hpp"
 
 #include <cerrno>
@@ -47,6 +47,27 @@ result<std::string> fuse_mount_device(const std::string& mount_point)
                                               k_mount_source, mount_point));
     }
     return fmt::format("{}:{}", major(top->device), minor(top->device));
+}
+
+result<bdi_change> set_read_ahead(const std::string& mount_point, unsigned kib,
+                                  const std::string& sysfs_bdi)
+{
+    auto dev = fuse_mount_device(mount_point);
+    if (!dev) {
+        return std::unexpected(dev.error());
+    }
+    bdi_change change;
+    change.directory = sysfs_bdi + "/" + *dev;
+    const std::string knob = change.directory + "/read_ahead_kb";
+    auto old = read_knob(knob);
+    if (!old) {
+        return std::unexpected(old.error());
+    }
+    if (auto r = write_knob(knob, std::to_string(kib)); !r) {
+        return std::unexpected(r.error());
+    }
+    change.summary = fmt::format("read_ahead_kb {} -> {}", *old, kib);
+    return change;
 }
 
 result<bdi_change> lift_writeback_limits(const std::string& mount_point,

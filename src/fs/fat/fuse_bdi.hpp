@@ -1,11 +1,12 @@
-// The writeback limits of one FUSE mount's own backing device (its bdi,
-// /sys/class/bdi/MAJOR:MINOR). The kernel gives every FUSE mount
+// The read-ahead and writeback limits of one FUSE mount's own backing
+// device (its bdi, /sys/class/bdi/MAJOR:MINOR). The kernel gives every FUSE mount
 // strict_limit 1 and max_ratio 1: its dirty pages are held to about 1% of
 // the dirty threshold and the writer is paced to the writeback bandwidth
 // the kernel has estimated so far (100 MB/s at first, updated every 200
 // ms), so a burst of buffered writes crawls. The bdi is created with the
 // mount and removed with it: setting it touches nothing but the mount
-// softblk made. The system-wide limits (vm.dirty_*) are never changed.
+// softblk made. Its read-ahead starts at the kernel's default (128 KiB) and
+// INIT only ever lowers it to the server's max_readahead. The system-wide limits (vm.dirty_*) are never changed.
 #pragma once
 
 #include <string>
@@ -38,5 +39,13 @@ result<std::string> fuse_mount_device(const std::string& mount_point);
 // written (not root, an older kernel); nothing is changed then.
 result<bdi_change> lift_writeback_limits(const std::string& mount_point,
                                          const std::string& sysfs_bdi = "/sys/class/bdi");
+
+// Sets the read-ahead of the mount on `mount_point` (just mounted, before
+// INIT is answered, which lowers it to max_readahead if that is smaller)
+// to `kib`: "read_ahead_kb 128 -> 1024". An error when the mount or the
+// knob is not found or cannot be written (not root); nothing is changed
+// then.
+result<bdi_change> set_read_ahead(const std::string& mount_point, unsigned kib,
+                                  const std::string& sysfs_bdi = "/sys/class/bdi");
 
 }  // namespace softblk::fat::detail

@@ -384,6 +384,21 @@ void say_writeback_limits(const std::string& mount_point)
     }
 }
 
+// Reads through the page cache come in read-ahead requests: the kernel
+// gives a FUSE mount's bdi its default 128 KiB and INIT only lowers it, so
+// max_readahead alone left sequential reads at eight requests per MiB.
+// Raised on the mount's own bdi to one request of k_max_io (just mounted,
+// before INIT); where it cannot be (not root), the kernel's stays and the
+// mount says why.
+void set_own_read_ahead(const std::string& mount_point)
+{
+    auto set = set_read_ahead(mount_point, k_max_io / 1024);
+    if (!set) {
+        fmt::print(stderr, "softblk fat mount: read-ahead stays at the kernel's default: {}\n",
+                   set.error().message);
+    }
+}
+
 constexpr unsigned k_max_threads = 64;
 
 // The N of -o threads=N: 1..k_max_threads, digits only.
@@ -618,6 +633,9 @@ int serve_fuse(volume& v, const std::string& mountpoint, bool foreground, bool r
                    "softblk fat mount: cannot mount on {} (does it exist? is /dev/fuse usable?)\n",
                    mountpoint);
         return 1;
+    }
+    if (!g_direct_io) {
+        set_own_read_ahead(absolute);
     }
     if (!read_only && !g_direct_io && writeback == "1") {
         g_writeback_wanted = true;
