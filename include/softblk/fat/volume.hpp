@@ -160,6 +160,9 @@ public:
     result<file_stat> stat() const;
     // Closes; frees the clusters of a file unlinked while open. 0 or -errno.
     int close();
+    // The same for every open handle of one file, and for no other file
+    // while one is open: for callers that keep state per open file.
+    const void* identity() const { return _node.get(); }
 
 private:
     friend class volume;

@@ -9,6 +9,7 @@
 #include <ctime>
 #include <mutex>
 #include <optional>
+#include <unordered_map>
 #include <fuse.h>
 #include <fuse_lowlevel.h>
 #include <linux/fuse.h>
@@ -76,9 +77,28 @@ int err(const result<T>& r)
     return -code;
 }
 
+// How one open of a file reads and writes (open_files below).
+enum class open_mode : uint8_t {
+    cached,         // through the page cache
+    direct,         // past it: a write-only open of the file skips it
+    direct_writer,  // a write-only open that skips it, and makes the file's
+                    // other opens skip it until it is released
+};
+
+// One open of a file by the kernel (fuse_file_info::fh).
+struct open_file {
+    file f;
+    open_mode mode = open_mode::cached;
+};
+
+open_file* opened(fuse_file_info* fi)
+{
+    return reinterpret_cast<open_file*>(fi->fh);
+}
+
 file* handle(fuse_file_info* fi)
 {
-    return reinterpret_cast<file*>(fi->fh);
+    return &opened(fi)->f;
 }
 
 bool g_read_only = false;
@@ -197,24 +217,82 @@ unsigned flags_of(int f)
     return flags;
 }
 
-int op_open(const char* path, fuse_file_info* fi)
+// Writing through, a file opened write-only skips the page cache
+// (FOPEN_DIRECT_IO for that open): such a descriptor can neither read nor
+// be mapped, so the cache would only keep a copy of what it writes, one
+// more copy of every byte (cp, dd and tar write this way). Opens that can
+// read keep the cache, and shared mmap. Only while no other open of the
+// file exists, and the file's later opens skip the cache too until that
+// writer closes: kernels before the fix of 2025 ("fuse: invalidate page
+// cache after DIO write") leave another open's cached pages stale after a
+// direct write, and this way no open caches what such a writer changes.
+// (Every open drops the file's cached pages: kernel_cache is off.) The
+// writeback cache keeps every open cached, as asked.
+class open_files {
+public:
+    // How the open of `f` with open(2) `flags` reads and writes; counted
+    // until release().
+    open_mode open(const file& f, int flags)
+    {
+        std::lock_guard lock(_mu);
+        auto& n = _files[f.identity()];
+        auto mode = n.direct_writers > 0 ? open_mode::direct : open_mode::cached;
+        if ((flags & O_ACCMODE) == O_WRONLY && !g_writeback && n.opens == 0) {
+            mode = open_mode::direct_writer;
+            ++n.direct_writers;
+        }
+        ++n.opens;
+        return mode;
+    }
+
+    void release(const file& f, open_mode mode)
+    {
+        std::lock_guard lock(_mu);
+        auto it = _files.find(f.identity());
+        if (it == _files.end()) {
+            return;
+        }
+        if (mode == open_mode::direct_writer) {
+            --it->second.direct_writers;
+        }
+        if (--it->second.opens == 0) {
+            _files.erase(it);
+        }
+    }
+
+private:
+    struct counts {
+        unsigned opens = 0;
+        unsigned direct_writers = 0;
+    };
+    std::mutex _mu;  // -o threads=N serves opens and releases at once
+    std::unordered_map<const void*, counts> _files;
+};
+
+open_files g_open_files;
+
+int serve_open(result<file> r, fuse_file_info* fi)
 {
-    auto r = vol().open(path, flags_of(fi->flags));
     if (!r) {
         return err(r);
     }
-    fi->fh = reinterpret_cast<uint64_t>(new file(std::move(*r)));
+    auto* o = new open_file{std::move(*r)};
+    o->mode = g_open_files.open(o->f, fi->flags);
+    if (o->mode != open_mode::cached) {
+        fi->direct_io = 1;
+    }
+    fi->fh = reinterpret_cast<uint64_t>(o);
     return 0;
+}
+
+int op_open(const char* path, fuse_file_info* fi)
+{
+    return serve_open(vol().open(path, flags_of(fi->flags)), fi);
 }
 
 int op_create(const char* path, mode_t, fuse_file_info* fi)
 {
-    auto r = vol().open(path, flags_of(fi->flags) | k_open_create);
-    if (!r) {
-        return err(r);
-    }
-    fi->fh = reinterpret_cast<uint64_t>(new file(std::move(*r)));
-    return 0;
+    return serve_open(vol().open(path, flags_of(fi->flags) | k_open_create), fi);
 }
 
 int op_read(const char*, char* buf, size_t size, off_t off, fuse_file_info* fi)
@@ -229,7 +307,9 @@ int op_write(const char*, const char* buf, size_t size, off_t off, fuse_file_inf
 
 int op_release(const char*, fuse_file_info* fi)
 {
-    delete handle(fi);
+    auto* o = opened(fi);
+    g_open_files.release(o->f, o->mode);
+    delete o;
     fi->fh = 0;
     return 0;
 }
