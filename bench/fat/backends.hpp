@@ -32,6 +32,9 @@ class backend {
 public:
     virtual ~backend() = default;
     virtual int open_file(const std::string& path, bool create) = 0;  // returns a slot
+    // Creates (or truncates) `path` for writing only, as cp, dd and tar
+    // open what they write; returns a slot.
+    virtual int create_write_only(const std::string& path) = 0;
     virtual int64_t pwrite(int slot, const void* buf, size_t n, uint64_t off) = 0;
     virtual int64_t pread(int slot, void* buf, size_t n, uint64_t off) = 0;
     virtual int fsync(int slot) = 0;
@@ -72,6 +75,16 @@ public:
     {
         auto f = _vol->open(
             path, k_open_read | k_open_write | (create ? k_open_create | k_open_truncate : 0));
+        if (!f) {
+            fmt::print(stderr, "{}\n", f.error().message);
+            std::exit(1);
+        }
+        _files.push_back(std::move(*f));
+        return static_cast<int>(_files.size() - 1);
+    }
+    int create_write_only(const std::string& path) override
+    {
+        auto f = _vol->open(path, k_open_write | k_open_create | k_open_truncate);
         if (!f) {
             fmt::print(stderr, "{}\n", f.error().message);
             std::exit(1);
@@ -132,7 +145,15 @@ public:
     }
     int open_file(const std::string& path, bool create) override
     {
-        int fd = ::open((_root + path).c_str(), O_RDWR | (create ? O_CREAT | O_TRUNC : 0), 0644);
+        return open_slot(path, O_RDWR | (create ? O_CREAT | O_TRUNC : 0));
+    }
+    int create_write_only(const std::string& path) override
+    {
+        return open_slot(path, O_WRONLY | O_CREAT | O_TRUNC);
+    }
+    int open_slot(const std::string& path, int flags)
+    {
+        int fd = ::open((_root + path).c_str(), flags, 0644);
         if (fd < 0) {
             fmt::print(stderr, "{}: {}\n", path, std::strerror(errno));
             std::exit(1);

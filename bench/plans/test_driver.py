@@ -85,6 +85,18 @@ class ProgramOutputTest(unittest.TestCase):
         mtools = [s for s in samples if s["system"] == "mtools"]
         self.assertNotIn("randread", [s["case"]["workload"] for s in mtools])
 
+    def test_fat_table_with_write_only_column(self):
+        text = ("| path | seq write 16 KiB (MiB/s) | a | b | c | d | e | f | g | seq write 16 KiB, "
+                "write-only open (MiB/s) |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+                "| FUSE mount (default options) | 894.6 | 1666.7 | 89680 | 78622 | 27.64 | 16.07 "
+                "| 64.0 | 1.0 | 1226.2 |\n"
+                "| mtools (mcopy in / out, image in /dev/shm) | 1918.0 | 1680.0 | - | - | 28.00 | - "
+                "| - | - | 1918.0 |\n")
+        samples = plan_fat.samples(plan_fat.parse(text), "softblk-bench-fat")
+        only = {s["system"]: s["mib_s"] for s in samples
+                if s["case"]["workload"] == "seq-write-wronly"}
+        self.assertEqual(only, {"softblk": 1226.2, "mtools": 1918.0})
+
     def test_core_records(self):
         text = ('{"case":{"test":"null","irqmode":0},"system":"softblk","iops":5.0,"mib_s":1.0,'
                 '"extra":{"errors":0}}\n{"case":{"test":"null","irqmode":1},"system":"softblk",'
