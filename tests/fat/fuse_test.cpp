@@ -441,6 +441,75 @@ TEST(FatFuse, ColocateOptionServesFromTheClientsCpu)
     }
 }
 
+// Threads of the mount's process allowed a single CPU.
+unsigned pinned_threads(pid_t pid)
+{
+    unsigned pinned = 0;
+    for (auto& tid : threads_of(pid)) {
+        if (task_status(pid, tid, "Cpus_allowed_list:").find_first_of(",-") == std::string::npos) {
+            ++pinned;
+        }
+    }
+    return pinned;
+}
+
+// Even with colocate=1 the kernel's read-ahead is served from any CPU:
+// the reader does not wait for the window being filled, it copies the one
+// before, and beside it the server would only take its CPU. A reader
+// pinned to one CPU first gets a thread pinned next to it (a create, a
+// 4 KiB read), and none while it streams a file. Before, the thread stayed
+// next to the reader.
+TEST(FatFuse, ColocateLeavesReadAheadToAnyCpu)
+{
+    FAT_REQUIRE_FUSE();
+    if (std::thread::hardware_concurrency() < 2) {
+        GTEST_SKIP() << "one CPU: nothing to choose";
+    }
+    if (auto ok = softblk::colocation::check(); !ok) {
+        GTEST_SKIP() << "cannot leave SCHED_IDLE here: " << ok.error().message;
+    }
+    temp_dir tmp;
+    std::string img = make_image(tmp);
+    std::string mnt = tmp / "mnt";
+    fs::create_directories(mnt);
+    std::mt19937_64 rng(31);
+    const std::string data = random_bytes(rng, 16u << 20);
+    fuse_mount m(img, mnt, {"-o", "colocate=1"});
+    ASSERT_TRUE(m.ok());
+    write_file(mnt + "/stream.bin", data);
+    cpu_set_t mine;
+    ASSERT_EQ(::sched_getaffinity(0, sizeof mine, &mine), 0);
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+        if (CPU_ISSET(cpu, &mine)) {
+            CPU_ZERO(&one);
+            CPU_SET(cpu, &one);  // the last one allowed
+        }
+    }
+    ASSERT_EQ(::sched_setaffinity(0, sizeof one, &one), 0);
+    for (int i = 0; i < 50; ++i) {
+        ASSERT_TRUE(create_file(mnt + "/f" + std::to_string(i) + ".dat"));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    const unsigned after_creates = pinned_threads(m.pid());
+    int fd = ::open((mnt + "/stream.bin").c_str(), O_RDONLY);
+    ASSERT_GE(fd, 0);
+    std::string got(4u << 20, '\0');
+    for (size_t off = 0; off < got.size(); off += 65536) {
+        ASSERT_EQ(::pread(fd, got.data() + off, 65536, static_cast<off_t>(off)), 65536);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    const unsigned while_streaming = pinned_threads(m.pid());
+    ::close(fd);
+    ASSERT_EQ(::sched_setaffinity(0, sizeof mine, &mine), 0);
+    EXPECT_EQ(after_creates, 1u);
+    EXPECT_EQ(while_streaming, 0u) << "the read-ahead was served next to the reader";
+    EXPECT_TRUE(got == data.substr(0, got.size()));
+    EXPECT_EQ(m.unmount(), 0);
+    EXPECT_TRUE(fsck_clean(img));
+}
+
 // -o writeback=0 (the default: each write(2) goes to the volume, the page
 // cache serves reads) and -o writeback=1 (the kernel's writeback cache)
 // both keep POSIX semantics that the two modes implement differently:
