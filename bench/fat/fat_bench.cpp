@@ -138,12 +138,20 @@ figures run_suite(backend& b, const std::string& name, const settings& s)
     }
     auto counters = [&]() { return b.device() ? b.device()->counters() : request_counters{}; };
 
-    // Sequential write through a write-only open (as cp, dd and tar
-    // write; a FUSE mount may then skip the page cache): 16 KiB buffers,
-    // then fsync, counted in the time, best of three.
+    // Sequential writes (16 KiB buffers, then fsync, counted in the time)
+    // through a write-only open (as cp, dd and tar write; a FUSE mount
+    // may then skip the page cache), then through a read-write one, and a
+    // sequential read (64 KiB buffers, after a remount: cold metadata).
+    // Each round does all three, so that both writes meet the same
+    // machine. Best of three: the machine is shared, the best run is the
+    // least disturbed one.
+    int f = -1;
     for (int round = 0; round < 3; ++round) {
-        int w = b.create_write_only("/seq.bin");
-        auto t = clock_type::now();
+        if (round > 0) {
+            b.unlink("/seq.bin");
+        }
+        const int w = b.create_write_only("/seq.bin");
+        const auto tw = clock_type::now();
         for (uint64_t off = 0; off < file_bytes; off += 16384) {
             if (b.pwrite(w, buf.data() + (off & 0xC000), 16384, off) != 16384) {
                 fmt::print(stderr, "{}: write-only write failed at {}\n", name, off);
@@ -152,20 +160,10 @@ figures run_suite(backend& b, const std::string& name, const settings& s)
         }
         b.fsync(w);
         fig.seq_write_only_mibs =
-            std::max(fig.seq_write_only_mibs, static_cast<double>(s.file_mib) / seconds_since(t));
+            std::max(fig.seq_write_only_mibs, static_cast<double>(s.file_mib) / seconds_since(tw));
         b.close(w);
         b.unlink("/seq.bin");
-    }
 
-    // Sequential write through a read-write open (16 KiB buffers, then
-    // fsync, counted in the time) and sequential read (64 KiB buffers,
-    // after a remount: cold metadata). Best of three: the machine is
-    // shared, the best run is the least disturbed one.
-    int f = -1;
-    for (int round = 0; round < 3; ++round) {
-        if (round > 0) {
-            b.unlink("/seq.bin");
-        }
         f = b.open_file("/seq.bin", true);
         auto c0 = counters();
         uint64_t d0 = device_submitted(b.device());
