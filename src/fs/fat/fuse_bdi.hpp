@@ -1,12 +1,13 @@
 // The read-ahead and writeback limits of one FUSE mount's own backing
-// device (its bdi, /sys/class/bdi/MAJOR:MINOR). The kernel gives every FUSE mount
-// strict_limit 1 and max_ratio 1: its dirty pages are held to about 1% of
-// the dirty threshold and the writer is paced to the writeback bandwidth
-// the kernel has estimated so far (100 MB/s at first, updated every 200
-// ms), so a burst of buffered writes crawls. The bdi is created with the
-// mount and removed with it: setting it touches nothing but the mount
-// softblk made. Its read-ahead starts at the kernel's default (128 KiB) and
-// INIT only ever lowers it to the server's max_readahead. The system-wide limits (vm.dirty_*) are never changed.
+// device (its bdi, /sys/class/bdi/MAJOR:MINOR). The kernel gives every
+// FUSE mount strict_limit 1 and max_ratio 1: its dirty pages are held to
+// about 1% of the dirty threshold and the writer is paced to the writeback
+// bandwidth the kernel has estimated so far (100 MB/s at first, updated
+// every 200 ms), so a burst of buffered writes crawls. Its read-ahead
+// starts at the kernel's default (128 KiB), which INIT only ever lowers to
+// the server's max_readahead. The bdi is created with the mount and
+// removed with it: setting it touches nothing but the mount softblk made.
+// The system-wide limits (vm.dirty_*) are never changed.
 #pragma once
 
 #include <string>

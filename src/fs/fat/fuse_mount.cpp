@@ -80,7 +80,7 @@ int err(const result<T>& r)
 // How one open of a file reads and writes (open_files below).
 enum class open_mode : uint8_t {
     cached,         // through the page cache
-    direct,         // past it: a write-only open of the file skips it
+    direct,         // past it, while a direct_writer of the file is open
     direct_writer,  // a write-only open that skips it, and makes the file's
                     // other opens skip it until it is released
 };
