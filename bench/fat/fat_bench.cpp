@@ -401,6 +401,7 @@ std::optional<figures> run_fuse(const settings& s, std::string& label, bool dire
         fmt::print(stderr, "the FUSE mount at {} did not come up; skipping the FUSE figures\n",
                    mnt);
         server.join();
+        rmdir(mnt.c_str());
         return std::nullopt;
     }
     posix_backend b(mnt, dev.get(), server_tid.load());
