@@ -42,6 +42,10 @@ level_chooser::level_chooser(config c) : _cfg(std::move(c))
     _spent_sum.assign(n, 0);
     _cpu_sum.assign(n, 0);
     _measured.assign(n, 0);
+    for (unsigned pass = 0; pass < 2; ++pass) {
+        _pass_rate[pass].assign(n, 0);
+        _pass_cpu[pass].assign(n, 0);
+    }
     _rates.assign(n, 0);
     _spent_per_event.assign(n, 0);
     _cpu_per_event.assign(n, 0);
@@ -74,12 +78,35 @@ uint64_t level_chooser::read_cpu() const
 
 double level_chooser::score(unsigned i) const
 {
+    return score_of(_rates[i], _cpu_per_event[i]);
+}
+
+double level_chooser::score_of(double rate, double cpu_per_event) const
+{
     if (_cfg.goal == objective::rate) {
-        return _rates[i];
+        return rate;
     }
     // Rate per CPU ns per event; a level measured to cost nothing (a clock
     // too coarse for the epoch) counts as costing 1 ns.
-    return _rates[i] / std::max(_cpu_per_event[i], 1.0);
+    return rate / std::max(cpu_per_event, 1.0);
+}
+
+unsigned level_chooser::cheapest_near_best(const std::vector<double>& scores) const
+{
+    const auto n = static_cast<unsigned>(scores.size());
+    const double top = *std::max_element(scores.begin(), scores.end());
+    unsigned best = 0;
+    if (_cfg.cost == cheaper::lower) {
+        while (best + 1 < n && scores[best] * (1 + _cfg.margin) < top) {
+            ++best;
+        }
+    } else {
+        best = n - 1;
+        while (best > 0 && scores[best] < top * (1 - _cfg.margin)) {
+            --best;
+        }
+    }
+    return best;
 }
 
 bool level_chooser::served(uint64_t now, uint64_t events, uint64_t spent)
@@ -144,6 +171,9 @@ void level_chooser::end_epoch(uint64_t now, bool idle)
     }
     if (_phase == phase::sweep) {
         const unsigned level = sweep_level(_step);
+        const unsigned pass = _step < _cfg.levels.size() ? 0 : 1;
+        _pass_rate[pass][level] = rate;
+        _pass_cpu[pass][level] = cpu_per_event;
         _rate_sum[level] += rate;
         _spent_sum[level] += spent_per_event;
         _cpu_sum[level] += cpu_per_event;
@@ -218,18 +248,19 @@ void level_chooser::finish_sweep()
     for (unsigned i = 0; i < n; ++i) {
         _scores[i] = score(i);
     }
-    // The cheapest level within `margin` of the best score.
+    // The cheapest level within `margin` of the best score, by the mean
+    // of both passes and by each pass alone; the cheapest of the three
+    // choices is kept (a costlier level must win every time).
     const double top = *std::max_element(_scores.begin(), _scores.end());
-    unsigned best = 0;
-    if (_cfg.cost == cheaper::lower) {
-        while (best + 1 < n && _scores[best] * (1 + _cfg.margin) < top) {
-            ++best;
+    const unsigned by_mean = cheapest_near_best(_scores);
+    unsigned best = by_mean;
+    for (unsigned pass = 0; pass < 2; ++pass) {
+        std::vector<double> scores(n);
+        for (unsigned i = 0; i < n; ++i) {
+            scores[i] = score_of(_pass_rate[pass][i], _pass_cpu[pass][i]);
         }
-    } else {
-        best = static_cast<unsigned>(n - 1);
-        while (best > 0 && _scores[best] < top * (1 - _cfg.margin)) {
-            --best;
-        }
+        const unsigned chosen = cheapest_near_best(scores);
+        best = _cfg.cost == cheaper::lower ? std::min(best, chosen) : std::max(best, chosen);
     }
     // Hysteresis: the level in use stays while it is still within the
     // margin of the best (noise moves the best among near-equal levels,
@@ -275,6 +306,10 @@ void level_chooser::finish_sweep()
     if (best == top_index) {
         _why = fmt::format("{} {}: {}, {} against {}", _cfg.levels[best], _cfg.unit, most, at(best),
                            at(other));
+    } else if (!kept && best != by_mean) {
+        _why = fmt::format("{} {}: {}; {} measured {} on average ({}) but not in both passes",
+                           _cfg.levels[best], _cfg.unit, at(best), _cfg.levels[by_mean],
+                           per_cpu ? "more requests per CPU time" : "more requests", at(by_mean));
     } else {
         // A level kept because it is in use may cost more than the best.
         _why = fmt::format("{} {}: {}, within {:.0f}% of {} ({}) {}", _cfg.levels[best], _cfg.unit,

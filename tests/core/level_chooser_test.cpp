@@ -242,6 +242,36 @@ TEST(level_chooser, two_levels_choose_like_a_switch)
     EXPECT_EQ(d.level(), 0u);
 }
 
+// A load that doubles once, just after the sweep's first epoch (at the
+// cheaper level): the costlier level's epochs all come after the step,
+// so it measures more on average, but the descending pass, where both
+// levels meet the new load, finds them equal. The cheaper level stays.
+// A level that pays wins in both passes whatever the step does.
+TEST(level_chooser, a_load_that_changes_during_the_sweep_does_not_pick_a_costlier_level)
+{
+    level_chooser::config cfg;
+    cfg.levels = {0, 1};
+    cfg.unit = "";
+    level_chooser c(cfg);
+    model m(c);
+    const uint64_t step_at = m.now() + 12 * k_ms;  // within the second epoch
+    m.rate = [&m, step_at](uint64_t) { return m.now() < step_at ? 10'000.0 : 20'000.0; };
+    m.run(45);  // one sweep of four 10 ms epochs
+    EXPECT_EQ(c.sweeps(), 1u);
+    EXPECT_EQ(c.level(), 0u) << c.describe().dump();
+    EXPECT_NE(c.describe()["why"].get<std::string>().find("not in both passes"), std::string::npos)
+        << c.describe().dump();
+
+    level_chooser d(cfg);
+    model n(d);
+    const uint64_t later = n.now() + 12 * k_ms;
+    n.rate = [&n, later](uint64_t on) {
+        return (n.now() < later ? 10'000.0 : 20'000.0) * (on != 0 ? 1.5 : 1.0);
+    };
+    n.run(45);
+    EXPECT_EQ(d.level(), 1u) << d.describe().dump();
+}
+
 // Holding a receive back saves system calls: where levels cost less the
 // higher they are, the highest one within the margin of the best is kept.
 TEST(level_chooser, where_higher_levels_cost_less_the_highest_close_to_the_best_wins)

@@ -18,6 +18,12 @@
 //   where they cost less (a longer receive hold saves system calls and
 //   wake-ups, as long as the client does not wait for it); a later sweep
 //   keeps the level in use while it is still within the margin;
+// - a costlier level must also win each pass on its own: each pass
+//   chooses by the same rule from its own epochs, and where a pass (or
+//   the mean) chooses a cheaper level, that one is kept. A load that
+//   changes once during the sweep (a program going from one phase of its
+//   work to the next, a device's first writes meeting fresh memory) moves
+//   one pass and the mean, not both passes alike;
 // - the winner is used for `exploit_epochs`, doubled after each sweep that
 //   chose the same level (up to `exploit_max_epochs`), reset when the
 //   choice changed; a sweep comes early when the winner's rate moved by
@@ -126,6 +132,9 @@ private:
     uint64_t read_cpu() const;
     // What the sweep maximises for level i (rate, or rate per CPU).
     double score(unsigned i) const;
+    double score_of(double rate, double cpu_per_event) const;
+    // The cheapest level whose score is within the margin of the best.
+    unsigned cheapest_near_best(const std::vector<double>& scores) const;
 
     config _cfg;
     phase _phase = phase::sweep;
@@ -143,6 +152,10 @@ private:
     std::vector<double> _spent_sum;
     std::vector<double> _cpu_sum;  // CPU ns per event (rate_per_cpu)
     std::vector<unsigned> _measured;
+    // Each level's rate and CPU per event in the ascending pass (0) and
+    // the descending one (1).
+    std::vector<double> _pass_rate[2];
+    std::vector<double> _pass_cpu[2];
     // Last finished sweep.
     std::vector<double> _rates;
     std::vector<double> _spent_per_event;
