@@ -38,13 +38,8 @@ level_chooser::level_chooser(config c) : _cfg(std::move(c))
     }
     assert(std::is_sorted(_cfg.levels.begin(), _cfg.levels.end()));
     const size_t n = _cfg.levels.size();
-    _rate_sum.assign(n, 0);
-    _spent_sum.assign(n, 0);
-    _cpu_sum.assign(n, 0);
-    _measured.assign(n, 0);
-    for (unsigned pass = 0; pass < 2; ++pass) {
-        _pass_rate[pass].assign(n, 0);
-        _pass_cpu[pass].assign(n, 0);
+    for (auto& pass : _pass) {
+        pass.assign(n, {});
     }
     _rates.assign(n, 0);
     _spent_per_event.assign(n, 0);
@@ -78,17 +73,17 @@ uint64_t level_chooser::read_cpu() const
 
 double level_chooser::score(unsigned i) const
 {
-    return score_of(_rates[i], _cpu_per_event[i]);
+    return score_of({_rates[i], _spent_per_event[i], _cpu_per_event[i]});
 }
 
-double level_chooser::score_of(double rate, double cpu_per_event) const
+double level_chooser::score_of(const epoch_figures& f) const
 {
     if (_cfg.goal == objective::rate) {
-        return rate;
+        return f.rate;
     }
     // Rate per CPU ns per event; a level measured to cost nothing (a clock
     // too coarse for the epoch) counts as costing 1 ns.
-    return rate / std::max(cpu_per_event, 1.0);
+    return f.rate / std::max(f.cpu_per_event, 1.0);
 }
 
 unsigned level_chooser::cheapest_near_best(const std::vector<double>& scores) const
@@ -172,12 +167,7 @@ void level_chooser::end_epoch(uint64_t now, bool idle)
     if (_phase == phase::sweep) {
         const unsigned level = sweep_level(_step);
         const unsigned pass = _step < _cfg.levels.size() ? 0 : 1;
-        _pass_rate[pass][level] = rate;
-        _pass_cpu[pass][level] = cpu_per_event;
-        _rate_sum[level] += rate;
-        _spent_sum[level] += spent_per_event;
-        _cpu_sum[level] += cpu_per_event;
-        ++_measured[level];
+        _pass[pass][level] = {rate, spent_per_event, cpu_per_event};
         ++_step;
         if (_step == 2 * _cfg.levels.size()) {
             finish_sweep();
@@ -230,10 +220,6 @@ void level_chooser::start_sweep()
 {
     _phase = phase::sweep;
     _step = 0;
-    std::fill(_rate_sum.begin(), _rate_sum.end(), 0);
-    std::fill(_spent_sum.begin(), _spent_sum.end(), 0);
-    std::fill(_cpu_sum.begin(), _cpu_sum.end(), 0);
-    std::fill(_measured.begin(), _measured.end(), 0);
     use(sweep_level(0));
 }
 
@@ -241,12 +227,14 @@ void level_chooser::finish_sweep()
 {
     const size_t n = _cfg.levels.size();
     for (size_t i = 0; i < n; ++i) {
-        _rates[i] = _measured[i] == 0 ? 0 : _rate_sum[i] / _measured[i];
-        _spent_per_event[i] = _measured[i] == 0 ? 0 : _spent_sum[i] / _measured[i];
-        _cpu_per_event[i] = _measured[i] == 0 ? 0 : _cpu_sum[i] / _measured[i];
-    }
-    for (unsigned i = 0; i < n; ++i) {
-        _scores[i] = score(i);
+        // Every level has one epoch in each pass (a sweep cut short starts
+        // over): the mean of the two.
+        const epoch_figures& up = _pass[0][i];
+        const epoch_figures& down = _pass[1][i];
+        _rates[i] = (up.rate + down.rate) / 2;
+        _spent_per_event[i] = (up.spent_per_event + down.spent_per_event) / 2;
+        _cpu_per_event[i] = (up.cpu_per_event + down.cpu_per_event) / 2;
+        _scores[i] = score(static_cast<unsigned>(i));
     }
     // The cheapest level within `margin` of the best score, by the mean
     // of both passes and by each pass alone; the cheapest of the three
@@ -254,10 +242,10 @@ void level_chooser::finish_sweep()
     const double top = *std::max_element(_scores.begin(), _scores.end());
     const unsigned by_mean = cheapest_near_best(_scores);
     unsigned best = by_mean;
-    for (unsigned pass = 0; pass < 2; ++pass) {
+    for (const auto& pass : _pass) {
         std::vector<double> scores(n);
         for (unsigned i = 0; i < n; ++i) {
-            scores[i] = score_of(_pass_rate[pass][i], _pass_cpu[pass][i]);
+            scores[i] = score_of(pass[i]);
         }
         const unsigned chosen = cheapest_near_best(scores);
         best = _cfg.cost == cheaper::lower ? std::min(best, chosen) : std::max(best, chosen);

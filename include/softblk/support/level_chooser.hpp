@@ -122,6 +122,12 @@ public:
     nlohmann::json describe() const;
 
 private:
+    // What one epoch of a sweep measured.
+    struct epoch_figures {
+        double rate = 0;             // events per second
+        double spent_per_event = 0;  // ns
+        double cpu_per_event = 0;    // ns (rate_per_cpu)
+    };
     enum class phase : uint8_t { sweep, exploit, idle };
 
     void end_epoch(uint64_t now, bool idle);
@@ -132,7 +138,7 @@ private:
     uint64_t read_cpu() const;
     // What the sweep maximises for level i (rate, or rate per CPU).
     double score(unsigned i) const;
-    double score_of(double rate, double cpu_per_event) const;
+    double score_of(const epoch_figures& f) const;
     // The cheapest level whose score is within the margin of the best.
     unsigned cheapest_near_best(const std::vector<double>& scores) const;
 
@@ -145,17 +151,10 @@ private:
     uint64_t _events = 0;
     uint64_t _spent = 0;
     uint64_t _epoch_cpu = 0;  // cpu_clock at the epoch's start (rate_per_cpu)
-    // Sweep: the step (0 .. 2 * levels - 1) and each level's summed rate,
-    // spent time per event and epochs measured.
+    // Sweep: the step (0 .. 2 * levels - 1), and what each level's epoch
+    // measured in the ascending pass (0) and the descending one (1).
     unsigned _step = 0;
-    std::vector<double> _rate_sum;
-    std::vector<double> _spent_sum;
-    std::vector<double> _cpu_sum;  // CPU ns per event (rate_per_cpu)
-    std::vector<unsigned> _measured;
-    // Each level's rate and CPU per event in the ascending pass (0) and
-    // the descending one (1).
-    std::vector<double> _pass_rate[2];
-    std::vector<double> _pass_cpu[2];
+    std::vector<epoch_figures> _pass[2];
     // Last finished sweep.
     std::vector<double> _rates;
     std::vector<double> _spent_per_event;
