@@ -236,6 +236,8 @@ void level_chooser::finish_sweep()
         _cpu_per_event[i] = (up.cpu_per_event + down.cpu_per_event) / 2;
         _scores[i] = score(static_cast<unsigned>(i));
     }
+    _swept_pass[0] = _pass[0];
+    _swept_pass[1] = _pass[1];
     // The cheapest level within `margin` of the best score, by the mean
     // of both passes and by each pass alone; the cheapest of the three
     // choices is kept (a costlier level must win every time).
@@ -335,6 +337,17 @@ nlohmann::json level_chooser::describe() const
         }
         out["rates_per_s"] = std::move(rates);
         out["spent_per_event_ns"] = std::move(spent);
+        // Each pass's own rates: a costlier level must win both, so a
+        // choice that looks short of the best mean shows why here.
+        nlohmann::json by_pass = nlohmann::json::array();
+        for (const auto& pass : _swept_pass) {
+            nlohmann::json rates_of_pass = nlohmann::json::object();
+            for (size_t i = 0; i < _cfg.levels.size(); ++i) {
+                rates_of_pass[std::to_string(_cfg.levels[i])] = std::lround(pass[i].rate);
+            }
+            by_pass.push_back(std::move(rates_of_pass));
+        }
+        out["rates_per_s_by_pass"] = std::move(by_pass);
         if (_cfg.goal == objective::rate_per_cpu) {
             nlohmann::json cpu = nlohmann::json::object();
             for (size_t i = 0; i < _cfg.levels.size(); ++i) {

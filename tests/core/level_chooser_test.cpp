@@ -261,6 +261,15 @@ TEST(level_chooser, a_load_that_changes_during_the_sweep_does_not_pick_a_costlie
     EXPECT_EQ(c.level(), 0u) << c.describe().dump();
     EXPECT_NE(c.describe()["why"].get<std::string>().find("not in both passes"), std::string::npos)
         << c.describe().dump();
+    // Each pass's rates are shown: level 1 led the ascending pass alone
+    // (level 0's epoch there ran before the step); in the descending one,
+    // after the step, both served alike.
+    const auto by_pass = c.describe()["rates_per_s_by_pass"];
+    ASSERT_EQ(by_pass.size(), 2u) << c.describe().dump();
+    EXPECT_NEAR(by_pass[0]["0"].get<double>(), 10'000, 500) << by_pass.dump();
+    EXPECT_GT(by_pass[0]["1"].get<double>(), 10'500) << by_pass.dump();
+    EXPECT_NEAR(by_pass[1]["0"].get<double>(), 20'000, 500) << by_pass.dump();
+    EXPECT_NEAR(by_pass[1]["1"].get<double>(), 20'000, 500) << by_pass.dump();
 
     level_chooser d(cfg);
     model n(d);

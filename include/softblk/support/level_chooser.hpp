@@ -116,7 +116,8 @@ public:
     unsigned sweeps() const { return _sweeps; }
     const config& settings() const { return _cfg; }
     // {"mode": "auto"|"given", "level": L, "why": "...", "sweeps": N,
-    //  "rates": {"L": per second ...}, "spent_per_event_ns": {...}}, and
+    //  "rates_per_s": {"L": per second ...}, "rates_per_s_by_pass":
+    //  [{ascending pass}, {descending pass}], "spent_per_event_ns": {...}}, and
     // with objective::rate_per_cpu "objective": "rate_per_cpu",
     // "cpu_per_event_ns": {"L": ns ...}
     nlohmann::json describe() const;
@@ -155,7 +156,8 @@ private:
     // measured in the ascending pass (0) and the descending one (1).
     unsigned _step = 0;
     std::vector<epoch_figures> _pass[2];
-    // Last finished sweep.
+    // Last finished sweep: its passes' epochs, and their means.
+    std::vector<epoch_figures> _swept_pass[2];
     std::vector<double> _rates;
     std::vector<double> _spent_per_event;
     std::vector<double> _cpu_per_event;

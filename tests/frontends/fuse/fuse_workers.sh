@@ -22,7 +22,7 @@ fio --name=workers --filename="$loop" --ioengine=psync --direct=1 --bs=4k --rw=r
     --verify=crc32c --verify_fatal=1 --output=/dev/null ||
     fail "fio verify through a threads=auto export failed"
 sb list
-python3 - "$REPLY_LINE" "$(nproc)" <<'PY' || fail "the measured worker count: $REPLY_LINE"
+python3 - "$REPLY_LINE" "$(nproc)" "$(dirname "$0")" <<'PY' || fail "the measured worker count: $REPLY_LINE"
 import json, sys
 d = json.loads(sys.argv[1])
 cpus = int(sys.argv[2])
@@ -39,14 +39,16 @@ assert w["unit"] == "workers", w
 assert w["sweeps"] >= 1, w
 rates = {int(k): v for k, v in w["rates_per_s"].items()}
 assert sorted(rates) == list(range(1, want_max + 1)), rates
-top = max(rates.values())
-best = next(n for n in sorted(rates) if rates[n] * 1.05 >= top)
-# The fewest within 5% of the most, or (a later sweep) the count in use
-# while it is still within 5%; idle: one.
+sys.path.insert(0, sys.argv[3])
+from chooser_rule import within_5_percent_somewhere
+# The fewest within 5% of the most by the mean of the sweep's two passes,
+# or fewer where one pass alone found them within 5% (a costlier count
+# must win both), or (a later sweep) the count in use while it is within
+# 5% of the mean's best; idle: one.
 if w["phase"] == "idle":
     assert w["level"] == 1, w
 elif w["phase"] != "sweep":
-    assert w["level"] == best or rates[w["level"]] * 1.05 >= top, w
+    assert within_5_percent_somewhere(w), w
 assert 1 <= e["threads"] <= want_max, e
 assert e["queues"] == "shared", e  # one submit queue, more workers than queues
 # Reads and writes skip libfuse's request object (serve_direct).
