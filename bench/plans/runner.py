@@ -62,37 +62,40 @@ class Context:
 
     # -- commands
     def run(self, cmd, timeout=None, env=None, check=True, log=True):
+        """Runs CMD to its end and returns its CompletedProcess (output as
+        text); Failed when it exits non-zero (with check) or runs past
+        TIMEOUT. CMD runs in a process group of its own, stopped as a group
+        when it times out, when the run is interrupted, and by the cleanup
+        while it runs (a unit in a background thread: a VM boot): fio forks
+        a process per job, and stopping fio alone left its job behind."""
         if log:
             self.results.command(cmd)
         try:
-            p = subprocess.run([str(c) for c in cmd], capture_output=True, text=True,
-                               timeout=timeout, env=env)
-        except subprocess.TimeoutExpired:
-            raise Failed(f"{results.command_text(cmd)}: no answer in {timeout} s") from None
-        except OSError as e:
-            raise Failed(f"{cmd[0]}: {e.strerror}") from None
-        if check and p.returncode != 0:
-            tail = (p.stderr.strip() or p.stdout.strip())[-600:]
-            raise Failed(f"{os.path.basename(str(cmd[0]))} exited with {p.returncode}: {tail}")
-        return p
-
-    def run_group(self, cmd, timeout):
-        """Runs CMD in its own process group (a VM boot: run-vm and its
-        QEMU), stopped as a group by the cleanup when the run is
-        interrupted; its output as ctx.run's, never checked."""
-        self.results.command(cmd)
-        try:
             p = subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
-                                 start_new_session=True)
+                                 env=env, start_new_session=True)
         except OSError as e:
             raise Failed(f"{cmd[0]}: {e.strerror}") from None
-        self.on_cleanup(lambda: stop_group(p))
+        done = False
+
+        def stop_if_running():
+            if not done:
+                stop_group(p)
+
+        self.on_cleanup(stop_if_running)
         try:
             out, err = p.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             stop_group(p)
             raise Failed(f"{results.command_text(cmd)}: no answer in {timeout} s") from None
+        except BaseException:
+            stop_group(p)
+            raise
+        finally:
+            done = True
+        if check and p.returncode != 0:
+            tail = (err.strip() or out.strip())[-600:]
+            raise Failed(f"{os.path.basename(str(cmd[0]))} exited with {p.returncode}: {tail}")
         return subprocess.CompletedProcess(p.args, p.returncode, out, err)
 
     def spawn(self, name, cmd, env=None):
@@ -168,18 +171,24 @@ def stop_process(p, timeout=5.0):
 
 
 def stop_group(p, timeout=10.0):
-    """SIGTERM to P's process group (P leads it), SIGKILL after TIMEOUT."""
-    if p.poll() is not None:
-        return
+    """SIGTERM to P's process group (P leads it), SIGKILL after TIMEOUT;
+    then SIGKILL to what is left of the group once P has ended (a child
+    that outlived it: fio's job processes). Called only while P is ours
+    (not yet reaped, or just now), so the group is still P's."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
+        if p.poll() is not None:
+            break
         try:
             os.killpg(p.pid, sig)
             p.wait(timeout)
-            return
         except subprocess.TimeoutExpired:
             continue
         except ProcessLookupError:
             return
+    try:
+        os.killpg(p.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def cpu_ticks(pids):

@@ -47,7 +47,15 @@ kill -INT "$pid"
 rc=0; wait "$pid" || rc=$?
 [ "$rc" = 130 ] || { echo "FAIL: interrupted run exited with $rc, not 130: $(tail -3 "$out/int.log")" >&2; exit 1; }
 grep -q "interrupted; cleaning up" "$out/int.log" || { echo "FAIL: $(tail -3 "$out/int.log")" >&2; exit 1; }
-# The driver's work directory is /dev/shm/softblk-bench-*: nothing of it stays.
+# The driver's work directory is /dev/shm/softblk-bench-*: nothing of it
+# stays, and no process started for it (fio's job processes once outlived
+# the interrupted fio) is left.
+work=$(grep -o -m1 '/dev/shm/softblk-bench-[^/ ]*' "$out"/int/exports-*/commands.txt || true)
+if [ -n "$work" ] && left=$(pgrep -a -f -- "$work"); then
+  echo "FAIL: left running after the interrupted run: $left" >&2
+  pkill -KILL -f -- "$work" || true
+  exit 1
+fi
 if grep -q " /dev/shm/softblk-bench-" /proc/self/mounts; then
   echo "FAIL: left mounted: $(grep " /dev/shm/softblk-bench-" /proc/self/mounts)" >&2; exit 1
 fi
