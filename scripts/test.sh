@@ -164,7 +164,10 @@ run_ctest() {
   if [ -d "$reports" ] && [ -n "$(ls -A "$reports")" ]; then
     note "  sanitizer reports ($reports):"
     for f in "$reports"/*; do
-      note "    $(basename "$f"): $(grep -m1 -E 'ERROR: |WARNING: |runtime error' "$f" | sed 's/^=*[0-9]*=*//')"
+      # The report's headline; else (a sanitizer's own CHECK or a fatal
+      # error of LeakSanitizer's) its first line that is not a rule.
+      note "    $(basename "$f"): $({ grep -m1 -E 'ERROR: |WARNING: |runtime error' "$f" ||
+        grep -m1 -v '^=*$' "$f" || echo '(empty)'; } | sed 's/^=*[0-9]*=*//' | cut -c1-300)"
     done
     echo
     echo "sanitizer reports of stage $stage:"
