@@ -6,7 +6,7 @@
 # window is measured (poll_us=auto): under load at queue depth 1 the export
 # sweeps the windows, shows the rate of each and why it chose one, and the
 # choice follows its own rule (the lowest window within 5% of the best
-# rate).
+# rate, by the mean of the sweep's two passes or by one of them).
 set -euo pipefail  # before the library, so that a missing one stops the test
 source "$(dirname "$0")/lib_fuse.sh"
 require_host losetup fio

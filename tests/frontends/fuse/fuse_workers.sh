@@ -3,8 +3,9 @@
 # threads=auto it is measured as the poll window is (level_chooser):
 # under two jobs of random writes the export tries 1 up to one worker per
 # CPU, and `list --json` shows under "workers" the rate of each count, the
-# one chosen by its rule (the fewest within 5% of the most requests, or
-# the one in use while it stays within 5%) and
+# one chosen by its rule (the fewest within 5% of the most requests by
+# the sweep's mean or by one of its passes, or the one in use while it
+# stays within 5%) and
 # why; "threads" is the count in effect. Data written while the count
 # changes verifies. On a device that keeps requests in flight one
 # asynchronous worker is kept. A number given is kept and never measured;
