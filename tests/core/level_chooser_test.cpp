@@ -144,9 +144,36 @@ TEST(level_chooser, an_idle_device_spends_nothing_until_the_load_comes_back)
     m.run(300);
     EXPECT_EQ(c.level(), 0u);
     EXPECT_EQ(c.describe()["phase"], "idle");
+    const unsigned sweeps = c.sweeps();
     m.rate = long_round_trip;
     m.run(50);
     EXPECT_EQ(c.level(), 128u) << c.describe().dump();
+    // The same load as before: the choice stands, nothing is swept.
+    EXPECT_EQ(c.sweeps(), sweeps) << c.describe().dump();
+}
+
+// A load other than the one the choice was swept at comes after an idle
+// spell (a fill's large writes, then a QD 1 client): the first epochs
+// back run far from the swept rate, and the levels are measured again
+// at once, not after the whole exploitation.
+TEST(level_chooser, another_load_after_an_idle_spell_is_swept_again)
+{
+    level_chooser c(window_levels());
+    model m(c);
+    m.rate = long_round_trip;
+    m.run(300);
+    ASSERT_EQ(c.level(), 128u);
+    const unsigned sweeps = c.sweeps();
+    m.rate = [](uint64_t) { return 50.0; };
+    m.run(300);
+    ASSERT_EQ(c.describe()["phase"], "idle");
+    // Five times fewer requests, and spinning no longer catches them.
+    m.rate = [](uint64_t window) { return window == 0 ? 8'000.0 : 6'000.0; };
+    m.run(60);  // the epoch that ends the idle spell, then four at 128 us
+    EXPECT_EQ(c.describe()["phase"], "sweep") << c.describe().dump();
+    m.run(200);
+    EXPECT_EQ(c.sweeps(), sweeps + 1) << c.describe().dump();
+    EXPECT_EQ(c.level(), 0u) << c.describe().dump();
 }
 
 TEST(level_chooser, idle_from_the_start_never_sweeps_until_busy)

@@ -32,6 +32,12 @@
 //   the best of several noisy figures biases upwards), and by more than
 //   the epochs' own spread lets chance move it (3 standard deviations:
 //   noisy epochs alone do not bring sweeps);
+// - the winner's first epochs after a sweep, and after an idle spell, are
+//   also compared with the rate it was swept at, by the same rule: a load
+//   that changed right after the sweep or while idle (a fill's 1 MiB
+//   writes, then 4 KiB ones at queue depth 1) sets the baseline the drift
+//   check compares with, so only this comparison sees it. A sweep it
+//   brings is not checked so again (one more sweep per change at most);
 // - an epoch ends after `epoch_ns` and `epoch_events` events; one that
 //   took `idle_ns` without reaching `epoch_events` says the load sets the
 //   rate (an idle device, a client that paces itself): it is not measured,
@@ -136,6 +142,9 @@ private:
     void finish_sweep();
     void use(unsigned index);
     unsigned sweep_level(unsigned step) const;
+    // The winner's first epochs after a sweep or an idle spell ran far
+    // from the rate it was swept at: the load changed, measure again.
+    bool load_differs_from_sweep();
     uint64_t read_cpu() const;
     // What the sweep maximises for level i (rate, or rate per CPU).
     double score(unsigned i) const;
@@ -172,6 +181,12 @@ private:
     double _epoch_mean = 0;     // the mean and squared deviations (Welford) of
     double _epoch_m2 = 0;       // ... every epoch since the sweep
     double _recent_rate = 0;
+    // Compare the winner's first k_verify_epochs with its sweep's rate
+    // (after a sweep or an idle spell); _swept_again: this sweep came from
+    // that comparison.
+    static constexpr unsigned k_verify_epochs = 4;
+    bool _verify = false;
+    bool _swept_again = false;
     std::string _why;
 };
 
