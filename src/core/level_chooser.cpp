@@ -60,6 +60,9 @@ level_chooser::level_chooser(config c) : _cfg(std::move(c))
 
 void level_chooser::start(uint64_t now)
 {
+    if (!_started) {
+        _last_event = now;
+    }
     _started = true;
     _epoch_start = now;
     _events = 0;
@@ -113,20 +116,33 @@ bool level_chooser::served(uint64_t now, uint64_t events, uint64_t spent)
     if (!_started) {
         start(now);
     }
+    const unsigned before = _current;
+    // An epoch that ran idle_ns without its events was idle, and so was
+    // idle_ns without any event, also where the owner slept through it
+    // and only the next load's first events tell (a loop that waits for
+    // requests calls nothing meanwhile). Counted with them, the silence
+    // used to end as one busy epoch of a few events per second, and the
+    // choice made for the load before stood.
+    // (Sums, not differences: threads that share a chooser may pass a
+    // `now` a little older than the last one.)
+    if ((now >= _epoch_start + _cfg.idle_ns && _events < _cfg.epoch_events) ||
+        now >= _last_event + _cfg.idle_ns) {
+        end_epoch(now, true);
+    }
+    if (events != 0) {
+        _last_event = now;
+    }
     _events += events;
     _spent += spent;
-    const uint64_t elapsed = now - _epoch_start;
-    const unsigned before = _current;
-    if (elapsed >= _cfg.epoch_ns && _events >= _cfg.epoch_events) {
+    if (now >= _epoch_start + _cfg.epoch_ns && _events >= _cfg.epoch_events) {
         end_epoch(now, false);
-    } else if (elapsed >= _cfg.idle_ns) {
-        end_epoch(now, true);
     }
     return _current != before;
 }
 
 void level_chooser::end_epoch(uint64_t now, bool idle)
 {
+    const uint64_t began = _epoch_start;
     const double seconds = static_cast<double>(now - _epoch_start) / 1e9;
     const double rate = static_cast<double>(_events) / seconds;
     const double spent_per_event =
@@ -142,6 +158,7 @@ void level_chooser::end_epoch(uint64_t now, bool idle)
         // The load sets the rate: nothing to learn, nothing to spend.
         if (_phase != phase::idle) {
             _before_idle = _phase;
+            _idle_from = _last_event;
             _phase = phase::idle;
             use(0);
             _why = fmt::format("idle (fewer than {} events in {} ms): {} {}", _cfg.epoch_events,
@@ -152,7 +169,14 @@ void level_chooser::end_epoch(uint64_t now, bool idle)
     if (_phase == phase::idle) {
         // Busy again (this epoch ran at the lowest level, whatever the
         // choice: not a sample of it). A sweep cut short starts over.
-        if (_before_idle == phase::sweep || _sweeps == 0) {
+        // After a second or more without a request the load is taken for
+        // a new one (a benchmark's next job, a client that came back):
+        // measured afresh. A choice kept for it by its rate alone (below)
+        // stood where the other load ran at about the same rate at the
+        // level in use but far better at another one (NBD at QD 32 after
+        // QD 1: 150k requests/s next to the client, 290k apart).
+        if (_before_idle == phase::sweep || _sweeps == 0 ||
+            began >= _idle_from + k_new_load_after_ns) {
             start_sweep();
         } else {
             _phase = phase::exploit;

@@ -61,6 +61,8 @@ public:
     }
     void clear() { _seen.clear(); }
     uint64_t now() const { return _now; }
+    // Time passes without a call (an owner asleep until the next request).
+    void pause(uint64_t ms) { _now += ms * k_ms; }
 
 private:
     level_chooser& _c;
@@ -150,6 +152,29 @@ TEST(level_chooser, an_idle_device_spends_nothing_until_the_load_comes_back)
     EXPECT_EQ(c.level(), 128u) << c.describe().dump();
     // The same load as before: the choice stands, nothing is swept.
     EXPECT_EQ(c.sweeps(), sweeps) << c.describe().dump();
+}
+
+// An idle spell during which nothing calls the chooser (a loop asleep
+// until the next request): the next load's first events end it as idle
+// (they used to end one long busy epoch of a few events per second, and
+// the choice made for the load before stood), and the new load, another
+// one, is swept.
+TEST(level_chooser, an_idle_spell_without_calls_is_seen_when_the_load_comes_back)
+{
+    level_chooser c(window_levels());
+    model m(c);
+    m.rate = long_round_trip;
+    m.run(300);
+    ASSERT_EQ(c.level(), 128u);
+    const unsigned sweeps = c.sweeps();
+    m.pause(5'000);
+    m.rate = [](uint64_t window) { return window == 0 ? 8'000.0 : 6'000.0; };
+    // The epoch that ends the idle spell, four at 128 us, then the sweep.
+    m.run(60);
+    EXPECT_EQ(c.describe()["phase"], "sweep") << c.describe().dump();
+    m.run(200);
+    EXPECT_EQ(c.sweeps(), sweeps + 1) << c.describe().dump();
+    EXPECT_EQ(c.level(), 0u) << c.describe().dump();
 }
 
 // A load other than the one the choice was swept at comes after an idle

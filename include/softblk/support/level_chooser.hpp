@@ -32,12 +32,15 @@
 //   the best of several noisy figures biases upwards), and by more than
 //   the epochs' own spread lets chance move it (3 standard deviations:
 //   noisy epochs alone do not bring sweeps);
-// - the winner's first epochs after a sweep, and after an idle spell, are
-//   also compared with the rate it was swept at, by the same rule: a load
-//   that changed right after the sweep or while idle (a fill's 1 MiB
-//   writes, then 4 KiB ones at queue depth 1) sets the baseline the drift
-//   check compares with, so only this comparison sees it. A sweep it
-//   brings is not checked so again (one more sweep per change at most);
+// - after an idle spell of a second or more (from the last event) the
+//   levels are swept afresh: the load is likely another one;
+// - the winner's first epochs after a sweep, and after a shorter idle
+//   spell, are also compared with the rate it was swept at, by the same
+//   rule: a load that changed right after the sweep or while idle (a
+//   fill's 1 MiB writes, then 4 KiB ones at queue depth 1) sets the
+//   baseline the drift check compares with, so only this comparison sees
+//   it. A sweep it brings is not checked so again (one more sweep per
+//   change at most);
 // - an epoch ends after `epoch_ns` and `epoch_events` events; one that
 //   took `idle_ns` without reaching `epoch_events` says the load sets the
 //   rate (an idle device, a client that paces itself): it is not measured,
@@ -158,6 +161,10 @@ private:
     unsigned _current = 0;
     bool _started = false;
     uint64_t _epoch_start = 0;
+    uint64_t _last_event = 0;  // when served() last counted events
+    uint64_t _idle_from = 0;   // the last event before the idle spell
+    // An idle spell this long (from the last event) brings a new sweep.
+    static constexpr uint64_t k_new_load_after_ns = 1'000'000'000;
     uint64_t _events = 0;
     uint64_t _spent = 0;
     uint64_t _epoch_cpu = 0;  // cpu_clock at the epoch's start (rate_per_cpu)
