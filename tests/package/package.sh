@@ -92,7 +92,10 @@ done
 
 t0=$SECONDS
 lintian_rc=0
-lintian_out=$(lintian --fail-on error --display-level '>=warning' "$changes" 2>&1) || lintian_rc=$?
+# Its temporary files (mldbm-elf-*, left behind in /tmp) go to WORK_DIR.
+mkdir -p "$work/tmp"
+lintian_out=$(TMPDIR=$work/tmp lintian --fail-on error --display-level '>=warning' "$changes" 2>&1) ||
+  lintian_rc=$?
 lintian_out=$(grep -v '^running with root privileges is not recommended' <<<"$lintian_out" || true)
 echo "lintian ($((SECONDS - t0)) s):"
 if [ -n "$lintian_out" ]; then
