@@ -20,7 +20,9 @@
 // Whether that pays is measured, not assumed (level_chooser with
 // colocation_config: level 0 serves from any CPU, level 1 next to the
 // client): it does where cross-CPU wake-ups are dear and the client waits
-// for every reply; with many clients or on a busy CPU it does not.
+// for every reply, and by CPU time per request it may where the client
+// pipelines (its data no longer crosses CPUs: docs/nbd.md); with many
+// clients or on a busy CPU it does not.
 //
 // Going back from SCHED_IDLE needs CAP_SYS_NICE or an RLIMIT_NICE of 20;
 // a real-time thread is placed by its priority. check() says which is

@@ -146,9 +146,9 @@ constexpr option_def k_options[] = {
      .kind = option_kind::text,
      .default_value = "cpu",
      .unit = "",
-     .help = "what poll-us=auto maximises: cpu, requests per second divided by the loop's CPU "
-             "time per request (a longer window must buy as much rate as it costs CPU); rate, "
-             "requests per second alone (spends CPU for any gain)",
+     .help = "what poll-us=auto and colocate=auto maximise: cpu, requests per second divided "
+             "by the loop's CPU time per request (a longer window must buy as much rate as it "
+             "costs CPU); rate, requests per second alone (spends CPU for any gain)",
      .check = [](std::string_view v) -> result<void> {
          if (v == "cpu" || v == "rate") {
              return {};
@@ -161,9 +161,10 @@ constexpr option_def k_options[] = {
      .unit = "",
      .help = "where a loop thread runs: 1, on its client's CPU (pinned there, under SCHED_IDLE "
              "while it replies, so that the woken client stays; saves a wake-up across CPUs per "
-             "request where the client waits for each reply); 0, anywhere; auto: whichever "
-             "serves more requests per second, measured over 200 ms epochs and again now and "
-             "then (`softblk list --json` shows why)",
+             "request where the client waits for each reply, and cache lines crossing CPUs "
+             "where it pipelines); 0, anywhere; auto: whichever serves more requests per CPU "
+             "time (see poll-goal), measured over 200 ms epochs and again now and then "
+             "(`softblk list --json` shows why)",
      .check = check_colocation},
     {.name = "coalesce-us",
      .kind = option_kind::integer,

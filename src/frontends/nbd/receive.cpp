@@ -45,7 +45,17 @@ void event_loop::post_recv(connection& c)
             return;  // full of unparsed bytes: parsing is blocked
         }
         dst = c.rbuf + c.rend;
-        len = std::min(k_recv_buffer - c.rend, std::max(k_recv_chunk, size_t{4} * c.request_bytes));
+        // Next to its client (colocate) the loop runs while the client
+        // sleeps, so what the socket holds is the whole batch: a receive
+        // takes all of it, for every part left to a later receive is a
+        // switch to the client and back after its replies (fio at QD 32:
+        // 0.03 switches per request instead of 0.11-0.13, 2.3 us of CPU per
+        // request instead of 3.0-3.3). Apart, the client keeps sending
+        // while the loop parses, and k_recv_chunk keeps to the L1 cache.
+        len = k_recv_buffer - c.rend;
+        if (_place->cpu() < 0) {
+            len = std::min(len, std::max(k_recv_chunk, size_t{4} * c.request_bytes));
+        }
         c.recv_direct = false;
     }
     io_uring_sqe* s = sqe();

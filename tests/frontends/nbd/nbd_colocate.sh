@@ -2,9 +2,11 @@
 # colocate (docs/nbd.md "Serving next to the client"): with colocate=1 the
 # loop thread that serves a client waiting for each reply (QD 1 over the
 # unix socket, the client pinned to one CPU) is pinned to that CPU and is
-# back under SCHED_OTHER between requests; while a client pipelines (fio
-# at QD 32, with crc32c verify) it serves from any CPU; with colocate=0 it
-# is never pinned. The data stays intact either way.
+# back under SCHED_OTHER between requests. While a client pipelines (fio at
+# QD 32, with crc32c verify) it stays next to it by requests per CPU time
+# (poll-goal=cpu, the default) and serves from any CPU by requests per
+# second (poll-goal=rate). With colocate=0 it is never pinned. The data
+# stays intact either way.
 set -euo pipefail  # before the library, so that a missing one stops the test
 source "$(dirname "$0")/lib.sh"
 need python3 taskset fio
@@ -47,8 +49,13 @@ print(n)
 PY
 }
 
-for mode in 1 0; do
-  start_server "c$mode" -o colocate="$mode" -o threads=1 d0 null memory_backed=1 size=64
+# MODE: colocate=1 by requests per CPU time, by requests per second, and
+# colocate=0.
+for mode in 1 1rate 0; do
+  goal=cpu
+  [ "$mode" != 1rate ] || goal=rate
+  start_server "c$mode" -o colocate="${mode%rate}" -o poll-goal="$goal" -o threads=1 \
+    d0 null memory_backed=1 size=64
   pid=$SERVER_PID
   sock=$(uri_of "c$mode" d0 | sed 's/.*socket=//')
   qd1_reads "$sock" 2 >"$work/q$mode.out" &
@@ -57,8 +64,8 @@ for mode in 1 0; do
   during=$(pinned_threads "$pid")
   wait "$client" || fail "colocate=$mode: the QD 1 client failed"
   echo "== colocate=$mode: $(cat "$work/q$mode.out") QD 1 reads in 2 s; threads pinned to CPU $cpu: $during"
-  if [ "$mode" = 1 ]; then
-    [ "$during" = 1 ] || fail "colocate=1: $during threads pinned to the client's CPU $cpu, not 1"
+  if [ "$mode" != 0 ]; then
+    [ "$during" = 1 ] || fail "colocate=$mode: $during threads pinned to the client's CPU $cpu, not 1"
   else
     [ "$during" = 0 ] || fail "colocate=0: $during threads pinned to CPU $cpu"
   fi
@@ -73,7 +80,11 @@ for mode in 1 0; do
   during=$(pinned_threads "$pid")
   wait "$client" || fail "colocate=$mode: QD 32 verify failed: $(tail -3 "$work/v$mode.err")"
   echo "== colocate=$mode: QD 32 randwrite with verify intact; threads pinned meanwhile: $during"
-  [ "$during" = 0 ] || fail "colocate=$mode: the loop stayed pinned while the client pipelined"
+  if [ "$mode" = 1 ]; then
+    [ "$during" = 1 ] || fail "colocate=1, poll-goal=cpu: the loop left the pipelining client's CPU"
+  else
+    [ "$during" = 0 ] || fail "colocate=$mode: the loop stayed pinned while the client pipelined"
+  fi
   kill "$pid"
   wait "$pid" || true
 done
