@@ -367,8 +367,9 @@ int task_policy(pid_t pid, const std::string& tid)
 
 // -o colocate=auto|0|1 is where the serving thread runs (the core's
 // support/colocation.hpp): with 1 it is pinned to the CPU of the thread
-// that sends the requests (this test's, pinned itself) and runs under its
-// normal policy between requests (SCHED_IDLE only while it replies); with
+// that sends the requests (this test's, pinned itself) and waits for the
+// next request under its normal policy (SCHED_IDLE only while it replies,
+// and from one request to the next when they come back to back); with
 // 0 it is never pinned; another value is refused with a message. Creates,
 // writes and reads keep their data and the image clean either way.
 TEST(FatFuse, ColocateOptionServesFromTheClientsCpu)
