@@ -78,6 +78,8 @@ public:
     void release();
     // The CPU pinned to, or -1.
     int cpu() const { return _cpu; }
+    // Under SCHED_IDLE (between reply_begins() and reply_done()).
+    bool replying() const { return _idle; }
 
     void reply_begins();
     void reply_done();

@@ -273,12 +273,19 @@ private:
     io_uring_sqe* sqe();
     void post_accept(unsigned listener);
     void post_wake_read();
+    void wait(bool device_fd, uint64_t device_wake);
     void wait_polling();
+    // Submits what is queued and runs what completed meanwhile, without
+    // waiting; true when a completion is there.
+    bool next_is_in();
     // Around every wait (colocate): back to the thread's own policy before
     // it, and after it, next to the client (pinned, SCHED_IDLE until the
     // replies are out) when that is the level.
     void place_before_wait();
     void place_after_wait();
+    // Feeds the placement's chooser the requests taken in since the last
+    // call (place_before_wait does, and a pass that did not wait).
+    void count_placed();
 
     // receive.cpp: input.
     void post_recv(connection& c);
