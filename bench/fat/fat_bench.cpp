@@ -600,7 +600,8 @@ int main(int argc, char** argv)
                 colocate = o.substr(9);
             }
         }
-        null_fuse = softblk::fat::bench::measure_null_fuse(s.files, poll_us, colocate);
+        null_fuse =
+            softblk::fat::bench::measure_null_fuse(s.files, s.file_mib << 20, poll_us, colocate);
     }
     std::optional<mtools_figures> m;
     if (s.mtools) {
@@ -671,12 +672,23 @@ int main(int argc, char** argv)
     if (null_fuse) {
         fmt::print(
             "do-nothing FUSE file system (low-level libfuse, the mount's loop): create {:.2f} us, "
-            "statfs {:.2f} us\n",
-            null_fuse->create_us, null_fuse->statfs_us);
+            "statfs {:.2f} us, 16 KiB write (write-only open) {:.2f} us\n",
+            null_fuse->create_us, null_fuse->statfs_us, null_fuse->write_16k_us);
+        // What a 16 KiB write through any FUSE mount here costs at least:
+        // the do-nothing file system's write and one copy of the data into
+        // the volume's store.
+        const double copy_us = 16384.0 / (bound.write_mibs * 1048576.0) * 1e6;
         for (auto& r : rows) {
             if (r.round_trip_us) {
                 fmt::print("{}: create {:.2f}x the do-nothing file system's\n", r.name,
                            r.create_us / null_fuse->create_us);
+                fmt::print(
+                    "{}: 16 KiB write (write-only open) {:.2f} us against the do-nothing file "
+                    "system's {:.2f} us + one copy {:.2f} us = {:.2f} us{}\n",
+                    r.name, 16384.0 / (r.seq_write_only_mibs * 1048576.0) * 1e6,
+                    null_fuse->write_16k_us, copy_us, null_fuse->write_16k_us + copy_us,
+                    m ? fmt::format("; mtools {:.2f} us", 16384.0 / (m->in_mibs * 1048576.0) * 1e6)
+                      : std::string());
             }
         }
     }

@@ -2,6 +2,7 @@
 #include "null_fuse.hpp"
 #include "timing.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -60,7 +61,14 @@ void op_create(fuse_req_t req, fuse_ino_t, const char*, mode_t, fuse_file_info* 
     e.attr_timeout = k_timeout;
     e.entry_timeout = k_timeout;
     fi->fh = 0;
+    // As the FAT mount opens a file nobody else has open write-only.
+    fi->direct_io = (fi->flags & O_ACCMODE) == O_WRONLY ? 1 : 0;
     fuse_reply_create(req, &e, fi);
+}
+
+void op_write(fuse_req_t req, fuse_ino_t, const char*, size_t size, off_t, fuse_file_info*)
+{
+    fuse_reply_write(req, size);
 }
 
 void op_release(fuse_req_t req, fuse_ino_t, fuse_file_info*)
@@ -70,7 +78,8 @@ void op_release(fuse_req_t req, fuse_ino_t, fuse_file_info*)
 
 }  // namespace
 
-std::optional<null_fuse_figures> measure_null_fuse(int files, const std::string& poll_us,
+std::optional<null_fuse_figures> measure_null_fuse(int files, uint64_t write_bytes,
+                                                   const std::string& poll_us,
                                                    const std::string& colocate)
 {
     if (access("/dev/fuse", R_OK | W_OK) != 0 || files <= 0) {
@@ -81,6 +90,7 @@ std::optional<null_fuse_figures> measure_null_fuse(int files, const std::string&
     ops.getattr = op_getattr;
     ops.create = op_create;
     ops.release = op_release;
+    ops.write = op_write;
     std::vector<std::string> args = {"softblk-null-fuse", "-o", "fsname=softblk-null-fuse"};
     std::vector<char*> argv;
     for (auto& a : args) {
@@ -130,6 +140,24 @@ std::optional<null_fuse_figures> measure_null_fuse(int files, const std::string&
         }
     }
     fig.create_us = seconds_since(t) * 1e6 / files;
+    // 16 KiB writes, as the FAT benchmark's, best of three as its are.
+    std::vector<char> data(16384, 'w');
+    const uint64_t writes = std::max<uint64_t>(write_bytes / data.size(), 1);
+    for (int round = 0; round < 3 && ok; ++round) {
+        int fd = ::open(fmt::format("{}/w{}.bin", dir, round).c_str(), O_WRONLY | O_CREAT | O_EXCL,
+                        0644);
+        ok = fd >= 0;
+        t = std::chrono::steady_clock::now();
+        for (uint64_t i = 0; i < writes && ok; ++i) {
+            ok = ::pwrite(fd, data.data(), data.size(), static_cast<off_t>(i * data.size())) ==
+                 static_cast<ssize_t>(data.size());
+        }
+        const double us = seconds_since(t) * 1e6 / static_cast<double>(writes);
+        fig.write_16k_us = round == 0 ? us : std::min(fig.write_16k_us, us);
+        if (fd >= 0) {
+            ::close(fd);
+        }
+    }
     // The loop ends when the kernel says the file system is gone.
     ok = std::system(fmt::format("fusermount3 -u {}", dir).c_str()) == 0 && ok;
     if (!ok) {
