@@ -13,6 +13,7 @@
 #include <fuse.h>
 #include <fuse_lowlevel.h>
 #include <linux/fuse.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <sched.h>
 #include <sys/stat.h>
@@ -597,22 +598,34 @@ int serve_polling(fuse_session* se, level_chooser& chooser, level_chooser& placi
     placement place(placing);
     fuse_buf buf{};
     int rc = 0;
+    // Reads that do not wait: a request that is there is taken with one
+    // system call (not a poll to see whether one is, then the read), and
+    // when none is the loop polls for the window, then sleeps in poll().
+    const int fd = fuse_session_fd(se);
+    const int flags = ::fcntl(fd, F_GETFL);
+    const bool nonblocking = flags >= 0 && ::fcntl(fd, F_SETFL, flags | O_NONBLOCK) == 0;
+    uint64_t polled_ns = 0;
     while (!fuse_session_exited(se)) {
-        const uint64_t window_ns = chooser.level() * 1'000;
-        uint64_t polled_ns = 0;
-        bool waiting = false;
-        if (window_ns != 0) {
-            const uint64_t start = monotonic_ns();
-            waiting = poll_for_request(se, start + window_ns);
-            polled_ns = monotonic_ns() - start;
-        } else {
-            waiting = request_waiting(se);
-        }
-        if (!waiting) {
-            place.before_sleep();
+        if (!nonblocking && !request_waiting(se)) {
+            place.before_sleep();  // the read below sleeps
         }
         rc = fuse_session_receive_buf(se, &buf);
-        if (rc == -EINTR || rc == -EAGAIN) {
+        if (rc == -EAGAIN) {
+            rc = 0;
+            if (const uint64_t window_ns = chooser.level() * 1'000; window_ns != 0) {
+                const uint64_t start = monotonic_ns();
+                const bool caught = poll_for_request(se, start + window_ns);
+                polled_ns += monotonic_ns() - start;
+                if (caught) {
+                    continue;
+                }
+            }
+            place.before_sleep();
+            pollfd p{.fd = fd, .events = POLLIN, .revents = 0};
+            ::poll(&p, 1, -1);  // a signal (EINTR) or the unmount end it too
+            continue;
+        }
+        if (rc == -EINTR) {
             rc = 0;
             continue;
         }
@@ -622,9 +635,13 @@ int serve_polling(fuse_session* se, level_chooser& chooser, level_chooser& placi
         if (!chooser.fixed()) {
             chooser.served(monotonic_ns(), 1, polled_ns);
         }
+        polled_ns = 0;
         place.before(buf);
         fuse_session_process_buf(se, &buf);
         place.after();
+    }
+    if (nonblocking) {
+        ::fcntl(fd, F_SETFL, flags);
     }
     std::free(buf.mem);
     fuse_session_reset(se);
