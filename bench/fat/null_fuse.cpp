@@ -113,8 +113,9 @@ std::optional<null_fuse_figures> measure_null_fuse(int files, uint64_t write_byt
         rmdir(dir.c_str());
         return std::nullopt;
     }
-    std::thread server(
-        [se, &poll_us, &colocate] { softblk::fat::detail::serve_session(se, poll_us, colocate); });
+    std::thread server([se, &poll_us, &colocate] {
+        softblk::fat::detail::serve_session(se, poll_us, colocate, false);
+    });
     null_fuse_figures fig;
     struct statfs sf {};
     // Requests for a while first, as the FAT mount has served before its

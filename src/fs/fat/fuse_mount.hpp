@@ -20,14 +20,17 @@ namespace softblk::fat::detail {
 int serve_fuse(volume& vol, const std::string& mountpoint, bool foreground, bool read_only,
                const std::vector<std::string>& fuse_options);
 
-// The serving loop of one thread, as serve_fuse runs it: after each
-// request it busy-polls /dev/fuse for up to `poll_us` (auto: the window
-// the core's level_chooser measures best here; a number: that window, 0
-// never) before sleeping in read(); `colocate` says where the thread runs
-// (support/colocation.hpp: auto measures whether serving from the
-// client's CPU pays, 0 never does, 1 always). `session` is a libfuse
-// fuse_session* (also for benchmarks that serve another file system the
-// same way). Returns 0 when the file system was unmounted, 1 on an error.
-int serve_session(void* session, std::string_view poll_us, std::string_view colocate);
+// The serving loop of one thread, as serve_fuse runs it (fuse_serve.cpp):
+// after each request it busy-polls /dev/fuse for up to `poll_us` (auto:
+// the window the core's level_chooser measures best here; a number: that
+// window, 0 never) before sleeping in poll(); `colocate` says where the
+// thread runs (support/colocation.hpp: auto measures whether serving from
+// the client's CPU pays, 0 never does, 1 always); `direct_io`: the mount
+// reads past the page cache (no READ is the kernel's read-ahead, which
+// is served from any CPU). `session` is a libfuse fuse_session* (also for
+// benchmarks that serve another file system the same way). Returns 0 when
+// the file system was unmounted, 1 on an error.
+int serve_session(void* session, std::string_view poll_us, std::string_view colocate,
+                  bool direct_io);
 
 }  // namespace softblk::fat::detail
