@@ -677,7 +677,8 @@ int main(int argc, char** argv)
         // What a 16 KiB write through any FUSE mount here costs at least:
         // the do-nothing file system's write and one copy of the data into
         // the volume's store.
-        const double copy_us = 16384.0 / (bound.write_mibs * 1048576.0) * 1e6;
+        auto us_per_16k = [](double mibs) { return 16384.0 / (mibs * 1048576.0) * 1e6; };
+        const double copy_us = us_per_16k(bound.write_mibs);
         for (auto& r : rows) {
             if (r.round_trip_us) {
                 fmt::print("{}: create {:.2f}x the do-nothing file system's\n", r.name,
@@ -685,10 +686,9 @@ int main(int argc, char** argv)
                 fmt::print(
                     "{}: 16 KiB write (write-only open) {:.2f} us against the do-nothing file "
                     "system's {:.2f} us + one copy {:.2f} us = {:.2f} us{}\n",
-                    r.name, 16384.0 / (r.seq_write_only_mibs * 1048576.0) * 1e6,
-                    null_fuse->write_16k_us, copy_us, null_fuse->write_16k_us + copy_us,
-                    m ? fmt::format("; mtools {:.2f} us", 16384.0 / (m->in_mibs * 1048576.0) * 1e6)
-                      : std::string());
+                    r.name, us_per_16k(r.seq_write_only_mibs), null_fuse->write_16k_us, copy_us,
+                    null_fuse->write_16k_us + copy_us,
+                    m ? fmt::format("; mtools {:.2f} us", us_per_16k(m->in_mibs)) : std::string());
             }
         }
     }

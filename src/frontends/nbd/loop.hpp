@@ -241,32 +241,33 @@ public:
     }
 
 private:
-    // The poll window's chooser: poll-us, by poll-goal. Only this loop's
-    // thread feeds it, so the thread's CPU clock is the loop's cost.
-    static level_chooser::config poll_config(const server_config& cfg)
+    // What both of the loop's choosers maximise (poll-goal): requests per
+    // second, or per CPU time. Only this loop's thread feeds them, so the
+    // thread's CPU clock is the loop's cost.
+    static level_chooser::config by_goal(level_chooser::config c, const server_config& cfg)
     {
-        level_chooser::config c = poll_window_config(cfg.poll_us);
         if (cfg.poll_per_cpu) {
             c.goal = level_chooser::objective::rate_per_cpu;
         }
         return c;
     }
 
-    // The placement's chooser (colocate): by poll-goal's objective, as the
-    // poll window. Next to a client that keeps many requests in flight the
-    // loop shares the client's CPU: fewer requests per second, each for
-    // less CPU (no cache lines crossing CPUs). Which pays is the machine's:
-    // fio at QD 32 got 0.65x the requests at 0.68x the CPU each on one
-    // Xeon guest (apart wins by requests per CPU time) and 0.8x at 0.73x
-    // on another (next to it wins); docs/nbd.md "Serving next to the
-    // client".
+    // The poll window's chooser: poll-us.
+    static level_chooser::config poll_config(const server_config& cfg)
+    {
+        return by_goal(poll_window_config(cfg.poll_us), cfg);
+    }
+
+    // The placement's chooser (colocate). Next to a client that keeps many
+    // requests in flight the loop shares the client's CPU: fewer requests
+    // per second, each for less CPU (no cache lines crossing CPUs). Which
+    // pays is the machine's: fio at QD 32 got 0.65x the requests at 0.68x
+    // the CPU each on one Xeon guest (apart wins by requests per CPU time)
+    // and 0.8x at 0.73x on another (next to it wins); docs/nbd.md "Serving
+    // next to the client".
     static level_chooser::config placing_config(const server_config& cfg)
     {
-        level_chooser::config c = colocation_config(cfg.colocate);
-        if (cfg.poll_per_cpu) {
-            c.goal = level_chooser::objective::rate_per_cpu;
-        }
-        return c;
+        return by_goal(colocation_config(cfg.colocate), cfg);
     }
 
     // event_loop.cpp: the ring and the loop, waiting.
