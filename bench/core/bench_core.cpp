@@ -43,6 +43,7 @@
 #include "bench_support.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
@@ -351,19 +352,37 @@ void bench_null(double seconds)
     }
 }
 
+// The object `key` of a device's describe "target" (empty where it has none).
+nlohmann::json target_described(const device& d, const char* key)
+{
+    nlohmann::json j;
+    d.describe(j);
+    return j["target"].value(key, nlohmann::json::object());
+}
+
 // The describe "chunks" of a memory-backed device: "{huge} huge and
 // {small} small chunks, {why}", or "" where the store has none to show.
 std::string chunks_text(const device& d)
 {
-    nlohmann::json j;
-    d.describe(j);
-    const nlohmann::json chunks = j["target"].value("chunks", nlohmann::json::object());
+    const nlohmann::json chunks = target_described(d, "chunks");
     if (!chunks.contains("why")) {
         return "";
     }
     return fmt::format("{} huge and {} small chunks; {}", chunks.value("huge_chunks", uint64_t{0}),
                        chunks.value("small_chunks", uint64_t{0}),
                        chunks.value("why", std::string()));
+}
+
+// The describe "writes" of a memory-backed device: how it copies writes
+// now and why, or "" where the store has none to show.
+std::string writes_text(const device& d)
+{
+    const nlohmann::json writes = target_described(d, "writes");
+    if (!writes.contains("copy")) {
+        return "";
+    }
+    return fmt::format("{} copies; {}", writes.value("copy", std::string()),
+                       writes.value("why", std::string()));
 }
 
 // A fresh device written in full with 1 MiB writes in order, timed.
@@ -495,7 +514,7 @@ void bench_memory(double seconds, uint64_t k_size_mib, bool two_queues)
     // changes within seconds, and each slice's ratio compares the store
     // with the copy under the same load. The totals give the IOPS; the
     // slices' ratios their median and spread.
-    const unsigned slices = std::max(1u, static_cast<unsigned>(seconds / 0.25 + 0.5));
+    const unsigned slices = std::max(1u, static_cast<unsigned>(std::lround(seconds / 0.25)));
     const double slice_s = seconds / slices;
     io_result warm;
     io_result reads;
@@ -579,6 +598,9 @@ void bench_memory(double seconds, uint64_t k_size_mib, bool two_queues)
                device_huge >> 20, k_size_mib, copy_huge >> 20, k_size_mib);
     if (!device_chunks.empty()) {
         fmt::print(g_text, "    device: {}\n", device_chunks);
+    }
+    if (const std::string text = writes_text(*d); !text.empty()) {
+        fmt::print(g_text, "    device's writes: {}\n", text);
     }
     fmt::print(g_text,
                "  ratio, allocated device / memcpy same size   {:>8.2f}  (slices: median {:.2f}, "

@@ -243,7 +243,8 @@ public:
         memory_budget* parent = nullptr;
         huge_page_mode huge_pages = huge_page_mode::automatic;
         // The last-level cache the store compares its capacity with to
-        // choose how it copies writes (describe_writes); 0: the machine's.
+        // choose how it copies writes until it measured (describe_writes);
+        // 0: the machine's.
         uint64_t cache_bytes = 0;
     };
 
@@ -365,9 +366,11 @@ public:
     // chunks of each kind the store holds. Any thread.
     virtual void describe_chunks(nlohmann::json& out) const = 0;
     // The "writes" object of describe: how the store copies written data
-    // into its pages ("copy": "streaming" or "cached") and why: a store of
-    // at least twice the last-level cache writes with streaming stores,
-    // which skip reading the lines a random write overwrites (docs/null.md,
+    // into its pages ("copy": "streaming" or "cached") and why, the trials
+    // so far and what the last one timed per KiB in each mode: streaming
+    // stores skip reading the lines a write overwrites, cached ones keep
+    // them for the next write; a store of at least twice the last-level
+    // cache starts streaming, then timed trials choose (docs/null.md,
     // "Speed of the memory store"). Any thread.
     virtual void describe_writes(nlohmann::json& out) const = 0;
 

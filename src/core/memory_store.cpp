@@ -39,7 +39,7 @@
 #include <softblk/memory_store.hpp>
 
 #include "page_pool.hpp"
-#include "stream_copy.hpp"
+#include "copy_mode_chooser.hpp"
 
 #include <algorithm>
 #include <cassert>
@@ -98,11 +98,7 @@ public:
     }
     void set_huge_pages(huge_page_mode mode) override { _pool.set_mode(mode); }
     void describe_chunks(nlohmann::json& out) const override { _pool.describe(out); }
-    void describe_writes(nlohmann::json& out) const override
-    {
-        out["copy"] = _copy.streaming ? "streaming" : "cached";
-        out["why"] = _copy.why;
-    }
+    void describe_writes(nlohmann::json& out) const override { _copy.describe(out); }
     uint64_t capacity_bytes() const override { return _capacity; }
     uint32_t block_size() const override { return _block_size; }
 
@@ -204,7 +200,7 @@ private:
     node* _root;
     mutable std::unique_ptr<stripe[]> _stripes;
     mutable page_pool _pool;
-    copy_choice _copy;
+    copy_mode_chooser _copy;
     mutable std::atomic<uint64_t> _nodes{1};
     std::atomic<uint64_t> _live_pages{0};
     mutable std::atomic<uint64_t> _contended{0};
@@ -429,12 +425,7 @@ int page_store::write(uint64_t offset, const void* data, uint64_t length)
             }
         }
         char* to = reinterpret_cast<char*>(v & ~k_bits_mask) + in_page;
-        if (_copy.streaming) {
-            stream_copy(to, src, n);
-            stream_fence();  // the data before the unlock that publishes it
-        } else {
-            std::memcpy(to, src, n);
-        }
+        _copy.copy(index, to, src, n);
         // A page written in full before keeps its entry: no store, so the
         // leaf's cache line stays clean.
         if (const uintptr_t bits = v | block_mask(in_page, n); bits != v) {

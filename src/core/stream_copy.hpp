@@ -10,7 +10,8 @@
 // whole instead. On the test machine (2-vCPU KVM guest, 260 MiB L3) that
 // made 4 KiB copies to random slots of 1 GiB 1.2-1.8 times as fast, fence
 // included, and copies into 16 MiB (cache-resident) 0.6 times as fast: so
-// only stores of at least k_stream_factor times the cache stream.
+// a store of at least k_stream_factor times the cache starts streaming,
+// and copy_mode_chooser.hpp then keeps whichever its trials time cheaper.
 #pragma once
 
 #include <cstddef>
@@ -24,7 +25,8 @@
 
 namespace softblk::core {
 
-// A store streams its writes from this many times the last-level cache on.
+// A store starts streaming its writes from this many times the last-level
+// cache on (choose_copy: the first guess, until copy_mode_chooser measured).
 inline constexpr uint64_t k_stream_factor = 2;
 
 // Whether this build can stream (x86-64: SSE2's movntdq is in the baseline).
@@ -44,8 +46,9 @@ struct copy_choice {
     std::string why;  // for describe
 };
 
-// How a store of `capacity_bytes` copies writes, given a last-level cache
-// of `cache_bytes` (0: unknown, then cached). Control path.
+// How a store of `capacity_bytes` copies writes until it measured, given a
+// last-level cache of `cache_bytes` (0: unknown, then cached). Control
+// path.
 copy_choice choose_copy(uint64_t capacity_bytes, uint64_t cache_bytes);
 
 // Copies `n` bytes from `src` (any alignment) to `dst` with streaming

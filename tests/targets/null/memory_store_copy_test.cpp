@@ -1,6 +1,7 @@
-// How the memory store copies writes into its pages (core/stream_copy.hpp):
-// streaming stores for a store of at least twice the last-level cache,
-// cached ones below, and the same data either way.
+// How the memory store copies writes into its pages (core/stream_copy.hpp,
+// core/copy_mode_chooser.hpp): first streaming stores for a store of at least
+// twice the last-level cache and cached ones below, then whichever the
+// trials timed cheaper; the same data either way.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -13,6 +14,7 @@
 
 #include <softblk/memory_store.hpp>
 
+#include "core/copy_mode_chooser.hpp"
 #include "core/stream_copy.hpp"
 
 using softblk::k_mib;
@@ -39,7 +41,7 @@ std::string copy_kind_of(const memory_store& s)
 
 }  // namespace
 
-TEST(memory_store_copy, a_store_twice_the_cache_streams_and_a_smaller_one_does_not)
+TEST(memory_store_copy, a_store_twice_the_cache_first_streams_and_a_smaller_one_does_not)
 {
     const std::string large = softblk::core::k_can_stream ? "streaming" : "cached";
     EXPECT_EQ(copy_kind_of(*make_copy_store(8 * k_mib, 4096, 4 * k_mib)), large);
@@ -48,6 +50,122 @@ TEST(memory_store_copy, a_store_twice_the_cache_streams_and_a_smaller_one_does_n
     // The choice itself: an unknown cache never streams.
     EXPECT_FALSE(softblk::core::choose_copy(uint64_t{1} << 40, 0).streaming);
     EXPECT_EQ(softblk::core::choose_copy(2 * k_mib, k_mib).streaming, softblk::core::k_can_stream);
+}
+
+namespace {
+
+using softblk::core::copy_mode_chooser;
+
+// Runs `samples` samples through `c`, the copies of a page timed at
+// `ns_per_kib[streaming]`; returns the modes the samples were planned in
+// ('s' streaming, 'c' cached; upper case when timed).
+std::string run_samples(copy_mode_chooser& c, uint64_t samples, const double (&ns_per_kib)[2])
+{
+    std::string modes;
+    for (uint64_t i = 0; i < samples; ++i) {
+        const copy_mode_chooser::sample_plan plan = c.next_sample();
+        char mode = plan.streaming ? 's' : 'c';
+        if (plan.timed) {
+            c.timed(plan.streaming, static_cast<uint64_t>(ns_per_kib[plan.streaming] * 4), 4096);
+            mode = static_cast<char>(mode - 'a' + 'A');
+        }
+        modes += mode;
+    }
+    return modes;
+}
+
+// The same mode `n` times.
+std::string times(uint64_t n, char mode)
+{
+    return std::string(n, mode);
+}
+
+}  // namespace
+
+// A trial tries the other mode, then the one in use, each warmed up before
+// it is timed; the cheaper wins (the sample after the trial decides), and
+// the next trial comes after k_first_exploit samples when the choice
+// changed.
+TEST(copy_mode_chooser, a_trial_times_both_modes_and_keeps_the_cheaper)
+{
+    if (!softblk::core::k_can_stream) {
+        GTEST_SKIP() << "this build has no streaming stores (x86-64 only)";
+    }
+    constexpr uint64_t w = copy_mode_chooser::k_warm_samples;
+    constexpr uint64_t t = copy_mode_chooser::k_timed_samples;
+    copy_mode_chooser c({.streaming = false, .why = "a guess"});
+    EXPECT_FALSE(c.streaming());
+    const double streaming_cheaper[2] = {100, 50};
+    EXPECT_EQ(run_samples(c, 2 * (w + t), streaming_cheaper),
+              times(w, 's') + times(t, 'S') + times(w, 'c') + times(t, 'C'));
+    EXPECT_EQ(run_samples(c, copy_mode_chooser::k_first_exploit, streaming_cheaper),
+              times(copy_mode_chooser::k_first_exploit, 's'));
+    nlohmann::json j;
+    c.describe(j);
+    EXPECT_EQ(j["copy"], "streaming");
+    EXPECT_EQ(j["trials"], 1);
+    EXPECT_FALSE(j["in_trial"].get<bool>());
+    EXPECT_NEAR(j["ns_per_kib"]["cached"].get<double>(), 100, 1);
+    EXPECT_NEAR(j["ns_per_kib"]["streaming"].get<double>(), 50, 1);
+    EXPECT_NE(j["why"].get<std::string>().find("streaming chosen"), std::string::npos) << j;
+
+    // The next trial tries cached first; where it became cheaper, it wins.
+    const double cached_cheaper[2] = {40, 50};
+    EXPECT_EQ(run_samples(c, 2 * (w + t), cached_cheaper),
+              times(w, 'c') + times(t, 'C') + times(w, 's') + times(t, 'S'));
+    EXPECT_EQ(run_samples(c, 1, cached_cheaper), "c");
+    c.describe(j);
+    EXPECT_EQ(j["trials"], 2);
+}
+
+// The mode in use stays unless the other is cheaper by the margin, and
+// each trial that keeps it doubles the spell before the next, up to
+// k_max_exploit.
+TEST(copy_mode_chooser, a_kept_mode_waits_twice_as_long_for_the_next_trial)
+{
+    if (!softblk::core::k_can_stream) {
+        GTEST_SKIP() << "this build has no streaming stores (x86-64 only)";
+    }
+    constexpr uint64_t trial =
+        2 * (copy_mode_chooser::k_warm_samples + copy_mode_chooser::k_timed_samples);
+    copy_mode_chooser c({.streaming = true, .why = "a guess"});
+    const double nearly_level[2] = {98, 100};  // cached 2% cheaper
+    uint64_t spell = copy_mode_chooser::k_first_exploit;
+    for (int i = 0; i < 8; ++i) {
+        ASSERT_EQ(run_samples(c, trial, nearly_level).back(), 'S') << "trial " << i;
+        spell = std::min(spell * 2, copy_mode_chooser::k_max_exploit);
+        EXPECT_EQ(run_samples(c, spell, nearly_level), times(spell, 's')) << "after trial " << i;
+    }
+    nlohmann::json j;
+    c.describe(j);
+    EXPECT_EQ(j["copy"], "streaming");
+    EXPECT_EQ(j["trials"], 8);
+    EXPECT_NE(j["why"].get<std::string>().find("streaming kept"), std::string::npos) << j;
+    EXPECT_EQ(spell, copy_mode_chooser::k_max_exploit);
+}
+
+// A sample timed in the mode its phase no longer tries (planned just before
+// the phase ended, from another thread) is not counted: a trial whose
+// timed copies all came too late keeps the mode in use.
+TEST(copy_mode_chooser, a_trial_without_timings_keeps_the_mode)
+{
+    if (!softblk::core::k_can_stream) {
+        GTEST_SKIP() << "this build has no streaming stores (x86-64 only)";
+    }
+    copy_mode_chooser c({.streaming = false, .why = "a guess"});
+    for (uint64_t i = 0;
+         i < 2 * (copy_mode_chooser::k_warm_samples + copy_mode_chooser::k_timed_samples); ++i) {
+        const copy_mode_chooser::sample_plan plan = c.next_sample();
+        if (plan.timed) {
+            c.timed(!plan.streaming, 1, 4096);  // the wrong mode for the phase
+        }
+    }
+    c.next_sample();  // decides
+    EXPECT_FALSE(c.streaming());
+    nlohmann::json j;
+    c.describe(j);
+    EXPECT_NE(j["why"].get<std::string>().find("timed no copy"), std::string::npos) << j;
+    EXPECT_FALSE(j.contains("ns_per_kib"));
 }
 
 TEST(memory_store_copy, stream_copy_copies_any_alignment)
@@ -152,4 +270,50 @@ TEST(memory_store_copy, a_reader_never_sees_part_of_a_streamed_page)
     stop.store(true);
     reader.join();
     EXPECT_EQ(torn.load(), 0u);
+}
+
+// Two writers on pages of their own take the store through its trials (the
+// samples of both drive them) while a third thread reads describe: every
+// page then holds its writer's last write, whichever mode copied it.
+TEST(memory_store_copy, writers_on_several_threads_share_the_trials)
+{
+    constexpr uint64_t k_pages = 1024;
+    auto store = make_copy_store(k_pages * 4096, 4096, k_mib);
+    memory_store& s = *store;
+    std::vector<uint8_t> last(k_pages, 0);  // each page's last byte value
+    auto writer = [&](uint64_t parity) {
+        std::mt19937_64 rng(parity + 1);
+        std::vector<char> page(4096);
+        for (int i = 0; i < 40'000; ++i) {
+            const uint64_t p = (rng() % (k_pages / 2)) * 2 + parity;
+            const auto value = static_cast<uint8_t>(1 + rng() % 255);
+            std::memset(page.data(), value, page.size());
+            ASSERT_EQ(s.write(p * 4096, page.data(), page.size()), 0);
+            last[p] = value;
+        }
+    };
+    std::atomic<bool> stop{false};
+    std::thread observer([&] {
+        while (!stop.load()) {
+            nlohmann::json j;
+            softblk::describe_memory_store(s, j);
+            ASSERT_TRUE(j["writes"].contains("trials"));
+        }
+    });
+    std::thread even(writer, 0);
+    std::thread odd(writer, 1);
+    even.join();
+    odd.join();
+    stop.store(true);
+    observer.join();
+    nlohmann::json j;
+    softblk::describe_memory_store(s, j);
+    if (softblk::core::k_can_stream) {
+        EXPECT_GE(j["writes"]["trials"].get<unsigned>(), 1u) << j["writes"];
+    }
+    std::vector<char> page(4096);
+    for (uint64_t p = 0; p < k_pages; ++p) {
+        s.read(p * 4096, page.data(), page.size());
+        ASSERT_EQ(std::vector<char>(page.size(), static_cast<char>(last[p])), page) << "page " << p;
+    }
 }
