@@ -655,6 +655,47 @@ TEST(FatFuse, WriteOnlyOpenSkipsThePageCacheWhileAlone)
     }
 }
 
+// WRITE requests are served past high-level libfuse (fuse_mount.cpp,
+// write_past_libfuse): a write the volume refuses still gets its error back
+// (ENOSPC once the 32 MiB volume is full, through a write-only open and a
+// read-write one), the mount goes on serving, what was written before reads
+// back, and fsck accepts the image.
+TEST(FatFuse, WritesTheVolumeRefusesGetTheirErrorAndTheMountGoesOn)
+{
+    FAT_REQUIRE_FUSE();
+    temp_dir tmp;
+    std::string img = make_image(tmp);
+    std::string mnt = tmp / "mnt";
+    fs::create_directories(mnt);
+    std::mt19937_64 rng(29);
+    const std::string chunk = random_bytes(rng, 1u << 20);
+    const std::string note = "still served\n";
+    {
+        fuse_mount m(img, mnt);
+        ASSERT_TRUE(m.ok());
+        for (const int access : {O_WRONLY, O_RDWR}) {
+            const std::string path = mnt + (access == O_WRONLY ? "/fill-wo" : "/fill-rw");
+            int fd = ::open(path.c_str(), access | O_CREAT | O_TRUNC, 0644);
+            ASSERT_GE(fd, 0);
+            int error = 0;
+            for (off_t off = 0; off < (64 << 20) && error == 0; off += 1 << 20) {
+                const ssize_t n = ::pwrite(fd, chunk.data(), chunk.size(), off);
+                if (n < 0) {
+                    error = errno;
+                }
+            }
+            EXPECT_EQ(error, ENOSPC) << path;
+            ::close(fd);
+            ASSERT_EQ(::unlink(path.c_str()), 0);
+        }
+        write_file(mnt + "/note.txt", note);
+        auto got = load_file(mnt + "/note.txt");
+        EXPECT_EQ(std::string(got.begin(), got.end()), note);
+        EXPECT_EQ(m.unmount(), 0);
+    }
+    EXPECT_TRUE(fsck_clean(img));
+}
+
 // The mount raises its own bdi's read-ahead to one 1 MiB request (the
 // kernel starts every FUSE bdi at 128 KiB and INIT only lowers it, so
 // max_readahead alone left sequential reads at eight requests per MiB),

@@ -16,7 +16,9 @@
 #include <fuse.h>
 #include <fuse_lowlevel.h>
 #include <fcntl.h>
+#include <linux/fuse.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
@@ -303,6 +305,35 @@ int op_read(const char*, char* buf, size_t size, off_t off, fuse_file_info* fi)
 int op_write(const char*, const char* buf, size_t size, off_t off, fuse_file_info* fi)
 {
     return static_cast<int>(handle(fi)->pwrite(buf, size, static_cast<uint64_t>(off)));
+}
+
+// A WRITE, served past high-level libfuse (serve_session's shortcut): the
+// request's fh is the open_file this mount gave the open (writeback's
+// writes carry a writable open's too), so neither the path libfuse builds
+// for every request (a lookup under its tree lock, a malloc) nor its
+// request allocation is needed; for a WRITE libfuse keeps no state of its
+// own. The volume's result is the reply, a negative errno as op_write's.
+// A read-only mount never opens a file for writing.
+bool write_past_libfuse(const fuse_in_header& in, size_t bytes, int fd)
+{
+    if (in.opcode != FUSE_WRITE || bytes < sizeof in + sizeof(fuse_write_in)) {
+        return false;
+    }
+    const auto* w = reinterpret_cast<const fuse_write_in*>(&in + 1);
+    if (w->fh == 0 || sizeof in + sizeof *w + w->size > bytes) {
+        return false;  // libfuse answers what is malformed
+    }
+    auto* o = reinterpret_cast<open_file*>(w->fh);
+    const int64_t n = o->f.pwrite(w + 1, w->size, w->offset);
+    fuse_out_header out{
+        .len = sizeof out, .error = n < 0 ? static_cast<int32_t>(n) : 0, .unique = in.unique};
+    fuse_write_out reply{.size = n < 0 ? 0 : static_cast<uint32_t>(n), .padding = 0};
+    iovec iov[2] = {{&out, sizeof out}, {&reply, sizeof reply}};
+    if (n >= 0) {
+        out.len += sizeof reply;
+    }
+    (void)::writev(fd, iov, n >= 0 ? 2 : 1);
+    return true;
 }
 
 int op_release(const char*, fuse_file_info* fi)
@@ -637,7 +668,7 @@ int serve_fuse(volume& v, const std::string& mountpoint, bool foreground, bool r
             rc = fuse_loop_mt(f, cfg) == 0 ? 0 : 1;
             fuse_loop_cfg_destroy(cfg);
         } else {
-            rc = serve_session(se, poll_us, colocate, g_direct_io);
+            rc = serve_session(se, poll_us, colocate, g_direct_io, write_past_libfuse);
         }
         if (handlers) {
             fuse_remove_signal_handlers(se);

@@ -7,6 +7,8 @@
 
 #include <softblk/fat/volume.hpp>
 
+struct fuse_in_header;  // <linux/fuse.h>
+
 namespace softblk::fat::detail {
 
 // Runs the FUSE session until the mount point is unmounted (fusermount3 -u)
@@ -28,9 +30,15 @@ int serve_fuse(volume& vol, const std::string& mountpoint, bool foreground, bool
 // the client's CPU pays, 0 never does, 1 always); `direct_io`: the mount
 // reads past the page cache (no READ is the kernel's read-ahead, which
 // is served from any CPU). `session` is a libfuse fuse_session* (also for
-// benchmarks that serve another file system the same way). Returns 0 when
+// benchmarks that serve another file system the same way); `shortcut`, if
+// given, is offered every request read into memory first. Returns 0 when
 // the file system was unmounted, 1 on an error.
+//
+// A shortcut serves a request (its header, `bytes` read in all) past
+// libfuse and writes the reply to the FUSE device `fd` itself, or returns
+// false to leave it to libfuse.
+using request_shortcut = bool (*)(const ::fuse_in_header& in, size_t bytes, int fd);
 int serve_session(void* session, std::string_view poll_us, std::string_view colocate,
-                  bool direct_io);
+                  bool direct_io, request_shortcut shortcut = nullptr);
 
 }  // namespace softblk::fat::detail

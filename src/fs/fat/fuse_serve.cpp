@@ -125,7 +125,8 @@ private:
 // request itself (docs/fat.md has the figures). The window is the core's
 // level_chooser's (as for the FUSE export's poll_us): auto measures which
 // window serves the most requests per second on this machine.
-int serve_polling(fuse_session* se, level_chooser& chooser, level_chooser& placing, bool direct_io)
+int serve_polling(fuse_session* se, level_chooser& chooser, level_chooser& placing, bool direct_io,
+                  request_shortcut shortcut)
 {
     placement place(placing, direct_io);
     fuse_buf buf{};
@@ -169,7 +170,11 @@ int serve_polling(fuse_session* se, level_chooser& chooser, level_chooser& placi
         }
         polled_ns = 0;
         place.before(buf);
-        fuse_session_process_buf(se, &buf);
+        if (shortcut == nullptr || (buf.flags & FUSE_BUF_IS_FD) != 0 ||
+            buf.size < sizeof(fuse_in_header) ||
+            !shortcut(*static_cast<const fuse_in_header*>(buf.mem), static_cast<size_t>(rc), fd)) {
+            fuse_session_process_buf(se, &buf);
+        }
         place.after();
     }
     if (nonblocking) {
@@ -183,7 +188,7 @@ int serve_polling(fuse_session* se, level_chooser& chooser, level_chooser& placi
 }  // namespace
 
 int serve_session(void* session, std::string_view poll_us, std::string_view colocate,
-                  bool direct_io)
+                  bool direct_io, request_shortcut shortcut)
 {
     level_chooser chooser(poll_window_config(poll_us));
     if (colocate != "0") {
@@ -194,7 +199,8 @@ int serve_session(void* session, std::string_view poll_us, std::string_view colo
         }
     }
     level_chooser placing(colocation_config(colocate));
-    return serve_polling(static_cast<fuse_session*>(session), chooser, placing, direct_io);
+    return serve_polling(static_cast<fuse_session*>(session), chooser, placing, direct_io,
+                         shortcut);
 }
 
 }  // namespace softblk::fat::detail
