@@ -190,6 +190,12 @@ level_chooser::config colocation_config(std::string_view text)
     // which runs at the same time: each placement sees every window alike.
     c.epoch_ns = 200'000'000;
     c.idle_ns = 400'000'000;
+    // A sweep is four epochs, and the placements' rates differ by 2-3x
+    // where pinning pays: when its passes disagree (a load that changed in
+    // mid-sweep), measure again after two epochs rather than serve apart
+    // for 20 s. A FAT mount under softblk-bench-fat kept serving apart so
+    // in 2 runs of 6, at a third of the rate (docs/fat.md).
+    c.recheck_epochs = 2;
     if (text == "0") {
         c.levels = {0};
     } else if (text == "1") {

@@ -323,9 +323,19 @@ void level_chooser::finish_sweep()
     // unless this sweep came from that check: one sweep more per change of
     // load at most, whatever a level's rate in a sweep and after it.
     _verify = !std::exchange(_swept_again, false);
-    _exploit_len = _sweeps > 0 && best == _best
-                       ? std::min(_exploit_len * 2, _cfg.exploit_max_epochs)
-                       : _cfg.exploit_epochs;
+    // Passes that disagreed (a pass kept a cheaper level than the mean
+    // chose) met different loads: with recheck_epochs set, measure again
+    // soon. After such a short spell, a sweep that agrees starts the usual
+    // one.
+    const bool recheck = _cfg.recheck_epochs > 0 && !kept && best != by_mean;
+    if (recheck) {
+        _exploit_len = std::min(_cfg.recheck_epochs, _cfg.exploit_epochs);
+    } else if (_sweeps > 0 && best == _best) {
+        _exploit_len =
+            std::min(std::max(_exploit_len * 2, _cfg.exploit_epochs), _cfg.exploit_max_epochs);
+    } else {
+        _exploit_len = _cfg.exploit_epochs;
+    }
     _best = best;
     ++_sweeps;
     _phase = phase::exploit;
@@ -358,9 +368,11 @@ void level_chooser::finish_sweep()
         _why = fmt::format("{} {}: {}, {} against {}", _cfg.levels[best], _cfg.unit, most, at(best),
                            at(other));
     } else if (!kept && best != by_mean) {
-        _why = fmt::format("{} {}: {}; {} measured {} on average ({}) but not in both passes",
+        _why = fmt::format("{} {}: {}; {} measured {} on average ({}) but not in both passes{}",
                            _cfg.levels[best], _cfg.unit, at(best), _cfg.levels[by_mean],
-                           per_cpu ? "more requests per CPU time" : "more requests", at(by_mean));
+                           per_cpu ? "more requests per CPU time" : "more requests", at(by_mean),
+                           recheck ? fmt::format(" (measuring again after {} epochs)", _exploit_len)
+                                   : std::string());
     } else {
         // A level kept because it is in use may cost more than the best.
         _why = fmt::format("{} {}: {}, within {:.0f}% of {} ({}) {}", _cfg.levels[best], _cfg.unit,

@@ -333,6 +333,48 @@ TEST(level_chooser, a_load_that_changes_during_the_sweep_does_not_pick_a_costlie
     EXPECT_EQ(d.level(), 1u) << d.describe().dump();
 }
 
+// With recheck_epochs (the placement's), a sweep whose passes disagreed
+// keeps the cheaper level only until it measures again, after that many
+// epochs: a costlier level that pays under the steady load then wins.
+// Without it the cheaper level is held for exploit_epochs. The load here:
+// the costlier level pays 2.5x, but another phase during the descending
+// pass's epoch of it (a benchmark's next step, which the costlier level does
+// not speed up) levels that pass. The cheaper level then serves at the rate
+// it was swept at, so nothing else brings a sweep.
+TEST(level_chooser, passes_that_disagree_bring_a_recheck_where_asked)
+{
+    for (const unsigned recheck : {0u, 2u}) {
+        level_chooser::config cfg;
+        cfg.levels = {0, 1};
+        cfg.unit = "";
+        cfg.recheck_epochs = recheck;
+        level_chooser c(cfg);
+        model m(c);
+        // From the middle of the second epoch of 10 ms to the middle of the
+        // fourth: all of level 1's epoch in the descending pass.
+        const uint64_t phase_from = m.now() + 15 * k_ms;
+        const uint64_t phase_to = m.now() + 35 * k_ms;
+        m.rate = [&m, phase_from, phase_to](uint64_t on) {
+            const bool other_phase = m.now() >= phase_from && m.now() < phase_to;
+            return on != 0 && !other_phase ? 25'000.0 : 10'000.0;
+        };
+        m.run(45);
+        ASSERT_EQ(c.sweeps(), 1u) << c.describe().dump();
+        EXPECT_EQ(c.level(), 0u) << c.describe().dump();
+        const std::string why = c.describe()["why"].get<std::string>();
+        EXPECT_NE(why.find("not in both passes"), std::string::npos) << why;
+        EXPECT_EQ(why.find("measuring again") != std::string::npos, recheck != 0) << why;
+        m.run(100);  // 10 epochs
+        if (recheck != 0) {
+            EXPECT_EQ(c.sweeps(), 2u) << c.describe().dump();
+            EXPECT_EQ(c.level(), 1u) << c.describe().dump();
+        } else {
+            EXPECT_EQ(c.sweeps(), 1u) << c.describe().dump();
+            EXPECT_EQ(c.level(), 0u) << c.describe().dump();
+        }
+    }
+}
+
 // Holding a receive back saves system calls: where levels cost less the
 // higher they are, the highest one within the margin of the best is kept.
 TEST(level_chooser, where_higher_levels_cost_less_the_highest_close_to_the_best_wins)

@@ -26,7 +26,11 @@
 //   one pass and the mean, not both passes alike;
 // - the winner is used for `exploit_epochs`, doubled after each sweep that
 //   chose the same level (up to `exploit_max_epochs`), reset when the
-//   choice changed; a sweep comes early when the winner's rate moved by
+//   choice changed; after a sweep whose passes disagreed, for
+//   `recheck_epochs` where that is set: the levels did not meet one load
+//   (a benchmark going from one phase to the next in mid-sweep), so the
+//   cheaper level kept is measured again soon instead of held for the
+//   whole spell; a sweep comes early when the winner's rate moved by
 //   more than `drift` from what its first epochs after the sweep measured
 //   (the load changed; not from the sweep's figure, which the choice of
 //   the best of several noisy figures biases upwards), and by more than
@@ -94,6 +98,12 @@ public:
         double margin = 0.05;
         unsigned exploit_epochs = 100;
         unsigned exploit_max_epochs = 1'000;
+        // After a sweep whose passes disagreed (the mean chose a costlier
+        // level than a pass did, and the cheaper one is kept): the epochs
+        // before the next sweep, fewer than exploit_epochs to measure again
+        // soon; 0: exploit_epochs as after any sweep (see the top of this
+        // file).
+        unsigned recheck_epochs = 0;
         double drift = 0.25;
         objective goal = objective::rate;
         // objective::rate_per_cpu only: read at every epoch's start and
