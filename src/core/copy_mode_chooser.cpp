@@ -41,9 +41,9 @@ copy_mode_chooser::copy_mode_chooser(copy_choice first) : _streaming(first.strea
     }
 }
 
-copy_mode_chooser::sample_plan copy_mode_chooser::next_sample()
+copy_mode_chooser::sample_plan copy_mode_chooser::next_sample(uint64_t weight)
 {
-    const uint64_t s = _samples.fetch_add(1, std::memory_order_relaxed);
+    const uint64_t s = _samples.fetch_add(weight, std::memory_order_relaxed) + weight - 1;
     if (s >= _phase_end.load(std::memory_order_acquire)) [[unlikely]] {
         const std::lock_guard lock(_mutex);
         advance(s);
@@ -126,9 +126,17 @@ void copy_mode_chooser::decide()
         winner == _kept ? "kept" : "chosen", k_margin * 100, _exploit);
 }
 
-void copy_mode_chooser::copy_sample(char* dst, const char* src, size_t n)
+void copy_mode_chooser::copy_sample(uint64_t index, char* dst, const char* src, size_t n)
 {
-    const sample_plan plan = next_sample();
+    uint64_t weight = 1;
+    if (_phase.load(std::memory_order_relaxed) == phase::exploit) {
+        if (index % (k_sample_every * k_exploit_stride) != 0) {
+            copy_in(streaming(), dst, src, n);
+            return;
+        }
+        weight = k_exploit_stride;
+    }
+    const sample_plan plan = next_sample(weight);
     if (!plan.timed) {
         copy_in(plan.streaming, dst, src, n);
         return;

@@ -33,7 +33,8 @@
 // before the trial stays unless the other is cheaper by k_margin. The next
 // trial comes after k_first_exploit samples, twice as many as the last
 // time when the choice stayed (up to k_max_exploit), k_first_exploit again
-// when it changed. Outside trials a sample costs an atomic increment.
+// when it changed. Outside trials only one sample in k_exploit_stride is
+// counted (an atomic add, on a cache line of its own).
 #pragma once
 
 #include <atomic>
@@ -52,6 +53,11 @@ namespace softblk::core {
 class copy_mode_chooser {
 public:
     static constexpr uint64_t k_sample_every = 16;  // pages
+    // Outside trials only one sample in this many is counted, as this many:
+    // the count is shared by the store's writers, and a count per sample
+    // cost two writers on one store 7% of their rate (its cache line
+    // bouncing between their CPUs).
+    static constexpr uint64_t k_exploit_stride = 16;
     static constexpr uint64_t k_warm_samples = 512;
     static constexpr uint64_t k_timed_samples = 64;
     static constexpr uint64_t k_first_exploit = 8'192;
@@ -68,7 +74,7 @@ public:
     void copy(uint64_t index, char* dst, const char* src, size_t n)
     {
         if (k_can_stream && index % k_sample_every == 0) [[unlikely]] {
-            copy_sample(dst, src, n);
+            copy_sample(index, dst, src, n);
             return;
         }
         copy_in(_streaming.load(std::memory_order_relaxed), dst, src, n);
@@ -83,12 +89,13 @@ public:
     void describe(nlohmann::json& out) const;
 
     // The trials' bookkeeping, which copy() runs and tests feed directly:
-    // counts one sample and says how to copy it and whether to time it.
+    // counts `weight` samples and says how to copy this one and whether to
+    // time it.
     struct sample_plan {
         bool streaming = false;
         bool timed = false;
     };
-    sample_plan next_sample();
+    sample_plan next_sample(uint64_t weight = 1);
     // A timed sample's copy took `ns` for `bytes` in the mode given.
     void timed(bool streaming, uint64_t ns, uint64_t bytes);
 
@@ -106,16 +113,18 @@ private:
             std::memcpy(dst, src, n);
         }
     }
-    void copy_sample(char* dst, const char* src, size_t n);
+    void copy_sample(uint64_t index, char* dst, const char* src, size_t n);
     // Enters the phases due at sample `s` (under _mutex).
     void advance(uint64_t s);
     void decide();
 
-    std::atomic<bool> _streaming;
-    std::atomic<uint64_t> _samples{0};
-    std::atomic<uint64_t> _phase_end{0};  // the sample that starts the next phase
+    // Read by every copy, written at phase changes only: a line of their
+    // own, apart from the count every sample writes.
+    alignas(64) std::atomic<bool> _streaming;
     std::atomic<phase> _phase{phase::exploit};
-    mutable std::mutex _mutex;
+    std::atomic<uint64_t> _phase_end{0};  // the sample that starts the next phase
+    alignas(64) std::atomic<uint64_t> _samples{0};
+    alignas(64) mutable std::mutex _mutex;
     // Under _mutex:
     bool _kept = false;  // the mode in use before the trial
     uint64_t _ns[2] = {};

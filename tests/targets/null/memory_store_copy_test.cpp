@@ -144,6 +144,30 @@ TEST(copy_mode_chooser, a_kept_mode_waits_twice_as_long_for_the_next_trial)
     EXPECT_EQ(spell, copy_mode_chooser::k_max_exploit);
 }
 
+// Outside trials the store counts one sample in k_exploit_stride as that
+// many (fewer writes to the count its writers share): the next trial still
+// comes after the same number of samples.
+TEST(copy_mode_chooser, weighted_samples_bring_the_next_trial_on_time)
+{
+    if (!softblk::core::k_can_stream) {
+        GTEST_SKIP() << "this build has no streaming stores (x86-64 only)";
+    }
+    constexpr uint64_t trial =
+        2 * (copy_mode_chooser::k_warm_samples + copy_mode_chooser::k_timed_samples);
+    constexpr uint64_t stride = copy_mode_chooser::k_exploit_stride;
+    copy_mode_chooser c({.streaming = false, .why = "a guess"});
+    const double level[2] = {100, 100};
+    run_samples(c, trial, level);
+    // The trial kept the mode: the spell is twice k_first_exploit.
+    for (uint64_t i = 0; i < copy_mode_chooser::k_first_exploit * 2 / stride; ++i) {
+        const copy_mode_chooser::sample_plan plan = c.next_sample(stride);
+        ASSERT_FALSE(plan.timed) << "sample " << i * stride;
+        ASSERT_FALSE(plan.streaming) << "sample " << i * stride;
+    }
+    // The trial starts with the next sample: the other mode, warming up.
+    EXPECT_TRUE(c.next_sample(stride).streaming);
+}
+
 // A sample timed in the mode its phase no longer tries (planned just before
 // the phase ended, from another thread) is not counted: a trial whose
 // timed copies all came too late keeps the mode in use.
