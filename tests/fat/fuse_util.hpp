@@ -7,6 +7,7 @@
 #include <csignal>
 #include <fcntl.h>
 #include <string>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <thread>
 #include <unistd.h>
@@ -102,5 +103,43 @@ private:
     std::string _dir;
     pid_t _pid = -1;
 };
+
+// A fresh 32 MiB FAT image for a mount test.
+inline std::string make_image(const temp_dir& tmp)
+{
+    std::string img = tmp / "fuse.img";
+    auto dev = file_block_device::create(img, 32u << 20);
+    EXPECT_TRUE(dev.has_value());
+    if (dev) {
+        EXPECT_TRUE(format(**dev).has_value());
+    }
+    return img;
+}
+
+inline bool exists(const std::string& path)
+{
+    struct stat st {};
+    return ::stat(path.c_str(), &st) == 0;
+}
+
+inline bool create_file(const std::string& path)
+{
+    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
+    if (fd < 0) {
+        return false;
+    }
+    ::close(fd);
+    return true;
+}
+
+// Skips a test where FUSE or the tools a mount test needs are missing.
+#define FAT_REQUIRE_FUSE()                                      \
+    do {                                                        \
+        if (access("/dev/fuse", R_OK | W_OK) != 0) {            \
+            GTEST_SKIP() << "SKIP: /dev/fuse is not available"; \
+        }                                                       \
+        FAT_REQUIRE_TOOL("fusermount3");                        \
+        FAT_REQUIRE_TOOL("fsck.fat");                           \
+    } while (0)
 
 }  // namespace fat_test
