@@ -43,9 +43,9 @@
 #include "bench_support.hpp"
 
 #include <algorithm>
-#include <cmath>
 #include <atomic>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
