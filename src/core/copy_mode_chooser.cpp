@@ -2,9 +2,10 @@
 #include "copy_mode_chooser.hpp"
 
 #include <algorithm>
-#include <ctime>
 
 #include <fmt/format.h>
+
+#include <softblk/support/clock.hpp>
 
 namespace softblk::core {
 
@@ -25,9 +26,7 @@ uint64_t drained_clock_ns()
     _mm_mfence();
     _mm_lfence();
 #endif
-    timespec ts{};
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000u + static_cast<uint64_t>(ts.tv_nsec);
+    return monotonic_ns();
 }
 
 }  // namespace
